@@ -1,0 +1,1 @@
+"""DBLP: Dynamic Bounded-Loss Protocol for gradient transport."""
