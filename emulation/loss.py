@@ -1,0 +1,218 @@
+"""Random packet loss without netem: nftables ``numgen random`` drop rules in a host's netns.
+
+One ``netdev`` table ``dblp_loss`` per host namespace, one base chain per
+(interface, direction), bound to the interface's ``ingress`` or ``egress``
+hook. Why netdev hooks and not inet input/output: a drop in the inet
+``output``/``postrouting`` hooks is reported to the sending application as
+``EPERM`` from ``sendto`` (a drop on the wire is silent), which would crash or
+mislead the transport under test. The netdev egress hook sits just before the
+qdisc, where a drop looks to a UDP sender like a full NIC queue (silently
+counted), and the ingress hook sees frames as they come off the wire, before
+any local processing. Both see exactly one interface, i.e. one link end.
+
+Each chain holds two rules: one that counts every matching packet (``seen``)
+and one that drops ``rate`` of them (``numgen random mod 10000 < N``), both
+feeding *named* counters, which survive rule replacement. Changing the rate is
+one ``nft -f -`` transaction (flush chain + add rules), a few milliseconds, so
+a burst can start and end at iteration boundaries.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+from .sysutil import run
+
+TABLE = "dblp_loss"
+#: netdev hook priority: before anything else that might be attached
+PRIORITY = -500
+
+
+@dataclass(frozen=True)
+class LossTarget:
+    """Where loss applies: a host's interface, a direction, and which packets.
+
+    host: Mininet host name. direction: ``ingress`` (packets arriving at the
+    host) or ``egress`` (packets it sends). proto: ``udp`` (the DBLP data
+    datagrams; TCP control stays reliable) or ``all`` (every IPv4/IPv6 packet,
+    TCP included; ARP is never dropped). dports: optional inclusive UDP
+    destination port range. intf: interface name (default: host's first).
+    """
+
+    host: str
+    direction: Literal["ingress", "egress"] = "ingress"
+    proto: Literal["udp", "all"] = "udp"
+    dports: tuple[int, int] | None = None
+    intf: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.direction not in ("ingress", "egress"):
+            raise ValueError(f"direction must be ingress or egress, not {self.direction!r}")
+        if self.proto not in ("udp", "all"):
+            raise ValueError(f"proto must be udp or all, not {self.proto!r}")
+        if self.proto == "all" and self.dports:
+            raise ValueError("dports only applies to proto='udp'")
+        if self.dports:
+            lo, hi = self.dports
+            if not 0 < lo <= hi < 65536:
+                raise ValueError(f"bad port range {self.dports}")
+
+    def device(self, default_intf: str) -> str:
+        return self.intf or default_intf
+
+    def match(self) -> str:
+        """The nft match expression for this target's packets."""
+        if self.proto == "all":
+            return "meta protocol { ip, ip6 }"
+        if self.dports:
+            lo, hi = self.dports
+            return f"udp dport {lo}" if lo == hi else f"udp dport {lo}-{hi}"
+        return "meta l4proto udp"
+
+    def label(self) -> str:
+        """A short human label, e.g. ``srv:ingress:udp:5000-5999``."""
+        ports = f":{self.dports[0]}-{self.dports[1]}" if self.dports else ""
+        return f"{self.host}:{self.direction}:{self.proto}{ports}"
+
+
+def rate_to_threshold(rate: float) -> int:
+    """Loss fraction in [0, 1] -> numgen threshold out of 10000 (0.01% resolution)."""
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"loss rate must be in [0, 1], got {rate}")
+    return round(rate * 10000)
+
+
+class LossController:
+    """Adds, changes and removes loss rules on host links of an ``EmuNet``. Thread-safe.
+
+    Every change is logged in ``self.log`` as ``{"t", "target", "rate"}``;
+    ``close()`` (or leaving the ``with`` block) deletes the tables it made.
+    """
+
+    def __init__(self, net, table: str = TABLE) -> None:  # net: emulation.net.EmuNet
+        self.net = net
+        self.table = table
+        self._lock = threading.Lock()
+        self._installed: dict[tuple[str, str], LossTarget] = {}  # (host, chain) -> target
+        self._rates: dict[LossTarget, float] = {}
+        self._hosts: set[str] = set()
+        self.log: list[dict] = []
+
+    def __enter__(self) -> "LossController":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------ names
+    def _chain(self, target: LossTarget) -> str:
+        dev = target.device(self.net.host_intf(target.host))
+        ports = f"_{target.dports[0]}_{target.dports[1]}" if target.dports else ""
+        name = f"{target.direction}_{dev}_{target.proto}{ports}"
+        return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+    def _nft(self, host: str, script: str) -> None:
+        self.net.cmd(host, ["nft", "-f", "-"], input=script)
+
+    # ------------------------------------------------------------ rules
+    def set_loss(self, target: LossTarget, rate: float) -> float:
+        """Drop ``rate`` of the target's packets from now on (0 = none). Returns time.time().
+
+        The first call for a target creates its chain and counters; later calls
+        swap the rules atomically (one nft transaction).
+        """
+        n = rate_to_threshold(rate)
+        chain = self._chain(target)
+        dev = target.device(self.net.host_intf(target.host))
+        key = (target.host, chain)
+        lines: list[str] = []
+        with self._lock:
+            existing = self._installed.get(key)
+            if existing is not None and existing != target:
+                raise ValueError(f"{target} collides with {existing} on chain {chain}")
+            if existing is None:
+                lines += [
+                    f"add table netdev {self.table}",
+                    f"add counter netdev {self.table} seen_{chain}",
+                    f"add counter netdev {self.table} drop_{chain}",
+                    f"add chain netdev {self.table} {chain} {{ type filter hook "
+                    f"{target.direction} device \"{dev}\" priority {PRIORITY}; policy accept; }}",
+                ]
+            match = target.match()
+            lines += [
+                f"flush chain netdev {self.table} {chain}",
+                f"add rule netdev {self.table} {chain} {match} counter name \"seen_{chain}\"",
+            ]
+            if n > 0:
+                lines.append(f"add rule netdev {self.table} {chain} {match} "
+                             f"numgen random mod 10000 < {n} counter name \"drop_{chain}\" drop")
+            self._nft(target.host, "\n".join(lines) + "\n")
+            t = time.time()
+            self._installed[key] = target
+            self._rates[target] = n / 10000
+            self._hosts.add(target.host)
+            self.log.append({"t": t, "target": target.label(), "rate": n / 10000})
+            return t
+
+    def clear(self, target: LossTarget) -> float:
+        """Stop dropping on ``target`` (counting continues). Returns time.time()."""
+        return self.set_loss(target, 0.0)
+
+    def rate(self, target: LossTarget) -> float:
+        """The loss rate currently installed on ``target`` (0 if none)."""
+        return self._rates.get(target, 0.0)
+
+    def counters(self) -> dict[str, dict]:
+        """Per target label: packets seen / dropped (bytes too) since the target was first set."""
+        with self._lock:
+            targets = dict(self._installed)
+        raw: dict[str, dict[str, dict]] = {}
+        for host in {h for h, _ in targets}:
+            raw[host] = read_counters(self.net.pid(host), self.table)
+        out: dict[str, dict] = {}
+        for (host, chain), target in targets.items():
+            seen = raw[host].get(f"seen_{chain}", {})
+            drop = raw[host].get(f"drop_{chain}", {})
+            out[target.label()] = {
+                "host": host, "chain": chain, "rate": self._rates.get(target, 0.0),
+                "seen_packets": seen.get("packets", 0), "seen_bytes": seen.get("bytes", 0),
+                "dropped_packets": drop.get("packets", 0), "dropped_bytes": drop.get("bytes", 0),
+            }
+        return out
+
+    def close(self) -> None:
+        """Delete this controller's table from every host it touched (ignores dead hosts)."""
+        with self._lock:
+            for host in self._hosts:
+                try:
+                    self.net.cmd(host, ["nft", "delete", "table", "netdev", self.table],
+                                 check=False, timeout=5)
+                except Exception:  # noqa: BLE001 - host may be gone already
+                    pass
+            self._hosts.clear()
+            self._installed.clear()
+            self._rates.clear()
+
+    def describe(self) -> list[dict]:
+        """The installed targets and their rates (for the run recorder)."""
+        return [dict(asdict(t), rate=r, label=t.label()) for t, r in self._rates.items()]
+
+
+def read_counters(pid: int | None, table: str = TABLE) -> dict[str, dict]:
+    """Named counters of a netdev table in the netns of ``pid``: name -> {packets, bytes}."""
+    out = run(["nft", "-j", "list", "counters", "table", "netdev", table], pid=pid, check=False)
+    try:
+        items = json.loads(out).get("nftables", []) if out.strip() else []
+    except json.JSONDecodeError:
+        return {}
+    res: dict[str, dict] = {}
+    for item in items:
+        c = item.get("counter")
+        if c:
+            res[c["name"]] = {"packets": c.get("packets", 0), "bytes": c.get("bytes", 0)}
+    return res

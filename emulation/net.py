@@ -1,0 +1,360 @@
+"""Net builder: Mininet on Linux bridges, no controller, every link shaped with TBF.
+
+Use it as a context manager so that the kernel is left as it was found,
+whatever happens::
+
+    from topologies.star import StarTopo
+    from emulation.net import EmuNet
+
+    with EmuNet(StarTopo(n=3, bw=100, buffer_pkts=50)) as net:
+        srv = net.popen("srv", ["python", "-m", "dblp.server", ...])
+        ...
+
+Why our own teardown instead of ``Mininet.stop``: ``stop`` talks to every
+node through its interactive shell, which hangs or garbles output if a signal
+arrives while a shell is busy, and it does not know about processes started in
+a host in the background. Teardown here works from the kernel's side instead:
+it kills every process living in one of the run's network namespaces (so the
+namespaces and their veth ends vanish), deletes the run's bridges and any
+switch-side veth left, and restores the sysctls it changed. It is idempotent
+and also runs from SIGINT/SIGTERM handlers. A state file under
+``/run/dblpem/`` lets ``python -m emulation.cleanup`` finish the job after
+``kill -9``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+from mininet.link import Link
+from mininet.log import setLogLevel
+from mininet.net import Mininet
+from mininet.node import Host, Node
+from mininet.topo import Topo
+
+from .bridge import IPBridge
+from .shaping import Shape, apply_shape, qdisc_stats
+from .sysutil import (RUN_ENV, kill_pids, netns_inode, pids_in_netns, pids_with_env, run,
+                      sysctl_get, sysctl_set)
+
+STATE_DIR = Path("/run/dblpem")
+
+#: Turned off during a run: with them on, frames crossing our bridges would also
+#: traverse the root namespace's iptables/nftables, whose rules are not ours.
+BRIDGE_NF_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
+                     "net.bridge.bridge-nf-call-ip6tables",
+                     "net.bridge.bridge-nf-call-arptables")
+#: Raised (never lowered) by Mininet's fixLimits(); saved and restored by us.
+MININET_SYSCTLS = ("fs.file-max", "net.core.wmem_max", "net.core.rmem_max",
+                   "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.core.netdev_max_backlog",
+                   "net.ipv4.neigh.default.gc_thresh1", "net.ipv4.neigh.default.gc_thresh2",
+                   "net.ipv4.neigh.default.gc_thresh3", "net.ipv4.route.max_size",
+                   "kernel.pty.max")
+
+
+class ShapedLink(Link):
+    """A veth pair that remembers its shaping options for ``EmuNet`` to apply.
+
+    Mininet hands a Topo link's options to the link class; we keep ``bw``,
+    ``buffer_pkts``/``buffer_bytes`` and ``delay`` as a ``Shape`` instead of
+    letting TCLink try (and, without netem, silently fail) to apply them.
+    """
+
+    def __init__(self, node1: Node, node2: Node, **params: Any) -> None:
+        shape_keys = ("bw", "buffer_pkts", "buffer_bytes", "delay")
+        self.shape = Shape.from_link_opts({k: params.get(k) for k in shape_keys})
+        for k in shape_keys:
+            params.pop(k, None)
+        super().__init__(node1, node2, **params)
+
+
+class EmuNet:
+    """A running emulated network built from a Mininet ``Topo``.
+
+    shape: apply each link's TBF shaping (both ends). static_arp: preload all
+    ARP entries, so a loss rule never has to drop ARP and first packets are not
+    delayed. signals: install SIGINT/SIGTERM handlers that tear down and then
+    re-raise (main thread only). name: a label used in the run id.
+    """
+
+    def __init__(self, topo: Topo, *, shape: bool = True, static_arp: bool = True,
+                 disable_ipv6: bool = True, signals: bool = True, name: str = "emu",
+                 verbosity: str = "warning") -> None:
+        self.topo = topo
+        self.shape = shape
+        self.static_arp = static_arp
+        self.disable_ipv6 = disable_ipv6
+        self.signals = signals
+        self.run_id = f"{name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.verbosity = verbosity
+        self.net: Mininet | None = None
+        self._procs: list[subprocess.Popen] = []
+        self._netns: set[int] = set()
+        self._saved_sysctls: dict[str, str] = {}
+        self._old_handlers: dict[int, Any] = {}
+        self._stopped = False
+        self._started = False
+        self._lock = threading.RLock()
+        self.state_file = STATE_DIR / f"{self.run_id}.json"
+        self.start_time: float | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+    def __enter__(self) -> "EmuNet":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> "EmuNet":
+        """Build, start and shape the network; on any failure, tear down and re-raise."""
+        if os.geteuid() != 0:
+            raise PermissionError("EmuNet needs root (network namespaces, tc, nft)")
+        setLogLevel(self.verbosity)
+        self._install_signal_handlers()
+        try:
+            self._save_sysctls()
+            for key in BRIDGE_NF_SYSCTLS:
+                if key in self._saved_sysctls:
+                    sysctl_set(key, "0")
+            self.net = Mininet(topo=self.topo, switch=IPBridge, controller=None,
+                               link=ShapedLink, autoSetMacs=True, build=False)
+            self._write_state()  # before build: a kill during build still gets undone
+            self.net.build()
+            self._netns = {i for h in self.net.hosts if (i := netns_inode(h.pid))}
+            self._write_state()
+            self.net.start()
+            if any(getattr(s, "stp", False) for s in self.net.switches):
+                self.net.waitConnected(timeout=30)
+            for h in self.net.hosts:
+                if self.disable_ipv6:
+                    run(["sysctl", "-q", "-w", "net.ipv6.conf.all.disable_ipv6=1"],
+                        pid=h.pid, check=False)
+            if self.static_arp:
+                self.net.staticArp()
+            if self.shape:
+                self._apply_shapes()
+            self._started = True
+            self.start_time = time.time()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Tear everything down. Idempotent; safe after a partial start."""
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            self._teardown()
+        finally:
+            self._restore_signal_handlers()
+
+    def _teardown(self) -> None:
+        for p in self._procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)  # mnexec -d made it a session leader
+                except (ProcessLookupError, PermissionError):
+                    pass
+        kill_pids([p.pid for p in self._procs if p.poll() is None], grace_s=0.5)
+        for p in self._procs:
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                pass
+        net = self.net
+        nodes: list[Node] = []
+        if net is not None:
+            nodes = list(net.hosts) + list(net.switches)
+            self._netns |= {i for h in net.hosts if h.shell and (i := netns_inode(h.pid))}
+        for node in nodes:
+            try:
+                node.terminate()  # SIGHUP to the shell's group (interactive bash ignores TERM)
+            except Exception:  # noqa: BLE001 - teardown must go on
+                pass
+        # everything still inside our hosts' namespaces: servers, forgotten '&' jobs
+        kill_pids(pids_in_netns(self._netns) + pids_with_env(RUN_ENV, self.run_id), grace_s=0.5)
+        if net is not None:
+            for sw in net.switches:
+                run(["ip", "link", "del", sw.name], check=False)
+            for link in net.links:
+                for intf in (link.intf1, link.intf2):
+                    if not intf.node.inNamespace and _link_exists(intf.name):
+                        run(["ip", "link", "del", intf.name], check=False)
+        self._restore_sysctls()
+        try:
+            self.state_file.unlink()
+        except FileNotFoundError:
+            pass
+
+    # ---------------------------------------------------------------- signals
+    def _install_signal_handlers(self) -> None:
+        if not self.signals or threading.current_thread() is not threading.main_thread():
+            return
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _restore_signal_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, old in self._old_handlers.items():
+            signal.signal(sig, old)
+        self._old_handlers.clear()
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        """Tear down, restore the previous handler, then let the signal do what it did before."""
+        old = self._old_handlers.get(signum, signal.SIG_DFL)
+        self.stop()  # also restores the previous handlers
+        if callable(old):
+            old(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
+        elif old == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)  # die by the signal, as without us
+
+    # ---------------------------------------------------------------- state
+    def _save_sysctls(self) -> None:
+        for key in BRIDGE_NF_SYSCTLS + MININET_SYSCTLS:
+            val = sysctl_get(key)
+            if val is not None:
+                self._saved_sysctls[key] = val
+
+    def _restore_sysctls(self) -> None:
+        for key, val in self._saved_sysctls.items():
+            if sysctl_get(key) != val:
+                sysctl_set(key, val)
+
+    def _write_state(self) -> None:
+        """Record what a cleanup after ``kill -9`` must undo."""
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        net = self.net
+        state = {
+            "run_id": self.run_id,
+            "pid": os.getpid(),
+            "netns_inodes": sorted(self._netns),
+            "bridges": [s.name for s in net.switches] if net else [],
+            "root_intfs": [i.name for l in net.links for i in (l.intf1, l.intf2)
+                           if not i.node.inNamespace] if net else [],
+            "sysctls": self._saved_sysctls,
+        }
+        if net is None:
+            state["bridges"] = list(self.topo.switches())
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=1))
+        tmp.replace(self.state_file)
+
+    # ---------------------------------------------------------------- shaping
+    def _apply_shapes(self) -> None:
+        for link in self.net.links:
+            shape = getattr(link, "shape", None)
+            if shape is None:
+                continue
+            for intf in (link.intf1, link.intf2):
+                apply_shape(intf.name, shape, pid=_ns_pid(intf.node))
+
+    def reshape(self, intf_name: str, shape: Shape) -> None:
+        """Change one interface's shaping mid-run (e.g. shrink a bottleneck buffer)."""
+        node = self._intf_node(intf_name)
+        apply_shape(intf_name, shape, pid=_ns_pid(node))
+
+    # ---------------------------------------------------------------- access
+    @property
+    def hosts(self) -> list[str]:
+        """Host names, in creation order (srv, w1.., x1..)."""
+        return [h.name for h in self.net.hosts]
+
+    def host(self, name: str | Host) -> Host:
+        """The Mininet host object."""
+        return name if isinstance(name, Node) else self.net[name]
+
+    def ip(self, name: str) -> str:
+        """A host's IPv4 address."""
+        return self.host(name).IP()
+
+    def host_intf(self, name: str) -> str:
+        """Name of a host's (first) interface, e.g. ``srv-eth0``."""
+        return self.host(name).defaultIntf().name
+
+    def switch_port(self, name: str) -> str:
+        """Switch-side interface of a host's link: the queue towards that host.
+
+        For ``srv`` in the star this is the incast bottleneck where workers'
+        uploads and cross-traffic meet; its TBF drops are the congestion loss.
+        """
+        intf = self.host(name).defaultIntf()
+        link = intf.link
+        return (link.intf2 if link.intf1 is intf else link.intf1).name
+
+    def shapes(self) -> dict[str, dict | None]:
+        """Configured shaping per interface (for the run recorder)."""
+        out: dict[str, dict | None] = {}
+        for link in self.net.links:
+            shape = getattr(link, "shape", None)
+            for intf in (link.intf1, link.intf2):
+                out[intf.name] = None if shape is None else shape.__dict__.copy()
+        return out
+
+    def _intf_node(self, intf_name: str) -> Node:
+        for node in list(self.net.hosts) + list(self.net.switches):
+            if intf_name in node.intfNames():
+                return node
+        raise KeyError(f"no interface {intf_name!r} in this net")
+
+    # ---------------------------------------------------------------- processes
+    def popen(self, host: str | Host, args: Sequence[str], *, env: dict | None = None,
+              **kwargs: Any) -> subprocess.Popen:
+        """Start ``args`` in a host's namespace, in the background; killed at teardown.
+
+        The process gets its own session (so teardown can kill its whole group)
+        and ``DBLPEM_RUN=<run id>`` in its environment (so the cleanup command
+        can find it after a crash). Other kwargs go to ``subprocess.Popen``.
+        """
+        h = self.host(host)
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        full_env[RUN_ENV] = self.run_id
+        proc = subprocess.Popen(["mnexec", "-da", str(h.pid), *map(str, args)],
+                                env=full_env, **kwargs)
+        self._procs.append(proc)
+        return proc
+
+    def cmd(self, host: str | Host, args: Sequence[str], *, check: bool = True,
+            timeout: float = 60.0, input: str | None = None) -> str:
+        """Run ``args`` in a host's namespace, wait, return stdout. Thread-safe."""
+        return run([str(a) for a in args], pid=self.host(host).pid, check=check,
+                   timeout=timeout, input=input)
+
+    def pid(self, host: str | Host) -> int:
+        """PID of the host's shell: ``mnexec -a PID`` / ``nsenter -t PID -n`` enter its netns."""
+        return self.host(host).pid
+
+    def qdisc_stats(self) -> dict[str, dict]:
+        """Root-qdisc counters of every interface of the net, keyed by interface name."""
+        stats: dict[str, dict] = {}
+        names_root = {i.name for s in self.net.switches for i in s.intfList()
+                      if i.name != "lo"}
+        for iname, s in qdisc_stats(pid=None).items():
+            if iname in names_root:
+                stats[iname] = s
+        for h in self.net.hosts:
+            for iname, s in qdisc_stats(pid=h.pid).items():
+                if iname != "lo":
+                    stats[iname] = s
+        return stats
+
+
+def _ns_pid(node: Node) -> int | None:
+    """PID whose netns holds ``node``'s interfaces (None = root namespace)."""
+    return node.pid if node.inNamespace else None
+
+
+def _link_exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()

@@ -1,0 +1,119 @@
+"""Link shaping with TBF (and netem delay where the kernel has it), plus qdisc counters.
+
+Why TBF and not TCLink: TCLink's buffer (``max_queue_size``) and delay are
+netem options, and this kernel has no netem, so TCLink leaves links unshaped
+without a word. TBF is built in: ``rate`` gives the bandwidth and ``limit``
+(bytes) is a real finite drop-tail queue, so a burst of cross-traffic overflows
+it and the drops show up in ``tc -s`` as they would on a switch port.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from .netem import NetemUnavailable, has_netem
+from .sysutil import run
+
+#: Bytes a full-MTU Ethernet frame occupies in a qdisc (1500 IP + 14 Ethernet);
+#: the unit in which a buffer given in packets is turned into TBF's byte limit.
+FRAME_BYTES = 1514
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one direction of one link is shaped.
+
+    bw_mbps: rate in Mbit/s (None = unshaped).
+    buffer_bytes: drop-tail queue in bytes (TBF ``limit``).
+    burst_bytes: token bucket depth; small so the rate holds at millisecond scale.
+    delay: netem delay such as ``"5ms"`` (only where netem exists).
+    """
+
+    bw_mbps: float | None
+    buffer_bytes: int
+    burst_bytes: int
+    delay: str | None = None
+
+    @classmethod
+    def from_link_opts(cls, opts: dict) -> "Shape | None":
+        """Build from a Topo link's options (``bw``, ``buffer_pkts``/``buffer_bytes``, ``delay``).
+
+        Returns None when the link carries no shaping at all.
+        """
+        bw = opts.get("bw")
+        delay = opts.get("delay") or None
+        if bw is None and delay is None:
+            return None
+        buffer_bytes = opts.get("buffer_bytes")
+        if buffer_bytes is None:
+            buffer_bytes = int(opts.get("buffer_pkts") or 100) * FRAME_BYTES
+        burst = default_burst(bw) if bw else 0
+        return cls(bw_mbps=float(bw) if bw else None, buffer_bytes=int(buffer_bytes),
+                   burst_bytes=burst, delay=delay)
+
+
+def default_burst(bw_mbps: float) -> int:
+    """Token bucket depth: 1 ms of traffic at the rate, at least 4 full frames.
+
+    Small enough that a line-rate burst cannot bypass the queue for long, large
+    enough that the CPU's timer granularity does not cap the rate below target.
+    """
+    return max(int(bw_mbps * 1e6 / 8 * 0.001), 4 * FRAME_BYTES)
+
+
+def shape_commands(dev: str, shape: Shape) -> list[list[str]]:
+    """The ``tc`` commands that install ``shape`` on ``dev`` (root egress qdisc)."""
+    if shape.delay and not has_netem():
+        raise NetemUnavailable(
+            f"link {dev}: delay={shape.delay!r} needs the netem qdisc, which this kernel "
+            "lacks (CONFIG_NET_SCH_NETEM). Drop the delay, or use the Vagrant VM."
+        )
+    cmds: list[list[str]] = []
+    parent = ["root"]
+    if shape.delay:
+        # netem first (delay line, generous queue), then TBF as its child: the TBF
+        # bfifo stays the one finite buffer, so delay does not shrink the buffer.
+        cmds.append(["tc", "qdisc", "replace", "dev", dev, "root", "handle", "1:",
+                     "netem", "delay", shape.delay, "limit", "100000"])
+        parent = ["parent", "1:1"]
+    if shape.bw_mbps:
+        cmds.append(["tc", "qdisc", "replace", "dev", dev, *parent, "handle", "10:",
+                     "tbf", "rate", f"{shape.bw_mbps}mbit",
+                     "burst", str(shape.burst_bytes), "limit", str(shape.buffer_bytes)])
+    return cmds
+
+
+def apply_shape(dev: str, shape: Shape, pid: int | None = None) -> None:
+    """Install ``shape`` on ``dev`` in the netns of ``pid`` (root netns if None)."""
+    for cmd in shape_commands(dev, shape):
+        run(cmd, pid=pid)
+
+
+def qdisc_stats(pid: int | None = None, dev: str | None = None) -> dict[str, dict]:
+    """Per-interface counters of the root qdisc: sent bytes/packets, drops, overlimits.
+
+    Keyed by interface name; ``qdiscs`` keeps the full list for nested setups.
+    """
+    args = ["tc", "-s", "-j", "qdisc", "show"] + (["dev", dev] if dev else [])
+    out = run(args, pid=pid, check=False)
+    try:
+        entries = json.loads(out) if out.strip() else []
+    except json.JSONDecodeError:
+        return {}
+    stats: dict[str, dict] = {}
+    for q in entries:
+        name = q.get("dev", dev or "?")
+        s = stats.setdefault(name, {"sent_bytes": 0, "sent_packets": 0, "dropped": 0,
+                                    "overlimits": 0, "backlog": 0, "qdiscs": []})
+        s["qdiscs"].append({k: q.get(k) for k in ("kind", "handle", "parent", "root", "bytes",
+                                                   "packets", "drops", "overlimits",
+                                                   "backlog", "qlen")})
+        if q.get("root"):
+            s["sent_bytes"] = q.get("bytes", 0)
+            s["sent_packets"] = q.get("packets", 0)
+        # drops can happen at any level (TBF's bfifo, netem); sum them
+        s["dropped"] += q.get("drops", 0)
+        s["overlimits"] += q.get("overlimits", 0)
+        s["backlog"] += q.get("backlog", 0)
+    return stats

@@ -1,0 +1,181 @@
+"""Small wrappers around the system tools the emulation drives (ip, tc, nft, sysctl).
+
+Why not Mininet's ``node.cmd``: a Mininet node has one interactive shell, and
+``cmd`` is not thread-safe. The burst injector changes nft rules from a timer
+thread while the scenario may be using the same host's shell, so every kernel
+change here runs as its own short process, entered into the host's namespace
+with ``mnexec -a PID`` (the tool Mininet itself uses for ``popen``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Iterable, Sequence
+
+#: Marks every process the emulation starts inside a host (see ``EmuNet.popen``),
+#: so ``python -m emulation.cleanup`` can find strays of a killed run.
+RUN_ENV = "DBLPEM_RUN"
+#: ``ifalias`` put on every bridge the builder creates, for the same reason.
+BRIDGE_ALIAS = "dblpem"
+
+
+class CommandError(RuntimeError):
+    """A system command failed; carries its stderr so the cause is visible."""
+
+
+def run(
+    args: Sequence[str],
+    *,
+    pid: int | None = None,
+    input: str | None = None,
+    check: bool = True,
+    timeout: float = 30.0,
+) -> str:
+    """Run ``args`` (in the network namespace of ``pid`` when given); return stdout.
+
+    ``check=False`` returns stdout even on failure (for best-effort teardown).
+    """
+    cmd = list(args)
+    if pid is not None:
+        cmd = ["mnexec", "-a", str(pid)] + cmd
+    proc = subprocess.run(
+        cmd, input=input, capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise CommandError(
+            f"{' '.join(cmd)!r} failed (rc={proc.returncode}): {proc.stderr.strip()}"
+        )
+    return proc.stdout
+
+
+def have(tool: str) -> bool:
+    """Whether ``tool`` is on PATH."""
+    return shutil.which(tool) is not None
+
+
+def netns_inode(pid: int | str) -> int | None:
+    """Inode of the network namespace of process ``pid`` (None if it is gone)."""
+    try:
+        return os.stat(f"/proc/{pid}/ns/net").st_ino
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+
+
+def root_netns_inode() -> int | None:
+    """Inode of the root network namespace (that of PID 1)."""
+    return netns_inode(1)
+
+
+def pids_in_netns(inodes: Iterable[int]) -> list[int]:
+    """All processes whose network namespace is one of ``inodes``.
+
+    This is how teardown finds everything a run left inside a host, including
+    processes started with ``host.cmd('... &')`` that nobody tracked.
+    """
+    wanted = set(inodes)
+    root = root_netns_inode()
+    wanted.discard(root)  # never sweep the root namespace
+    found = []
+    if not wanted:
+        return found
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            if netns_inode(entry) in wanted:
+                found.append(int(entry))
+    return found
+
+
+def pids_with_env(var: str, value: str | None = None) -> list[int]:
+    """Processes whose environment has ``var`` (equal to ``value`` if given)."""
+    needle = f"{var}=".encode() + (value.encode() if value is not None else b"")
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue
+        for item in env.split(b"\0"):
+            if (value is None and item.startswith(needle)) or item == needle:
+                found.append(int(entry))
+                break
+    return found
+
+
+def pids_with_cmdline_prefix(prefix: str) -> list[int]:
+    """Processes whose argv contains an argument starting with ``prefix``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.startswith(prefix.encode()) for a in argv):
+            found.append(int(entry))
+    return found
+
+
+def kill_pids(pids: Iterable[int], grace_s: float = 1.0) -> int:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL. Returns how many were signalled."""
+    pids = [p for p in set(pids) if p != os.getpid()]
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace_s
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _alive(p)]
+    for p in alive:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return len(pids)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def links(pid: int | None = None) -> list[dict]:
+    """``ip -j link show`` (in the netns of ``pid``), parsed."""
+    out = run(["ip", "-j", "-d", "link", "show"], pid=pid, check=False)
+    try:
+        return json.loads(out) if out.strip() else []
+    except json.JSONDecodeError:
+        return []
+
+
+def sysctl_get(key: str) -> str | None:
+    """Read a sysctl from /proc/sys (None when the key does not exist)."""
+    path = Path("/proc/sys") / key.replace(".", "/")
+    try:
+        return " ".join(path.read_text().split())
+    except OSError:
+        return None
+
+
+def sysctl_set(key: str, value: str) -> bool:
+    """Write a sysctl; False when the key does not exist or is read-only."""
+    path = Path("/proc/sys") / key.replace(".", "/")
+    try:
+        path.write_text(str(value))
+        return True
+    except OSError:
+        return False

@@ -1,0 +1,65 @@
+"""The paper's testbed: one parameter server and N workers on one switch.
+
+    w1 --+
+    w2 --+-- s1 -- srv        (+ optional x1..xM for cross-traffic)
+    w3 --+
+
+Every link is shaped at ``bw`` Mbit/s with a ``buffer``-sized drop-tail queue
+at both ends; the queue that matters for incast is s1's port towards ``srv``,
+where all workers' uploads (and any cross-traffic) meet.
+
+Usage: ``mn --custom topologies/star.py --topo star,n=3`` (Mininet CLI; links
+then need ``--link tc`` for bw, and a kernel with netem for the rest), or
+``emulation.net.EmuNet(StarTopo(...))`` which shapes with TBF itself.
+"""
+
+from __future__ import annotations
+
+from mininet.topo import Topo
+
+
+def link_opts(bw: float | None, buffer_pkts: int | None, buffer_bytes: int | None,
+              delay: str | None) -> dict:
+    """Shaping options for one link, in the keys ``EmuNet`` reads."""
+    opts: dict = {}
+    if bw is not None:
+        opts["bw"] = float(bw)
+    if buffer_bytes is not None:
+        opts["buffer_bytes"] = int(buffer_bytes)
+    elif buffer_pkts is not None:
+        opts["buffer_pkts"] = int(buffer_pkts)
+    if delay:
+        opts["delay"] = delay
+    return opts
+
+
+class StarTopo(Topo):
+    """``srv`` + ``w1..wN`` (+ ``x1..xM``) on switch ``s1``.
+
+    n: workers. bw: Mbit/s of every worker/server link. buffer_pkts /
+    buffer_bytes: drop-tail queue per link end (bytes win if both given).
+    delay: per-link one-way delay, netem only. server_bw: the server link's rate
+    if it should differ. cross_hosts: extra hosts for cross-traffic, on links of
+    cross_bw Mbit/s (default bw).
+    """
+
+    def build(self, n: int = 3, bw: float | None = 100.0, buffer_pkts: int | None = 100,
+              buffer_bytes: int | None = None, delay: str | None = None,
+              server_bw: float | None = None, cross_hosts: int = 0,
+              cross_bw: float | None = None) -> None:
+        if n < 1:
+            raise ValueError("a star needs at least one worker")
+        s1 = self.addSwitch("s1")
+        srv = self.addHost("srv")
+        self.addLink(srv, s1, **link_opts(server_bw if server_bw is not None else bw,
+                                          buffer_pkts, buffer_bytes, delay))
+        for i in range(1, n + 1):
+            self.addLink(self.addHost(f"w{i}"), s1,
+                         **link_opts(bw, buffer_pkts, buffer_bytes, delay))
+        for i in range(1, cross_hosts + 1):
+            self.addLink(self.addHost(f"x{i}"), s1,
+                         **link_opts(cross_bw if cross_bw is not None else bw,
+                                     buffer_pkts, buffer_bytes, delay))
+
+
+topos = {"star": StarTopo}

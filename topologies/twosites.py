@@ -1,0 +1,55 @@
+"""Two sites (data centres) joined by one slower WAN link: the paper's cross-DC future work.
+
+    srv, w1..wK -- s1 ==== wan (wan_bw, wan_buffer, wan_delay) ==== s2 -- w(K+1)..wN
+
+``local_workers`` workers share site 1 with the server; the rest are remote and
+every byte they exchange with ``srv`` crosses the WAN link, whose s1/s2 ends
+hold the bottleneck queues. Cross-traffic hosts ``x1..xM`` sit in site 2 so
+their traffic towards site 1 competes on the WAN.
+
+Usage: ``mn --custom topologies/twosites.py --topo twosites,n=3,local_workers=1``.
+"""
+
+from __future__ import annotations
+
+from mininet.topo import Topo
+
+
+def link_opts(bw: float | None, buffer_pkts: int | None, buffer_bytes: int | None,
+              delay: str | None) -> dict:
+    """Shaping options for one link, in the keys ``EmuNet`` reads."""
+    opts: dict = {}
+    if bw is not None:
+        opts["bw"] = float(bw)
+    if buffer_bytes is not None:
+        opts["buffer_bytes"] = int(buffer_bytes)
+    elif buffer_pkts is not None:
+        opts["buffer_pkts"] = int(buffer_pkts)
+    if delay:
+        opts["delay"] = delay
+    return opts
+
+
+class TwoSitesTopo(Topo):
+    """Site 1 (``s1``: srv + local workers) and site 2 (``s2``: remote workers) over a WAN."""
+
+    def build(self, n: int = 3, local_workers: int = 1, lan_bw: float | None = 1000.0,
+              wan_bw: float | None = 100.0, buffer_pkts: int | None = 100,
+              buffer_bytes: int | None = None, wan_buffer_pkts: int | None = None,
+              wan_buffer_bytes: int | None = None, wan_delay: str | None = None,
+              cross_hosts: int = 0) -> None:
+        if not 0 <= local_workers <= n:
+            raise ValueError("local_workers must be between 0 and n")
+        s1, s2 = self.addSwitch("s1"), self.addSwitch("s2")
+        if wan_buffer_pkts is None and wan_buffer_bytes is None:
+            wan_buffer_pkts, wan_buffer_bytes = buffer_pkts, buffer_bytes
+        self.addLink(s1, s2, **link_opts(wan_bw, wan_buffer_pkts, wan_buffer_bytes, wan_delay))
+        lan = link_opts(lan_bw, buffer_pkts, buffer_bytes, None)
+        self.addLink(self.addHost("srv"), s1, **lan)
+        for i in range(1, n + 1):
+            self.addLink(self.addHost(f"w{i}"), s1 if i <= local_workers else s2, **lan)
+        for i in range(1, cross_hosts + 1):
+            self.addLink(self.addHost(f"x{i}"), s2, **lan)
+
+
+topos = {"twosites": TwoSitesTopo}
