@@ -1,0 +1,182 @@
+"""Control messages of the reliable (TCP) channel, and their framing.
+
+Every frame is ``u32 length | u8 type | body`` (big-endian), where length
+counts the type byte and the body. The decoder is sans-I/O: feed it bytes as
+they arrive, take whole messages out. A frame that cannot be decoded is a
+protocol error on a connection from the registered peer, so it raises
+:class:`ControlError` and the transport closes the connection with a message.
+
+Message types (paper section III-A: probe, bitmap, stop; section IV-A: the
+one-time metadata exchange):
+
+======  =========  ==========================================================
+type    name       body
+======  =========  ==========================================================
+1       HELLO      UTF-8 JSON: worker, udp_port, version, tensor spec
+2       META       UTF-8 JSON object (run id, layout, tensor names/shapes...)
+3       ROUND      round u32, direction u8, clr u8, tolerance f64
+4       PROBE      round u32, direction u8, pass u32
+5       BITMAP     round u32, direction u8, received u32, packed bits
+6       STOP       round u32, direction u8, received u32
+7       BYE        UTF-8 reason
+======  =========  ==========================================================
+
+``direction`` is 0 for worker-to-server ("up") and 1 for the broadcast
+("down"). ROUND announces a round and its loss tolerance; the server always
+decides the tolerance (Algorithm 3), whichever side receives.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Union
+
+import numpy as np
+
+UP = 0
+DOWN = 1
+MAX_FRAME = 64 * 1024 * 1024  # a bitmap of 500M chunks; anything larger is garbage
+PROTOCOL_VERSION = 1
+
+
+class ControlError(Exception):
+    """The control stream carried something that is not a valid frame."""
+
+
+@dataclass(frozen=True)
+class Hello:
+    worker: int  # requested id, or -1 to let the server assign one
+    udp_port: int
+    spec: dict  # {"names": [...], "shapes": [[...], ...], "elements": n}
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class Meta:
+    info: dict
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    round: int
+    direction: int
+    tolerance: float
+    clr: bool = False
+
+
+@dataclass(frozen=True)
+class Probe:
+    round: int
+    direction: int
+    pass_no: int
+
+
+@dataclass(frozen=True)
+class Bitmap:
+    round: int
+    direction: int
+    received: int
+    bits: bytes  # np.packbits of the received-chunk mask
+
+    def mask(self, chunks: int) -> np.ndarray:
+        bits = np.frombuffer(self.bits, dtype=np.uint8)
+        if bits.size * 8 < chunks:
+            raise ControlError(f"bitmap has {bits.size * 8} bits for {chunks} chunks")
+        return np.unpackbits(bits, count=chunks).astype(bool)
+
+
+@dataclass(frozen=True)
+class Stop:
+    round: int
+    direction: int
+    received: int
+
+
+@dataclass(frozen=True)
+class Bye:
+    reason: str
+
+
+Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye]
+
+_ROUND = struct.Struct("!IBBd")
+_PROBE = struct.Struct("!IBI")
+_BITMAP = struct.Struct("!IBI")
+_STOP = struct.Struct("!IBI")
+_FRAME = struct.Struct("!IB")
+
+
+def encode(msg: Message) -> bytes:
+    if isinstance(msg, Hello):
+        t, body = 1, json.dumps(
+            {"worker": msg.worker, "udp_port": msg.udp_port, "spec": msg.spec, "version": msg.version}
+        ).encode()
+    elif isinstance(msg, Meta):
+        t, body = 2, json.dumps(msg.info).encode()
+    elif isinstance(msg, RoundStart):
+        t, body = 3, _ROUND.pack(msg.round, msg.direction, int(msg.clr), msg.tolerance)
+    elif isinstance(msg, Probe):
+        t, body = 4, _PROBE.pack(msg.round, msg.direction, msg.pass_no)
+    elif isinstance(msg, Bitmap):
+        t, body = 5, _BITMAP.pack(msg.round, msg.direction, msg.received) + msg.bits
+    elif isinstance(msg, Stop):
+        t, body = 6, _STOP.pack(msg.round, msg.direction, msg.received)
+    elif isinstance(msg, Bye):
+        t, body = 7, msg.reason.encode()
+    else:  # pragma: no cover - programming error
+        raise TypeError(f"not a control message: {msg!r}")
+    return _FRAME.pack(len(body) + 1, t) + body
+
+
+def _decode_body(t: int, body: bytes) -> Message:
+    try:
+        if t == 1:
+            d = json.loads(body.decode())
+            return Hello(int(d["worker"]), int(d["udp_port"]), dict(d["spec"]), int(d["version"]))
+        if t == 2:
+            info = json.loads(body.decode())
+            if not isinstance(info, dict):
+                raise ControlError("META body is not a JSON object")
+            return Meta(info)
+        if t == 3:
+            r, d, clr, tol = _ROUND.unpack(body)
+            return RoundStart(r, d, tol, bool(clr))
+        if t == 4:
+            return Probe(*_PROBE.unpack(body))
+        if t == 5:
+            r, d, n = _BITMAP.unpack_from(body)
+            return Bitmap(r, d, n, bytes(body[_BITMAP.size :]))
+        if t == 6:
+            return Stop(*_STOP.unpack(body))
+        if t == 7:
+            return Bye(body.decode(errors="replace"))
+    except (struct.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise ControlError(f"malformed control message of type {t}: {exc}") from exc
+    raise ControlError(f"unknown control message type {t}")
+
+
+class ControlDecoder:
+    """Accumulates stream bytes and yields whole messages."""
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> list[Message]:
+        self._buf += data
+        out: list[Message] = []
+        while len(self._buf) >= _FRAME.size:
+            length, t = _FRAME.unpack_from(self._buf)
+            if length < 1 or length > MAX_FRAME:
+                raise ControlError(f"control frame length {length} out of range")
+            if len(self._buf) < 4 + length:
+                break
+            body = bytes(self._buf[_FRAME.size : 4 + length])
+            del self._buf[: 4 + length]
+            out.append(_decode_body(t, body))
+        return out
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)

@@ -1,0 +1,490 @@
+"""The sans-I/O DBLP core: one sender and one receiver state machine per peer.
+
+This module is the only place the protocol's rules live (paper section III,
+Algorithms 1 and 2). It never touches a socket, a thread or SimPy: bytes and
+control messages go in, with the clock passed in as ``now`` (seconds);
+datagram batches, control messages and timer deadlines come out. The socket
+transport (:mod:`dblp.transport`), the simulator (:mod:`dblp.sim`) and the
+tests all drive these same objects, in the style of aioquic's
+``QuicConnection`` (``receive_datagram`` / ``datagrams_to_send`` /
+``get_timer`` / ``handle_timer``).
+
+Rules, each stated once here:
+
+R1  A round's tensor is cut into MTU-sized chunks (:class:`dblp.wire.ChunkLayout`).
+R2  The sender sends every unsent chunk of a pass, then one PROBE (Alg. 1 l.4-10).
+R3  A pass's order is a fresh seeded permutation per round (default) or index
+    order; retransmission passes keep the round's order, restricted to the
+    chunks the last BITMAP reports missing.
+R4  The receiver accepts a datagram only if it is well-formed, carries the
+    expected run id and sender, passes its CRC, belongs to the current round,
+    names an in-range chunk, has that chunk's exact length and is not a
+    duplicate. Everything else is counted by reason and dropped (III-A).
+R5  The receiver sends STOP as soon as it holds ceil((1-p) n) chunks, without
+    waiting for a probe (Alg. 2 l.19-22); on PROBE it answers STOP if the
+    threshold holds, else BITMAP (l.10-17).
+R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B).
+R7  Unreceived chunks are zero-filled (Alg. 2 l.26).
+R8  A pass that delivered nothing new (100% loss) delays the next pass by an
+    exponential backoff (1 ms doubling to 200 ms), so an outage does not
+    busy-spin a core, and sending resumes within one backoff once the path
+    recovers.
+R9  Chunks of a round arriving after the round completed, and datagrams of
+    another round, are stale: counted, never written.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import control as ctl
+from .pacing import TokenBucket
+from .policy import check_tolerance, needed_chunks
+from .wire import (
+    HEADER_SIZE,
+    KIND_DATA,
+    MAGIC,
+    VERSION,
+    ChunkLayout,
+    ParameterError,
+    crc_rows,
+    encode_chunks,
+    flat_padded_view,
+    parse_headers,
+)
+
+BACKOFF_START_S = 0.001
+BACKOFF_MAX_S = 0.200
+ORDERS = ("perm", "inorder")
+
+
+def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -> np.ndarray:
+    """R3: the chunk order of a round; ``stream`` separates senders sharing a seed."""
+    if order == "inorder":
+        return np.arange(chunks, dtype=np.int64)
+    if order == "perm":
+        return np.random.default_rng([seed, round_no, stream]).permutation(chunks)
+    raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
+
+
+class EncodedRound:
+    """A round's datagrams, encoded on first use and kept for retransmission.
+
+    One instance can feed several senders (the server broadcasts the same
+    bytes to every worker), so each chunk is encoded and CRC'd once.
+    """
+
+    def __init__(
+        self,
+        values: np.ndarray,
+        layout: ChunkLayout,
+        *,
+        round_no: int,
+        run_id: int,
+        sender: int,
+        buffer: np.ndarray | None = None,
+    ) -> None:
+        self.values = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+        if self.values.size != layout.elements:
+            raise ValueError(f"tensor has {self.values.size} elements, layout expects {layout.elements}")
+        self.layout = layout
+        self.round_no = round_no
+        self.run_id = run_id
+        self.sender = sender
+        shape = (layout.chunks, layout.datagram_size)
+        self.rows = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
+        self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
+        self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
+        self._done = np.zeros(layout.chunks, dtype=bool)
+
+    def take(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Rows (a copy, contiguous) and lengths of the datagrams ``seqs``."""
+        todo = seqs[~self._done[seqs]]
+        if todo.size:
+            rows, _ = encode_chunks(
+                self.values, self.layout, todo, run_id=self.run_id, sender=self.sender, round_no=self.round_no
+            )
+            self.rows[todo] = rows
+            self._done[todo] = True
+        return self.rows[seqs], self.lengths[seqs]
+
+
+class SendState(enum.Enum):
+    SENDING = "sending"  # a pass is under way
+    AWAIT_REPLY = "await_reply"  # pass sent, probe out, waiting for BITMAP/STOP
+    BACKOFF = "backoff"  # R8: waiting before the next pass
+    DONE = "done"
+
+
+@dataclass
+class Batch:
+    """Datagrams to put on the wire now: ``rows[i, :lengths[i]]`` for chunk ``seqs[i]``."""
+
+    rows: np.ndarray
+    lengths: np.ndarray
+    seqs: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.seqs.size)
+
+
+@dataclass
+class SendStats:
+    sent: int = 0
+    passes: int = 0
+    received: int = 0  # chunks the receiver holds, from its last BITMAP/STOP
+    early_stop: bool = False
+    t_start: float = 0.0
+    t_done: float = float("nan")
+    ignored_control: int = 0  # control messages of another round or direction
+
+    @property
+    def latency(self) -> float:
+        return self.t_done - self.t_start
+
+
+class RoundSender:
+    """DBLP_SEND (Algorithm 1) of one round toward one peer."""
+
+    def __init__(
+        self,
+        encoded: EncodedRound,
+        *,
+        direction: int,
+        now: float,
+        order: str = "perm",
+        seed: int = 0,
+        stream: int = 0,
+        pacer: TokenBucket | None = None,
+        max_batch: int = 64,
+    ) -> None:
+        self.enc = encoded
+        self.layout = encoded.layout
+        self.round_no = encoded.round_no
+        self.direction = direction
+        self.pacer = pacer or TokenBucket()
+        self.max_batch = max_batch
+        self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
+        self.state = SendState.SENDING
+        self.stats = SendStats(passes=1, t_start=now)
+        self._pass = self.order  # chunks of the current pass, in send order
+        self._pos = 0
+        self._control: list[ctl.Message] = []
+        self._backoff = 0.0
+        self._backoff_until = 0.0
+        self._last_received = -1
+
+    @property
+    def done(self) -> bool:
+        return self.state is SendState.DONE
+
+    # -- data --------------------------------------------------------------
+    def datagrams_to_send(self, now: float, limit: int | None = None) -> Batch | None:
+        """R2: the next datagrams of the current pass, as allowed by pacing."""
+        if self.state is SendState.BACKOFF and now >= self._backoff_until:
+            self._start_pass(now)
+        if self.state is not SendState.SENDING:
+            return None
+        k = min(limit or self.max_batch, self._pass.size - self._pos)
+        k = self.pacer.allowance(now, self.layout.datagram_size, k)
+        if k <= 0:
+            return None
+        seqs = self._pass[self._pos : self._pos + k]
+        self._pos += k
+        rows, lengths = self.enc.take(seqs)
+        self.pacer.consume(int(lengths.sum()))
+        self.stats.sent += k
+        if self._pos >= self._pass.size:
+            self.state = SendState.AWAIT_REPLY
+            self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
+        return Batch(rows, lengths, seqs)
+
+    def control_to_send(self) -> list[ctl.Message]:
+        out, self._control = self._control, []
+        return out
+
+    # -- control -----------------------------------------------------------
+    def handle_control(self, msg: ctl.Message, now: float) -> None:
+        if getattr(msg, "round", None) != self.round_no or getattr(msg, "direction", None) != self.direction:
+            self.stats.ignored_control += 1
+            return
+        if self.done:
+            return
+        if isinstance(msg, ctl.Stop):
+            # R6: stop at once, also mid-pass.
+            self.stats.early_stop = self.state is SendState.SENDING
+            self.stats.received = msg.received
+            self.stats.t_done = now
+            self.state = SendState.DONE
+        elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
+            mask = msg.mask(self.layout.chunks)
+            self.stats.received = int(msg.received)
+            self._pass = self.order[~mask[self.order]]  # R3: missing chunks, round order
+            self._pos = 0
+            if self._pass.size == 0:  # receiver has everything but did not stop: probe again
+                self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
+                return
+            if msg.received <= self._last_received:  # R8: no progress
+                self._backoff = BACKOFF_START_S if self._backoff == 0 else min(BACKOFF_MAX_S, 2 * self._backoff)
+                self._backoff_until = now + self._backoff
+                self.state = SendState.BACKOFF
+            else:
+                self._backoff = 0.0
+                self._start_pass(now)
+            self._last_received = int(msg.received)
+        else:
+            self.stats.ignored_control += 1
+
+    def _start_pass(self, now: float) -> None:
+        self.state = SendState.SENDING
+        self.stats.passes += 1
+
+    def ready(self, now: float) -> bool:
+        """Whether :meth:`datagrams_to_send` would return datagrams at ``now``."""
+        if self.state is SendState.BACKOFF:
+            return now >= self._backoff_until
+        return self.state is SendState.SENDING and self.pacer.allowance(now, self.layout.datagram_size, 1) > 0
+
+    # -- timers ------------------------------------------------------------
+    def get_timer(self) -> float | None:
+        """The next time :meth:`datagrams_to_send` can make progress without new input."""
+        if self.state is SendState.BACKOFF:
+            return self._backoff_until
+        if self.state is SendState.SENDING and not self.pacer.unlimited:
+            return self.pacer.next_time(self.pacer.last_time, self.layout.datagram_size)
+        return None
+
+
+@dataclass
+class DropCounters:
+    stale: int = 0
+    duplicate: int = 0
+    corrupt: int = 0
+    foreign: int = 0
+    malformed: int = 0
+    out_of_range: int = 0
+    wrong_length: int = 0
+
+    def total(self) -> int:
+        return sum(vars(self).values())
+
+    def add(self, other: "DropCounters") -> None:
+        for k, v in vars(other).items():
+            setattr(self, k, getattr(self, k) + v)
+
+
+@dataclass
+class RecvStats:
+    t_start: float = 0.0
+    t_first: float = float("nan")  # first accepted chunk
+    t_done: float = float("nan")
+    accepted: int = 0
+    probes: int = 0
+    drops: DropCounters = field(default_factory=DropCounters)
+
+    @property
+    def latency(self) -> float:
+        return self.t_done - self.t_start
+
+
+class Receiver:
+    """DBLP_RECV (Algorithm 2) from one peer, across rounds.
+
+    It lives for the whole connection so that datagrams arriving between
+    rounds are classified (R9) rather than left to a missing object.
+    Received chunks are written straight into ``out`` (the caller's float32
+    buffer) and missing ones zero-filled when the round completes (R7).
+    """
+
+    def __init__(
+        self,
+        layout: ChunkLayout,
+        *,
+        run_id: int,
+        expected_sender: int,
+        direction: int,
+        peer_addr: object = None,
+    ) -> None:
+        self.layout = layout
+        self.run_id = run_id
+        self.expected_sender = expected_sender
+        self.direction = direction
+        self.peer_addr = peer_addr
+        self.round_no = -1
+        self.active = False  # a round is open and not complete
+        self.tolerance: float | None = None
+        self.need = layout.chunks
+        self.mask = np.zeros(layout.chunks, dtype=bool)
+        self.received = 0
+        self.out: np.ndarray | None = None
+        self.stats = RecvStats()
+        self.total_drops = DropCounters()  # over the connection's life, between rounds included
+        self._control: list[ctl.Message] = []
+        self._stop_sent = False
+
+    # -- round life ----------------------------------------------------------
+    def begin_round(self, round_no: int, out: np.ndarray, now: float, tolerance: float | None = None) -> None:
+        """Open a round. ``tolerance`` may come later (:meth:`set_tolerance`):
+        the worker opens the broadcast round before its ROUND message arrives
+        so that early datagrams are kept, not dropped."""
+        if out.dtype != np.float32 or out.size != self.layout.elements or not out.flags.c_contiguous:
+            raise ValueError("out must be a contiguous float32 array of the layout's size")
+        self.round_no = round_no
+        self.out = out.reshape(-1)
+        self.mask[:] = False
+        self.received = 0
+        self.active = True
+        self._stop_sent = False
+        self.stats = RecvStats(t_start=now)
+        self.tolerance = None
+        self.need = self.layout.chunks
+        if tolerance is not None:
+            self.set_tolerance(tolerance, now)
+
+    def set_tolerance(self, tolerance: float, now: float) -> None:
+        self.tolerance = check_tolerance("tolerance", tolerance)
+        self.need = needed_chunks(self.layout.chunks, self.tolerance)
+        self._check_threshold(now)
+
+    @property
+    def complete(self) -> bool:
+        return self._stop_sent
+
+    # -- data ------------------------------------------------------------------
+    def receive_datagrams(self, data: bytes | bytearray | memoryview | np.ndarray, now: float,
+                          seg_size: int | None = None, addr: object = None) -> int:
+        """Feed one datagram, or a GRO-coalesced run of ``seg_size``-byte
+        datagrams (the last may be shorter). Returns chunks accepted."""
+        buf = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+        n = buf.size
+        if n == 0:
+            self._drop("malformed", 1)
+            return 0
+        if self.peer_addr is not None and addr is not None and addr != self.peer_addr:
+            # Foreign source: count the datagrams it carried, read nothing.
+            self._drop("foreign", max(1, n // seg_size) if seg_size else 1)
+            return 0
+        seg = n if not seg_size or seg_size >= n else seg_size
+        nfull, rem = divmod(n, seg)
+        got = 0
+        if nfull:
+            got += self._receive_rows(buf[: nfull * seg].reshape(nfull, seg), now)
+        if rem:
+            got += self._receive_rows(buf[nfull * seg :].reshape(1, rem), now)
+        return got
+
+    def _drop(self, reason: str, count: int) -> None:
+        if count:
+            setattr(self.stats.drops, reason, getattr(self.stats.drops, reason) + count)
+            setattr(self.total_drops, reason, getattr(self.total_drops, reason) + count)
+
+    def _receive_rows(self, rows: np.ndarray, now: float) -> int:
+        """R4 over a batch of equal-length datagrams, vectorised."""
+        k, size = rows.shape
+        if size < HEADER_SIZE:
+            self._drop("malformed", k)
+            return 0
+        hdr = parse_headers(rows)
+        ok = (hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["kind"] == KIND_DATA)
+        self._drop("malformed", int(k - ok.sum()))
+        decl = ok & (hdr["length"].astype(np.int64) != size - HEADER_SIZE)
+        self._drop("wrong_length", int(decl.sum()))
+        ok &= ~decl
+        if not ok.any():
+            return 0
+        idx = np.flatnonzero(ok)
+        crc_ok = crc_rows(rows[idx]) == hdr["crc"][idx]
+        self._drop("corrupt", int((~crc_ok).sum()))
+        idx = idx[crc_ok]
+        h = hdr[idx]
+        foreign = (h["run_id"] != self.run_id) | (h["sender"] != self.expected_sender)
+        self._drop("foreign", int(foreign.sum()))
+        idx, h = idx[~foreign], h[~foreign]
+        stale = (h["round"].astype(np.int64) != self.round_no) | (not self.active) | self._stop_sent
+        self._drop("stale", int(stale.sum()))
+        idx, h = idx[~stale], h[~stale]
+        seqs = h["seq"].astype(np.int64)
+        oor = seqs >= self.layout.chunks
+        self._drop("out_of_range", int(oor.sum()))
+        idx, seqs = idx[~oor], seqs[~oor]
+        badlen = self.layout.payload_lengths(seqs) != size - HEADER_SIZE
+        self._drop("wrong_length", int(badlen.sum()))
+        idx, seqs = idx[~badlen], seqs[~badlen]
+        if seqs.size == 0:
+            return 0
+        uniq, first = np.unique(seqs, return_index=True)
+        fresh = ~self.mask[uniq]
+        self._drop("duplicate", int(seqs.size - fresh.sum()))
+        uniq, first = uniq[fresh], first[fresh]
+        if uniq.size == 0:
+            return 0
+        if self.received == 0:
+            self.stats.t_first = now
+        self._write(uniq, rows[idx[first]], size)
+        self.mask[uniq] = True
+        self.received += int(uniq.size)
+        self.stats.accepted += int(uniq.size)
+        self._check_threshold(now)
+        return int(uniq.size)
+
+    def _write(self, seqs: np.ndarray, rows: np.ndarray, size: int) -> None:
+        assert self.out is not None
+        payload = rows[:, HEADER_SIZE:size].view("<f4")
+        cf = self.layout.chunk_floats
+        if size - HEADER_SIZE == self.layout.chunk_bytes:
+            flat_padded_view(self.out, self.layout)[seqs] = payload
+        else:  # the tensor's short last chunk
+            self.out[(self.layout.chunks - 1) * cf :] = payload[0]
+
+    def _check_threshold(self, now: float) -> None:
+        """R5: stop as soon as the threshold holds, without waiting for a probe."""
+        if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need:
+            self._stop_sent = True
+            self.stats.t_done = now
+            self._control.append(ctl.Stop(self.round_no, self.direction, self.received))
+            self._zero_fill()
+
+    def _zero_fill(self) -> None:
+        """R7: unreceived chunks become zeros."""
+        assert self.out is not None
+        missing = np.flatnonzero(~self.mask)
+        if missing.size == 0:
+            return
+        cf = self.layout.chunk_floats
+        last = self.layout.chunks - 1
+        body = missing[missing < last] if self.layout.last_chunk_floats != cf else missing
+        flat_padded_view(self.out, self.layout)[body] = 0.0
+        if self.layout.last_chunk_floats != cf and missing[-1] == last:
+            self.out[last * cf :] = 0.0
+
+    # -- control -------------------------------------------------------------
+    def handle_control(self, msg: ctl.Message, now: float) -> None:
+        if not isinstance(msg, ctl.Probe) or msg.direction != self.direction:
+            return
+        if msg.round != self.round_no:
+            return  # a probe that crossed our STOP of an earlier round
+        self.stats.probes += 1
+        if self._stop_sent:
+            self._control.append(ctl.Stop(self.round_no, self.direction, self.received))
+        elif self.tolerance is None:
+            # ROUND not seen yet (cannot happen over one ordered TCP stream,
+            # kept for other drivers): report progress, decide later.
+            self._control.append(self._bitmap())
+        else:
+            self._check_threshold(now)
+            if not self._stop_sent:
+                self._control.append(self._bitmap())
+
+    def _bitmap(self) -> ctl.Bitmap:
+        return ctl.Bitmap(self.round_no, self.direction, self.received, np.packbits(self.mask).tobytes())
+
+    def control_to_send(self) -> list[ctl.Message]:
+        out, self._control = self._control, []
+        return out
+
+    def finish_round(self) -> None:
+        """Close the round; later datagrams of it count as stale (R9)."""
+        self.active = False

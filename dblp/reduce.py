@@ -1,0 +1,41 @@
+"""The server's reduce step: the mean of the workers' (partially received) gradients.
+
+Two rules for chunks some workers did not deliver:
+
+* ``zero`` (the paper's, Algorithm 2 l.26): missing chunks count as zeros, so
+  the result is ``sum / N`` and a lost chunk shrinks that part of the mean;
+* ``unbiased``: each chunk is averaged over the workers that delivered it
+  (``sum / count``), and a chunk no worker delivered is zero.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .wire import ChunkLayout
+
+MODES = ("zero", "unbiased")
+
+
+def reduce_mean(
+    buffers: list[np.ndarray],
+    masks: list[np.ndarray],
+    layout: ChunkLayout,
+    out: np.ndarray,
+    mode: str = "zero",
+) -> np.ndarray:
+    """Average ``buffers`` (each already zero-filled where its mask is False) into ``out``."""
+    if mode not in MODES:
+        raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
+    np.copyto(out, buffers[0])
+    for b in buffers[1:]:
+        out += b
+    if mode == "zero":
+        out *= np.float32(1.0 / len(buffers))
+        return out
+    counts = np.sum(masks, axis=0).astype(np.float32)
+    scale = np.divide(1.0, counts, out=np.zeros_like(counts), where=counts > 0)
+    cf = layout.chunk_floats
+    per_float = np.repeat(scale, cf)[: layout.elements]
+    out *= per_float
+    return out

@@ -1,0 +1,61 @@
+"""Training over DBLP: workloads, data, gradient exchanges and the worker training loop.
+
+Typical use::
+
+    from dblp.train import get_workload, train, TrainConfig, LocalExchange
+    wl = get_workload("small_cnn")
+    summary = train(wl, LocalExchange(), TrainConfig.for_workload(wl, epochs=5))
+
+Any object with ``exchange(flat_grad) -> averaged`` (and optionally
+``last_info()``) plugs in as the exchange; see :mod:`dblp.train.exchange`.
+"""
+
+from dblp.train.data import ArrayDataset, DatasetMissingError
+from dblp.train.exchange import (
+    AllreduceExchange,
+    ClrDetector,
+    DropExchange,
+    Exchange,
+    LocalExchange,
+    TolerancePolicyExchange,
+    TorchDistExchange,
+    exchange_group,
+    phase_fraction,
+)
+from dblp.train.loop import (
+    TrainConfig,
+    TrainSummary,
+    assign_flat_grad,
+    export_grad_norms,
+    flatten_grads,
+    read_grad_norms,
+    resolve_device,
+    train,
+)
+from dblp.train.models import PAPER_WORKLOADS, WORKLOADS, Workload, get_workload
+
+__all__ = [
+    "ArrayDataset",
+    "DatasetMissingError",
+    "AllreduceExchange",
+    "ClrDetector",
+    "DropExchange",
+    "Exchange",
+    "LocalExchange",
+    "TolerancePolicyExchange",
+    "TorchDistExchange",
+    "exchange_group",
+    "phase_fraction",
+    "TrainConfig",
+    "TrainSummary",
+    "assign_flat_grad",
+    "export_grad_norms",
+    "flatten_grads",
+    "read_grad_norms",
+    "resolve_device",
+    "train",
+    "PAPER_WORKLOADS",
+    "WORKLOADS",
+    "Workload",
+    "get_workload",
+]

@@ -1,0 +1,367 @@
+"""Gradient exchanges: the one seam between the training loop and any transport.
+
+Why a seam: the loop must run today (no transport yet), in tests (no
+sockets), over the real DBLP worker, over torch.distributed, and inside a DDP
+communication hook.  All of them reduce to one call::
+
+    averaged = exchange.exchange(flat_grad)   # CPU float32, same shape
+
+plus an optional ``last_info() -> dict`` whose keys (tolerance, clr, latency,
+chunks received...) the loop copies into its per-iteration record.
+
+When several workers are *simulated* in one process (sequentially, each on its
+own data shard), the loop hands all their gradients at once to
+:func:`exchange_group`; an exchange may implement ``exchange_group(grads)``
+itself (e.g. to drop chunks of each worker's upload separately, as a server
+zero-filling missing chunks would) and otherwise gets their mean.
+
+Implementations here:
+
+* :class:`LocalExchange` - identity / plain mean: the lossless reference.
+* :class:`DropExchange` - zeroes exactly ``round(f * chunks)`` randomly chosen
+  MTU-sized chunks (362 float32 values by default, the payload of one
+  1500-byte DBLP datagram), ``f`` fixed or a function of the iteration: the
+  paper's Fig. 1 "zero out a fraction of received gradients".
+* :class:`TolerancePolicyExchange` - a stand-in for DBLP's bounded-loss
+  receiver under *early stop*: each round loses exactly the tolerance in force
+  (P_low inside a critical learning regime, P_high outside), with the CLR
+  detected from the averaged gradient's norm as in the paper's eq. (1).  It
+  lets accuracy experiments run before/without the socket transport; replace
+  it by the real worker when comparing wall time.
+* :class:`AllreduceExchange` - adapts any object with ``allreduce(tensor)``
+  (the DBLP ``Worker``) to this protocol.
+* :class:`TorchDistExchange` - reliable mean over a ``torch.distributed``
+  process group (gloo), the no-loss baseline for multi-process runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+
+__all__ = [
+    "CHUNK_FLOATS",
+    "Exchange",
+    "LocalExchange",
+    "DropExchange",
+    "TolerancePolicyExchange",
+    "ClrDetector",
+    "AllreduceExchange",
+    "TorchDistExchange",
+    "exchange_group",
+    "last_info",
+    "phase_fraction",
+    "num_chunks",
+    "zero_chunks",
+]
+
+
+def _default_chunk_floats() -> int:
+    """Float32 values per 1500-byte datagram, taken from the wire format when available."""
+    try:
+        from dblp.wire import ChunkLayout
+
+        return ChunkLayout(1).chunk_floats
+    except Exception:  # pragma: no cover - wire format absent or changed
+        return 362
+
+
+CHUNK_FLOATS: int = _default_chunk_floats()
+
+
+@runtime_checkable
+class Exchange(Protocol):
+    """Anything that turns this worker's flat gradient into the averaged one."""
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:  # pragma: no cover - protocol
+        """Return the averaged gradient: same shape, CPU float32."""
+        ...
+
+
+def last_info(ex: object) -> dict[str, Any]:
+    """The exchange's report on its last call, or ``{}`` if it keeps none."""
+    fn = getattr(ex, "last_info", None)
+    if fn is None:
+        return {}
+    info = fn()
+    return dict(info) if info else {}
+
+
+def exchange_group(ex: Exchange, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Exchange the gradients of several simulated workers; returns their (lossy) average."""
+    if len(grads) == 0:
+        raise ValueError("no gradients to exchange")
+    group = getattr(ex, "exchange_group", None)
+    if group is not None:
+        return group(list(grads))
+    if len(grads) == 1:
+        return ex.exchange(grads[0])
+    return ex.exchange(torch.stack(list(grads)).mean(dim=0))
+
+
+# ----------------------------------------------------------------------------- chunk helpers
+
+
+def num_chunks(elements: int, chunk_floats: int = CHUNK_FLOATS) -> int:
+    return math.ceil(elements / chunk_floats)
+
+
+def zero_chunks(flat: torch.Tensor, chunk_ids: torch.Tensor, chunk_floats: int = CHUNK_FLOATS) -> torch.Tensor:
+    """Zero the given chunks of a 1-D tensor in place (vectorised; the last chunk may be short)."""
+    n = flat.numel()
+    full = n // chunk_floats
+    ids = chunk_ids.long()
+    in_full = ids[ids < full]
+    if in_full.numel():
+        flat[: full * chunk_floats].view(full, chunk_floats)[in_full] = 0
+    if full * chunk_floats < n and bool((ids == full).any()):
+        flat[full * chunk_floats :] = 0
+    return flat
+
+
+def _drop(flat: torch.Tensor, fraction: float, gen: torch.Generator, chunk_floats: int) -> tuple[torch.Tensor, int, int]:
+    """Copy of ``flat`` with exactly ``round(fraction * chunks)`` random chunks zeroed."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"drop fraction must be in [0, 1], got {fraction}")
+    out = flat.detach().to("cpu", torch.float32).reshape(-1).clone()
+    chunks = num_chunks(out.numel(), chunk_floats)
+    k = int(round(fraction * chunks))
+    if k:
+        ids = torch.randperm(chunks, generator=gen)[:k]
+        zero_chunks(out, ids, chunk_floats)
+    return out.view_as(flat) if flat.dim() != 1 else out, chunks, k
+
+
+def phase_fraction(
+    fraction: float, start_epoch: int, end_epoch: int, iters_per_epoch: int
+) -> Callable[[int], float]:
+    """Drop ``fraction`` only during epochs ``[start_epoch, end_epoch)`` (0-based), else 0.
+
+    The returned function maps the exchange's call index (= the training
+    iteration) to a drop fraction; used by the phase-sensitivity scenario.
+    """
+    lo, hi = start_epoch * iters_per_epoch, end_epoch * iters_per_epoch
+    return lambda step: fraction if lo <= step < hi else 0.0
+
+
+# ----------------------------------------------------------------------------- exchanges
+
+
+class LocalExchange:
+    """Lossless: a single worker's gradient comes back unchanged; several are averaged."""
+
+    def __init__(self) -> None:
+        self._info: dict[str, Any] = {}
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = flat_grad.detach().to("cpu", torch.float32)
+        self._info = {"workers": 1, "latency_s": time.perf_counter() - t0}
+        return out
+
+    def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        out = torch.stack([g.detach().to("cpu", torch.float32) for g in grads]).mean(dim=0)
+        self._info = {"workers": len(grads), "latency_s": time.perf_counter() - t0}
+        return out
+
+    def last_info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class DropExchange:
+    """Zero a chosen fraction of MTU-sized gradient chunks, like a lossy receiver that stops early.
+
+    ``fraction`` is a constant or ``f(step) -> fraction`` where ``step`` counts
+    calls (one per training iteration).  Exactly ``round(fraction * chunks)``
+    distinct chunks are zeroed, chosen uniformly by a seeded generator, and
+    nothing is rescaled: DBLP leaves unreceived chunks 0-filled (Alg. 2).
+
+    With simulated workers (``exchange_group``) the drop applies to the
+    averaged gradient, i.e. to what every worker receives - the paper's
+    preliminary experiment zeroed "a fraction of received gradients".
+    """
+
+    def __init__(
+        self,
+        fraction: float | Callable[[int], float] = 0.0,
+        *,
+        chunk_floats: int = CHUNK_FLOATS,
+        seed: int = 0,
+    ) -> None:
+        if chunk_floats < 1:
+            raise ValueError("chunk_floats must be >= 1")
+        self.fraction = fraction
+        self.chunk_floats = chunk_floats
+        self.step = 0
+        self._gen = torch.Generator().manual_seed(seed)
+        self._info: dict[str, Any] = {}
+
+    def fraction_at(self, step: int) -> float:
+        return float(self.fraction(step) if callable(self.fraction) else self.fraction)
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
+        f = self.fraction_at(self.step)
+        out, chunks, k = _drop(flat_grad, f, self._gen, self.chunk_floats)
+        self._info = {"drop_fraction": f, "chunks": chunks, "chunks_dropped": k, "step": self.step}
+        self.step += 1
+        return out
+
+    def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        mean = torch.stack([g.detach().to("cpu", torch.float32) for g in grads]).mean(dim=0)
+        out = self.exchange(mean)
+        self._info["workers"] = len(grads)
+        return out
+
+    def last_info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class ClrDetector:
+    """Critical-learning-regime switch of the paper (section III-B, Alg. 3).
+
+    Every ``freq`` rounds the tolerance resets to ``p_high`` unless the norm
+    of the averaged gradient moved by at least ``eta`` relative to the
+    previous round's, ``|‖G_prev‖ - ‖G_curr‖| >= eta ‖G_prev‖`` (eq. 1), in
+    which case it is ``p_low`` for the next ``freq`` rounds.  Training starts
+    critical (``p_low``), as the paper does.
+    """
+
+    def __init__(self, p_low: float, p_high: float, *, eta: float = 0.5, freq: int = 10) -> None:
+        if not 0.0 <= p_low <= p_high < 1.0:
+            raise ValueError(f"need 0 <= p_low <= p_high < 1, got p_low={p_low}, p_high={p_high}")
+        if freq < 1:
+            raise ValueError("freq must be >= 1")
+        self.p_low, self.p_high, self.eta, self.freq = p_low, p_high, eta, freq
+        self.tolerance = p_low
+        self.clr = True
+        self.step = 0
+        self._prev_norm: float | None = None
+
+    def update(self, grad_norm: float) -> None:
+        """Feed the norm of this round's averaged gradient; sets the tolerance for the next round."""
+        if self.step % self.freq == 0 and self._prev_norm is not None:
+            prev = self._prev_norm
+            self.clr = abs(prev - grad_norm) >= self.eta * prev
+            self.tolerance = self.p_low if self.clr else self.p_high
+        self._prev_norm = grad_norm
+        self.step += 1
+
+
+class TolerancePolicyExchange:
+    """Loss at the tolerance bound in both directions, tolerance chosen by a CLR detector.
+
+    A model of DBLP's accuracy cost, not of its timing: under early stop a
+    receiver accepts a round as soon as ``1 - p`` of its chunks are in, so
+    each direction loses (at most, and typically exactly) a fraction ``p``.
+    Upstream, each simulated worker's gradient loses its own random ``p`` of
+    chunks (the server zero-fills them) before averaging; downstream, the
+    average loses another ``p``.  With ``p_low == p_high`` it is the fixed-``p``
+    (MLT-style) baseline.  Simulated workers share one model replica, so the
+    small replica drift that per-worker downstream losses cause on real hosts
+    is not modelled.
+    """
+
+    def __init__(
+        self,
+        p_low: float,
+        p_high: float,
+        *,
+        eta: float = 0.5,
+        freq: int = 10,
+        directions: str = "both",
+        chunk_floats: int = CHUNK_FLOATS,
+        seed: int = 0,
+    ) -> None:
+        if directions not in ("both", "up", "down"):
+            raise ValueError("directions must be 'both', 'up' or 'down'")
+        self.detector = ClrDetector(p_low, p_high, eta=eta, freq=freq)
+        self.directions = directions
+        self.chunk_floats = chunk_floats
+        self._gen = torch.Generator().manual_seed(seed)
+        self._info: dict[str, Any] = {}
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
+        return self.exchange_group([flat_grad])
+
+    def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        det = self.detector
+        p, clr = det.tolerance, det.clr
+        up_p = p if self.directions in ("both", "up") else 0.0
+        down_p = p if self.directions in ("both", "down") else 0.0
+        ups = [_drop(g, up_p, self._gen, self.chunk_floats) for g in grads]
+        mean = torch.stack([u[0] for u in ups]).mean(dim=0)
+        det.update(float(mean.norm()))
+        out, chunks, k_down = _drop(mean, down_p, self._gen, self.chunk_floats)
+        self._info = {
+            "tolerance": p,
+            "clr": clr,
+            "chunks": chunks,
+            "up_dropped": sum(u[2] for u in ups),
+            "down_dropped": k_down,
+            "workers": len(grads),
+        }
+        return out
+
+    def last_info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class AllreduceExchange:
+    """Adapter for an object with ``allreduce(tensor)``, e.g. the DBLP ``Worker``.
+
+    ``allreduce`` may return the averaged tensor alone or ``(tensor, info)``
+    where ``info`` is a dict, an object with ``to_dict()`` (a ``RoundRecord``)
+    or a list of those (the last one is reported).
+    """
+
+    def __init__(self, worker: Any) -> None:
+        if not callable(getattr(worker, "allreduce", None)):
+            raise TypeError(f"{type(worker).__name__} has no allreduce(tensor) method")
+        self.worker = worker
+        self._info: dict[str, Any] = {}
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        res = self.worker.allreduce(flat_grad.detach().to("cpu", torch.float32).contiguous())
+        latency = time.perf_counter() - t0
+        info: Any = None
+        if isinstance(res, tuple):
+            res, info = res[0], (res[1] if len(res) > 1 else None)
+        if isinstance(info, (list, tuple)):
+            info = info[-1] if info else None
+        if info is not None and hasattr(info, "to_dict"):
+            info = info.to_dict()
+        self._info = {"latency_s": latency, **(info or {})}
+        out = torch.as_tensor(res).to("cpu", torch.float32).reshape(flat_grad.shape)
+        return out
+
+    def last_info(self) -> dict[str, Any]:
+        return dict(self._info)
+
+
+class TorchDistExchange:
+    """Reliable mean over a ``torch.distributed`` group (gloo): the lossless multi-process baseline."""
+
+    def __init__(self, group: Any = None) -> None:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised; call init_process_group first")
+        self._dist = dist
+        self.group = group
+        self._info: dict[str, Any] = {}
+
+    def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        buf = flat_grad.detach().to("cpu", torch.float32).clone()
+        self._dist.all_reduce(buf, op=self._dist.ReduceOp.SUM, group=self.group)
+        buf /= self._dist.get_world_size(self.group)
+        self._info = {"latency_s": time.perf_counter() - t0}
+        return buf
+
+    def last_info(self) -> dict[str, Any]:
+        return dict(self._info)

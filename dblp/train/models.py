@@ -1,0 +1,386 @@
+"""Training workloads: a model, its data, its loss and its test metric, by name.
+
+The paper's four models (Table I) are built from their library definitions
+with random initialisation - nothing is downloaded:
+
+===================  ==========  ==========================================
+name                 data        model
+===================  ==========  ==========================================
+``efficientnet_b0``  CIFAR-10    ``torchvision.models.efficientnet_b0``
+``resnet50``         CIFAR-100   ``torchvision.models.resnet50``
+``alexnet``          CIFAR-100   ``torchvision.models.alexnet`` behind a resize
+``gpt2_s``           WikiText-2  ``transformers.GPT2LMHeadModel`` (GPT-2 small config)
+``small_cnn``        digits      a 2-conv CNN, ~38k parameters (106 chunks)
+``small_transformer`` tiny corpus a 2-layer causal transformer, char-level
+===================  ==========  ==========================================
+
+Why a resize for AlexNet: its stem (11x11 stride 4, then three 3x3 stride-2
+max-pools) shrinks a 32x32 CIFAR image to nothing; the smallest input that
+survives is 63x63.  ``alexnet`` therefore upsamples to ``alexnet_input``
+(default 64) inside the model, keeping torchvision's architecture and its
+~57M parameters (the 61M of Table I with 1000 classes) unchanged.
+EfficientNet-B0 and ResNet50 accept 32x32 as is (their adaptive pooling ends
+at 1x1); ``cifar_stem=True`` gives ResNet50 the common 3x3/no-max-pool CIFAR
+stem instead (16x the compute).
+
+GPT-2-S keeps GPT-2 small's shape (12 layers, 12 heads, 768 wide, 1024
+positions); its vocabulary is the data's (word-level WikiText-2: ~33k,
+~111M parameters; byte-level: 256), since GPT-2's BPE files cannot be
+downloaded here.
+
+Paper models need their data set path (``data_root``, or the environment
+variable ``DBLP_DATA_ROOT``); ``synthetic=True`` replaces the data with random
+tensors of the right shape, for smoke tests of the training path only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from dblp.train.data import (
+    ArrayDataset,
+    load_cifar10,
+    load_cifar100,
+    load_digits,
+    load_tiny_corpus,
+    load_wikitext2,
+)
+
+__all__ = [
+    "Workload",
+    "WORKLOADS",
+    "PAPER_WORKLOADS",
+    "get_workload",
+    "SmallCNN",
+    "SmallTransformer",
+    "GPT2Logits",
+    "build_model",
+]
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class SmallCNN(nn.Module):
+    """Two 3x3 convolutions and two linear layers for 8x8 digits; trains in seconds on CPU."""
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, width: int = 16, input_size: int = 8) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(in_channels, width, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(width, 2 * width, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * (input_size // 2) ** 2, 64), nn.ReLU(), nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+class SmallTransformer(nn.Module):
+    """A small causal (GPT-style, pre-norm) transformer language model."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        *,
+        d_model: int = 64,
+        n_layers: int = 2,
+        n_heads: int = 4,
+        max_len: int = 256,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(max_len, d_model)
+        layer = nn.TransformerEncoderLayer(
+            d_model, n_heads, 4 * d_model, dropout=dropout, batch_first=True, norm_first=True
+        )
+        self.blocks = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab_size)
+        self.max_len = max_len
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        if t > self.max_len:
+            raise ValueError(f"sequence length {t} exceeds max_len {self.max_len}")
+        pos = torch.arange(t, device=ids.device)
+        h = self.tok(ids) + self.pos(pos)
+        mask = nn.Transformer.generate_square_subsequent_mask(t, device=ids.device)
+        h = self.blocks(h, mask=mask, is_causal=True)
+        return self.out(self.norm(h))
+
+
+class GPT2Logits(nn.Module):
+    """``GPT2LMHeadModel`` returning plain logits, so every workload's loss sees a tensor."""
+
+    def __init__(self, vocab_size: int, n_positions: int = 1024, **config: Any) -> None:
+        super().__init__()
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, **config)
+        self.lm = GPT2LMHeadModel(cfg)  # random init; no from_pretrained, no download
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.lm(input_ids=ids).logits
+
+
+def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | None = None, **kw: Any) -> nn.Module:
+    """The bare model of a workload (see the module table); ``kw`` are model options."""
+    import torchvision.models as tvm
+
+    if name == "efficientnet_b0":
+        return tvm.efficientnet_b0(weights=None, num_classes=num_classes or 10)
+    if name == "resnet50":
+        m = tvm.resnet50(weights=None, num_classes=num_classes or 100)
+        if kw.get("cifar_stem"):
+            m.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+            m.maxpool = nn.Identity()
+        return m
+    if name == "alexnet":
+        size = int(kw.get("alexnet_input", 64))
+        if size < 63:
+            raise ValueError("alexnet_input must be >= 63 (smaller inputs vanish in AlexNet's stem)")
+        return nn.Sequential(
+            nn.Upsample(size=(size, size), mode="bilinear", align_corners=False),
+            tvm.alexnet(weights=None, num_classes=num_classes or 100),
+        )
+    if name == "gpt2_s":
+        if vocab_size is None:
+            raise ValueError("gpt2_s needs vocab_size")
+        return GPT2Logits(vocab_size, n_positions=int(kw.get("n_positions", 1024)))
+    if name == "small_cnn":
+        return SmallCNN(num_classes or 10)
+    if name == "small_transformer":
+        if vocab_size is None:
+            raise ValueError("small_transformer needs vocab_size")
+        return SmallTransformer(vocab_size, max_len=int(kw.get("max_len", 256)))
+    raise KeyError(f"unknown model {name!r}; known: {', '.join(WORKLOADS)}")
+
+
+# ----------------------------------------------------------------------------- workloads
+
+
+def _cifar_transform(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (N,3,32,32) -> normalised float32, on whatever device ``x`` is."""
+    mean = torch.tensor(CIFAR_MEAN, device=x.device).view(1, 3, 1, 1)
+    std = torch.tensor(CIFAR_STD, device=x.device).view(1, 3, 1, 1)
+    return (x.float() / 255.0 - mean) / std
+
+
+def _cifar_augment(x: torch.Tensor, gen: torch.Generator | None = None) -> torch.Tensor:
+    """Random 4-pixel-padded crop and horizontal flip per image (standard CIFAR augmentation)."""
+    n = x.shape[0]
+    padded = F.pad(x, (4, 4, 4, 4))
+    ox = torch.randint(0, 9, (n,), generator=gen)
+    oy = torch.randint(0, 9, (n,), generator=gen)
+    flip = torch.rand(n, generator=gen) < 0.5
+    out = torch.empty_like(x)
+    for i in range(n):
+        img = padded[i, :, int(oy[i]) : int(oy[i]) + 32, int(ox[i]) : int(ox[i]) + 32]
+        out[i] = img.flip(-1) if flip[i] else img
+    return out
+
+
+@dataclass
+class Workload:
+    """Everything the loop needs for one experiment.
+
+    ``transform`` turns a stored batch into model input (on the device),
+    ``augment`` (train only) runs before it on the stored batch, and
+    ``defaults`` are sensible :class:`~dblp.train.loop.TrainConfig` overrides.
+    ``metric`` is ``"accuracy"`` (higher is better) or ``"perplexity"`` (lower).
+    """
+
+    name: str
+    model: nn.Module
+    train_set: ArrayDataset
+    test_set: ArrayDataset
+    task: str  # "classification" | "lm"
+    metric: str  # "accuracy" | "perplexity"
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+    augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None
+    defaults: dict[str, Any] = field(default_factory=dict)
+    synthetic: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def prepare(self, x: torch.Tensor, device: torch.device) -> torch.Tensor:
+        x = x.to(device, non_blocking=True)
+        return self.transform(x) if self.transform else x
+
+    def loss(self, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy; for language models over every position (mean per token)."""
+        if self.task == "lm":
+            return F.cross_entropy(out.reshape(-1, out.shape[-1]).float(), y.reshape(-1))
+        return F.cross_entropy(out.float(), y)
+
+    @torch.no_grad()
+    def evaluate(
+        self, model: nn.Module, device: torch.device, *, batch_size: int = 256, max_batches: int | None = None
+    ) -> dict[str, float]:
+        """Test metric: ``{"accuracy", "test_loss"}`` or ``{"perplexity", "test_loss"}``."""
+        was_training = model.training
+        model.eval()
+        total_loss, correct, count = 0.0, 0, 0
+        ds = self.test_set
+        for b, start in enumerate(range(0, len(ds), batch_size)):
+            if max_batches is not None and b >= max_batches:
+                break
+            x = self.prepare(ds.x[start : start + batch_size], device)
+            y = ds.y[start : start + batch_size].to(device)
+            out = model(x)
+            n = y.numel()
+            total_loss += float(self.loss(out, y)) * n
+            if self.task == "classification":
+                correct += int((out.argmax(dim=-1) == y).sum())
+            count += n
+        model.train(was_training)
+        mean_loss = total_loss / max(count, 1)
+        if self.task == "lm":
+            return {"perplexity": math.exp(min(mean_loss, 700.0)), "test_loss": mean_loss}
+        return {"accuracy": correct / max(count, 1), "test_loss": mean_loss}
+
+
+def _synthetic_images(n: int, num_classes: int, gen: torch.Generator) -> ArrayDataset:
+    x = torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=gen)
+    return ArrayDataset(x, torch.randint(0, num_classes, (n,), generator=gen))
+
+
+def _synthetic_tokens(n: int, seq_len: int, vocab: int, gen: torch.Generator) -> ArrayDataset:
+    ids = torch.randint(0, vocab, (n, seq_len + 1), generator=gen)
+    return ArrayDataset(ids[:, :-1].clone(), ids[:, 1:].clone())
+
+
+def _data_root(data_root: str | os.PathLike | None, sub: str) -> Path | None:
+    """``data_root`` as given, or ``$DBLP_DATA_ROOT/<sub>`` / ``$DBLP_DATA_ROOT``."""
+    if data_root:
+        return Path(data_root)
+    env = os.environ.get("DBLP_DATA_ROOT")
+    if env:
+        p = Path(env)
+        return p / sub if (p / sub).is_dir() else p
+    return None
+
+
+def _cifar_workload(
+    name: str, loader: Callable, num_classes: int, data_root: Any, synthetic: bool, synthetic_size: int,
+    seed: int, defaults: dict[str, Any], model_kw: dict[str, Any],
+) -> Workload:
+    gen = torch.Generator().manual_seed(seed)
+    if synthetic:
+        train, test = _synthetic_images(synthetic_size, num_classes, gen), _synthetic_images(synthetic_size, num_classes, gen)
+    else:
+        train, test = loader(_data_root(data_root, "cifar"))
+    torch.manual_seed(seed)
+    model = build_model(name, num_classes=num_classes, **model_kw)
+    return Workload(
+        name=name, model=model, train_set=train, test_set=test, task="classification", metric="accuracy",
+        transform=_cifar_transform, augment=_cifar_augment, defaults=defaults, synthetic=synthetic,
+        info={"num_classes": num_classes},
+    )
+
+
+def get_workload(
+    name: str,
+    data_root: str | os.PathLike | None = None,
+    *,
+    synthetic: bool = False,
+    synthetic_size: int = 64,
+    seq_len: int | None = None,
+    tokenizer: str = "word",
+    vocab_size: int | None = None,
+    seed: int = 0,
+    **model_kw: Any,
+) -> Workload:
+    """Build workload ``name`` (see :data:`WORKLOADS`) with a model seeded by ``seed``.
+
+    ``data_root``: folder of the data set (paper workloads only; default
+    ``$DBLP_DATA_ROOT``).  ``synthetic``: random inputs of the right shape and
+    ``synthetic_size`` samples instead of the data set (paper workloads only).
+    ``seq_len``: language-model context (gpt2_s default 128, small_transformer
+    64).  ``tokenizer``: WikiText-2 tokenizer, ``"word"`` or ``"byte"``.
+    ``vocab_size``: GPT-2 vocabulary for synthetic runs (default 50257).
+    ``model_kw``: e.g. ``alexnet_input=224``, ``cifar_stem=True``.
+    """
+    key = name.lower().replace("-", "_")
+    key = _ALIASES.get(key, key)
+    if key not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    if synthetic and key not in PAPER_WORKLOADS:
+        raise ValueError(f"{key} uses its shipped real data set; synthetic=True is for paper workloads")
+
+    if key == "efficientnet_b0":
+        return _cifar_workload(key, load_cifar10, 10, data_root, synthetic, synthetic_size, seed,
+                               dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4), model_kw)
+    if key == "resnet50":
+        return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
+                               dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4), model_kw)
+    if key == "alexnet":
+        return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
+                               dict(batch_size=128, lr=0.01, momentum=0.9, weight_decay=5e-4), model_kw)
+    if key == "gpt2_s":
+        sl = seq_len or 128
+        gen = torch.Generator().manual_seed(seed)
+        info: dict[str, Any] = {"seq_len": sl}
+        if synthetic:
+            v = vocab_size or 50257
+            train, test = _synthetic_tokens(synthetic_size, sl, v, gen), _synthetic_tokens(synthetic_size, sl, v, gen)
+            info["tokenizer"] = "synthetic"
+        else:
+            train, valid, test, tok = load_wikitext2(_data_root(data_root, "wikitext-2"), seq_len=sl, tokenizer=tokenizer)
+            v = tok.vocab_size
+            info.update(tokenizer=tokenizer, valid_blocks=len(valid))
+        info["vocab_size"] = v
+        torch.manual_seed(seed)
+        model = build_model("gpt2_s", vocab_size=v, **model_kw)
+        return Workload(key, model, train, test, "lm", "perplexity", synthetic=synthetic, info=info,
+                        defaults=dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0))
+    if key == "small_cnn":
+        train, test = load_digits(seed=0)
+        torch.manual_seed(seed)
+        model = build_model("small_cnn", num_classes=10)
+        return Workload(key, model, train, test, "classification", "accuracy",
+                        defaults=dict(batch_size=32, lr=0.05, momentum=0.9, epochs=5), info={"num_classes": 10})
+    # small_transformer
+    sl = seq_len or 64
+    train, test, tok = load_tiny_corpus(seq_len=sl)
+    torch.manual_seed(seed)
+    model = build_model("small_transformer", vocab_size=tok.vocab_size, max_len=max(sl, 64))
+    return Workload(key, model, train, test, "lm", "perplexity",
+                    defaults=dict(batch_size=16, lr=3e-3, optimizer="adamw", epochs=10, clip_grad_norm=1.0),
+                    info={"seq_len": sl, "vocab_size": tok.vocab_size, "tokenizer": "char"})
+
+
+WORKLOADS: tuple[str, ...] = (
+    "efficientnet_b0",
+    "resnet50",
+    "alexnet",
+    "gpt2_s",
+    "small_cnn",
+    "small_transformer",
+)
+PAPER_WORKLOADS: tuple[str, ...] = WORKLOADS[:4]
+_ALIASES = {
+    "efficientnetb0": "efficientnet_b0",
+    "efficientnet": "efficientnet_b0",
+    "gpt2": "gpt2_s",
+    "gpt_2_s": "gpt2_s",
+    "gpt2s": "gpt2_s",
+    "cnn": "small_cnn",
+    "digits": "small_cnn",
+    "transformer": "small_transformer",
+}

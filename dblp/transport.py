@@ -1,0 +1,182 @@
+"""Drives the sans-I/O core with real sockets: UDP for data, TCP for control.
+
+A :class:`Peer` bundles what one side keeps per remote peer: the TCP control
+connection, the UDP socket and the peer's UDP address, the persistent
+:class:`~dblp.core.Receiver` and the :class:`~dblp.core.RoundSender` of the
+round in flight. :func:`pump` is the whole event loop: it moves datagrams
+and control messages between sockets and the core objects of any number of
+peers until a condition holds. It adds no protocol rule of its own; it only
+enforces liveness (a peer that closes or stays silent too long raises
+:class:`PeerError` naming the peer).
+"""
+
+from __future__ import annotations
+
+import selectors
+import socket
+import time
+from typing import Callable
+
+from . import control as ctl
+from .core import Receiver, RoundSender
+from .udp import DataSocket
+
+DEFAULT_PEER_TIMEOUT_S = 30.0
+SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
+
+
+class PeerError(RuntimeError):
+    """The peer closed, failed or went silent; the message names it."""
+
+    def __init__(self, message: str, peer: "Peer | None" = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class Peer:
+    def __init__(
+        self,
+        name: str,
+        tcp: socket.socket,
+        udp: DataSocket,
+        *,
+        on_message: Callable[["Peer", ctl.Message], None],
+    ) -> None:
+        self.name = name
+        self.tcp = tcp
+        self.udp = udp
+        self.udp_addr: tuple[str, int] | None = None
+        self.receiver: Receiver | None = None
+        self.sender: RoundSender | None = None
+        self.on_message = on_message
+        self.decoder = ctl.ControlDecoder()
+        self.last_heard = time.monotonic()
+        self.closed = False
+        self.bye: str | None = None  # the reason of an orderly BYE
+        tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def send_control(self, msg: ctl.Message) -> None:
+        try:
+            self.tcp.sendall(ctl.encode(msg))
+        except OSError as exc:
+            raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
+
+    def flush(self) -> None:
+        if self.receiver is not None:
+            for m in self.receiver.control_to_send():
+                self.send_control(m)
+        if self.sender is not None:
+            for m in self.sender.control_to_send():
+                self.send_control(m)
+
+    def read_control(self, now: float) -> None:
+        try:
+            data = self.tcp.recv(1 << 20)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return
+        except OSError as exc:
+            raise PeerError(f"{self.name}: control connection failed: {exc}", self) from exc
+        if not data:
+            if self.closed:  # after its BYE: an orderly close
+                return
+            self.closed = True
+            raise PeerError(f"{self.name}: closed the control connection (process died or exited mid-round)", self)
+        self.last_heard = time.monotonic()
+        try:
+            msgs = self.decoder.feed(data)
+        except ctl.ControlError as exc:
+            raise PeerError(f"{self.name}: protocol error on the control channel: {exc}", self) from exc
+        for m in msgs:
+            self.dispatch(m, now)
+
+    def dispatch(self, m: ctl.Message, now: float) -> None:
+        if isinstance(m, ctl.Probe):
+            if self.receiver is not None:
+                self.receiver.handle_control(m, now)
+        elif isinstance(m, (ctl.Stop, ctl.Bitmap)):
+            if self.sender is not None:
+                self.sender.handle_control(m, now)
+        elif isinstance(m, ctl.Bye):
+            self.closed = True
+            self.bye = m.reason
+            self.on_message(self, m)
+        else:
+            self.on_message(self, m)
+
+    def read_data(self, now: float) -> None:
+        for buf, seg, addr in self.udp.recv_batches():
+            if self.receiver is None:
+                continue
+            self.receiver.receive_datagrams(buf, now, seg_size=seg, addr=addr)
+        if self.receiver is not None:
+            for m in self.receiver.control_to_send():
+                self.send_control(m)
+
+    def send_data(self, now: float) -> bool:
+        """Send a slice of the current pass; True if more is ready right away."""
+        s = self.sender
+        if s is None or s.done or self.udp_addr is None:
+            return False
+        for _ in range(SEND_SLICE):
+            b = s.datagrams_to_send(now)
+            if b is None:
+                break
+            self.udp.send_batch(b.rows, b.lengths, self.udp_addr)
+        for m in s.control_to_send():
+            self.send_control(m)
+        return s.ready(now)
+
+
+def pump(
+    peers: list[Peer],
+    until: Callable[[], bool],
+    *,
+    timeout: float = DEFAULT_PEER_TIMEOUT_S,
+    clock: Callable[[], float] = time.monotonic,
+) -> None:
+    """Run the event loop over ``peers`` until ``until()`` is true.
+
+    Raises :class:`PeerError` if a peer closes its connection, or if nothing
+    is heard from any peer for ``timeout`` seconds while waiting (a dead
+    host whose TCP connection never closes).
+    """
+    sel = selectors.DefaultSelector()
+    try:
+        for p in peers:
+            sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
+            if not p.closed:
+                sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
+        last_progress = clock()
+        while not until():
+            now = clock()
+            busy = False
+            for p in peers:
+                if p.send_data(now):
+                    busy = True
+            # Wait for input, a timer, or not at all while a pass is under way.
+            wait = 0.0 if busy else 0.05
+            if not busy:
+                for p in peers:
+                    t = p.sender.get_timer() if p.sender is not None and not p.sender.done else None
+                    if t is not None:
+                        wait = min(wait, max(0.0, t - now))
+            events = sel.select(wait)
+            now = clock()
+            # Data first, so a probe is answered with the freshest bitmap.
+            for key, _ in sorted(events, key=lambda e: e[0].data[0] != "udp"):
+                kind, p = key.data
+                if kind == "udp":
+                    p.read_data(now)
+                else:
+                    p.read_control(now)
+                    if p.closed:
+                        sel.unregister(p.tcp)
+            for p in peers:
+                p.flush()
+            if events or busy:
+                last_progress = now
+            elif now - last_progress > timeout:
+                names = ", ".join(p.name for p in peers)
+                raise PeerError(f"nothing heard for {timeout:.0f} s from {names}: peer dead or path down")
+    finally:
+        sel.close()

@@ -1,0 +1,158 @@
+"""The UDP data socket: batch send and batch receive, with GSO/GRO when the kernel has them.
+
+Fast path: one ``sendmsg`` carries up to 44 MTU-sized datagrams with a
+``UDP_SEGMENT`` (GSO) control message and the kernel cuts them; with
+``UDP_GRO`` the receiving socket gets runs of same-flow datagrams coalesced
+into one buffer plus their segment size. The wire format is identical on
+both paths - the kernel segments exactly at datagram boundaries - so a plain
+receiver reads a GSO sender and vice versa. Plain path: one ``sendto`` /
+``recvfrom_into`` per datagram, chosen automatically where GSO/GRO are
+missing (or forced with ``fast=False``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+
+import numpy as np
+
+SOL_UDP = 17
+UDP_SEGMENT = 103
+UDP_GRO = 104
+GSO_MAX_BYTES = 65507  # max UDP payload of one (super-)datagram
+GSO_MAX_SEGMENTS = 64
+RECV_BUF = 64 * 1024 * 1024
+
+
+def _set_buffer(sock: socket.socket, opt_force: int, opt: int, size: int) -> None:
+    """Ask for a large kernel buffer; root may exceed rmem_max/wmem_max."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, opt_force, size)
+    except OSError:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        except OSError:
+            pass
+
+
+class DataSocket:
+    def __init__(self, host: str = "0.0.0.0", port: int = 0, *, fast: bool | None = None,
+                 bufsize: int = RECV_BUF) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((host, port))
+        _set_buffer(self.sock, getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF, bufsize)
+        _set_buffer(self.sock, getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF, bufsize // 4)
+        self.gso = self.gro = False
+        if fast is not False:
+            try:
+                self.sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+                self.gro = True
+            except OSError:
+                pass
+            self.gso = _probe_gso(self.sock)
+        if fast is True and not (self.gso and self.gro):
+            raise OSError(errno.EOPNOTSUPP, "UDP GSO/GRO requested but not supported by this kernel")
+        self._rbuf = bytearray(GSO_MAX_BYTES + 1024 if self.gro else 65536)
+        self._rview = memoryview(self._rbuf)
+        self._cmsg_space = socket.CMSG_SPACE(4)
+        self.sent_calls = 0
+        self.recv_calls = 0
+
+    @property
+    def port(self) -> int:
+        return self.sock.getsockname()[1]
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def close(self) -> None:
+        self.sock.close()
+
+    # -- send ------------------------------------------------------------------
+    def send_batch(self, rows: np.ndarray, lengths: np.ndarray, addr: tuple[str, int]) -> None:
+        """Send ``rows[i, :lengths[i]]`` for every i, as few system calls as the kernel allows."""
+        k = rows.shape[0]
+        if k == 0:
+            return
+        seg = rows.shape[1]
+        if self.gso and k > 1:
+            full = int(np.searchsorted(lengths != seg, True)) if (lengths != seg).any() else k
+            if (lengths[:full] == seg).all():
+                per_call = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg))
+                flat = rows[:full].reshape(-1)
+                for start in range(0, full, per_call):
+                    n = min(per_call, full - start)
+                    chunk = flat[start * seg : (start + n) * seg]
+                    self._sendmsg_gso(chunk, seg, addr)
+                for i in range(full, k):  # the tensor's short tail chunk, if in this batch
+                    self._send_one(rows[i, : lengths[i]], addr)
+                return
+        for i in range(k):
+            self._send_one(rows[i, : lengths[i]], addr)
+
+    def _sendmsg_gso(self, data: np.ndarray, seg: int, addr: tuple[str, int]) -> None:
+        cmsg = [(SOL_UDP, UDP_SEGMENT, struct.pack("H", seg))] if data.size > seg else []
+        self._retry(lambda: self.sock.sendmsg([data], cmsg, 0, addr))
+
+    def _send_one(self, data: np.ndarray, addr: tuple[str, int]) -> None:
+        self._retry(lambda: self.sock.sendto(data, addr))
+
+    def _retry(self, fn) -> None:
+        # UDP sends only block on a full socket send buffer; ENOBUFS / EAGAIN
+        # are transient (a qdisc or the device queue is full): wait a little.
+        for attempt in range(1000):
+            try:
+                fn()
+                self.sent_calls += 1
+                return
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError as exc:
+                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED):
+                    raise
+                if exc.errno == errno.ECONNREFUSED:  # ICMP from an earlier datagram; the datagram is lost
+                    return
+            os.sched_yield() if attempt < 10 else _sleep(0.0005)
+        raise TimeoutError("UDP send stayed blocked for too long")
+
+    # -- receive ---------------------------------------------------------------
+    def recv_batches(self, budget: int = 256):
+        """Yield ``(buffer, seg_size, addr)`` for queued datagrams without blocking.
+
+        ``buffer`` is a view into an internal buffer, valid until the next
+        iteration. ``seg_size`` is the GRO segment size (None = one datagram).
+        """
+        for _ in range(budget):
+            try:
+                if self.gro:
+                    n, anc, _flags, addr = self.sock.recvmsg_into([self._rview], self._cmsg_space, socket.MSG_DONTWAIT)
+                    seg = None
+                    for level, typ, data in anc:
+                        if level == SOL_UDP and typ == UDP_GRO:
+                            seg = struct.unpack("H" if len(data) == 2 else "i", data[: 2 if len(data) == 2 else 4])[0]
+                else:
+                    n, addr = self.sock.recvfrom_into(self._rview, 0, socket.MSG_DONTWAIT)
+                    seg = None
+            except (BlockingIOError, InterruptedError):
+                return
+            except ConnectionRefusedError:
+                continue
+            self.recv_calls += 1
+            yield self._rview[:n], seg, addr
+
+
+def _probe_gso(sock: socket.socket) -> bool:
+    try:
+        sock.setsockopt(SOL_UDP, UDP_SEGMENT, 0)
+        return True
+    except OSError:
+        return False
+
+
+def _sleep(s: float) -> None:
+    import time
+
+    time.sleep(s)

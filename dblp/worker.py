@@ -1,0 +1,217 @@
+"""The DBLP worker API (paper Algorithm 4): one ``allreduce`` call per training step.
+
+``Worker.allreduce(x)`` sends the local gradient with DBLP_SEND, receives the
+server's averaged gradient with DBLP_RECV and returns it - zero-filled where
+chunks stayed lost within the round's tolerance. ``x`` may be a numpy array,
+a torch tensor (any device; the result comes back on the same device and
+dtype) or a list of tensors (flattened into one buffer and split back).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import control as ctl
+from .core import EncodedRound, Receiver, RoundSender
+from .pacing import TokenBucket
+from .records import RecordWriter, RoundRecord
+from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
+from .udp import DataSocket
+from .wire import ChunkLayout, ParameterError
+
+log = logging.getLogger("dblp.worker")
+
+
+class WorkerError(RuntimeError):
+    pass
+
+
+class Worker:
+    def __init__(
+        self,
+        server_host: str,
+        server_port: int,
+        *,
+        elements: int | None = None,
+        names: Sequence[str] = (),
+        shapes: Sequence[Sequence[int]] = (),
+        worker_id: int = -1,
+        send_rate_bps: float = 0.0,
+        connect_timeout: float = 60.0,
+        peer_timeout: float = DEFAULT_PEER_TIMEOUT_S,
+        records: str | None = None,
+        source: str = "loopback",
+        fast: bool | None = None,
+    ) -> None:
+        if elements is None:
+            elements = int(sum(int(np.prod(s)) for s in shapes)) if shapes else 0
+        if elements <= 0:
+            raise ParameterError(f"elements must be positive (give elements= or shapes=), got {elements}")
+        if peer_timeout <= 0:
+            raise ParameterError(f"peer_timeout must be positive, got {peer_timeout}")
+        self.server = (server_host, server_port)
+        self.spec = {"elements": int(elements), "names": list(names), "shapes": [list(s) for s in shapes]}
+        self.requested_id = worker_id
+        self.pacer = TokenBucket(send_rate_bps)
+        self.connect_timeout = connect_timeout
+        self.peer_timeout = peer_timeout
+        self.source = source
+        self.fast = fast
+        self._writer = RecordWriter(records)
+        self.peer: Peer | None = None
+        self.meta: dict = {}
+        self.round = 0
+        self.last_record: RoundRecord | None = None
+        self._round_msgs: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
+        self._bye: str | None = None
+
+    # -- connection ----------------------------------------------------------------
+    def connect(self) -> "Worker":
+        deadline = time.monotonic() + self.connect_timeout
+        while True:
+            try:
+                tcp = socket.create_connection(self.server, timeout=5.0)
+                break
+            except OSError as exc:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"cannot reach the server at {self.server[0]}:{self.server[1]}: {exc}") from exc
+                time.sleep(0.2)
+        tcp.settimeout(self.peer_timeout)
+        udp = DataSocket(tcp.getsockname()[0], 0, fast=self.fast)
+        self.peer = Peer("server", tcp, udp, on_message=self._on_message)
+        self.peer.send_control(ctl.Hello(self.requested_id, udp.port, self.spec))
+        self._pump(lambda: bool(self.meta), "metadata")
+        m = self.meta
+        self.worker_id = int(m["worker"])
+        self.layout = ChunkLayout(int(m["elements"]), int(m["mtu"]))
+        self.peer.udp_addr = (tcp.getpeername()[0], int(m["server_udp_port"]))
+        self.peer.receiver = Receiver(self.layout, run_id=int(m["run_id"]), expected_sender=0xFFFF,
+                                      direction=ctl.DOWN, peer_addr=self.peer.udp_addr)
+        self.out = np.zeros(self.layout.elements, np.float32)
+        log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
+        return self
+
+    def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
+        now = time.monotonic()
+        if isinstance(msg, ctl.Meta):
+            self.meta = msg.info
+        elif isinstance(msg, ctl.RoundStart):
+            self._round_msgs[(msg.round, msg.direction)] = (msg, now)
+            r = peer.receiver
+            if msg.direction == ctl.DOWN and r is not None and r.round_no == msg.round and r.active:
+                r.set_tolerance(msg.tolerance, now)
+        elif isinstance(msg, ctl.Bye):
+            self._bye = msg.reason
+
+    def _pump(self, until, what: str) -> None:
+        assert self.peer is not None
+        try:
+            pump([self.peer], lambda: until() or self._bye is not None, timeout=self.peer_timeout)
+        except PeerError as exc:
+            raise WorkerError(f"worker {getattr(self, 'worker_id', '?')}, round {self.round}, waiting for {what}: {exc}") from exc
+        if self._bye is not None and not until():
+            raise WorkerError(f"server ended the run while worker waited for {what}: {self._bye}")
+
+    # -- the step ----------------------------------------------------------------------
+    def allreduce(self, x: Any) -> Any:
+        """Send ``x``, return the averaged tensor of this round (Algorithm 4 l.5-6)."""
+        if self.peer is None:
+            self.connect()
+        assert self.peer is not None and self.peer.receiver is not None
+        flat, restore = _flatten(x, self.layout.elements)
+        k = self.round
+        t0 = time.monotonic()
+        self._pump(lambda: (k, ctl.UP) in self._round_msgs, f"round {k} to start")
+        up_msg, _ = self._round_msgs.pop((k, ctl.UP))
+        t_send = time.monotonic()
+        enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id)
+        sender = RoundSender(enc, direction=ctl.UP, now=t_send, order=self.meta.get("order", "perm"),
+                             seed=int(self.meta.get("seed", 0)), stream=1 + self.worker_id, pacer=self.pacer)
+        self.peer.sender = sender
+        recv = self.peer.receiver
+        recv.begin_round(k, self.out, t_send)  # tolerance arrives with ROUND(k, down)
+        self._pump(lambda: sender.done, f"the server's STOP of round {k}")
+        t_sent = time.monotonic()
+        self._pump(lambda: recv.complete, f"the averaged gradient of round {k}")
+        t_done = time.monotonic()
+        recv.finish_round()
+        down_msg, t_down = self._round_msgs.pop((k, ctl.DOWN))
+        d = recv.stats.drops
+        rec = RoundRecord(
+            source=self.source, role="worker", worker=self.worker_id, round=k,
+            t_start=time.time() - (time.monotonic() - t0), policy=str(self.meta.get("policy", "")),
+            tolerance_up=up_msg.tolerance, tolerance_down=down_msg.tolerance, clr=down_msg.clr,
+            chunks=self.layout.chunks, up_latency_s=t_sent - t_send, down_latency_s=t_done - t_down,
+            round_latency_s=t_done - t0, up_sent=sender.stats.sent, up_passes=sender.stats.passes,
+            up_received=sender.stats.received, down_received=recv.received,
+            early_stop_up=sender.stats.early_stop, send_rate_bps=self.pacer.rate_bps,
+            order=str(self.meta.get("order", "perm")), stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt,
+            foreign=d.foreign, malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
+            extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent},
+        )
+        self.last_record = rec
+        self._writer.write(rec)
+        self.round += 1
+        return restore(self.out.copy())
+
+    def close(self, reason: str = "worker done") -> None:
+        if self.peer is not None:
+            tcp = self.peer.tcp
+            try:
+                tcp.sendall(ctl.encode(ctl.Bye(reason)))
+                # Half-close and drain until the server closes, so unread
+                # control bytes do not turn our close into a reset that could
+                # destroy the BYE before the server reads it.
+                tcp.shutdown(socket.SHUT_WR)
+                tcp.settimeout(2.0)
+                while tcp.recv(65536):
+                    pass
+            except OSError:
+                pass
+            tcp.close()
+            self.peer.udp.close()
+            self.peer = None
+        self._writer.close()
+
+    def __enter__(self) -> "Worker":
+        return self.connect() if self.peer is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _flatten(x: Any, elements: int):
+    """A flat float32 numpy view/copy of ``x`` and a function mapping the result back."""
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        torch = None
+    if isinstance(x, np.ndarray):
+        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+        shape, dtype = x.shape, x.dtype
+        restore = lambda out: out.reshape(shape).astype(dtype, copy=False)  # noqa: E731
+    elif torch is not None and isinstance(x, torch.Tensor):
+        flat = x.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
+        shape, dtype, device = x.shape, x.dtype, x.device
+        restore = lambda out: torch.from_numpy(out).reshape(shape).to(device, dtype)  # noqa: E731
+    elif isinstance(x, (list, tuple)) and torch is not None and all(isinstance(t, torch.Tensor) for t in x):
+        flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in x]).numpy()
+        metas = [(t.shape, t.dtype, t.device, t.numel()) for t in x]
+
+        def restore(out: np.ndarray):
+            res, off = [], 0
+            full = torch.from_numpy(out)
+            for shape, dtype, device, n in metas:
+                res.append(full[off : off + n].reshape(shape).to(device, dtype))
+                off += n
+            return res
+    else:
+        raise TypeError(f"allreduce takes a numpy array, a torch tensor or a list of tensors, not {type(x).__name__}")
+    if flat.size != elements:
+        raise ValueError(f"tensor has {flat.size} elements; this worker was set up for {elements}")
+    return flat, restore
