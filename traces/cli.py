@@ -1,0 +1,284 @@
+"""``python -m traces``: generate, inspect, import and resample loss traces.
+
+Every command has ``--help``. Probabilities are accepted as fractions
+(``0.7``) or percentages (``70%``). Examples::
+
+    python -m traces generate onoff --duration-us 10000000 --seed 1 -o burst.loss.csv
+    python -m traces generate gilbert-elliott --p 1% --r 25% --packets 100000 -o ge.pkts
+    python -m traces show burst.loss.csv            # summary + burst.loss.png
+    python -m traces import-dblp --sent s.pcap --received r.pcap -o run.pkts
+    python -m traces import-netem "loss gemodel 1% 25%" --packets 100000 -o ge.pkts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from . import generators as gen
+from .errors import TraceError
+from .io import read_trace, write_trace
+from .model import PacketTrace, SegmentTrace
+from .stats import summarize
+
+
+def prob(text: str) -> float:
+    """argparse type: ``0.7`` or ``70%``."""
+    try:
+        v = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability (use 0.7 or 70%)") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside [0, 1]")
+    return v
+
+
+def pos_int(text: str) -> int:
+    try:
+        v = int(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return v
+
+
+def int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def _common_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, help="trace file to write (.gz compresses)")
+    p.add_argument("--seed", type=int, default=None, help="RNG seed, recorded in the metadata")
+    p.add_argument("--description", default=None, help="replace the generated description")
+    p.add_argument("--loop", action="store_true", help="mark the trace to repeat past its end on replay")
+
+
+def _span(p: argparse.ArgumentParser, packets: bool = True) -> None:
+    g = p.add_mutually_exclusive_group(required=True)
+    if packets:
+        g.add_argument("--packets", type=pos_int, help="per-packet form with this many packets")
+    g.add_argument("--duration-us", type=pos_int, help="segments form lasting this many microseconds")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python -m traces", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="sample a trace from a loss model", description="Sample a trace from a loss model.")
+    kinds = g.add_subparsers(dest="kind", required=True, metavar="KIND")
+
+    b = kinds.add_parser("bernoulli", help="independent loss per packet", description="Independent loss per packet.")
+    b.add_argument("--loss", type=prob, required=True, help="loss probability")
+    _span(b)
+    b.add_argument("--packet-interval-us", type=float, help="packet spacing to record (packets form)")
+    _common_out(b)
+
+    ge = kinds.add_parser(
+        "gilbert-elliott",
+        aliases=["ge"],
+        help="two-state bursty loss, netem 'gemodel p r 1-h 1-k'",
+        description="Gilbert-Elliott loss parameterised as netem's 'loss gemodel p r 1-h 1-k'. "
+        "Defaults as iproute2: r = 1-p, 1-h = 100%%, 1-k = 0.",
+    )
+    ge.add_argument("--p", type=prob, required=True, help="P(good -> bad) per packet")
+    ge.add_argument("--r", type=prob, default=None, help="P(bad -> good) per packet (default 1-p)")
+    ge.add_argument("--one-minus-h", "--bad-loss", dest="bad_loss", type=prob, default=1.0, help="loss probability in the bad state (netem 1-h)")
+    ge.add_argument("--one-minus-k", "--good-loss", dest="good_loss", type=prob, default=0.0, help="loss probability in the good state (netem 1-k)")
+    _span(ge)
+    ge.add_argument("--packet-interval-us", type=float, help="packet spacing; required for the segments form")
+    _common_out(ge)
+
+    oo = kinds.add_parser(
+        "onoff",
+        help="ON/OFF microbursts with heavy-tailed durations",
+        description="ON/OFF microbursts (Benson et al. IMC'10, Kandula et al. IMC'09; durations of tens to "
+        "hundreds of us per Zhang et al. IMC'17). Defaults are illustrative, not fitted.",
+    )
+    _span(oo, packets=False)
+    oo.add_argument("--on-mean-us", type=float, default=100.0, help="mean burst (ON) duration [us] (default 100)")
+    oo.add_argument("--off-mean-us", type=float, default=10_000.0, help="mean gap (OFF) duration [us] (default 10000)")
+    oo.add_argument("--on-loss", type=prob, default=0.7, help="loss during a burst (default 0.7)")
+    oo.add_argument("--off-loss", type=prob, default=0.0, help="loss between bursts (default 0)")
+    oo.add_argument("--dist", choices=gen.DISTRIBUTIONS, default="lognormal", help="duration distribution")
+    oo.add_argument("--sigma", type=float, default=1.0, help="lognormal shape (sigma of log)")
+    oo.add_argument("--alpha", type=float, default=1.5, help="Pareto tail index (> 1)")
+    oo.add_argument("--start-on", action="store_true", help="begin with a burst")
+    _common_out(oo)
+
+    ib = kinds.add_parser(
+        "iteration-burst",
+        help="the paper's 70%% loss for one iteration",
+        description="Loss LOSS during whole training iterations (the DBLP paper's microburst, V-B).",
+    )
+    ib.add_argument("--loss", type=prob, default=0.7, help="loss during a burst iteration (default 0.7)")
+    ib.add_argument("--base-loss", type=prob, default=0.0, help="loss in other iterations (default 0)")
+    w = ib.add_mutually_exclusive_group(required=True)
+    w.add_argument("--iteration-us", type=float, help="nominal iteration period [us]")
+    w.add_argument("--boundaries-us", type=int_list, help="iteration start times, comma-separated, first 0, last = end")
+    c = ib.add_mutually_exclusive_group(required=True)
+    c.add_argument("--iterations", type=int_list, help="burst iteration indices, e.g. 279,651")
+    c.add_argument("--count", type=pos_int, help="choose this many burst iterations at random (seeded)")
+    ib.add_argument("--total-iterations", type=pos_int, help="iterations in the run (e.g. 930)")
+    ib.add_argument("--duration-us", type=pos_int, help="trace length (default: end of the last iteration)")
+    _common_out(ib)
+
+    s = sub.add_parser("show", help="summary and PNG plot of a trace", description="Print a trace's summary (mean loss, bursts, burst lengths) and write a PNG plot.")
+    s.add_argument("file")
+    s.add_argument("--png", default=None, help="plot path (default: FILE with .png suffix)")
+    s.add_argument("--no-png", action="store_true", help="do not plot")
+    s.add_argument("--threshold", type=prob, default=None, help="burst threshold for segments (default: mean loss)")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+    d = sub.add_parser("import-dblp", help="trace from DBLP datagram captures", description="Loss trace from pcap captures of DBLP data datagrams (sender and receiver side, or receiver only).")
+    d.add_argument("--received", required=True, help="receiver-side capture")
+    d.add_argument("--sent", help="sender-side capture (all transmissions)")
+    d.add_argument("--port", type=int, help="UDP destination port to select")
+    d.add_argument("--run-id", type=int, help="DBLP run_id to select")
+    d.add_argument("--sender", type=int, help="DBLP sender id to select")
+    d.add_argument("--match", choices=("count", "time"), default="count", help="how copies are matched (see docs)")
+    d.add_argument("--expected-chunks", type=pos_int, help="chunks per round (receiver-only mode)")
+    _capture_out(d)
+
+    t = sub.add_parser("import-tcp", help="trace from a TCP flow's retransmissions", description="Loss trace from a sender-side capture of a TCP flow: a retransmitted segment marks the earlier copy lost.")
+    t.add_argument("capture")
+    t.add_argument("--flow", help='"SRC:SPORT>DST:DPORT" (default: the flow with most payload)')
+    _capture_out(t)
+
+    for name, helptext in (("import-netem", "netem options"), ("import-mahimahi", "a mahimahi command line")):
+        m = sub.add_parser(name, help=f"sample a trace from {helptext}", description=f"Sample a trace from {helptext} (where it maps to loss).")
+        m.add_argument("desc", help="e.g. 'loss gemodel 1%% 25%%'" if name == "import-netem" else "e.g. 'mm-loss uplink 0.01'")
+        if name == "import-mahimahi":
+            m.add_argument("--direction", choices=("uplink", "downlink"), default="uplink")
+        _span(m)
+        m.add_argument("--packet-interval-us", type=float, help="packet spacing (Gilbert-Elliott segments, ON/OFF packets)")
+        _common_out(m)
+
+    r = sub.add_parser("resample", help="coarsen a segments trace to fixed bins", description="Average a segments trace over fixed bins (mean loss kept), for replayers that cannot switch faster.")
+    r.add_argument("file")
+    r.add_argument("--bin-us", type=pos_int, required=True)
+    r.add_argument("-o", "--output", required=True)
+    return ap
+
+
+def _capture_out(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", required=True, help="trace file to write")
+    p.add_argument("--bin-us", type=pos_int, help="write the segments form with this bin width instead of per-packet")
+    p.add_argument("--provenance", choices=("measured", "generated"), default="measured",
+                   help="'generated' when the capture came from an emulated/generated loss")
+    p.add_argument("--description", default="")
+
+
+def _finish(tr: SegmentTrace | PacketTrace, args: argparse.Namespace) -> int:
+    changes = {}
+    if getattr(args, "description", None):
+        changes["description"] = args.description
+    if getattr(args, "loop", False):
+        changes["loop"] = True
+    if changes:
+        meta = tr.meta.with_(**changes)
+        tr = PacketTrace(tr.drops, meta) if isinstance(tr, PacketTrace) else SegmentTrace(
+            tr.start_us, tr.loss, tr.duration_us, tr.rate_bps, tr.queue_pkts, meta
+        )
+    out = write_trace(tr, args.output)
+    print(f"wrote {out}: {tr.meta.form}, {len(tr)} {'packets' if isinstance(tr, PacketTrace) else 'segments'}, "
+          f"mean loss {tr.mean_loss():.6g}")
+    return 0
+
+
+def _generate(a: argparse.Namespace) -> SegmentTrace | PacketTrace:
+    if a.kind == "bernoulli":
+        if a.packets:
+            return gen.bernoulli_packets(a.loss, a.packets, seed=a.seed, packet_interval_us=a.packet_interval_us)
+        return gen.bernoulli_segments(a.loss, a.duration_us, seed=a.seed)
+    if a.kind in ("gilbert-elliott", "ge"):
+        if a.packets:
+            return gen.gilbert_elliott_packets(a.p, a.r, a.bad_loss, a.good_loss, n_packets=a.packets, seed=a.seed,
+                                               packet_interval_us=a.packet_interval_us)
+        if not a.packet_interval_us:
+            raise TraceError("the segments form of gilbert-elliott needs --packet-interval-us")
+        return gen.gilbert_elliott_segments(a.p, a.r, a.bad_loss, a.good_loss, duration_us=a.duration_us,
+                                            packet_interval_us=a.packet_interval_us, seed=a.seed)
+    if a.kind == "onoff":
+        return gen.onoff_segments(duration_us=a.duration_us, on_mean_us=a.on_mean_us, off_mean_us=a.off_mean_us,
+                                  on_loss=a.on_loss, off_loss=a.off_loss, dist=a.dist, sigma=a.sigma,
+                                  alpha=a.alpha, start_on=a.start_on, seed=a.seed)
+    return gen.iteration_burst_segments(loss=a.loss, base_loss=a.base_loss, iteration_us=a.iteration_us,
+                                        boundaries_us=a.boundaries_us, iterations=a.iterations, count=a.count,
+                                        total_iterations=a.total_iterations, duration_us=a.duration_us, seed=a.seed)
+
+
+def _show(a: argparse.Namespace) -> int:
+    tr = read_trace(a.file)
+    s = summarize(tr, a.threshold)
+    if a.json:
+        print(json.dumps(s.as_dict(), indent=2))
+    else:
+        print(f"trace:       {a.file}")
+        print(s.text())
+    if not a.no_png:
+        from .plot import plot_trace
+
+        png = a.png or str(Path(a.file).with_suffix(".png"))
+        plot_trace(tr, png, threshold=a.threshold)
+        if not a.json:
+            print(f"plot:        {png}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "generate":
+            return _finish(_generate(a), a)
+        if a.cmd == "show":
+            return _show(a)
+        if a.cmd == "import-dblp":
+            from .import_pcap import import_dblp_pcap
+
+            imp = import_dblp_pcap(a.received, a.sent, port=a.port, run_id=a.run_id, sender=a.sender,
+                                   match=a.match, expected_chunks=a.expected_chunks,
+                                   provenance=a.provenance, description=a.description)
+            print(json.dumps({k: v for k, v in imp.stats.items() if not isinstance(v, dict)}))
+            return _finish(imp.segments(a.bin_us) if a.bin_us else imp.packets, a)
+        if a.cmd == "import-tcp":
+            from .import_pcap import import_tcp_retransmissions
+
+            imp = import_tcp_retransmissions(a.capture, flow=a.flow, provenance=a.provenance,
+                                             description=a.description)
+            print(json.dumps(imp.stats))
+            return _finish(imp.segments(a.bin_us) if a.bin_us else imp.packets, a)
+        if a.cmd in ("import-netem", "import-mahimahi"):
+            from .import_desc import parse_mahimahi, parse_netem
+
+            model = parse_netem(a.desc) if a.cmd == "import-netem" else parse_mahimahi(a.desc, a.direction)
+            if model.ignored:
+                print(f"ignored (no loss meaning): {'; '.join(model.ignored)}", file=sys.stderr)
+            if a.packets:
+                tr = model.packets(a.packets, seed=a.seed, packet_interval_us=a.packet_interval_us)
+            else:
+                tr = model.segments(a.duration_us, seed=a.seed, packet_interval_us=a.packet_interval_us)
+            return _finish(tr, a)
+        if a.cmd == "resample":
+            tr = read_trace(a.file)
+            if not isinstance(tr, SegmentTrace):
+                raise TraceError("resample works on a segments trace")
+            return _finish(tr.resample(a.bin_us), a)
+    except TraceError as e:  # includes TraceFormatError and NotMappableError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    ap.error(f"unknown command {a.cmd}")
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
