@@ -132,6 +132,9 @@ class GPT2Logits(nn.Module):
         super().__init__()
         from transformers import GPT2Config, GPT2LMHeadModel
 
+        # GPT-2's bos/eos id 50256 does not exist in a smaller vocabulary; training needs neither.
+        config.setdefault("bos_token_id", None)
+        config.setdefault("eos_token_id", None)
         cfg = GPT2Config(vocab_size=vocab_size, n_positions=n_positions, **config)
         self.lm = GPT2LMHeadModel(cfg)  # random init; no from_pretrained, no download
 
