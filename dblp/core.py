@@ -112,6 +112,21 @@ class EncodedRound:
         return self.rows[seqs], self.lengths[seqs]
 
 
+class VirtualRound:
+    """A round without payload bytes: :class:`RoundSender` yields chunk
+    indices only. For drivers that model datagrams rather than carry them
+    (the simulator); every protocol rule still runs."""
+
+    def __init__(self, layout: ChunkLayout, round_no: int) -> None:
+        self.layout = layout
+        self.round_no = round_no
+        self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
+        self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
+
+    def take(self, seqs: np.ndarray) -> tuple[None, np.ndarray]:
+        return None, self.lengths[seqs]
+
+
 class SendState(enum.Enum):
     SENDING = "sending"  # a pass is under way
     AWAIT_REPLY = "await_reply"  # pass sent, probe out, waiting for BITMAP/STOP
@@ -121,9 +136,10 @@ class SendState(enum.Enum):
 
 @dataclass
 class Batch:
-    """Datagrams to put on the wire now: ``rows[i, :lengths[i]]`` for chunk ``seqs[i]``."""
+    """Datagrams to put on the wire now: ``rows[i, :lengths[i]]`` for chunk ``seqs[i]``
+    (``rows`` is None for a :class:`VirtualRound`)."""
 
-    rows: np.ndarray
+    rows: np.ndarray | None
     lengths: np.ndarray
     seqs: np.ndarray
 
@@ -151,7 +167,7 @@ class RoundSender:
 
     def __init__(
         self,
-        encoded: EncodedRound,
+        encoded: EncodedRound | VirtualRound,
         *,
         direction: int,
         now: float,
@@ -326,14 +342,15 @@ class Receiver:
         self._stop_sent = False
 
     # -- round life ----------------------------------------------------------
-    def begin_round(self, round_no: int, out: np.ndarray, now: float, tolerance: float | None = None) -> None:
+    def begin_round(self, round_no: int, out: np.ndarray | None, now: float, tolerance: float | None = None) -> None:
         """Open a round. ``tolerance`` may come later (:meth:`set_tolerance`):
         the worker opens the broadcast round before its ROUND message arrives
         so that early datagrams are kept, not dropped."""
-        if out.dtype != np.float32 or out.size != self.layout.elements or not out.flags.c_contiguous:
+        if out is not None and (out.dtype != np.float32 or out.size != self.layout.elements
+                                or not out.flags.c_contiguous):
             raise ValueError("out must be a contiguous float32 array of the layout's size")
         self.round_no = round_no
-        self.out = out.reshape(-1)
+        self.out = None if out is None else out.reshape(-1)
         self.mask[:] = False
         self.received = 0
         self.active = True
@@ -403,16 +420,28 @@ class Receiver:
         foreign = (h["run_id"] != self.run_id) | (h["sender"] != self.expected_sender)
         self._drop("foreign", int(foreign.sum()))
         idx, h = idx[~foreign], h[~foreign]
-        stale = (h["round"].astype(np.int64) != self.round_no) | (not self.active) | self._stop_sent
+        return self._accept(h["round"].astype(np.int64), h["seq"].astype(np.int64), now, rows[idx], size)
+
+    def receive_chunks(self, round_no: int, seqs: np.ndarray, now: float) -> int:
+        """Deliver chunk indices without bytes (a :class:`VirtualRound`'s
+        datagrams, already past the byte-level checks). Same rules from the
+        round check on; nothing is written to ``out``."""
+        seqs = np.asarray(seqs, dtype=np.int64)
+        return self._accept(np.full(seqs.size, round_no, np.int64), seqs, now, None, 0)
+
+    def _accept(self, rounds: np.ndarray, seqs: np.ndarray, now: float, rows: np.ndarray | None, size: int) -> int:
+        """R4 from the round check on, then R5."""
+        keep = np.arange(seqs.size)
+        stale = (rounds != self.round_no) | (not self.active) | self._stop_sent
         self._drop("stale", int(stale.sum()))
-        idx, h = idx[~stale], h[~stale]
-        seqs = h["seq"].astype(np.int64)
+        keep, seqs = keep[~stale], seqs[~stale]
         oor = seqs >= self.layout.chunks
         self._drop("out_of_range", int(oor.sum()))
-        idx, seqs = idx[~oor], seqs[~oor]
-        badlen = self.layout.payload_lengths(seqs) != size - HEADER_SIZE
-        self._drop("wrong_length", int(badlen.sum()))
-        idx, seqs = idx[~badlen], seqs[~badlen]
+        keep, seqs = keep[~oor], seqs[~oor]
+        if rows is not None:
+            badlen = self.layout.payload_lengths(seqs) != size - HEADER_SIZE
+            self._drop("wrong_length", int(badlen.sum()))
+            keep, seqs = keep[~badlen], seqs[~badlen]
         if seqs.size == 0:
             return 0
         uniq, first = np.unique(seqs, return_index=True)
@@ -423,7 +452,8 @@ class Receiver:
             return 0
         if self.received == 0:
             self.stats.t_first = now
-        self._write(uniq, rows[idx[first]], size)
+        if rows is not None:
+            self._write(uniq, rows[keep[first]], size)
         self.mask[uniq] = True
         self.received += int(uniq.size)
         self.stats.accepted += int(uniq.size)
@@ -449,7 +479,8 @@ class Receiver:
 
     def _zero_fill(self) -> None:
         """R7: unreceived chunks become zeros."""
-        assert self.out is not None
+        if self.out is None:
+            return
         missing = np.flatnonzero(~self.mask)
         if missing.size == 0:
             return
