@@ -215,7 +215,8 @@ class LinkModel:
 
 
 def _combine(a: float, b: float) -> float:
-    return 1.0 - (1.0 - a) * (1.0 - b)
+    """Loss of two independent droppers in series: 1 - (1-a)(1-b)."""
+    return a + b - a * b
 
 
 def parse_netem(desc: str) -> LinkModel:
@@ -231,9 +232,11 @@ def parse_netem(desc: str) -> LinkModel:
     limit = None
     ignored: list[str] = []
 
-    def args_from(j: int) -> list[str]:
+    def args_from(j: int, numeric: bool = False) -> list[str]:
         out = []
         while j < len(toks) and toks[j] not in _NETEM_KEYWORDS and toks[j] not in ("random", "state", "gemodel"):
+            if numeric and not (_is_number(toks[j]) or toks[j] == "ecn"):
+                break
             out.append(toks[j])
             j += 1
         return out
@@ -245,10 +248,10 @@ def parse_netem(desc: str) -> LinkModel:
         if kw in ("loss", "drop"):
             sub = toks[i + 1] if i + 1 < len(toks) else ""
             if sub in ("random", "state", "gemodel"):
-                a = args_from(i + 2)
+                a = args_from(i + 2, numeric=True)
                 i += 2 + len(a)
             else:
-                a = args_from(i + 1)
+                a = args_from(i + 1, numeric=True)
                 i += 1 + len(a)
                 sub = "random"
             if a and a[-1] == "ecn":
@@ -272,7 +275,7 @@ def parse_netem(desc: str) -> LinkModel:
                 good = nums[3] if len(nums) > 3 else 0.0
                 loss_kind, params = "gilbert-elliott", {"p": p, "r": r, "bad_loss": bad, "good_loss": good}
             continue
-        a = args_from(i + 1)
+        a = args_from(i + 1, numeric=kw in ("corrupt", "duplicate", "reorder", "limit", "gap", "seed"))
         if kw == "corrupt":
             if not a:
                 raise TraceError("netem: 'corrupt' needs a percentage")
