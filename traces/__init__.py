@@ -1,13 +1,27 @@
 """Loss traces for DBLP: one format, generators, importers, replay helpers.
 
-Public API (see ``traces/FORMAT.md`` for the file format)::
+The file format is in ``traces/FORMAT.md``; the CLI is ``python -m traces``.
+What the emulator's replayer and the simulator call (times are microseconds
+since the replay started on the link)::
 
-    from traces import read_trace, write_trace, SegmentTrace, PacketTrace
-    tr = read_trace("traces/samples/onoff-lognormal.loss.csv")
-    tr.loss_at(t_us)                 # loss in force at times (us since replay start)
-    for ch in tr.changes(): ...      # Change(t_us, loss, rate_bps, queue_pkts) for rule updaters
-    tr.sample_drops(times_us, rng)   # simulator: bool drop per packet
-    tr.drop_process(rng).drops(times_us)   # same hook for both forms (stateful for packets)
+    from traces import read_trace, SegmentTrace, PacketTrace
+    tr = read_trace("traces/samples/onoff-lognormal.loss.csv")   # either form
+
+    # segments form
+    tr.loss_at(t_us)                  # loss in force (scalar or array); 0 past the end unless loop
+    tr.segments                       # structured array: start_us, end_us, loss, rate_bps, queue_pkts
+    for ch in tr.changes(until_us):   # Change(t_us, loss, rate_bps, queue_pkts): kernel-rule updates
+        ...
+    tr.resample(1000).changes()       # same, at most one change per ms, mean loss kept
+    tr.sample_drops(times_us, rng)    # bool per packet (simulator, vectorised)
+    SegmentTrace.from_schedule(t, loss, duration_us)   # record an achieved schedule
+
+    # both forms
+    proc = tr.drop_process(rng)       # proc.drops(times_us) -> bool array; proc.drop(t_us) -> bool
+    tr.mean_loss()
+
+    # packets form
+    cur = pkt.cursor(); cur.next(n); cur.next1()       # exact per-packet verdicts (NFQUEUE)
 """
 
 from .errors import NotMappableError, TraceError, TraceFormatError
@@ -21,18 +35,30 @@ from .generators import (
     onoff_mean_loss,
     onoff_segments,
 )
-from .io import dumps, loads, read_packets, read_segments, read_trace, write_trace
+from .io import Trace, dumps, loads, read_packets, read_segments, read_trace, write_trace
 from .meta import TraceMeta
-from .model import Change, DropProcess, PacketCursor, PacketTrace, SegmentTrace, segments_from_events
+from .model import (
+    SEGMENT_DTYPE,
+    Change,
+    DropProcess,
+    PacketCursor,
+    PacketTrace,
+    SegmentDropProcess,
+    SegmentTrace,
+    segments_from_events,
+)
 from .stats import packet_bursts, segment_bursts, summarize
 
 __all__ = [
+    "SEGMENT_DTYPE",
     "Change",
     "DropProcess",
     "NotMappableError",
     "PacketCursor",
     "PacketTrace",
+    "SegmentDropProcess",
     "SegmentTrace",
+    "Trace",
     "TraceError",
     "TraceFormatError",
     "TraceMeta",

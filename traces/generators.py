@@ -364,6 +364,8 @@ def iteration_burst_segments(
     level = np.full(total_iterations, base_loss)
     level[chosen] = loss
     starts = b[:-1]
+    if dur > b[-1]:  # time after the last iteration: back to the base loss
+        starts, level = np.append(starts, b[-1]), np.append(level, base_loss)
     keep = starts < dur
     params: dict[str, Any] = {
         "loss": loss,

@@ -25,6 +25,11 @@ from .errors import TraceError
 from .meta import TraceMeta, check_meta_fields
 
 
+SEGMENT_DTYPE = np.dtype(
+    [("start_us", "<i8"), ("end_us", "<i8"), ("loss", "<f8"), ("rate_bps", "<f8"), ("queue_pkts", "<f8")]
+)
+
+
 @dataclass(frozen=True)
 class Change:
     """The link state from ``t_us`` on, until the next change.
@@ -47,6 +52,20 @@ class DropProcess(Protocol):
         ...
 
 
+def _code_meta(form: str) -> TraceMeta:
+    """Metadata of a trace built in code without any: it claims nothing it cannot know.
+
+    "generated" rather than "measured", so that such a trace written to a
+    file can never pass for a measurement.
+    """
+    return TraceMeta(
+        form=form,
+        provenance="generated",
+        source="constructed in code",
+        generator={"name": "manual", "params": {}},
+    )
+
+
 def _as_f64(a: np.ndarray | None) -> np.ndarray | None:
     return None if a is None else np.ascontiguousarray(a, dtype=np.float64)
 
@@ -67,7 +86,7 @@ class SegmentTrace:
     duration_us: int
     rate_bps: np.ndarray | None = None
     queue_pkts: np.ndarray | None = None
-    meta: TraceMeta = field(default_factory=lambda: TraceMeta(form="segments", provenance="measured"))
+    meta: TraceMeta = field(default_factory=lambda: _code_meta("segments"))
 
     def __post_init__(self) -> None:
         start = np.ascontiguousarray(self.start_us, dtype=np.int64)
@@ -107,6 +126,46 @@ class SegmentTrace:
             object.__setattr__(self, "meta", self.meta.with_(form="segments"))
         check_meta_fields(self.meta)
 
+    @classmethod
+    def from_schedule(
+        cls,
+        t_us: np.ndarray,
+        loss: np.ndarray,
+        duration_us: int,
+        *,
+        rate_bps: np.ndarray | None = None,
+        queue_pkts: np.ndarray | None = None,
+        meta: TraceMeta | None = None,
+    ) -> "SegmentTrace":
+        """A trace from change times as they happened, e.g. a replayer's achieved schedule.
+
+        Times are rounded to whole microseconds; when several changes fall on
+        the same microsecond the last one wins; before the first change the
+        loss is 0 (and link defaults hold). Record what a replayer actually
+        applied this way and it can be compared with, plotted and replayed
+        like the trace it was asked to apply.
+        """
+        t = np.rint(np.asarray(t_us, dtype=np.float64)).astype(np.int64)
+        cols = [np.asarray(loss, dtype=np.float64)]
+        cols += [np.asarray(c, dtype=np.float64) for c in (rate_bps, queue_pkts) if c is not None]
+        if any(c.shape != t.shape for c in cols) or t.ndim != 1 or t.size == 0:
+            raise TraceError("t_us, loss (and rate_bps/queue_pkts) must be equal-length non-empty 1-D arrays")
+        order = np.argsort(t, kind="stable")
+        t, cols = t[order], [c[order] for c in cols]
+        last = np.append(t[1:] != t[:-1], True)  # last change at each distinct time
+        t, cols = t[last], [c[last] for c in cols]
+        if t[0] < 0:
+            raise TraceError("schedule times must not be negative")
+        if t[0] > 0:
+            t = np.concatenate(([0], t))
+            cols = [np.concatenate(([0.0 if i == 0 else np.nan], c)) for i, c in enumerate(cols)]
+        keep = t < int(duration_us)
+        cols = [c[keep] for c in cols]
+        it = iter(cols[1:])
+        rate = next(it) if rate_bps is not None else None
+        queue = next(it) if queue_pkts is not None else None
+        return cls(t[keep], cols[0], int(duration_us), rate, queue, meta or _code_meta("segments"))
+
     # -- shape -----------------------------------------------------------------
     def __len__(self) -> int:
         return int(self.start_us.size)
@@ -119,6 +178,21 @@ class SegmentTrace:
     @property
     def durations_us(self) -> np.ndarray:
         return self.end_us - self.start_us
+
+    @property
+    def segments(self) -> np.ndarray:
+        """All segments as one structured array (start_us, end_us, loss, rate_bps, queue_pkts).
+
+        rate_bps / queue_pkts are NaN where the link's configured value holds
+        (and everywhere when the trace has no such column).
+        """
+        out = np.empty(len(self), SEGMENT_DTYPE)
+        out["start_us"] = self.start_us
+        out["end_us"] = self.end_us
+        out["loss"] = self.loss
+        out["rate_bps"] = np.nan if self.rate_bps is None else self.rate_bps
+        out["queue_pkts"] = np.nan if self.queue_pkts is None else self.queue_pkts
+        return out
 
     @property
     def loop(self) -> bool:
@@ -287,7 +361,7 @@ class PacketTrace:
     """
 
     drops: np.ndarray
-    meta: TraceMeta = field(default_factory=lambda: TraceMeta(form="packets", provenance="measured"))
+    meta: TraceMeta = field(default_factory=lambda: _code_meta("packets"))
 
     def __post_init__(self) -> None:
         d = np.asarray(self.drops)
@@ -361,6 +435,10 @@ class PacketCursor:
 
     def drops(self, times_us: np.ndarray) -> np.ndarray:
         return self.next(int(np.size(times_us)))
+
+    def drop(self, t_us: float = 0.0) -> bool:
+        """Same as :meth:`next1`; the time is ignored (for a uniform per-packet callback)."""
+        return self.next1()
 
 
 class SegmentDropProcess:

@@ -118,3 +118,25 @@ def test_segment_trace_validates_in_code(kw, msg):
 def test_generated_meta_needs_generator():
     with pytest.raises(ValueError, match="generator"):
         SegmentTrace(np.array([0]), np.array([0.1]), 5, meta=TraceMeta(provenance="generated"))
+
+
+def test_segments_structured_view_and_code_meta():
+    t = SegmentTrace(np.array([0, 10]), np.array([0.1, 0.2]), 30, rate_bps=np.array([np.nan, 5e6]))
+    s = t.segments
+    assert s["start_us"].tolist() == [0, 10] and s["end_us"].tolist() == [10, 30]
+    assert np.isnan(s["rate_bps"][0]) and s["rate_bps"][1] == 5e6 and np.isnan(s["queue_pkts"]).all()
+    assert t.meta.provenance == "generated"  # a trace built in code never claims to be measured
+
+
+def test_from_schedule_records_achieved_changes():
+    # rules applied a little late, one twice on the same microsecond
+    t = SegmentTrace.from_schedule(
+        np.array([20.4, 105.2, 105.4, 300.0]), np.array([0.5, 0.1, 0.2, 0.0]), 400,
+        rate_bps=np.array([1e9, 1e9, 1e9, np.nan]),
+        meta=TraceMeta(form="segments", provenance="measured", source="replayer log"),
+    )
+    assert t.start_us.tolist() == [0, 20, 105, 300]
+    assert t.loss.tolist() == [0.0, 0.5, 0.2, 0.0]
+    assert np.isnan(t.rate_bps[0]) and t.rate_bps[1] == 1e9
+    with pytest.raises(TraceError):
+        SegmentTrace.from_schedule(np.array([-1.0]), np.array([0.1]), 10)
