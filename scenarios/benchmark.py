@@ -1,0 +1,691 @@
+#!/usr/bin/env python3
+"""DBLP against gloo all-reduce and iperf3, side by side in one run, on namespace hosts.
+
+Setup (:mod:`emulation.nshosts`): one server host ``srv`` (10.77.0.1) and
+three worker hosts ``w1..w3`` (10.77.0.2-4), network namespaces on one Linux
+bridge, links optionally TBF-shaped (``--rate``). For each tensor size
+(``--sizes``, float32 elements) it measures:
+
+* **DBLP**: the real ``python -m dblp server`` / ``python -m dblp worker``
+  CLI, fixed tolerance ``--p``, for each data path (``--gso``: UDP GSO/GRO
+  where the kernel has them; ``--plain``: one datagram per system call;
+  default both). The lossless round is the span from the first worker's
+  start of a round to the last worker's averaged result (per-round worker
+  records, ``dblp/records.py``), median over ``--rounds`` rounds after
+  ``--warmup``. Goodput per worker = tensor bytes / ``up_latency_s``.
+* **gloo**: ``torch.distributed`` all-reduce (sum, then divide: the mean)
+  of a tensor of the same size among three ranks in the worker hosts
+  (``scenarios/gloo_allreduce.py``, TCP init at w1's address), every rank
+  starting at the same wall-clock instant; time = start to the last rank done.
+* **iperf3**: TCP throughput w1 -> srv (one flow), and w1,w2,w3 -> srv at
+  once (three flows, summed: what the server's link takes from three senders).
+* **Burst**: after the lossless rounds, one *calibration* round at
+  ``--calib-loss`` (default 50%) and one *burst* round at ``--burst-loss``
+  (default 70%): an nftables rule ``meta l4proto udp numgen random mod 10000
+  < N drop`` in the server namespace (netdev ingress and egress hooks of its
+  eth0, so each datagram of either direction sees the loss once, as on a
+  lossy link; UDP only, DBLP's TCP control channel is spared), added after every worker finished the round
+  before and removed after every worker finished the round (workers pause
+  ``--gap-ms`` between rounds, so the rule is in place for exactly that
+  round; the benchmark checks this from the records' timestamps).
+  The prediction from the tolerance arithmetic:
+  passes ``k = min{k : L^k <= p}``; datagrams sent ``n (1-p)/(1-L)`` (the
+  receiver stops at ``ceil((1-p) n)`` and each datagram arrives with
+  probability ``1-L``); time ``= S0 + U0 (f_up - 1) + D0 (f_down - 1) +
+  (k_up - 1 + k_down - 1) o`` with ``S0, U0, D0`` the lossless round, up
+  and down times, ``f = sent(L) / sent(0)`` and ``o`` the per-pass overhead
+  (probe -> bitmap -> next pass), *measured* from the calibration round with
+  its actual pass counts. gloo gets the same 70% rule on TCP (netdev ingress
+  of each worker's eth0: every ring segment crosses it once) for as long as
+  DBLP's burst round lasted, then the rule goes; its time is the all-reduce's
+  start to the last rank done.
+
+Output: a table with the ratios (DBLP round / gloo all-reduce, DBLP goodput
+/ iperf3), ``benchmark.csv`` (one row per size and path), ``benchmark.json``
+(everything, per round), and the raw records and logs, under ``--results``.
+
+Run as root::
+
+    python scenarios/benchmark.py                      # 5M, 25M, 61M; GSO and plain
+    python scenarios/benchmark.py --sizes 200000 --rounds 3 --iperf-seconds 1   # smoke test
+    python scenarios/benchmark.py --sizes 25M --plain --rate 10gbit
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from emulation.nshosts import NsHost, NsNet, Shape  # noqa: E402
+
+WORKERS = 3
+NFT_TABLE = "dblpbench"
+DBLP_PORT = 29500
+GLOO_PORT = 29600
+IPERF_PORT = 5201
+
+CSV_COLUMNS = [
+    "elements", "tensor_mb", "path", "gso_active", "workers", "p", "rounds",
+    "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
+    "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
+    "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
+    "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
+    "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
+    "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "burst_passes_up", "burst_passes_down",
+    "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
+    "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out",
+]
+
+
+# -- small helpers ----------------------------------------------------------------------
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1_000, "M": 1_000_000, "G": 1_000_000_000}
+    try:
+        v = float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {s!r}: use e.g. 200000, 5M, 25M") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"size must be at least 1 element, got {s!r}")
+    return int(v)
+
+
+def fmt_size(n: int) -> str:
+    for unit, d in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= d and n % int(d / 1000) == 0:
+            return f"{n / d:g}{unit}"
+    return str(n)
+
+
+def median(xs) -> float:
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    return statistics.median(xs) if xs else float("nan")
+
+
+class Progress:
+    def __init__(self, quiet: bool = False) -> None:
+        self.t0 = time.monotonic()
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[{time.monotonic() - self.t0:7.1f}s] {msg}", flush=True)
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def _tail(path: Path, n: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+# -- nftables loss rules -------------------------------------------------------------
+def nft_apply(host: NsHost, proto: str, loss: float, hooks=("ingress", "egress")) -> None:
+    """Drop ``loss`` of ``proto`` packets at ``host``'s eth0 (netdev ``hooks``).
+
+    The netdev family hooks the device, as a lossy link would: a drop at the
+    inet ``output`` hook instead would fail the sender's ``sendto`` with
+    EPERM, which no network does.
+    """
+    n = int(round(loss * 10000))
+    chains = "".join(
+        f'  chain {h} {{\n    type filter hook {h} device "{host.intf}" priority 0; policy accept;\n'
+        f"    meta protocol ip ip protocol {proto} numgen random mod 10000 < {n} counter drop\n  }}\n"
+        for h in hooks)
+    host.run(["nft", "-f", "-"], input=f"table netdev {NFT_TABLE} {{\n{chains}}}\n")
+
+
+def nft_remove(host: NsHost) -> int:
+    """Remove the loss table; returns the packets it dropped."""
+    dropped = 0
+    r = host.run(["nft", "-j", "list", "table", "netdev", NFT_TABLE], check=False)
+    if r.returncode == 0:
+        for item in json.loads(r.stdout).get("nftables", []):
+            for e in item.get("rule", {}).get("expr", []):
+                if "counter" in e:
+                    dropped += int(e["counter"].get("packets", 0))
+    host.run(["nft", "delete", "table", "netdev", NFT_TABLE], check=False)
+    return dropped
+
+
+# -- iperf3 ------------------------------------------------------------------------------
+def run_iperf(net: NsNet, clients: list[str], seconds: float, logdir: Path) -> float:
+    """TCP throughput from ``clients`` to srv at once; returns the summed Gbit/s."""
+    srv = net["srv"]
+    servers = [srv.popen(["iperf3", "-s", "-1", "-B", srv.ip, "-p", str(IPERF_PORT + i)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(len(clients))]
+    time.sleep(0.3)
+    procs = []
+    for i, c in enumerate(clients):
+        out = open(logdir / f"iperf3-{len(clients)}flows-{c}.json", "w")
+        procs.append((net[c].popen(["iperf3", "-c", srv.ip, "-p", str(IPERF_PORT + i), "-t", f"{seconds:g}", "-J",
+                                    "--connect-timeout", "3000"], stdout=out, stderr=subprocess.STDOUT), out))
+    total = 0.0
+    for i, (p, out) in enumerate(procs):
+        try:
+            p.wait(seconds + 20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        out.close()
+        try:
+            res = json.loads(Path(out.name).read_text())
+            total += float(res["end"]["sum_received"]["bits_per_second"])
+        except (ValueError, KeyError) as exc:
+            raise BenchError(f"iperf3 from {clients[i]} failed: {_tail(Path(out.name))}") from exc
+    for s in servers:
+        try:
+            s.wait(5)
+        except subprocess.TimeoutExpired:
+            s.kill()
+    return total / 1e9
+
+
+# -- DBLP ----------------------------------------------------------------------------------
+@dataclass
+class DblpRun:
+    path: str
+    elements: int
+    rounds: dict = field(default_factory=dict)  # round -> {worker: record}
+    server: list = field(default_factory=list)
+    loss_rounds: dict = field(default_factory=dict)  # round -> {loss, t_applied, t_removing, dropped}
+
+
+def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            fh.seek(pos)
+            data = fh.read()
+    except FileNotFoundError:
+        return [], pos
+    end = data.rfind("\n")
+    if end < 0:
+        return [], pos
+    return [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()], pos + len(data[: end + 1].encode())
+
+
+def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: Path, say: Progress) -> DblpRun:
+    srv = net["srv"]
+    workers = [net[f"w{i + 1}"] for i in range(WORKERS)]
+    port = DBLP_PORT + run_idx
+    first_lossy = args.warmup + args.rounds
+    schedule: dict[int, float] = {}
+    if args.burst_loss > 0:
+        if args.calib_loss > 0:
+            schedule[first_lossy] = args.calib_loss
+        schedule[first_lossy + len(schedule)] = args.burst_loss
+    total = first_lossy + len(schedule)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for f in outdir.glob("*.jsonl"):  # records append: start from empty files
+        f.unlink()
+    py = sys.executable
+    policy = ["--policy", "fixed", "--p", f"{args.p:g}"] if args.p > 0 else ["--policy", "reliable"]
+    plain = ["--plain"] if path == "plain" else []
+    env = _env()
+    slog = open(outdir / "server.log", "w")
+    sp = srv.popen([py, "-m", "dblp", "server", "--host", srv.ip, "--port", str(port), "--workers", str(WORKERS),
+                    "--rounds", str(total), "--records", str(outdir / "server.jsonl"), "--source", "hosts",
+                    "--peer-timeout", str(args.timeout), *policy, *plain],
+                   stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    wps, wlogs = [], []
+    for i, w in enumerate(workers):
+        lf = open(outdir / f"worker{i}.log", "w")
+        wlogs.append(lf)
+        wps.append(w.popen([py, "-m", "dblp", "worker", "--server", f"{srv.ip}:{port}", "--id", str(i),
+                            "--model", str(elements), "--rounds", str(total), "--compute-ms", f"{args.gap_ms:g}",
+                            "--records", str(outdir / f"worker{i}.jsonl"), "--source", "hosts",
+                            "--peer-timeout", str(args.timeout), *plain],
+                           stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+    run = DblpRun(path, elements)
+    pos = [0] * WORKERS
+    done = [-1] * WORKERS
+    active: int | None = None  # round whose loss rule is in place
+    last_said = -1
+    tag = f"dblp {fmt_size(elements)} {path}"
+    deadline = time.monotonic() + args.timeout * (total + 2)
+    try:
+        while min(done) < total - 1:
+            for i in range(WORKERS):
+                recs, pos[i] = _read_new(outdir / f"worker{i}.jsonl", pos[i])
+                for r in recs:
+                    run.rounds.setdefault(r["round"], {})[r["worker"]] = r
+                    done[i] = max(done[i], r["round"])
+            low = min(done)
+            if active is not None and low >= active:
+                info = run.loss_rounds[active]
+                info["t_removing"] = time.time()
+                info["dropped"] = nft_remove(srv)
+                say(f"{tag}: round {active} at {info['loss']:.0%} loss done, rule removed "
+                    f"({info['dropped']} packets dropped)")
+                active = None
+            nxt = low + 1
+            if active is None and nxt in schedule and nxt not in run.loss_rounds:
+                nft_apply(srv, "udp", schedule[nxt])
+                run.loss_rounds[nxt] = {"loss": schedule[nxt], "t_applied": time.time()}
+                active = nxt
+            if low > last_said and low >= 0:
+                last_said = low
+                r = run.rounds[low]
+                span = max(x["t_start"] + x["round_latency_s"] for x in r.values()) - min(x["t_start"] for x in r.values())
+                say(f"{tag}: round {low + 1}/{total} done, {span * 1e3:.1f} ms")
+            for name, p in [("server", sp)] + [(f"worker {i}", w) for i, w in enumerate(wps)]:
+                rc = p.poll()
+                if rc not in (None, 0):
+                    log = outdir / ("server.log" if name == "server" else f"worker{name.split()[1]}.log")
+                    raise BenchError(f"{tag}: {name} exited with {rc}:\n{_tail(log)}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"{tag}: no progress within {args.timeout * (total + 2):.0f} s "
+                                 f"(rounds done per worker: {done})")
+            time.sleep(0.005)
+        for p in [sp, *wps]:
+            try:
+                p.wait(args.timeout)
+            except subprocess.TimeoutExpired:
+                raise BenchError(f"{tag}: a process did not exit after the last round") from None
+        if sp.returncode != 0:
+            raise BenchError(f"{tag}: server exited with {sp.returncode}:\n{_tail(outdir / 'server.log')}")
+    finally:
+        if active is not None:
+            nft_remove(srv)
+        for p in [sp, *wps]:
+            if p.poll() is None:
+                p.kill()
+                p.wait(5)
+        for f in [slog, *wlogs]:
+            f.close()
+    run.server = [json.loads(line) for line in (outdir / "server.jsonl").read_text().splitlines() if line.strip()]
+    return run
+
+
+def summarize_dblp(run: DblpRun, args) -> dict:
+    tensor_bits = run.elements * 4 * 8
+    lossless = [run.rounds[r] for r in range(args.warmup, args.warmup + args.rounds)]
+    srv_by_round: dict[int, list[dict]] = {}
+    for rec in run.server:
+        srv_by_round.setdefault(rec["round"], []).append(rec)
+
+    def span(rs: dict) -> float:
+        return max(x["t_start"] + x["round_latency_s"] for x in rs.values()) - min(x["t_start"] for x in rs.values())
+
+    spans = [span(r) for r in lossless]
+    ups = [max(x["up_latency_s"] for x in r.values()) for r in lossless]
+    downs = [max(x["down_latency_s"] for x in r.values()) for r in lossless]
+    goodputs = [tensor_bits / x["up_latency_s"] / 1e9 for r in lossless for x in r.values()]
+    aggregate = [WORKERS * tensor_bits / u / 1e9 for u in ups]
+    sent_up0 = median([x["up_sent"] for r in lossless for x in r.values()])
+    sent_down0 = median([s["down_sent"] for rr in range(args.warmup, args.warmup + args.rounds)
+                         for s in srv_by_round.get(rr, [])])
+    chunks = lossless[0][0]["chunks"] if 0 in lossless[0] else next(iter(lossless[0].values()))["chunks"]
+    S0, U0, D0 = median(spans), median(ups), median(downs)
+    out = {
+        "dblp_round_s": S0, "dblp_round_min_s": min(spans), "dblp_up_s": U0, "dblp_down_s": D0,
+        "dblp_goodput_gbps": median(goodputs), "dblp_aggregate_goodput_gbps": median(aggregate),
+        "chunks": chunks, "spans": spans,
+    }
+    p_eff = max(args.p, 0.5 / chunks)
+
+    def passes_pred(loss: float) -> int:
+        return max(1, math.ceil(math.log(p_eff) / math.log(loss) - 1e-9)) if loss > 0 else 1
+
+    def data_term(loss: float) -> float:
+        need = chunks * (1 - args.p) if args.p > 0 else chunks
+        f_up = need / (1 - loss) / sent_up0
+        f_down = need / (1 - loss) / sent_down0
+        return U0 * (f_up - 1) + D0 * (f_down - 1)
+
+    lossy = sorted(run.loss_rounds)
+    o = float("nan")
+    for idx in lossy:
+        info = run.loss_rounds[idx]
+        rs = run.rounds[idx]
+        s = span(rs)
+        pu = statistics.mean(x["up_passes"] for x in rs.values())
+        pdn = statistics.mean(x["down_passes"] for x in srv_by_round.get(idx, [])) if srv_by_round.get(idx) else float("nan")
+        end = max(x["t_start"] + x["round_latency_s"] for x in rs.values())
+        start = min(x["t_start"] for x in rs.values())
+        nxt = run.rounds.get(idx + 1)
+        ok = info["t_applied"] <= start and info.get("t_removing", float("inf")) >= end and (
+            nxt is None or info.get("t_removing", 0) <= min(x["t_start"] for x in nxt.values()))
+        key = "calib" if info["loss"] == args.calib_loss and idx == lossy[0] and len(lossy) > 1 else "burst"
+        out[f"{key}_loss"] = info["loss"]
+        out[f"{key}_round_s"] = s
+        out[f"{key}_passes_up"] = pu
+        out[f"{key}_passes_down"] = pdn
+        out[f"{key}_timing_ok"] = ok
+        out[f"{key}_dropped_pkts"] = info.get("dropped", 0)
+        if key == "calib":
+            extra = (pu - 1) + (pdn - 1)
+            o = (s - S0 - data_term(info["loss"])) / extra if extra > 0 else float("nan")
+    out["overhead_per_pass_s"] = o
+    if "burst_loss" in out:
+        L = out["burst_loss"]
+        k = passes_pred(L)
+        pred = S0 + data_term(L) + (2 * (k - 1)) * (o if not math.isnan(o) else 0.0)
+        out["burst_pred_passes"] = k
+        out["burst_pred_s"] = pred
+        out["burst_err"] = out["burst_round_s"] / pred - 1 if pred > 0 else float("nan")
+    return out
+
+
+# -- gloo ------------------------------------------------------------------------------------
+class GlooRanks:
+    def __init__(self, net: NsNet, elements: int, port: int, timeout: float, logdir: Path) -> None:
+        self.workers = [net[f"w{i + 1}"] for i in range(WORKERS)]
+        self.q: queue.Queue = queue.Queue()
+        self.procs = []
+        self.logs = []
+        init = f"tcp://{self.workers[0].ip}:{port}"
+        for r, w in enumerate(self.workers):
+            lf = open(logdir / f"gloo-rank{r}.log", "w")
+            self.logs.append(lf)
+            p = w.popen([sys.executable, str(REPO / "scenarios" / "gloo_allreduce.py"), "--rank", str(r),
+                         "--world", str(WORKERS), "--init", init, "--iface", "eth0", "--timeout", f"{timeout:g}"],
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=lf, text=True, env=_env(), cwd=REPO)
+            self.procs.append(p)
+            threading.Thread(target=self._reader, args=(r, p), daemon=True).start()
+
+    def _reader(self, rank: int, p: subprocess.Popen) -> None:
+        for line in p.stdout:
+            try:
+                self.q.put((rank, json.loads(line)))
+            except ValueError:
+                pass
+        self.q.put((rank, {"event": "exit"}))
+
+    def collect(self, event: str, tag: str | None, timeout: float) -> dict[int, dict]:
+        got: dict[int, dict] = {}
+        deadline = time.monotonic() + timeout
+        while len(got) < WORKERS:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"gloo: {len(got)}/{WORKERS} ranks answered {event} {tag or ''} in {timeout:.0f} s")
+            try:
+                rank, msg = self.q.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg.get("event") in ("error", "exit"):
+                raise BenchError(f"gloo rank {rank}: {msg.get('error', 'exited')}")
+            if msg.get("event") == event and (tag is None or msg.get("tag") == tag):
+                got[rank] = msg
+        return got
+
+    def send(self, msg: dict) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.write(json.dumps(msg) + "\n")
+                p.stdin.flush()
+            except (BrokenPipeError, OSError):
+                pass
+
+    def run(self, tag: str, elements: int, lead: float = 0.05) -> tuple[float, float]:
+        start = time.time() + lead
+        self.send({"cmd": "run", "tag": tag, "elements": elements, "start": start})
+        return start, 0.0
+
+    def close(self) -> None:
+        self.send({"cmd": "quit"})
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(5)
+        for f in self.logs:
+            f.close()
+
+
+def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float | None, outdir: Path,
+             say: Progress) -> dict:
+    outdir.mkdir(parents=True, exist_ok=True)
+    tag = f"gloo {fmt_size(elements)}"
+    ranks = GlooRanks(net, elements, GLOO_PORT + size_idx, args.gloo_timeout, outdir)
+    res: dict = {"gloo_allreduce_s": float("nan"), "gloo_allreduce_min_s": float("nan"),
+                 "gloo_burst_s": float("nan"), "gloo_burst_hold_s": float("nan"), "gloo_burst_timed_out": False}
+    try:
+        ranks.collect("ready", None, 120)
+        times = []
+        for i in range(args.warmup + args.rounds):
+            start, _ = ranks.run(f"r{i}", elements)
+            got = ranks.collect("done", f"r{i}", args.gloo_timeout + 10)
+            t = max(m["t_end"] for m in got.values()) - start
+            if i >= args.warmup:
+                times.append(t)
+            say(f"{tag}: all-reduce {i + 1}/{args.warmup + args.rounds}: {t * 1e3:.1f} ms")
+        res["gloo_allreduce_s"] = median(times)
+        res["gloo_allreduce_min_s"] = min(times)
+        res["gloo_times"] = times
+        if burst_hold is not None and args.burst_loss > 0:
+            for w in ranks.workers:
+                nft_apply(w, "tcp", args.burst_loss, hooks=("ingress",))
+            start, _ = ranks.run("burst", elements, lead=0.05)
+            removed = False
+            dropped = 0
+            try:
+                # hold the rule as long as DBLP's burst round lasted, then lift it
+                while time.time() < start + burst_hold:
+                    time.sleep(0.002)
+                dropped = sum(nft_remove(w) for w in ranks.workers)
+                removed = True
+                got = ranks.collect("done", "burst", args.gloo_timeout + 10)
+                res["gloo_burst_s"] = max(m["t_end"] for m in got.values()) - start
+            except (TimeoutError, BenchError) as exc:
+                res["gloo_burst_timed_out"] = True
+                say(f"{tag}: burst all-reduce did not finish: {exc}")
+            finally:
+                if not removed:
+                    dropped = sum(nft_remove(w) for w in ranks.workers)
+            res["gloo_burst_hold_s"] = burst_hold
+            res["gloo_burst_dropped_pkts"] = dropped
+            say(f"{tag}: all-reduce under {args.burst_loss:.0%} TCP loss held {burst_hold * 1e3:.0f} ms: "
+                f"{res['gloo_burst_s'] * 1e3:.1f} ms ({dropped} packets dropped)")
+    finally:
+        ranks.close()
+    return res
+
+
+# -- main ------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="scenarios/benchmark.py",
+        description="DBLP lossless round vs gloo all-reduce vs iperf3, and a 70%% loss burst, "
+                    "side by side on network-namespace hosts (1 server, 3 workers). Needs root.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--sizes", nargs="+", default=["5M", "25M", "61M"],
+                    help="tensor sizes in float32 elements (e.g. 200000 5M 25M, or 5M,25M)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed lossless rounds (DBLP) / all-reduces (gloo)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
+    g.add_argument("--plain", dest="paths", action="store_const", const=["plain"],
+                   help="DBLP with one datagram per system call only")
+    g.add_argument("--both", dest="paths", action="store_const", const=["gso", "plain"],
+                   help="both DBLP data paths (the default)")
+    ap.set_defaults(paths=["gso", "plain"])
+    ap.add_argument("--p", type=float, default=0.008, help="DBLP loss tolerance (fixed policy; 0 = reliable)")
+    ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
+    ap.add_argument("--calib-loss", type=float, default=0.5,
+                    help="loss of the calibration round that measures the per-pass overhead (0: none)")
+    ap.add_argument("--gap-ms", type=float, default=300.0,
+                    help="workers' pause between rounds (room to add/remove the loss rule)")
+    ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
+    ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
+    ap.add_argument("--rate", default=None, help="TBF-shape every host link, e.g. 1gbit (default: unshaped veth)")
+    ap.add_argument("--queue", type=int, default=1 << 20, help="TBF buffer in bytes (with --rate)")
+    ap.add_argument("--timeout", type=float, default=60.0, help="seconds a DBLP round may take before failing")
+    ap.add_argument("--gloo-timeout", type=float, default=60.0, help="seconds a gloo all-reduce may take")
+    ap.add_argument("--results", type=Path, default=None,
+                    help="results folder (default: results/benchmark/<timestamp>)")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    return ap
+
+
+def parse_args(argv=None):
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        args.sizes = [parse_size(x) for s in args.sizes for x in s.split(",") if x.strip()]
+    except argparse.ArgumentTypeError as exc:
+        ap.error(str(exc))
+    if args.rounds < 1 or args.warmup < 1:
+        ap.error("--rounds and --warmup must be at least 1")
+    for name in ("p", "burst_loss", "calib_loss"):
+        v = getattr(args, name)
+        if not 0 <= v < 1:
+            ap.error(f"--{name.replace('_', '-')} must be in [0, 1), got {v}")
+    if args.burst_loss > 0 and args.p == 0:
+        ap.error("a burst needs --p > 0: with p = 0 the round waits for the last chunk and the prediction "
+                 "is a tail bound, not the tolerance arithmetic")
+    if args.results is None:
+        args.results = REPO / "results" / "benchmark" / time.strftime("%Y%m%d-%H%M%S")
+    return args
+
+
+def gso_probe(host: NsHost) -> bool:
+    r = host.run([sys.executable, "-c", "from dblp.udp import DataSocket; s = DataSocket('127.0.0.1', 0); "
+                  "print(int(s.gso and s.gro))"], check=False, env=_env())
+    return r.stdout.strip() == "1"
+
+
+def fmt(v, spec: str = ".3f") -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    return format(v, spec)
+
+
+def print_table(rows: list[dict]) -> None:
+    cols = [("size", lambda r: fmt_size(r["elements"])), ("path", lambda r: r["path"]),
+            ("DBLP s", lambda r: fmt(r["dblp_round_s"])), ("gloo s", lambda r: fmt(r["gloo_allreduce_s"])),
+            ("DBLP/gloo", lambda r: fmt(r["ratio_dblp_vs_gloo"], ".2f")),
+            ("good Gb/s", lambda r: fmt(r["dblp_goodput_gbps"], ".2f")),
+            ("iperf Gb/s", lambda r: fmt(r["iperf3_gbps"], ".2f")),
+            ("good/iperf", lambda r: fmt(r["ratio_goodput_vs_iperf3"], ".2f")),
+            ("agg/iperf3x", lambda r: fmt(r["ratio_aggregate_vs_iperf3_3flows"], ".2f")),
+            ("o/pass ms", lambda r: fmt(r.get("overhead_per_pass_s", float("nan")) * 1e3, ".1f")),
+            ("burst s", lambda r: fmt(r.get("burst_round_s"))),
+            ("pred s", lambda r: fmt(r.get("burst_pred_s"))),
+            ("err", lambda r: fmt(r.get("burst_err"), "+.1%")),
+            ("gloo burst s", lambda r: ("timeout" if r.get("gloo_burst_timed_out") else fmt(r.get("gloo_burst_s"))))]
+    cells = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
+    for j, line in enumerate(cells):
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if os.geteuid() != 0:
+        print("benchmark: needs root (network namespaces, nftables)", file=sys.stderr)
+        return 2
+    say = Progress(args.quiet)
+    out = args.results
+    out.mkdir(parents=True, exist_ok=True)
+    shape = Shape(args.rate, queue=args.queue) if args.rate else None
+    rows: list[dict] = []
+    detail: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                    "sizes": []}
+    say(f"benchmark: sizes {[fmt_size(s) for s in args.sizes]}, DBLP paths {args.paths}, p={args.p:g}, "
+        f"results in {out}")
+    try:
+        with NsNet(["srv", *[f"w{i + 1}" for i in range(WORKERS)]], shape=shape) as net:
+            if not net.ping_all():
+                raise BenchError("namespace hosts cannot reach each other")
+            gso_ok = gso_probe(net["srv"])
+            say(f"hosts up: srv {net['srv'].ip}, workers "
+                f"{', '.join(net[f'w{i + 1}'].ip for i in range(WORKERS))}; UDP GSO/GRO available: {gso_ok}")
+            run_idx = 0
+            for si, elements in enumerate(args.sizes):
+                sdir = out / f"size-{fmt_size(elements)}"
+                sdir.mkdir(parents=True, exist_ok=True)
+                ip1 = ip3 = float("nan")
+                if args.iperf_seconds > 0:
+                    ip1 = run_iperf(net, ["w1"], args.iperf_seconds, sdir)
+                    ip3 = run_iperf(net, [f"w{i + 1}" for i in range(WORKERS)], args.iperf_seconds, sdir)
+                    say(f"iperf3: w1->srv {ip1:.2f} Gbit/s; w1,w2,w3->srv {ip3:.2f} Gbit/s")
+                dres = {}
+                for path in args.paths:
+                    run = run_dblp(net, args, elements, path, run_idx, sdir / f"dblp-{path}", say)
+                    run_idx += 1
+                    dres[path] = summarize_dblp(run, args)
+                    d = dres[path]
+                    say(f"dblp {fmt_size(elements)} {path}: round {d['dblp_round_s'] * 1e3:.1f} ms, "
+                        f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
+                        + (f"; burst {d['burst_round_s'] * 1e3:.1f} ms vs predicted {d['burst_pred_s'] * 1e3:.1f} ms"
+                           if "burst_round_s" in d else ""))
+                hold = max((d.get("burst_round_s", float("nan")) for d in dres.values()), default=float("nan"))
+                gres = {}
+                if not args.no_gloo:
+                    gres = run_gloo(net, args, elements, si, None if math.isnan(hold) else hold,
+                                    sdir / "gloo", say)
+                for path, d in dres.items():
+                    row = {c: float("nan") for c in CSV_COLUMNS}
+                    row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
+                                "gso_active": gso_ok and path == "gso", "workers": WORKERS, "p": args.p,
+                                "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
+                    row.update({k: v for k, v in d.items() if k in row})
+                    row.update({k: v for k, v in gres.items() if k in row})
+                    row["ratio_dblp_vs_gloo"] = row["dblp_round_s"] / row["gloo_allreduce_s"]
+                    row["ratio_goodput_vs_iperf3"] = row["dblp_goodput_gbps"] / ip1
+                    row["ratio_aggregate_vs_iperf3_3flows"] = row["dblp_aggregate_goodput_gbps"] / ip3
+                    row["burst_timing_ok"] = d.get("burst_timing_ok", "") if "burst_timing_ok" in d else ""
+                    if d.get("calib_timing_ok") is False or d.get("burst_timing_ok") is False:
+                        say(f"warning: {fmt_size(elements)} {path}: a loss rule was not in place for exactly "
+                            f"its round (orchestrator too slow for --gap-ms {args.gap_ms:g}); burst figures suspect")
+                    rows.append(row)
+                detail["sizes"].append({"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3,
+                                        "dblp": dres, "gloo": gres})
+                _write(out, rows, detail)
+    except KeyboardInterrupt:
+        print("benchmark: interrupted; namespaces and rules removed", file=sys.stderr)
+        _write(out, rows, detail)
+        return 130
+    except BenchError as exc:
+        print(f"benchmark: error: {exc}", file=sys.stderr)
+        _write(out, rows, detail)
+        return 1
+    print()
+    print_table(rows)
+    print(f"\nCSV: {out / 'benchmark.csv'}")
+    return 0
+
+
+def _write(out: Path, rows: list[dict], detail: dict) -> None:
+    with open(out / "benchmark.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    (out / "benchmark.json").write_text(json.dumps(detail, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

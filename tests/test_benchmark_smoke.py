@@ -1,0 +1,79 @@
+"""Smoke test of scenarios/benchmark.py at its smallest size (a benchmark, not a timed test:
+only the < 60 s bound of the smallest run and the CSV's shape are checked)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scenarios"))
+
+import benchmark  # noqa: E402
+
+def test_help_and_argument_errors():
+    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--sizes" in r.stdout and "--plain" in r.stdout
+    assert benchmark.parse_size("61M") == 61_000_000 and benchmark.parse_size("200000") == 200_000
+    a = benchmark.parse_args(["--sizes", "5M,25M", "61M", "--plain"])
+    assert a.sizes == [5_000_000, 25_000_000, 61_000_000] and a.paths == ["plain"]
+    assert benchmark.parse_args([]).paths == ["gso", "plain"]
+    for bad in (["--sizes", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"]):
+        r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), *bad],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 2, bad
+
+
+POSITIVE = ["dblp_round_s", "dblp_up_s", "dblp_down_s", "gloo_allreduce_s", "ratio_dblp_vs_gloo",
+            "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
+            "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows", "calib_round_s", "burst_round_s",
+            "burst_pred_s", "burst_passes_up", "burst_pred_passes"]
+
+
+@pytest.mark.netns
+@pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and nftables need root")
+@pytest.mark.skipif(not (shutil.which("ip") and shutil.which("nft") and shutil.which("iperf3")),
+                    reason="needs iproute2, nftables and iperf3")
+def test_smallest_benchmark_end_to_end(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "bench"
+    t0 = time.monotonic()
+    p = subprocess.Popen([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--sizes", "200000",
+                          "--rounds", "3", "--iperf-seconds", "1", "--gloo-timeout", "20", "--results", str(out)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        stdout, stderr = p.communicate(timeout=180)
+    finally:
+        if p.poll() is None:
+            p.terminate()  # SIGTERM: the benchmark removes its namespaces
+            p.communicate(timeout=30)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
+    assert elapsed < 60, f"smallest benchmark took {elapsed:.1f} s"
+    assert "DBLP/gloo" in stdout
+    with open(out / "benchmark.csv", newline="") as fh:
+        reader = csv.DictReader(fh)
+        assert reader.fieldnames == benchmark.CSV_COLUMNS
+        rows = list(reader)
+    assert [row["path"] for row in rows] == ["gso", "plain"]
+    for row in rows:
+        assert int(row["elements"]) == 200_000
+        for col in POSITIVE:
+            v = float(row[col])
+            assert math.isfinite(v) and v > 0, (row["path"], col, row[col])
+        assert float(row["burst_dropped_pkts"]) > 0
+        gb = float(row["gloo_burst_s"])
+        assert row["gloo_burst_timed_out"] == "True" or (math.isfinite(gb) and gb > 0)
+    assert (out / "benchmark.json").exists()
+    assert (out / "size-200K" / "dblp-gso" / "worker0.jsonl").exists()
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert f"dblpns-{p.pid}-" not in left, "the benchmark left namespaces behind"
