@@ -1,0 +1,196 @@
+"""Simulator parameters: one flat, JSON-serialisable dataclass.
+
+Units are in the names (``_bps`` bit/s, ``_s`` seconds, ``_bytes``,
+``_pps`` packets per second), as in SimPy's examples. The topology is the
+paper's star: ``workers`` hosts on links of ``bandwidth_bps`` to one switch,
+and one link of ``server_bandwidth_bps`` from the switch to the parameter
+server, every link with ``delay_s`` one-way propagation delay and a drop-tail
+queue of ``queue_bytes`` at the switch's egress port.
+
+``calibrate`` writes this same structure (``params.json``); ``run --params``
+reads it back. Keys starting with ``_`` are comments and are ignored; any
+other unknown key is an error naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from ..gradients import model_elements
+from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
+from ..wire import IP_UDP_OVERHEAD, ChunkLayout, ParameterError
+
+FIDELITIES = ("round", "packet")
+NORM_MODELS = ("received", "sequence")
+ETHERNET_HEADER = 14
+
+
+@dataclass
+class SimConfig:
+    # -- workload ------------------------------------------------------------
+    model: str = "resnet50"  # a name of dblp.gradients.MODEL_SIZES or an element count
+    workers: int = 3
+    rounds: int = 100
+    mtu: int = 1500
+    compute_s: float = 0.0  # per-iteration compute time of each worker
+    compute_jitter_s: float = 0.0  # std-dev of a normal jitter on compute_s (clipped at 0)
+    reduce_s: float = 0.0  # server's reduce step, between upstream and broadcast
+    # -- tolerance policy (as dblp.policy.make_policy) ---------------------------
+    policy: str = "dblp"
+    p: float = DEFAULT_P_LOW
+    p_low: float | None = None
+    p_high: float | None = None
+    eta: float = DEFAULT_ETA
+    freq: int = DEFAULT_FREQ
+    order: str = "perm"  # chunk order recorded (and used by the packet-level mode)
+    # -- gradient norms that CLR detection sees -----------------------------------
+    norms: Any = None  # None: synthetic; a CSV path (iteration,grad_norm); or a list of floats
+    critical_every: int = 150  # synthetic norms: a jump every this many iterations
+    norm_model: str = "received"  # see dblp.sim.model.Simulation._grad_norm
+    # -- network -------------------------------------------------------------------
+    bandwidth_bps: float = 10e9  # each worker's link
+    server_bandwidth_bps: float | None = None  # the server's link (default: bandwidth_bps)
+    delay_s: float = 50e-6  # one-way propagation delay of each link
+    queue_bytes: int = 100 * 1514  # drop-tail buffer of each switch egress port
+    frame_overhead_bytes: int = IP_UDP_OVERHEAD + ETHERNET_HEADER  # on-wire bytes beyond the DBLP datagram
+    # -- hosts -----------------------------------------------------------------------
+    send_pps: float = 200_000.0  # datagrams/s a worker's sender can push (per-host send cost)
+    server_send_pps: float | None = None  # the server host's (shared by its N senders); default send_pps
+    send_rate_bps: float = 0.0  # pacing of every sender (dblp.pacing.TokenBucket); 0 = unlimited
+    ctrl_overhead_s: float = 20e-6  # processing added to each control message
+    # -- loss processes (see dblp.sim.loss) ------------------------------------------
+    loss: list = field(default_factory=list)
+    # -- simulator -----------------------------------------------------------------
+    fidelity: str = "round"  # "round" (fast, numpy per pass) or "packet" (one event per datagram)
+    seed: int = 0
+    host_slice: int = 1024  # packet level: datagrams a host sends for one peer before the next (transport.pump)
+    max_batch: int = 64  # packet level: datagrams per core call (RoundSender.max_batch)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    # -- checks ------------------------------------------------------------------------
+    def validate(self) -> None:
+        model_elements(_model_arg(self.model))
+        _positive_int("workers", self.workers)
+        _positive_int("rounds", self.rounds)
+        ChunkLayout(1, self.mtu)
+        for name in ("compute_s", "compute_jitter_s", "reduce_s", "delay_s", "ctrl_overhead_s", "send_rate_bps"):
+            _nonneg(name, getattr(self, name))
+        for name in ("bandwidth_bps", "send_pps"):
+            _positive(name, getattr(self, name))
+        for name in ("server_bandwidth_bps", "server_send_pps"):
+            if getattr(self, name) is not None:
+                _positive(name, getattr(self, name))
+        _positive_int("queue_bytes", self.queue_bytes)
+        if int(self.frame_overhead_bytes) != self.frame_overhead_bytes or self.frame_overhead_bytes < 0:
+            raise ParameterError(f"frame_overhead_bytes must be a non-negative integer, got {self.frame_overhead_bytes!r}")
+        if self.fidelity not in FIDELITIES:
+            raise ParameterError(f"fidelity must be one of {FIDELITIES}, got {self.fidelity!r}")
+        if self.norm_model not in NORM_MODELS:
+            raise ParameterError(f"norm_model must be one of {NORM_MODELS}, got {self.norm_model!r}")
+        if self.order not in ("perm", "inorder"):
+            raise ParameterError(f"order must be perm or inorder, got {self.order!r}")
+        _positive_int("host_slice", self.host_slice)
+        _positive_int("max_batch", self.max_batch)
+        if not (isinstance(self.critical_every, int) and self.critical_every >= 0):
+            raise ParameterError(f"critical_every must be a non-negative integer, got {self.critical_every!r}")
+        if not isinstance(self.loss, list):
+            raise ParameterError(f"loss must be a list of loss-process specs, got {type(self.loss).__name__}")
+        self.make_policy()  # validates the policy arguments
+        from .loss import check_specs
+
+        check_specs(self.loss)
+
+    # -- derived -----------------------------------------------------------------------
+    @property
+    def elements(self) -> int:
+        return model_elements(_model_arg(self.model))
+
+    @property
+    def layout(self) -> ChunkLayout:
+        return ChunkLayout(self.elements, self.mtu)
+
+    @property
+    def server_rate_bps(self) -> float:
+        return self.bandwidth_bps if self.server_bandwidth_bps is None else self.server_bandwidth_bps
+
+    @property
+    def server_pps(self) -> float:
+        return self.send_pps if self.server_send_pps is None else self.server_send_pps
+
+    @property
+    def wire_bytes(self) -> int:
+        """On-wire bytes of one full data datagram (the tensor's short last one is timed as full)."""
+        return self.layout.datagram_size + int(self.frame_overhead_bytes)
+
+    def make_policy(self):
+        return make_policy(self.policy, p=self.p, p_low=self.p_low, p_high=self.p_high, eta=self.eta, freq=self.freq)
+
+    @property
+    def baseline_p(self) -> float:
+        """The baseline's fixed tolerance: P_low (paper Table I)."""
+        return self.p if self.p_low is None else self.p_low
+
+    @property
+    def effective_p_high(self) -> float:
+        return self.baseline_p + DEFAULT_K if self.p_high is None else self.p_high
+
+    # -- (de)serialisation --------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, path: str | Path | None = None, extra: dict | None = None) -> str:
+        d = {**(extra or {}), **self.to_dict()}
+        text = json.dumps(d, indent=2, allow_nan=False) + "\n"
+        if path is not None:
+            Path(path).write_text(text, encoding="utf-8")
+        return text
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "SimConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(k for k in d if k not in names and not str(k).startswith("_"))
+        if unknown:
+            raise ParameterError(f"unknown simulator parameter(s) {unknown}; known: {sorted(names)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "SimConfig":
+        try:
+            d = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ParameterError(f"{path}: cannot read simulator parameters: {exc}") from exc
+        if not isinstance(d, dict):
+            raise ParameterError(f"{path}: expected a JSON object of simulator parameters")
+        return cls.from_dict(d)
+
+    def with_(self, **kw: Any) -> "SimConfig":
+        return replace(self, **kw)
+
+
+def _model_arg(m: Any) -> str | int:
+    if isinstance(m, float) and m.is_integer():
+        return int(m)
+    if isinstance(m, (str, int)) and not isinstance(m, bool):
+        return m
+    raise ParameterError(f"model must be a model name or an element count, got {m!r}")
+
+
+def _positive(name: str, v: Any) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+        raise ParameterError(f"{name} must be a positive number, got {v!r}")
+
+
+def _nonneg(name: str, v: Any) -> None:
+    if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+        raise ParameterError(f"{name} must be a non-negative number, got {v!r}")
+
+
+def _positive_int(name: str, v: Any) -> None:
+    if not (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        raise ParameterError(f"{name} must be a positive integer, got {v!r}")

@@ -1,0 +1,150 @@
+"""Packet-level engine: every datagram is an event.
+
+Each host runs one SimPy process that serves its active senders round-robin,
+``host_slice`` datagrams per turn in core batches of ``max_batch`` (as
+:func:`dblp.transport.pump` serves its peers), spending the host's
+per-datagram interval on each. Every datagram then has an event where it
+reaches its switch port (exact FIFO with a drop-tail byte buffer, all flows
+interleaved in time order) and one where it reaches the receiving host,
+where the flow's loss process decides its fate and the survivor goes to the
+core receiver alone (``Receiver.receive_chunks`` with one chunk). Control
+messages cross the same port FIFO (never dropped). Pacing, when configured,
+is the core's own :class:`~dblp.pacing.TokenBucket`.
+
+Exact, and slow by nature (tens of thousands of datagrams per second of
+wall time): for small gradients and for cross-checking the round level.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import control as ctl
+from ..core import RoundSender
+from ..pacing import TokenBucket
+from .model import Endpoint, FlowBase
+from .net import Host, Path
+
+
+class PacketFlow(FlowBase):
+    def __init__(self, engine: "PacketEngine", *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.engine = engine
+        self.hostproc = engine.hostproc(self.path.host)
+
+    def emit(self, seq: int, t_leave: float) -> None:
+        sim, path, wire = self.sim, self.path, self.engine.wire
+        rnd = self.rnd
+
+        def at_port(_e: object) -> None:
+            dep = path.port.arrive(t_port, wire)
+            if dep is None:
+                return
+            t_rx = dep + path.d2
+            ev = sim.env.timeout(t_rx - sim.env.now)
+            ev.callbacks.append(lambda _e: self._arrive(seq, t_rx))
+            self.engine.events += 1
+
+        t_port = t_leave + path.d1
+        ev = sim.env.timeout(t_port - sim.env.now)
+        ev.callbacks.append(at_port)
+        self.engine.events += 1
+        sim.datagrams += 1
+
+    def _arrive(self, seq: int, t: float) -> None:
+        if self.loss.drop1(t, self.rnd):
+            return
+        self.ep.receiver.receive_chunks(self.rnd, np.array([seq], np.int64), t)
+        self.ep.after(t)
+
+    def wake(self) -> None:
+        self.hostproc.kick()
+
+
+class HostProc:
+    """One host's sending loop (its CPU and NIC)."""
+
+    def __init__(self, engine: "PacketEngine", host: Host) -> None:
+        self.engine = engine
+        self.env = engine.sim.env
+        self.host = host
+        self.flows: list[PacketFlow] = []
+        self.wake = self.env.event()
+        self.env.process(self.run())
+
+    def add(self, flow: PacketFlow) -> None:
+        self.flows.append(flow)
+        self.kick()
+
+    def kick(self) -> None:
+        if not self.wake.triggered:
+            self.wake.succeed()
+
+    def run(self):
+        env = self.env
+        h = self.host.interval_s
+        cfg = self.engine.sim.cfg
+        while True:
+            busy = False
+            for f in list(self.flows):
+                s = f.sender
+                if s.done:
+                    self.flows.remove(f)
+                    continue
+                sent = 0
+                while sent < cfg.host_slice and not s.done:
+                    b = s.datagrams_to_send(env.now, limit=min(cfg.max_batch, cfg.host_slice - sent))
+                    if b is None:
+                        break
+                    t = env.now
+                    for i in range(len(b)):
+                        f.emit(int(b.seqs[i]), t + (i + 1) * h)
+                    sent += len(b)
+                    yield env.timeout(len(b) * h)
+                    f.flush_sender(env.now)  # the PROBE leaves after the pass's last datagram
+                busy |= sent > 0
+            if busy:
+                continue
+            timers = [t for f in self.flows if not f.sender.done for t in [f.sender.get_timer()] if t is not None]
+            self.wake = env.event()
+            if timers:
+                yield self.wake | env.timeout(max(0.0, min(timers) - env.now))
+            else:
+                yield self.wake
+
+
+class PacketEngine:
+    def __init__(self, sim) -> None:
+        self.sim = sim
+        self.core_order = sim.cfg.order
+        self.wire = sim.cfg.wire_bytes
+        self.events = 0
+        self._hosts: dict[int, HostProc] = {}
+
+    def pacer(self) -> TokenBucket:
+        return TokenBucket(self.sim.cfg.send_rate_bps)
+
+    def hostproc(self, host: Host) -> HostProc:
+        hp = self._hosts.get(id(host))
+        if hp is None:
+            hp = self._hosts[id(host)] = HostProc(self, host)
+        return hp
+
+    def start_flow(self, sender: RoundSender, ep: Endpoint, path: Path, rpath: Path, direction: int,
+                   worker: int, rnd: int) -> PacketFlow:
+        f = PacketFlow(self, self.sim, sender, ep, path, rpath, direction, worker, rnd)
+        self.hostproc(path.host).add(f)
+        return f
+
+    def send_ctrl(self, path: Path, msg: ctl.Message, t: float, on_arrival, flow) -> None:
+        """A control frame: host NIC, propagation, the port's FIFO (never dropped), propagation."""
+        sim = self.sim
+        wire = sim.ctrl_wire(msg)
+        t_port = t + wire * 8.0 / path.host.nic_bps + path.d1
+
+        def at_port(_e: object) -> None:
+            t_rx = path.port.pass_ctrl(t_port, wire) + path.d2 + path.ctrl_overhead_s
+            sim.at(t_rx, lambda tt: on_arrival(msg, tt))
+
+        ev = sim.env.timeout(max(0.0, t_port - sim.env.now))
+        ev.callbacks.append(at_port)
