@@ -393,6 +393,28 @@ class Receiver:
             got += self._receive_rows(buf[nfull * seg :].reshape(1, rem), now)
         return got
 
+    def receive_batch(self, rows: np.ndarray, lengths: np.ndarray, now: float,
+                      foreign: np.ndarray | None = None) -> int:
+        """Feed many datagrams at once: ``rows[i, :lengths[i]]``, rows of the
+        full datagram size processed together. ``foreign[i]`` marks datagrams
+        whose source is not the registered peer (the transport knows sources)."""
+        lengths = np.asarray(lengths)
+        keep = np.ones(lengths.size, bool) if foreign is None else ~np.asarray(foreign, bool)
+        self._drop("foreign", int(lengths.size - keep.sum()))
+        width = rows.shape[1]
+        full = keep & (lengths == width)
+        got = 0
+        if full.all():
+            got = self._receive_rows(rows, now)
+        elif full.any():
+            got = self._receive_rows(rows[full], now)
+        for i in np.flatnonzero(keep & ~full):
+            if lengths[i] == 0:
+                self._drop("malformed", 1)
+            else:
+                got += self._receive_rows(rows[i : i + 1, : lengths[i]], now)
+        return got
+
     def _drop(self, reason: str, count: int) -> None:
         if count:
             setattr(self.stats.drops, reason, getattr(self.stats.drops, reason) + count)

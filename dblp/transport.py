@@ -17,12 +17,15 @@ import socket
 import time
 from typing import Callable
 
+import numpy as np
+
 from . import control as ctl
 from .core import Receiver, RoundSender
 from .udp import DataSocket
 
 DEFAULT_PEER_TIMEOUT_S = 30.0
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
+RECV_ROWS = 2048  # datagrams taken from a socket per core call
 
 
 class PeerError(RuntimeError):
@@ -50,6 +53,8 @@ class Peer:
         self.sender: RoundSender | None = None
         self.on_message = on_message
         self.decoder = ctl.ControlDecoder()
+        self._rows = np.empty((0, 0), np.uint8)
+        self._lengths = np.zeros(RECV_ROWS, np.int64)
         self.last_heard = time.monotonic()
         self.closed = False
         self.bye: str | None = None  # the reason of an orderly BYE
@@ -92,6 +97,9 @@ class Peer:
     def dispatch(self, m: ctl.Message, now: float) -> None:
         if isinstance(m, ctl.Probe):
             if self.receiver is not None:
+                # Datagrams sent before the probe are queued by now: take them
+                # in first, so the bitmap does not ask for them again.
+                self.read_data(now)
                 self.receiver.handle_control(m, now)
         elif isinstance(m, (ctl.Stop, ctl.Bitmap)):
             if self.sender is not None:
@@ -104,10 +112,21 @@ class Peer:
             self.on_message(self, m)
 
     def read_data(self, now: float) -> None:
-        for buf, seg, addr in self.udp.recv_batches():
-            if self.receiver is None:
-                continue
-            self.receiver.receive_datagrams(buf, now, seg_size=seg, addr=addr)
+        """Drain the data socket into the receiver, a row matrix at a time."""
+        width = self.receiver.layout.datagram_size if self.receiver is not None else 2048
+        if self._rows.shape[1] != width:
+            self._rows = np.empty((RECV_ROWS, width), np.uint8)
+        while True:
+            k, addrs = self.udp.recv_rows(self._rows, self._lengths)
+            if k == 0:
+                break
+            if self.receiver is not None:
+                foreign = None
+                if self.receiver.peer_addr is not None and any(a != self.receiver.peer_addr for a in addrs):
+                    foreign = np.array([a != self.receiver.peer_addr for a in addrs])
+                self.receiver.receive_batch(self._rows[:k], self._lengths[:k], now, foreign)
+            if k < self._rows.shape[0] // 2:
+                break
         if self.receiver is not None:
             for m in self.receiver.control_to_send():
                 self.send_control(m)

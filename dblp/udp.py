@@ -55,8 +55,6 @@ class DataSocket:
             self.gso = _probe_gso(self.sock)
         if fast is True and not (self.gso and self.gro):
             raise OSError(errno.EOPNOTSUPP, "UDP GSO/GRO requested but not supported by this kernel")
-        self._rbuf = bytearray(GSO_MAX_BYTES + 1024 if self.gro else 65536)
-        self._rview = memoryview(self._rbuf)
         self._cmsg_space = socket.CMSG_SPACE(4)
         self.sent_calls = 0
         self.recv_calls = 0
@@ -119,29 +117,59 @@ class DataSocket:
         raise TimeoutError("UDP send stayed blocked for too long")
 
     # -- receive ---------------------------------------------------------------
-    def recv_batches(self, budget: int = 256):
-        """Yield ``(buffer, seg_size, addr)`` for queued datagrams without blocking.
+    def recv_rows(self, rows: np.ndarray, lengths: np.ndarray, max_calls: int = 4096):
+        """Fill ``rows`` ((K, width) uint8) with queued datagrams, without blocking.
 
-        ``buffer`` is a view into an internal buffer, valid until the next
-        iteration. ``seg_size`` is the GRO segment size (None = one datagram).
+        Returns ``(k, addrs)``: datagrams read into ``rows[:k]`` with their
+        lengths in ``lengths[:k]`` and each one's source address. GRO runs of
+        ``width``-byte segments land row by row with no copy; a datagram
+        longer than ``width`` is truncated (it cannot be a valid chunk, and
+        its CRC check will count it). Stops when no datagram is queued, the
+        matrix is full, or ``max_calls`` system calls were made.
         """
-        for _ in range(budget):
+        K, width = rows.shape
+        flat = memoryview(rows.reshape(-1))
+        k = 0
+        addrs: list = []
+        for _ in range(max_calls):
+            room = K - k
+            if room <= 0 or (self.gro and room * width < GSO_MAX_BYTES):
+                break
             try:
                 if self.gro:
-                    n, anc, _flags, addr = self.sock.recvmsg_into([self._rview], self._cmsg_space, socket.MSG_DONTWAIT)
-                    seg = None
+                    n, anc, flags, addr = self.sock.recvmsg_into([flat[k * width :]], self._cmsg_space,
+                                                                 socket.MSG_DONTWAIT)
+                    seg = n
                     for level, typ, data in anc:
                         if level == SOL_UDP and typ == UDP_GRO:
                             seg = struct.unpack("H" if len(data) == 2 else "i", data[: 2 if len(data) == 2 else 4])[0]
                 else:
-                    n, addr = self.sock.recvfrom_into(self._rview, 0, socket.MSG_DONTWAIT)
-                    seg = None
+                    n, addr = self.sock.recvfrom_into(flat[k * width : (k + 1) * width], width, socket.MSG_DONTWAIT)
+                    seg = n
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except ConnectionRefusedError:
                 continue
             self.recv_calls += 1
-            yield self._rview[:n], seg, addr
+            if n <= width or seg == width:
+                m = max(1, -(-n // width))
+                lengths[k : k + m] = width
+                lengths[k + m - 1] = n - (m - 1) * width
+                addrs.extend([addr] * m)
+                k += m
+            else:
+                # A GRO run of another segment size (not a flow of ours): re-cut it
+                # into rows, truncated like a plain receive would.
+                buf = np.frombuffer(flat[k * width : k * width + n], np.uint8).copy()
+                for off in range(0, n, seg):
+                    if k >= K:
+                        break
+                    piece = buf[off : off + min(seg, width)]
+                    rows[k, : piece.size] = piece
+                    lengths[k] = piece.size
+                    addrs.append(addr)
+                    k += 1
+        return k, addrs
 
 
 def _probe_gso(sock: socket.socket) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import time
 from typing import Any, Sequence
 
@@ -187,10 +188,9 @@ class Worker:
 
 def _flatten(x: Any, elements: int):
     """A flat float32 numpy view/copy of ``x`` and a function mapping the result back."""
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        torch = None
+    # A torch tensor can only come from a process that imported torch already;
+    # importing it here would cost seconds for numpy users.
+    torch = sys.modules.get("torch")
     if isinstance(x, np.ndarray):
         flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
         shape, dtype = x.shape, x.dtype

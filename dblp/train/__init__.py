@@ -13,7 +13,6 @@ Any object with ``exchange(flat_grad) -> averaged`` (and optionally
 from dblp.train.data import ArrayDataset, DatasetMissingError
 from dblp.train.exchange import (
     AllreduceExchange,
-    ClrDetector,
     DropExchange,
     Exchange,
     LocalExchange,
@@ -28,6 +27,7 @@ from dblp.train.loop import (
     assign_flat_grad,
     export_grad_norms,
     flatten_grads,
+    iterations_per_epoch,
     read_grad_norms,
     resolve_device,
     train,
@@ -38,7 +38,6 @@ __all__ = [
     "ArrayDataset",
     "DatasetMissingError",
     "AllreduceExchange",
-    "ClrDetector",
     "DropExchange",
     "Exchange",
     "LocalExchange",
@@ -51,6 +50,7 @@ __all__ = [
     "assign_flat_grad",
     "export_grad_norms",
     "flatten_grads",
+    "iterations_per_epoch",
     "read_grad_norms",
     "resolve_device",
     "train",

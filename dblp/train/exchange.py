@@ -23,11 +23,12 @@ Implementations here:
   1500-byte DBLP datagram), ``f`` fixed or a function of the iteration: the
   paper's Fig. 1 "zero out a fraction of received gradients".
 * :class:`TolerancePolicyExchange` - a stand-in for DBLP's bounded-loss
-  receiver under *early stop*: each round loses exactly the tolerance in force
-  (P_low inside a critical learning regime, P_high outside), with the CLR
-  detected from the averaged gradient's norm as in the paper's eq. (1).  It
-  lets accuracy experiments run before/without the socket transport; replace
-  it by the real worker when comparing wall time.
+  receivers under *early stop*: each direction of each round loses exactly
+  the chunks the tolerance in force allows, the tolerance coming from a
+  :mod:`dblp.policy` policy (P_low inside a critical learning regime, P_high
+  outside, CLR detected from the averaged gradient's norm, eq. (1)).  It lets
+  accuracy experiments run without sockets; use the real worker
+  (:class:`AllreduceExchange`) when comparing wall time.
 * :class:`AllreduceExchange` - adapts any object with ``allreduce(tensor)``
   (the DBLP ``Worker``) to this protocol.
 * :class:`TorchDistExchange` - reliable mean over a ``torch.distributed``
@@ -48,7 +49,6 @@ __all__ = [
     "LocalExchange",
     "DropExchange",
     "TolerancePolicyExchange",
-    "ClrDetector",
     "AllreduceExchange",
     "TorchDistExchange",
     "exchange_group",
@@ -220,90 +220,84 @@ class DropExchange:
         return dict(self._info)
 
 
-class ClrDetector:
-    """Critical-learning-regime switch of the paper (section III-B, Alg. 3).
-
-    Every ``freq`` rounds the tolerance resets to ``p_high`` unless the norm
-    of the averaged gradient moved by at least ``eta`` relative to the
-    previous round's, ``|‖G_prev‖ - ‖G_curr‖| >= eta ‖G_prev‖`` (eq. 1), in
-    which case it is ``p_low`` for the next ``freq`` rounds.  Training starts
-    critical (``p_low``), as the paper does.
-    """
-
-    def __init__(self, p_low: float, p_high: float, *, eta: float = 0.5, freq: int = 10) -> None:
-        if not 0.0 <= p_low <= p_high < 1.0:
-            raise ValueError(f"need 0 <= p_low <= p_high < 1, got p_low={p_low}, p_high={p_high}")
-        if freq < 1:
-            raise ValueError("freq must be >= 1")
-        self.p_low, self.p_high, self.eta, self.freq = p_low, p_high, eta, freq
-        self.tolerance = p_low
-        self.clr = True
-        self.step = 0
-        self._prev_norm: float | None = None
-
-    def update(self, grad_norm: float) -> None:
-        """Feed the norm of this round's averaged gradient; sets the tolerance for the next round."""
-        if self.step % self.freq == 0 and self._prev_norm is not None:
-            prev = self._prev_norm
-            self.clr = abs(prev - grad_norm) >= self.eta * prev
-            self.tolerance = self.p_low if self.clr else self.p_high
-        self._prev_norm = grad_norm
-        self.step += 1
-
-
 class TolerancePolicyExchange:
-    """Loss at the tolerance bound in both directions, tolerance chosen by a CLR detector.
+    """Loss at the tolerance bound in both directions, tolerance set by a DBLP policy.
 
-    A model of DBLP's accuracy cost, not of its timing: under early stop a
-    receiver accepts a round as soon as ``1 - p`` of its chunks are in, so
-    each direction loses (at most, and typically exactly) a fraction ``p``.
-    Upstream, each simulated worker's gradient loses its own random ``p`` of
-    chunks (the server zero-fills them) before averaging; downstream, the
-    average loses another ``p``.  With ``p_low == p_high`` it is the fixed-``p``
-    (MLT-style) baseline.  Simulated workers share one model replica, so the
+    A model of DBLP's *accuracy* cost, not of its timing: under early stop a
+    receiver accepts a round as soon as ``needed_chunks(n, p)`` of its ``n``
+    chunks are in, so each direction loses (at most, and with early stop
+    typically exactly) ``n - needed_chunks(n, p)`` chunks.  It mirrors the
+    server of :mod:`dblp.server`: upstream each worker's gradient loses its
+    own random chunks at the tolerance in force (the server zero-fills them),
+    the server averages, feeds the mean's L2 norm to the policy
+    (:mod:`dblp.policy`: reliable, fixed ``p`` = the MLT baseline, or the
+    CLR-switching ``dblp``), and the broadcast loses chunks at the tolerance
+    the policy returns.  Simulated workers share one model replica, so the
     small replica drift that per-worker downstream losses cause on real hosts
-    is not modelled.
+    is not modelled (the downstream drop is applied once).
     """
 
     def __init__(
         self,
-        p_low: float,
-        p_high: float,
+        policy: Any,
         *,
-        eta: float = 0.5,
-        freq: int = 10,
         directions: str = "both",
         chunk_floats: int = CHUNK_FLOATS,
         seed: int = 0,
     ) -> None:
         if directions not in ("both", "up", "down"):
             raise ValueError("directions must be 'both', 'up' or 'down'")
-        self.detector = ClrDetector(p_low, p_high, eta=eta, freq=freq)
+        if not callable(getattr(policy, "update", None)):
+            raise TypeError("policy needs update(step, grad_norm) -> tolerance (see dblp.policy)")
+        self.policy = policy
         self.directions = directions
         self.chunk_floats = chunk_floats
+        self.step = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._info: dict[str, Any] = {}
+
+    @classmethod
+    def dblp(cls, p_low: float, p_high: float, *, eta: float = 0.5, freq: int = 10, **kw: Any) -> "TolerancePolicyExchange":
+        from dblp.policy import DblpPolicy
+
+        return cls(DblpPolicy(p_low=p_low, p_high=p_high, eta=eta, freq=freq), **kw)
+
+    @classmethod
+    def fixed(cls, p: float, **kw: Any) -> "TolerancePolicyExchange":
+        from dblp.policy import FixedPolicy
+
+        return cls(FixedPolicy(p), **kw)
+
+    def _lost_fraction(self, chunks: int, p: float) -> float:
+        from dblp.policy import needed_chunks
+
+        return (chunks - needed_chunks(chunks, p)) / chunks
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         return self.exchange_group([flat_grad])
 
     def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        det = self.detector
-        p, clr = det.tolerance, det.clr
-        up_p = p if self.directions in ("both", "up") else 0.0
-        down_p = p if self.directions in ("both", "down") else 0.0
-        ups = [_drop(g, up_p, self._gen, self.chunk_floats) for g in grads]
+        chunks = num_chunks(grads[0].numel(), self.chunk_floats)
+        p_up, clr_up = float(self.policy.tolerance), bool(self.policy.clr)
+        f_up = self._lost_fraction(chunks, p_up) if self.directions in ("both", "up") else 0.0
+        ups = [_drop(g, f_up, self._gen, self.chunk_floats) for g in grads]
         mean = torch.stack([u[0] for u in ups]).mean(dim=0)
-        det.update(float(mean.norm()))
-        out, chunks, k_down = _drop(mean, down_p, self._gen, self.chunk_floats)
+        norm = float(mean.norm())
+        p_down = float(self.policy.update(self.step, norm))
+        f_down = self._lost_fraction(chunks, p_down) if self.directions in ("both", "down") else 0.0
+        out, _, k_down = _drop(mean, f_down, self._gen, self.chunk_floats)
         self._info = {
-            "tolerance": p,
-            "clr": clr,
+            "tolerance": p_up,
+            "tolerance_down": p_down,
+            "clr": clr_up,
+            "clr_down": bool(self.policy.clr),
+            "server_grad_norm": norm,
             "chunks": chunks,
             "up_dropped": sum(u[2] for u in ups),
             "down_dropped": k_down,
             "workers": len(grads),
         }
+        self.step += 1
         return out
 
     def last_info(self) -> dict[str, Any]:
@@ -311,11 +305,14 @@ class TolerancePolicyExchange:
 
 
 class AllreduceExchange:
-    """Adapter for an object with ``allreduce(tensor)``, e.g. the DBLP ``Worker``.
+    """Adapter for an object with ``allreduce(tensor)``, e.g. :class:`dblp.worker.Worker`.
 
     ``allreduce`` may return the averaged tensor alone or ``(tensor, info)``
     where ``info`` is a dict, an object with ``to_dict()`` (a ``RoundRecord``)
-    or a list of those (the last one is reported).
+    or a list of those (the last one is reported); without ``info`` the
+    worker's ``last_record`` attribute is used when it has one.  Its keys
+    (``tolerance_up``, ``tolerance_down``, ``clr``, ``round_latency_s``,
+    ``up_received``...) land in the loop's iteration records.
     """
 
     def __init__(self, worker: Any) -> None:
@@ -333,6 +330,8 @@ class AllreduceExchange:
             res, info = res[0], (res[1] if len(res) > 1 else None)
         if isinstance(info, (list, tuple)):
             info = info[-1] if info else None
+        if info is None:  # dblp.worker.Worker keeps its RoundRecord in last_record
+            info = getattr(self.worker, "last_record", None)
         if info is not None and hasattr(info, "to_dict"):
             info = info.to_dict()
         self._info = {"latency_s": latency, **(info or {})}

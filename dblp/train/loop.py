@@ -53,6 +53,7 @@ __all__ = [
     "TrainSummary",
     "train",
     "resolve_device",
+    "iterations_per_epoch",
     "flatten_grads",
     "assign_flat_grad",
     "export_grad_norms",
@@ -161,6 +162,18 @@ def assign_flat_grad(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None
         else:
             p.grad.copy_(src)
         offset += n
+
+
+def iterations_per_epoch(workload: Workload, cfg: TrainConfig) -> int:
+    """Iterations (= exchange rounds) per epoch that :func:`train` will run for ``cfg``."""
+    n = len(workload.train_set)
+    if cfg.world_size > 1:
+        n //= cfg.world_size
+    shard = n // cfg.sim_workers
+    iters = shard // cfg.batch_size
+    if cfg.max_iters_per_epoch is not None:
+        iters = min(iters, cfg.max_iters_per_epoch)
+    return iters
 
 
 def _make_optimizer(params: Sequence[nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -304,9 +317,7 @@ def train(
     if cfg.world_size > 1:
         train_set = train_set.shard(cfg.rank, cfg.world_size)
     shards = [train_set.shard(i, cfg.sim_workers) for i in range(cfg.sim_workers)]
-    iters = min(len(s) for s in shards) // cfg.batch_size
-    if cfg.max_iters_per_epoch is not None:
-        iters = min(iters, cfg.max_iters_per_epoch)
+    iters = iterations_per_epoch(workload, cfg)
     if iters < 1:
         raise ValueError(
             f"batch_size {cfg.batch_size} is larger than a worker's shard ({min(len(s) for s in shards)} samples)"

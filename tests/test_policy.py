@@ -1,0 +1,84 @@
+"""Tolerance policies and the reduce step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dblp.policy import DblpPolicy, FixedPolicy, ReliablePolicy, make_policy
+from dblp.reduce import reduce_mean
+from dblp.wire import ChunkLayout, ParameterError
+
+
+def test_defaults_follow_the_paper():
+    p = make_policy("dblp")
+    assert p.p_low == pytest.approx(0.008) and p.p_high == pytest.approx(0.408) and p.eta == 0.5
+    assert p.tolerance == p.p_low and p.clr  # starts in the critical regime
+
+
+def test_clr_switching():
+    pol = DblpPolicy(p_low=0.01, p_high=0.41, eta=0.5, freq=5)
+    norms = [10.0] * 12 + [30.0] + [30.0] * 7  # a jump at step 12 (not a check), 15 compares 30 vs 30
+    tol = [pol.update(s, n) for s, n in enumerate(norms)]
+    assert tol[:5] == [0.01] * 5  # P_low until the first check at step freq
+    assert tol[5:15] == [0.41] * 10  # no change at steps 5 and 10
+    assert tol[15] == 0.41  # step 15 compares 30 with 30
+    pol2 = DblpPolicy(p_low=0.01, p_high=0.41, eta=0.5, freq=5)
+    norms2 = [10.0] * 10 + [4.0] + [4.0] * 9  # drop of 60% exactly at check step 10
+    tol2 = []
+    clr2 = []
+    for s, n in enumerate(norms2):
+        tol2.append(pol2.update(s, n))
+        clr2.append(pol2.clr)
+    assert tol2[5:10] == [0.41] * 5 and not any(clr2[5:10])
+    assert tol2[10:15] == [0.01] * 5 and all(clr2[10:15])  # detected at check step 10
+    assert tol2[15] == 0.41 and not clr2[15]  # CLR lasts until the next check
+
+
+def test_detection_equation():
+    pol = DblpPolicy(eta=0.5)
+    assert pol.detect(10.0, 5.0) and pol.detect(10.0, 15.0)
+    assert not pol.detect(10.0, 5.1)
+    assert not pol.detect(None, 1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        (dict(p_low=-0.1), "p_low"),
+        (dict(p_high=1.0), "p_high"),
+        (dict(eta=-1), "eta"),
+        (dict(freq=0), "freq"),
+        (dict(p_low=0.5, p_high=0.1), "p_high"),
+    ],
+)
+def test_bad_parameters_named(kwargs, name):
+    with pytest.raises(ParameterError, match=name):
+        DblpPolicy(**kwargs)
+
+
+def test_fixed_and_reliable():
+    with pytest.raises(ParameterError, match="p must be"):
+        FixedPolicy(1.5)
+    assert FixedPolicy(0.024).update(3, 1.0) == 0.024
+    assert ReliablePolicy().update(0, 1.0) == 0.0
+    with pytest.raises(ParameterError, match="policy"):
+        make_policy("magic")
+
+
+def test_reduce_zero_fill_and_unbiased():
+    lay = ChunkLayout(362 * 2 + 10)  # 3 chunks, short tail
+    a = np.ones(lay.elements, np.float32) * 3
+    b = np.ones(lay.elements, np.float32) * 6
+    ma = np.array([True, True, True])
+    mb = np.array([True, False, False])
+    b[362:] = 0  # zero-filled where b missed
+    out = np.empty(lay.elements, np.float32)
+    reduce_mean([a, b], [ma, mb], lay, out, "zero")
+    assert np.allclose(out[:362], 4.5) and np.allclose(out[362:], 1.5)
+    reduce_mean([a, b], [ma, mb], lay, out, "unbiased")
+    assert np.allclose(out[:362], 4.5) and np.allclose(out[362:], 3.0)
+    none = np.array([False, False, False])
+    a2 = np.zeros_like(a)
+    reduce_mean([a2, a2], [none, none], lay, out, "unbiased")
+    assert (out == 0).all()

@@ -1,0 +1,224 @@
+"""The real transport on loopback: server and worker processes, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+from procs import free_port, reports, start_server, start_verify_workers
+from dblp import control as ctl
+from dblp.policy import FixedPolicy, ReliablePolicy
+from dblp.records import read_records
+from dblp.server import ParameterServer, ServerConfig
+from dblp.udp import DataSocket
+from dblp.wire import ChunkLayout, encode_chunks
+from dblp.worker import Worker, WorkerError
+
+ELEMENTS = 5_000_000
+ROUNDS = 20
+is_root = os.geteuid() == 0 and shutil.which("nft") is not None
+
+
+def test_lossless_5m_three_worker_processes_exact_mean(tmp_path):
+    port = free_port()
+    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--rounds", str(ROUNDS),
+                       records=str(tmp_path / "server.jsonl"))
+    try:
+        reps = reports(start_verify_workers(port, 3, ELEMENTS, ROUNDS), timeout=240)
+        srv.wait(timeout=30)
+    finally:
+        srv.kill()
+    assert srv.returncode == 0, srv.stderr.read()
+    for r in reps:
+        assert r["rounds"] == ROUNDS
+        assert r["bad_chunks"] == 0
+        assert r["exact_rounds"] == ROUNDS  # bit-exact mean every round
+    recs = list(read_records(tmp_path / "server.jsonl"))
+    assert len(recs) == 3 * ROUNDS
+    assert all(rec.up_received == rec.chunks and rec.down_received == rec.chunks for rec in recs)
+
+
+@pytest.fixture
+def lossy_netns():
+    """A network namespace whose loopback drops 25% of UDP datagrams (nftables)."""
+    if not is_root:
+        pytest.skip("needs root and nft for a loss rule in a network namespace")
+    ns = f"dblp-t{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
+        rules = """
+table inet dblp_test {
+  chain in {
+    type filter hook input priority 0; policy accept;
+    meta l4proto udp numgen random mod 100 < 25 counter drop
+  }
+}
+"""
+        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=True)
+        yield ns
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+
+
+def test_lossy_rounds_zero_fill_and_threshold(lossy_netns, tmp_path):
+    """25% loss, fixed tolerance 10%: every chunk is exact or zero, >= 90% arrive each round."""
+    port = free_port()
+    rounds = 20
+    srv = start_server(port, "--workers", "3", "--policy", "fixed", "--p", "0.1", "--rounds", str(rounds),
+                       "--plain", netns=lossy_netns, records=str(tmp_path / "server.jsonl"))
+    try:
+        reps = reports(start_verify_workers(port, 3, ELEMENTS, rounds, "--plain", netns=lossy_netns), timeout=400)
+        srv.wait(timeout=30)
+    finally:
+        srv.kill()
+    assert srv.returncode == 0, srv.stderr.read()
+    for r in reps:
+        assert r["rounds"] == rounds and r["bad_chunks"] == 0
+        assert r["min_down_frac"] >= 0.9
+        assert min(r["up_fracs"]) >= 0.9
+        assert r["min_full_frac"] < 1.0  # loss really happened and was zero-filled
+    recs = list(read_records(tmp_path / "server.jsonl"))
+    assert all(rec.up_frac >= 0.9 and rec.down_frac >= 0.9 for rec in recs)
+    assert max(rec.down_passes for rec in recs) >= 2
+
+
+def _thread_server(**kw) -> tuple[ParameterServer, threading.Thread, dict]:
+    cfg = ServerConfig(host="127.0.0.1", port=0, **kw)
+    srv = ParameterServer(cfg)
+    result: dict = {}
+
+    def run():
+        try:
+            result["rounds"] = srv.serve()
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            result["error"] = exc
+
+    th = threading.Thread(target=run, daemon=True)
+    th.start()
+    return srv, th, result
+
+
+def test_fuzzed_datagrams_never_crash_or_corrupt():
+    n = 50_000
+    srv, th, result = _thread_server(workers=1, policy=ReliablePolicy(), peer_timeout=10)
+    rng = np.random.default_rng(0)
+    with Worker("127.0.0.1", srv.port, elements=n) as w:
+        g = rng.standard_normal(n).astype(np.float32)
+        assert np.array_equal(w.allreduce(g), g)
+        srv_addr = w.peer.udp_addr
+        lay = ChunkLayout(n)
+        # Replays of the round just finished: valid in every byte but the round.
+        # (A valid chunk of the *open* round from the registered peer is, by
+        # design, indistinguishable from the worker's own and is accepted.)
+        rows, lengths = encode_chunks(g, lay, np.arange(lay.chunks), run_id=int(w.meta["run_id"]), sender=0,
+                                      round_no=w.round - 1)
+        valid = [rows[i, : lengths[i]].tobytes() for i in range(lay.chunks)]
+        stranger = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sent = 0
+        for i in range(3000):
+            kind = i % 5
+            if kind == 0:
+                d = rng.bytes(int(rng.integers(0, 1600)))
+            elif kind == 1:  # bit flips in a valid datagram
+                b = bytearray(valid[i % len(valid)])
+                for j in rng.integers(0, len(b), 3):
+                    b[j] ^= 1 << int(rng.integers(0, 8))
+                d = bytes(b)
+            elif kind == 2:
+                d = valid[i % len(valid)][: int(rng.integers(0, len(valid[0])))]
+            elif kind == 3:  # a stale round
+                r2, l2 = encode_chunks(g * 0 + 99, lay, np.arange(3), run_id=int(w.meta["run_id"]), sender=0,
+                                       round_no=w.round + 50)
+                d = r2[0, : l2[0]].tobytes()
+            else:
+                d = valid[i % len(valid)]
+            # from the registered peer's own address (deep checks) and from a stranger
+            (w.peer.udp.sock if i % 2 else stranger).sendto(d, srv_addr)
+            sent += 1
+        time.sleep(0.2)
+        for r in range(3):  # the server keeps serving exact rounds
+            g = rng.standard_normal(n).astype(np.float32)
+            assert np.array_equal(w.allreduce(g), g)
+        drops = srv.workers[0].peer.receiver.total_drops
+    th.join(timeout=10)
+    assert "error" not in result
+    assert drops.foreign >= 1500 * 0.9  # the stranger's half (random ones may also fail earlier checks)
+    assert drops.corrupt + drops.malformed + drops.wrong_length + drops.stale + drops.duplicate > 500
+
+
+def test_bad_parameters_are_refused_by_name():
+    from dblp.cli import main
+
+    assert main(["server", "--policy", "fixed", "--p", "1.0", "--port", "0"]) == 2
+    assert main(["server", "--policy", "dblp", "--eta", "-0.5", "--port", "0"]) == 2
+    assert main(["server", "--mtu", "40", "--port", "0"]) == 2
+    with pytest.raises(Exception, match="peer_timeout"):
+        ServerConfig(peer_timeout=0)
+
+
+def test_dead_worker_gives_the_server_a_clear_error(tmp_path):
+    port = free_port()
+    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--peer-timeout", "5")
+    ws = start_verify_workers(port, 3, 200_000, 10_000)
+    try:
+        time.sleep(3)
+        ws[1].send_signal(signal.SIGKILL)
+        t0 = time.monotonic()
+        _, err = srv.communicate(timeout=20)
+        assert time.monotonic() - t0 < 15
+        assert srv.returncode == 2
+        assert "worker 1" in err
+        for i in (0, 2):  # the survivors hear that the server went away, they do not hang
+            _, werr = ws[i].communicate(timeout=20)
+            assert ws[i].returncode != 0 and "server" in werr
+    finally:
+        for p in ws + [srv]:
+            p.kill()
+
+
+def test_continue_policy_keeps_serving_remaining_workers():
+    n = 20_000
+    srv, th, result = _thread_server(workers=2, policy=FixedPolicy(0.0), on_worker_loss="continue", peer_timeout=5)
+    w0 = Worker("127.0.0.1", srv.port, elements=n, worker_id=0)
+    w1 = Worker("127.0.0.1", srv.port, elements=n, worker_id=1)
+    t = threading.Thread(target=w1.connect)
+    t.start()
+    w0.connect()
+    t.join()
+    g = np.ones(n, np.float32)
+    t = threading.Thread(target=w1.allreduce, args=(g * 3,))
+    t.start()
+    assert np.allclose(w0.allreduce(g), 2.0)
+    t.join()
+    w1.peer.tcp.close()  # dies without BYE
+    w1.peer.udp.close()
+    assert np.allclose(w0.allreduce(g), 1.0)  # served alone
+    w0.close()
+    th.join(timeout=10)
+    assert "error" not in result
+
+
+def test_dead_server_gives_workers_a_clear_error_in_bounded_time():
+    n = 20_000
+    srv, th, result = _thread_server(workers=1, policy=ReliablePolicy())
+    w = Worker("127.0.0.1", srv.port, elements=n, peer_timeout=3)
+    w.connect()
+    w.allreduce(np.ones(n, np.float32))
+    # the server host vanishes without closing: its sockets stay open, nothing answers
+    srv.workers[0].peer.tcp.shutdown(socket.SHUT_RDWR)
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match="server"):
+        w.allreduce(np.ones(n, np.float32))
+    assert time.monotonic() - t0 < 10
+    w.close()
