@@ -35,7 +35,11 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   (k_up - 1 + k_down - 1) o`` with ``S0, U0, D0`` the lossless round, up
   and down times, ``f = sent(L) / sent(0)`` and ``o`` the per-pass overhead
   (probe -> bitmap -> next pass), *measured* from the calibration round with
-  its actual pass counts. gloo gets the same 70% rule on TCP (netdev ingress
+  its actual pass counts. A second prediction (``pred2``) is for a
+  receiver-bound round, where the receiver handles about ``(1-p) n``
+  datagrams per direction whatever the loss, so only the extra passes cost:
+  ``S0 + (k_up - 1 + k_down - 1) o2`` with ``o2`` fitted the same way.
+  gloo gets the same 70% rule on TCP (netdev ingress
   of each worker's eth0: every ring segment crosses it once) for as long as
   DBLP's burst round lasted, then the rule goes; its time is the all-reduce's
   start to the last rank done.
@@ -82,11 +86,13 @@ IPERF_PORT = 5201
 CSV_COLUMNS = [
     "elements", "tensor_mb", "path", "gso_active", "workers", "p", "rounds",
     "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
+    "dblp_up_passes", "dblp_up_sent_ratio", "dblp_down_sent_ratio", "udp_rcvbuf_errors",
     "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
     "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
     "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
     "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
-    "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "burst_passes_up", "burst_passes_down",
+    "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
+    "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
     "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
     "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out",
 ]
@@ -175,6 +181,16 @@ def nft_remove(host: NsHost) -> int:
     return dropped
 
 
+def udp_counters(host: NsHost) -> dict[str, int]:
+    """The namespace's UDP counters from /proc/net/snmp (InDatagrams, RcvbufErrors, ...)."""
+    lines = [ln.split() for ln in host.run(["cat", "/proc/net/snmp"]).stdout.splitlines() if ln.startswith("Udp:")]
+    return dict(zip(lines[0][1:], map(int, lines[1][1:]))) if len(lines) >= 2 else {}
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
 # -- iperf3 ------------------------------------------------------------------------------
 def run_iperf(net: NsNet, clients: list[str], seconds: float, logdir: Path) -> float:
     """TCP throughput from ``clients`` to srv at once; returns the summed Gbit/s."""
@@ -213,6 +229,7 @@ class DblpRun:
     path: str
     elements: int
     rounds: dict = field(default_factory=dict)  # round -> {worker: record}
+    udp: dict = field(default_factory=dict)  # host -> UDP counter deltas over the run
     server: list = field(default_factory=list)
     loss_rounds: dict = field(default_factory=dict)  # round -> {loss, t_applied, t_removing, dropped}
 
@@ -245,6 +262,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     for f in outdir.glob("*.jsonl"):  # records append: start from empty files
         f.unlink()
     py = sys.executable
+    snmp0 = {h.name: udp_counters(h) for h in [srv, *workers]}
     policy = ["--policy", "fixed", "--p", f"{args.p:g}"] if args.p > 0 else ["--policy", "reliable"]
     plain = ["--plain"] if path == "plain" else []
     env = _env()
@@ -320,6 +338,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         for f in [slog, *wlogs]:
             f.close()
     run.server = [json.loads(line) for line in (outdir / "server.jsonl").read_text().splitlines() if line.strip()]
+    run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
 
 
@@ -347,6 +366,11 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         "dblp_round_s": S0, "dblp_round_min_s": min(spans), "dblp_up_s": U0, "dblp_down_s": D0,
         "dblp_goodput_gbps": median(goodputs), "dblp_aggregate_goodput_gbps": median(aggregate),
         "chunks": chunks, "spans": spans,
+        "dblp_up_passes": median([x["up_passes"] for r in lossless for x in r.values()]),
+        "dblp_up_sent_ratio": sent_up0 / chunks,
+        "dblp_down_sent_ratio": sent_down0 / chunks,
+        "udp_rcvbuf_errors": sum(c.get("RcvbufErrors", 0) for c in run.udp.values()),
+        "udp_counters": run.udp,
     }
     p_eff = max(args.p, 0.5 / chunks)
 
@@ -360,7 +384,7 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         return U0 * (f_up - 1) + D0 * (f_down - 1)
 
     lossy = sorted(run.loss_rounds)
-    o = float("nan")
+    o = o_r = float("nan")
     for idx in lossy:
         info = run.loss_rounds[idx]
         rs = run.rounds[idx]
@@ -382,7 +406,9 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         if key == "calib":
             extra = (pu - 1) + (pdn - 1)
             o = (s - S0 - data_term(info["loss"])) / extra if extra > 0 else float("nan")
+            o_r = (s - S0) / extra if extra > 0 else float("nan")
     out["overhead_per_pass_s"] = o
+    out["overhead_per_pass_recv_s"] = o_r
     if "burst_loss" in out:
         L = out["burst_loss"]
         k = passes_pred(L)
@@ -390,6 +416,11 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         out["burst_pred_passes"] = k
         out["burst_pred_s"] = pred
         out["burst_err"] = out["burst_round_s"] / pred - 1 if pred > 0 else float("nan")
+        # Second model, for a receiver-bound round: the receiver handles ~(1-p) n datagrams per
+        # direction at any loss, so only the extra passes cost time.
+        pred_r = S0 + (2 * (k - 1)) * (o_r if not math.isnan(o_r) else 0.0)
+        out["burst_pred_recv_s"] = pred_r
+        out["burst_err_recv"] = out["burst_round_s"] / pred_r - 1 if pred_r > 0 else float("nan")
     return out
 
 
@@ -592,7 +623,9 @@ def print_table(rows: list[dict]) -> None:
             ("burst s", lambda r: fmt(r.get("burst_round_s"))),
             ("pred s", lambda r: fmt(r.get("burst_pred_s"))),
             ("err", lambda r: fmt(r.get("burst_err"), "+.1%")),
-            ("gloo burst s", lambda r: ("timeout" if r.get("gloo_burst_timed_out") else fmt(r.get("gloo_burst_s"))))]
+            ("pred2 s", lambda r: fmt(r.get("burst_pred_recv_s"))),
+            ("err2", lambda r: fmt(r.get("burst_err_recv"), "+.1%")),
+            ("gloo burst s", lambda r: ("timeout" if r.get("gloo_burst_timed_out") is True else fmt(r.get("gloo_burst_s"))))]
     cells = [[h for h, _ in cols]] + [[f(r) for _, f in cols] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(cols))]
     for j, line in enumerate(cells):
@@ -641,7 +674,8 @@ def main(argv=None) -> int:
                         f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
                         + (f"; burst {d['burst_round_s'] * 1e3:.1f} ms vs predicted {d['burst_pred_s'] * 1e3:.1f} ms"
                            if "burst_round_s" in d else ""))
-                hold = max((d.get("burst_round_s", float("nan")) for d in dres.values()), default=float("nan"))
+                # gloo's burst lasts as long as DBLP's shortest burst round of this size
+                hold = min((d["burst_round_s"] for d in dres.values() if "burst_round_s" in d), default=float("nan"))
                 gres = {}
                 if not args.no_gloo:
                     gres = run_gloo(net, args, elements, si, None if math.isnan(hold) else hold,
