@@ -149,8 +149,10 @@ class LossController:
                 f"add rule netdev {self.table} {chain} {match} counter name \"seen_{chain}\"",
             ]
             if n > 0:
+                # numgen's threshold must stay below the modulus: total loss drops outright
+                coin = "" if n >= 10000 else f"numgen random mod 10000 < {n} "
                 lines.append(f"add rule netdev {self.table} {chain} {match} "
-                             f"numgen random mod 10000 < {n} counter name \"drop_{chain}\" drop")
+                             f"{coin}counter name \"drop_{chain}\" drop")
             self._nft(target.host, "\n".join(lines) + "\n")
             t = time.time()
             self._installed[key] = target

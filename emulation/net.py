@@ -24,7 +24,6 @@ and also runs from SIGINT/SIGTERM handlers. A state file under
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -42,10 +41,11 @@ from mininet.topo import Topo
 
 from .bridge import IPBridge
 from .shaping import Shape, apply_shape, qdisc_stats
+from .runstate import STATE_DIR, RunLock, read_states, write_state
 from .sysutil import (RUN_ENV, kill_pids, netns_inode, pids_in_netns, pids_with_env, run,
                       sysctl_get, sysctl_set)
 
-STATE_DIR = Path("/run/dblpem")
+__all__ = ["EmuNet", "ShapedLink", "STATE_DIR"]
 
 #: Turned off during a run: with them on, frames crossing our bridges would also
 #: traverse the root namespace's iptables/nftables, whose rules are not ours.
@@ -104,6 +104,7 @@ class EmuNet:
         self._started = False
         self._lock = threading.RLock()
         self.state_file = STATE_DIR / f"{self.run_id}.json"
+        self.switch_names: dict[str, str] = {}  # Topo name -> kernel bridge name
         self.start_time: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -120,16 +121,20 @@ class EmuNet:
         setLogLevel(self.verbosity)
         self._install_signal_handlers()
         try:
-            self._save_sysctls()
-            for key in BRIDGE_NF_SYSCTLS:
-                if key in self._saved_sysctls:
-                    sysctl_set(key, "0")
-            self.net = Mininet(topo=self.topo, switch=IPBridge, controller=None,
-                               link=ShapedLink, autoSetMacs=True, build=False)
-            self._write_state()  # before build: a kill during build still gets undone
-            self.net.build()
-            self._netns = {i for h in self.net.hosts if (i := netns_inode(h.pid))}
-            self._write_state()
+            with RunLock():  # names, sysctls and state file agree with concurrent runs
+                others = read_states(exclude_run=self.run_id)
+                self._save_sysctls(others.live)
+                for key in BRIDGE_NF_SYSCTLS:
+                    if key in self._saved_sysctls:
+                        sysctl_set(key, "0")
+                self.switch_names = _unique_switch_names(self.topo, others.live_names)
+                topo = _renamed(self.topo, self.switch_names)
+                self.net = Mininet(topo=topo, switch=IPBridge, controller=None,
+                                   link=ShapedLink, autoSetMacs=True, build=False)
+                self._write_state()  # before build: a kill during build still gets undone
+                self.net.build()
+                self._netns = {i for h in self.net.hosts if (i := netns_inode(h.pid))}
+                self._write_state()
             self.net.start()
             if any(getattr(s, "stp", False) for s in self.net.switches):
                 self.net.waitConnected(timeout=30)
@@ -191,11 +196,14 @@ class EmuNet:
                 for intf in (link.intf1, link.intf2):
                     if not intf.node.inNamespace and _link_exists(intf.name):
                         run(["ip", "link", "del", intf.name], check=False)
-        self._restore_sysctls()
-        try:
-            self.state_file.unlink()
-        except FileNotFoundError:
-            pass
+        with RunLock():
+            # the last run standing restores; a live run holds the same originals
+            if not read_states(exclude_run=self.run_id).live:
+                self._restore_sysctls()
+            try:
+                self.state_file.unlink()
+            except FileNotFoundError:
+                pass
 
     # ---------------------------------------------------------------- signals
     def _install_signal_handlers(self) -> None:
@@ -221,9 +229,13 @@ class EmuNet:
             os.kill(os.getpid(), signum)  # die by the signal, as without us
 
     # ---------------------------------------------------------------- state
-    def _save_sysctls(self) -> None:
+    def _save_sysctls(self, live: dict[str, dict]) -> None:
+        """Remember original sysctl values: a live run's record of them, else the current ones."""
+        inherited: dict[str, str] = {}
+        for st in live.values():
+            inherited.update(st.get("sysctls") or {})
         for key in BRIDGE_NF_SYSCTLS + MININET_SYSCTLS:
-            val = sysctl_get(key)
+            val = inherited.get(key, sysctl_get(key))
             if val is not None:
                 self._saved_sysctls[key] = val
 
@@ -234,22 +246,16 @@ class EmuNet:
 
     def _write_state(self) -> None:
         """Record what a cleanup after ``kill -9`` must undo."""
-        STATE_DIR.mkdir(parents=True, exist_ok=True)
         net = self.net
-        state = {
+        write_state(self.state_file, {
             "run_id": self.run_id,
             "pid": os.getpid(),
             "netns_inodes": sorted(self._netns),
-            "bridges": [s.name for s in net.switches] if net else [],
+            "bridges": sorted(self.switch_names.values()),
             "root_intfs": [i.name for l in net.links for i in (l.intf1, l.intf2)
                            if not i.node.inNamespace] if net else [],
             "sysctls": self._saved_sysctls,
-        }
-        if net is None:
-            state["bridges"] = list(self.topo.switches())
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=1))
-        tmp.replace(self.state_file)
+        })
 
     # ---------------------------------------------------------------- shaping
     def _apply_shapes(self) -> None:
@@ -301,6 +307,10 @@ class EmuNet:
             for intf in (link.intf1, link.intf2):
                 out[intf.name] = None if shape is None else shape.__dict__.copy()
         return out
+
+    def switch(self, name: str) -> Node:
+        """A switch by its Topo name (its bridge may carry another name, see ``switch_names``)."""
+        return self.net[self.switch_names.get(name, name)]
 
     def _intf_node(self, intf_name: str) -> Node:
         for node in list(self.net.hosts) + list(self.net.switches):
@@ -358,3 +368,42 @@ def _ns_pid(node: Node) -> int | None:
 
 def _link_exists(name: str) -> bool:
     return Path("/sys/class/net", name).exists()
+
+
+def _unique_switch_names(topo: Topo, taken: set[str]) -> dict[str, str]:
+    """Kernel names for the Topo's switches that no live run and no interface uses.
+
+    Switches live in the root namespace, so two overlapping runs of the same
+    topology would both want ``s1`` and ``s1-eth1``. The first run keeps the
+    Topo's names; a later one gets ``s1x2``, ``s1x3``... (Mininet names ports
+    ``<switch>-eth<N>``, so the suffix goes on the switch).
+    """
+    existing = set(os.listdir("/sys/class/net"))
+    busy = taken | existing
+    prefixes = {n.split("-eth")[0] for n in busy if "-eth" in n}
+    out: dict[str, str] = {}
+    for name in topo.switches():
+        cand, n = name, 1
+        while cand in busy or cand in prefixes or cand in out.values():
+            n += 1
+            cand = f"{name}x{n}"
+        max_port = max(topo.ports.get(name, {0: None}))
+        if len(f"{cand}-eth{max_port}") > 15:
+            raise ValueError(f"switch name {cand!r} too long for Linux interface names")
+        out[name] = cand
+    return out
+
+
+def _renamed(topo: Topo, names: dict[str, str]) -> Topo:
+    """A copy of ``topo`` with switches renamed (hosts, ports and link options kept)."""
+    if all(k == v for k, v in names.items()):
+        return topo
+    new = Topo()
+    for node in topo.nodes(sort=False):
+        new.addNode(names.get(node, node), **topo.nodeInfo(node))
+    for n1, n2, key, info in topo.links(sort=False, withKeys=True, withInfo=True):
+        opts = dict(info)
+        a, b = opts.pop("node1"), opts.pop("node2")
+        p1, p2 = opts.pop("port1"), opts.pop("port2")
+        new.addLink(names.get(a, a), names.get(b, b), port1=p1, port2=p2, key=key, **opts)
+    return new

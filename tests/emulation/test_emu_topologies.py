@@ -1,0 +1,80 @@
+"""Topologies come up on Linux bridges, hosts can reach the server, and everything goes away."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from emu_helpers import udp_transfer
+
+
+def test_link_opts_carry_shaping():
+    """No root needed: the Topo puts bw/buffer on its links, delay only when asked."""
+    from topologies.star import StarTopo
+
+    t = StarTopo(n=3, bw=50, buffer_pkts=20, cross_hosts=1, cross_bw=500)
+    assert sorted(t.hosts()) == ["srv", "w1", "w2", "w3", "x1"]
+    infos = {frozenset((a, b)): t.linkInfo(a, b) for a, b in t.links()}
+    assert infos[frozenset(("srv", "s1"))]["bw"] == 50.0
+    assert infos[frozenset(("srv", "s1"))]["buffer_pkts"] == 20
+    assert infos[frozenset(("x1", "s1"))]["bw"] == 500.0
+    assert "delay" not in infos[frozenset(("w1", "s1"))]
+
+
+def test_topos_dicts_for_mn_custom():
+    from topologies import leafspine, star, twosites
+
+    assert set(star.topos) == {"star"}
+    assert set(leafspine.topos) == {"leafspine"}
+    assert set(twosites.topos) == {"twosites"}
+
+
+def test_leafspine_and_twosites_layout():
+    from topologies.leafspine import LeafSpineTopo
+    from topologies.twosites import TwoSitesTopo
+
+    ls = LeafSpineTopo(racks=3, n=4, uplink_bw=200)
+    assert sorted(ls.switches()) == ["leaf1", "leaf2", "leaf3", "spine1"]
+    assert len(ls.links()) == 3 + 5  # leaf-spine uplinks + host links
+    ts = TwoSitesTopo(n=3, local_workers=1, wan_bw=10, wan_buffer_pkts=5)
+    wan = ts.linkInfo("s1", "s2")
+    assert wan["bw"] == 10.0 and wan["buffer_pkts"] == 5
+    assert ts.linkInfo("w3", "s2")["bw"] == 1000.0
+
+
+@pytest.mark.mininet
+def test_star_up_down(ready_file):
+    """Star with 3 workers: shaped both ends, each worker reaches srv, clean teardown."""
+    from emulation.net import EmuNet
+    from topologies.star import StarTopo
+
+    with EmuNet(StarTopo(n=3, bw=100, buffer_pkts=50)) as net:
+        assert net.hosts == ["srv", "w1", "w2", "w3"]
+        stats = net.qdisc_stats()
+        # every link end carries a TBF: 4 host ends + 4 switch ports
+        assert len(stats) == 8
+        assert all(s["qdiscs"][0]["kind"] == "tbf" for s in stats.values())
+        opts = json.loads(net.cmd("w2", ["tc", "-j", "qdisc", "show", "dev", "w2-eth0"]))[0]
+        assert opts["options"]["rate"] == 100e6 / 8  # bytes/s
+        # tc reports the byte limit as latency: (limit - burst) / rate
+        limit = 50 * 1514
+        lat_us = (limit - opts["options"]["burst"]) / (100e6 / 8) * 1e6
+        assert abs(opts["options"]["lat"] - lat_us) < 50
+        for i, w in enumerate(["w1", "w2", "w3"]):
+            res = udp_transfer(net, w, "srv", 9100 + i, ready_file, count=50, rate_mbps=5)
+            assert res["received"] == 50
+
+
+@pytest.mark.mininet
+def test_twosites_and_leafspine_connectivity(ready_file):
+    from emulation.net import EmuNet
+    from topologies.leafspine import LeafSpineTopo
+    from topologies.twosites import TwoSitesTopo
+
+    with EmuNet(TwoSitesTopo(n=2, local_workers=1, wan_bw=20)) as net:
+        res = udp_transfer(net, "w2", "srv", 9200, ready_file, count=50, rate_mbps=5)
+        assert res["received"] == 50
+    with EmuNet(LeafSpineTopo(racks=2, n=2)) as net:
+        res = udp_transfer(net, "w1", "srv", 9201, ready_file, count=50, rate_mbps=5)
+        assert res["received"] == 50
