@@ -1,0 +1,120 @@
+"""Teardown on normal exit, exception, SIGINT, SIGTERM; the cleanup command after kill -9."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SYSCTL = "net.bridge.bridge-nf-call-iptables"
+
+CHILD = r"""
+import sys, time
+from topologies.star import StarTopo
+from emulation.net import EmuNet
+from emulation.loss import LossController, LossTarget
+with EmuNet(StarTopo(n=2, bw=50)) as net:
+    LossController(net).set_loss(LossTarget("srv"), 0.5)
+    p = net.popen("w1", ["sleep", "300"])
+    net.cmd("w2", ["bash", "-c", "sleep 300 >/dev/null 2>&1 &"])  # an untracked '&' job
+    print("READY", p.pid, flush=True)
+    time.sleep(300)
+"""
+
+
+def _sysctl() -> str | None:
+    from emulation.sysutil import sysctl_get
+
+    return sysctl_get(SYSCTL)
+
+
+def _start_child(tmp_path) -> tuple[subprocess.Popen, int]:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.startswith("READY"), (line, proc.stderr.read() if proc.poll() is not None else "")
+    return proc, int(line.split()[1])
+
+
+def _gone(pid: int) -> bool:
+    from emulation.runstate import pid_alive
+
+    return not pid_alive(pid)
+
+
+def test_cleanup_help():
+    out = subprocess.run([sys.executable, "-m", "emulation.cleanup", "--help"], cwd=REPO,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0 and "kill -9" in out.stdout and "--dry-run" in out.stdout
+
+
+@pytest.mark.mininet
+def test_cleanup_command_when_clean():
+    out = subprocess.run([sys.executable, "-m", "emulation.cleanup"], cwd=REPO,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.mininet
+def test_exception_tears_down():
+    from emulation.net import EmuNet
+    from topologies.star import StarTopo
+
+    before = _sysctl()
+    with pytest.raises(RuntimeError, match="boom"):
+        with EmuNet(StarTopo(n=1)) as net:
+            assert _sysctl() in (None, "0")  # bridged frames skip root netfilter during a run
+            pid = net.popen("w1", ["sleep", "300"]).pid
+            raise RuntimeError("boom")
+    assert _gone(pid)
+    assert _sysctl() == before
+    # autouse fixture asserts no interfaces, bridges, shells, tables, netns are left
+
+
+@pytest.mark.mininet
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_tears_down(sig, tmp_path):
+    """Ctrl-C / SIGTERM: the handler tears down, then the signal does what it did before."""
+    before = _sysctl()
+    proc, child = _start_child(tmp_path)
+    proc.send_signal(sig)
+    rc = proc.wait(timeout=20)
+    err = proc.stderr.read()
+    if sig == signal.SIGINT:
+        # Python re-raises an uncaught KeyboardInterrupt as death by SIGINT
+        assert "KeyboardInterrupt" in err and rc in (1, -signal.SIGINT)
+    else:
+        assert rc == -signal.SIGTERM
+    assert _gone(child)
+    assert _sysctl() == before
+
+
+@pytest.mark.mininet
+def test_kill9_then_cleanup_command(tmp_path):
+    """After kill -9 things are left; ``python -m emulation.cleanup`` removes all of them."""
+    from emulation.cleanup import leftovers
+
+    before = _sysctl()
+    proc, child = _start_child(tmp_path)
+    proc.kill()
+    proc.wait(timeout=10)
+    time.sleep(0.2)
+    left = leftovers()
+    assert left["state_files"] and left["bridges"]
+    assert not _gone(child)  # detached host processes outlive the run's process
+    out = subprocess.run([sys.executable, "-m", "emulation.cleanup"], cwd=REPO,
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    assert out.returncode == 0, out.stderr
+    assert "deleting" in out.stdout
+    assert not any(leftovers().values())
+    assert _gone(child)
+    assert _sysctl() == before
