@@ -15,6 +15,12 @@ and one that drops ``rate`` of them (``numgen random mod 10000 < N``), both
 feeding *named* counters, which survive rule replacement. Changing the rate is
 one ``nft -f -`` transaction (flush chain + add rules), a few milliseconds, so
 a burst can start and end at iteration boundaries.
+
+Caveat: the hooks see socket buffers, not wire frames. A UDP GSO send (or a
+GRO-merged receive) is one buffer holding many datagrams, dropped or kept as
+a whole; run the transport without GSO/GRO when loss is per datagram. IP
+fragments after the first carry no UDP header and are not matched by ``udp``
+targets (losing the first fragment still loses the datagram).
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ class EmuNet:
         self._saved_sysctls: dict[str, str] = {}
         self._old_handlers: dict[int, Any] = {}
         self._stopped = False
+        self._in_teardown = False
+        self._pending_signal: int | None = None
         self._started = False
         self._lock = threading.RLock()
         self.state_file = STATE_DIR / f"{self.run_id}.json"
@@ -154,15 +156,24 @@ class EmuNet:
         return self
 
     def stop(self) -> None:
-        """Tear everything down. Idempotent; safe after a partial start."""
+        """Tear everything down. Idempotent; safe after a partial start.
+
+        A SIGINT/SIGTERM arriving during teardown is held back until teardown
+        is complete, then delivered to the handler that was there before us.
+        """
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
+        self._in_teardown = True
         try:
             self._teardown()
         finally:
+            self._in_teardown = False
             self._restore_signal_handlers()
+            pending, self._pending_signal = self._pending_signal, None
+            if pending is not None and threading.current_thread() is threading.main_thread():
+                os.kill(os.getpid(), pending)
 
     def _teardown(self) -> None:
         for p in self._procs:
@@ -221,6 +232,9 @@ class EmuNet:
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         """Tear down, restore the previous handler, then let the signal do what it did before."""
+        if self._in_teardown:  # a second Ctrl-C must not cut teardown short
+            self._pending_signal = signum
+            return
         old = self._old_handlers.get(signum, signal.SIG_DFL)
         self.stop()  # also restores the previous handlers
         if callable(old):

@@ -68,4 +68,13 @@ class LeafSpineTopo(Topo):
             self.addLink(self.addHost(f"x{i}"), leaves[i % racks], **cross)
 
 
+# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr`
+# when the repository is importable (PYTHONPATH=.), since Mininet's lxbr needs brctl.
+try:
+    from emulation.bridge import IPBridge
+
+    switches = {"ipbr": IPBridge}
+except ImportError:  # plain Mininet install: use --switch lxbr (bridge-utils) instead
+    pass
+
 topos = {"leafspine": LeafSpineTopo}

@@ -8,9 +8,10 @@ Every link is shaped at ``bw`` Mbit/s with a ``buffer``-sized drop-tail queue
 at both ends; the queue that matters for incast is s1's port towards ``srv``,
 where all workers' uploads (and any cross-traffic) meet.
 
-Usage: ``mn --custom topologies/star.py --topo star,n=3`` (Mininet CLI; links
-then need ``--link tc`` for bw, and a kernel with netem for the rest), or
-``emulation.net.EmuNet(StarTopo(...))`` which shapes with TBF itself.
+Usage: ``emulation.net.EmuNet(StarTopo(...))``, which shapes every link with
+TBF itself; or the Mininet CLI, ``PYTHONPATH=. mn --custom topologies/star.py
+--topo star,n=3 --switch ipbr --controller none`` (there links stay unshaped
+unless ``--link tc``, whose HTB gives ``bw`` but whose buffer and delay need netem).
 """
 
 from __future__ import annotations
@@ -61,5 +62,14 @@ class StarTopo(Topo):
                          **link_opts(cross_bw if cross_bw is not None else bw,
                                      buffer_pkts, buffer_bytes, delay))
 
+
+# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr`
+# when the repository is importable (PYTHONPATH=.), since Mininet's lxbr needs brctl.
+try:
+    from emulation.bridge import IPBridge
+
+    switches = {"ipbr": IPBridge}
+except ImportError:  # plain Mininet install: use --switch lxbr (bridge-utils) instead
+    pass
 
 topos = {"star": StarTopo}

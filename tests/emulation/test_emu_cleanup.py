@@ -118,3 +118,26 @@ def test_kill9_then_cleanup_command(tmp_path):
     assert not any(leftovers().values())
     assert _gone(child)
     assert _sysctl() == before
+
+
+@pytest.mark.mininet
+def test_overlapping_runs(ready_file):
+    """Two runs of the same topology at once: distinct bridges, and the sysctl is restored
+    only when the last one stops (the first must not restore under the second's feet)."""
+    from emu_helpers import udp_transfer
+    from emulation.net import EmuNet
+    from topologies.star import StarTopo
+
+    before = _sysctl()
+    a = EmuNet(StarTopo(n=1), name="runa").start()
+    try:
+        with EmuNet(StarTopo(n=1), name="runb") as b:
+            assert a.switch_port("srv") != b.switch_port("srv")
+            assert b.switch("s1").name != "s1" or a.switch("s1").name != "s1"
+            a.stop()
+            assert _sysctl() in (None, "0")  # b still runs: bridged frames still skip netfilter
+            assert udp_transfer(b, "w1", "srv", 9600, ready_file, count=50,
+                                rate_mbps=5)["received"] == 50
+    finally:
+        a.stop()
+    assert _sysctl() == before
