@@ -22,9 +22,9 @@ if os.geteuid() != 0:
 elif MISSING:
     SKIP_REASON = f"missing tools {MISSING} (run: bash scripts/setup.sh)"
 else:
-    try:
-        import mininet.net  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("mininet") is None:
         SKIP_REASON = "mininet Python package not installed (pip install mininet==2.3.0.dev6)"
 
 PY = sys.executable
