@@ -1,28 +1,33 @@
-"""Round-level engine: one numpy computation per retransmission pass.
+"""Round-level engine: numpy over each retransmission pass instead of one event per datagram.
 
 At the start of each pass the flow reads from the core how many datagrams
-the pass holds; the host lays them out in time - its per-datagram interval,
-shared round-robin in ``host_slice`` quanta by the host's senders that have
-a pass under way, as the packet level and :func:`dblp.transport.pump` do,
-re-laid out whenever a sender joins or leaves the host - and the flow
-pushes them through the path (the switch port's fluid drop-tail model, see
-:meth:`dblp.sim.net.Port.fluid`) and its loss process, all with numpy,
-which gives every delivered datagram its arrival time. Datagrams re-timed
-after a sender left the host keep the path delay and loss outcome drawn
-when their pass started.
+the pass holds (its *slots*). Three shared resources then place every slot:
+
+* the sending **host** lays the slots out in time: its per-datagram
+  interval, shared round-robin in ``host_slice`` quanta by the host's
+  senders with a pass under way - as the packet level and
+  :func:`dblp.transport.pump` do - or evenly when a pacing bucket binds;
+  re-laid out whenever a sender joins or leaves the host;
+* the flow's **loss process** draws each slot's fate at the receiver's
+  ingress (once per pass, with the arrival times known then);
+* the switch **port**'s fluid drop-tail queue (:class:`dblp.sim.net.FluidQueue`)
+  gives each slot its queueing wait and overflow drop, re-evaluated for the
+  slots still to come whenever the set of passes crossing the port changes
+  (incast: the upstream passes of all workers meet there).
 
 Nothing of the protocol is decided here. The core is asked for the pass's
-datagrams (``RoundSender.datagrams_to_send`` with the count emitted so far),
+datagrams (``RoundSender.datagrams_to_send`` with the number that have left),
 and the receiver gets them in a few ``Receiver.receive_chunks`` calls: the
 first datagram alone (so ``t_first`` is exact), then everything up to the
 datagram at which the receiver's own ``need`` is reached - delivered at that
 datagram's arrival time, so the core's STOP leaves at the right moment -
 then the datagrams still in flight, which the core counts as stale. The
-STOP reaches the sender after the control path's delay; the sender is then
-given exactly the datagrams that left before it (an early stop mid-pass, as
-the core records it). PROBEs follow the pass's last datagram through the
-port (FIFO), the receiver answers from its own state, and BITMAPs start the
-next pass or the core's backoff.
+STOP reaches the sender after the control path's delay; the sender then
+hands out exactly the datagrams that left before it, rounded up to whole
+``max_batch`` batches (the transport gives the kernel whole batches), and
+the core records the early stop. PROBEs follow the pass's last datagram
+through the port (FIFO), the receiver answers from its own state, and
+BITMAPs start the next pass or the core's backoff.
 
 Two shortcuts keep a 69k-datagram pass at a few milliseconds, and neither
 changes a count-level statistic:
@@ -31,9 +36,15 @@ changes a count-level statistic:
   order): when loss depends on time and position in the stream, not on chunk
   identity, which chunks a pass carries does not change how many arrive or
   when, and a per-round permutation of 69k chunks would cost ~0.6 ms;
-* senders get an unlimited :class:`~dblp.pacing.TokenBucket` and a
-  configured pacing rate stretches the datagram interval instead (a
-  64 KB-burst bucket would otherwise take ~1,500 core calls per pass).
+* senders get an unlimited :class:`~dblp.pacing.TokenBucket`, and a
+  configured pacing rate is applied to the slots' times in closed form (the
+  same bucket: ``burst_bytes`` at once, then the rate) - handing the core's
+  64 KB bucket its datagrams would take ~1,500 core calls per pass.
+
+Approximations (the packet level is exact on all of them): a loss process
+sees every slot of a pass, also those the switch queue drops; a port sees
+each pass as a constant rate over its interval; slots re-timed by the host
+keep the loss outcome drawn at the pass's start.
 """
 
 from __future__ import annotations
@@ -44,7 +55,10 @@ from .. import control as ctl
 from ..core import RoundSender
 from ..pacing import TokenBucket
 from .model import Endpoint, FlowBase, pass_remaining
-from .net import Host, Path
+from .net import FluidQueue, Host, Path
+
+_EMPTY_I = np.empty(0, np.int64)
+_EMPTY_F = np.empty(0)
 
 
 class RoundFlow(FlowBase):
@@ -52,20 +66,26 @@ class RoundFlow(FlowBase):
         super().__init__(*a, **kw)
         self.engine = engine
         self.host = engine.sched(self.path.host)
+        self.queue = engine.fluid(self.path.port)
         self.rng = engine.rng[(self.direction, self.worker)]
         self.in_pass = False
-        self.n = 0  # datagrams in the current pass
-        self.taken = 0  # of them handed out by the core so far
-        self.leave: np.ndarray | None = None  # when each slot of the pass leaves the host
-        self.seqbuf = np.empty(0, np.int64)
-        self.d_slot = np.empty(0, np.int64)  # slots that reach the receiver, in arrival order
-        self.d_lat = np.empty(0)  # their path delay (propagation, queueing, serialisation)
-        self.d_t = np.empty(0)  # their arrival times
-        self.dpos = 0  # next undelivered entry of d_slot
-        self.dend = 0  # entries from dend on were never sent (the STOP came first)
-        self.last_slot = -1  # last slot that got through the port, and its port departure - leave
-        self.last_deplat = 0.0
+        self.n = 0  # slots of the current pass
+        self.limit = 0  # slots that will leave (n, or fewer once the STOP came)
+        self.taken = 0  # slots handed out by the core so far
+        self.leave: np.ndarray | None = None  # when each slot leaves the host
+        self.lossdrop: np.ndarray | None = None  # the loss process's verdicts (None: none lost)
+        self.wait: np.ndarray | None = None  # queueing wait at the port (None: none)
+        self.ovf: np.ndarray | None = None  # dropped by the port's full buffer (None: none)
+        self.placed = False  # the port has judged this pass once
+        self.seqbuf = _EMPTY_I
+        self.d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
+        self.d_t = _EMPTY_F  # and their arrival times
+        self.dpos = 0  # next undelivered entry
         self.xgen = 0
+        self.b_t0: float | None = None  # pacing bucket at the pass's start (time, tokens)
+        self.b_tokens0 = 0.0
+        self.b_end = 0.0  # when the last pass's datagrams were out, and how many
+        self.b_used = 0
         self.wait_ev = self.env.event()
         self.env.process(self.run())
 
@@ -81,6 +101,7 @@ class RoundFlow(FlowBase):
                 t_end = float(self.leave[-1])
                 if env.now >= t_end - 1e-12:
                     self.in_pass = False
+                    self.b_end, self.b_used = t_end, self.n
                     self.host.remove(self, t_end)
                     self.take_until(self.n, t_end)
                     continue
@@ -90,8 +111,9 @@ class RoundFlow(FlowBase):
                 self.n = pass_remaining(s)
                 if self.n <= 0:
                     raise RuntimeError(f"round {self.rnd}: the core is sending a pass of {self.n} datagrams")
+                self.limit = self.n
                 self.leave, self.taken, self.in_pass = None, 0, True
-                self.dpos = self.dend = 0
+                self.d_slot, self.d_t, self.dpos = _EMPTY_I, _EMPTY_F, 0
                 self.host.join(self)
             else:
                 t = s.get_timer()
@@ -105,55 +127,8 @@ class RoundFlow(FlowBase):
         if not self.wait_ev.triggered:
             self.wait_ev.succeed()
 
-    def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
-        """The host set the leave times of slots ``a..n-1`` (all of them for a new pass)."""
-        if self.leave is None:
-            self.leave = leave
-            self._sample_path(t)
-        else:
-            self.leave[a:] = leave
-            i = max(self.dpos, int(np.searchsorted(self.d_slot[: self.dend], a, side="left")))
-            self.d_t[i : self.dend] = self.leave[self.d_slot[i : self.dend]] + self.d_lat[i : self.dend]
-        self.schedule_crossing()
-        self.wake()
-
-    def _sample_path(self, t0: float) -> None:
-        eng, path, n, leave = self.engine, self.path, self.n, self.leave
-        assert leave is not None
-        span = max(float(leave[-1]) - t0, 1e-12)
-        dep, ovf = path.port.fluid(leave + path.d1, path.port.load(self.rnd) * n / span, eng.wire, self.rng)
-        rcv = dep + path.d2
-        if ovf is None:
-            reach = None
-            t_reach = rcv
-            self.last_slot = n - 1
-        else:
-            reach = np.flatnonzero(~ovf)
-            t_reach = rcv[reach]
-            self.last_slot = int(reach[-1]) if reach.size else -1
-        if self.last_slot >= 0:
-            self.last_deplat = float(dep[self.last_slot] - leave[self.last_slot])
-        drop = self.loss.drops(t_reach, self.rnd) if t_reach.size else None
-        if drop is None:
-            self.d_slot = np.arange(n, dtype=np.int64) if reach is None else reach
-            self.d_t = t_reach
-        else:
-            keep = ~drop
-            self.d_slot = np.flatnonzero(keep) if reach is None else reach[keep]
-            self.d_t = t_reach[keep]
-        self.d_lat = self.d_t - leave[self.d_slot]
-        self.dpos, self.dend = 0, int(self.d_slot.size)
-        if self.seqbuf.size < n:
-            self.seqbuf = np.empty(n, np.int64)
-
-    def dep_last(self) -> float | None:
-        """Port departure of the current pass's last datagram that got through the port."""
-        if self.leave is None or self.last_slot < 0:
-            return None
-        return float(self.leave[self.last_slot]) + self.last_deplat
-
     def take_until(self, m: int, t: float) -> None:
-        """Have the core hand out the pass's first ``m`` datagrams (those that left)."""
+        """Have the core hand out the pass's first ``m`` slots."""
         k = m - self.taken
         if k <= 0:
             return
@@ -168,25 +143,152 @@ class RoundFlow(FlowBase):
             self.flush_sender(float(self.leave[-1]))
 
     def before_sender_msg(self, msg: ctl.Message, t: float) -> None:
-        if isinstance(msg, ctl.Stop) and msg.round == self.rnd and self.in_pass:
-            self.in_pass = False
-            if self.leave is None:
-                self.host.remove(self, t)
-                return
-            # The core hands datagrams out in batches of max_batch that go to the
-            # kernel whole (transport.pump): every batch taken before the STOP
-            # arrived leaves. Slot j's batch is taken one interval before its
-            # first datagram leaves.
-            m0 = int(np.searchsorted(self.leave - self.host.h, t, side="left"))
-            b = self.sim.cfg.max_batch
-            m = min(self.n, max(-(-m0 // b) * b, self.taken))
-            self.take_until(m, t)
-            self.host.remove(self, max(t, float(self.leave[m - 1])) if m else t)  # the host is free after them
-            self.dend = max(self.dpos, int(np.searchsorted(self.d_slot[: self.dend], m, side="left")))
+        if not (isinstance(msg, ctl.Stop) and msg.round == self.rnd and self.in_pass):
+            return
+        self.in_pass = False
+        if self.leave is None:
+            self.host.remove(self, t)
+            return
+        # Batches of max_batch go to the kernel whole (transport.pump): every
+        # batch taken before the STOP arrived leaves. A slot's batch is taken
+        # one host interval before the batch's first slot leaves.
+        m0 = int(np.searchsorted(self.leave - self.host.h, t, side="left"))
+        b = self.sim.cfg.max_batch
+        m = min(self.n, max(-(-m0 // b) * b, self.taken))
+        self.take_until(m, t)
+        self.limit = m
+        self.b_end = max(t, float(self.leave[m - 1])) if m else t
+        self.b_used = m
+        self.host.remove(self, self.b_end)  # the host is free once they are out
+        if self.queue.congested:
+            self.queue_update(t)
+        else:  # nothing changes at the port but the end of this pass
+            self.queue.set(self, t, self._span())
+            k = int(np.searchsorted(self.d_slot, m, side="left"))
+            self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
 
     def after_finish(self, t: float) -> None:
-        if self.dpos < self.dend:  # datagrams still in flight reach the receiver (stale there)
-            self.sim.at(float(self.d_t[self.dend - 1]), self.deliver_until)
+        if self.dpos < self.d_slot.size:  # datagrams still in flight reach the receiver (stale there)
+            self.sim.at(float(self.d_t[-1]), self.deliver_until)
+
+    # -- pacing: the core's TokenBucket in closed form over a pass ----------------------------
+    def bucket_start(self, t0: float) -> None:
+        eng = self.engine
+        if self.b_t0 is None:
+            tokens = eng.burst_bytes
+        else:
+            left = self.b_tokens0 + (self.b_end - self.b_t0) * eng.rate_Bps - self.b_used * eng.dgram_bytes
+            tokens = min(eng.burst_bytes, max(left, 0.0) + max(0.0, t0 - self.b_end) * eng.rate_Bps)
+        self.b_t0, self.b_tokens0 = t0, tokens
+
+    def bucket_times(self, slots: np.ndarray) -> np.ndarray:
+        """Earliest time the bucket lets slot ``slots[i]`` of the pass go."""
+        eng = self.engine
+        need = (slots + 1).astype(np.float64) * eng.dgram_bytes - self.b_tokens0
+        return self.b_t0 + np.maximum(0.0, need) / eng.rate_Bps
+
+    # -- placement ----------------------------------------------------------------------------
+    def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
+        """The host set the leave times of slots ``a..n-1`` (all of them for a new pass)."""
+        path = self.path
+        if self.leave is None:
+            self.leave = leave
+            if self.seqbuf.size < self.n:
+                self.seqbuf = np.empty(self.n, np.int64)
+            # the loss process's verdicts, at the arrival times the port gives now
+            if not self.loss.procs:
+                self.lossdrop = None
+            elif not self.loss.time_based:
+                self.lossdrop = self.loss.drops(np.broadcast_to(0.0, (self.n,)), self.rnd)
+            else:
+                arr = leave + path.d1
+                wait = self.queue.wait(arr)
+                rcv = arr + self.queue.ser + path.d2
+                if wait is not None:
+                    rcv = rcv + wait
+                self.lossdrop = self.loss.drops(rcv, self.rnd)
+            self.wait, self.ovf, self.placed = None, None, False
+        else:
+            self.leave[a:] = leave
+        self.queue_update(t)
+        self.wake()
+
+    def _span(self) -> tuple[float, float, float] | None:
+        if self.leave is None or self.limit == 0:
+            return None
+        lo = float(self.leave[0]) + self.path.d1
+        hi = float(self.leave[self.limit - 1]) + self.path.d1
+        dur = (hi - lo) * self.limit / (self.limit - 1) if self.limit > 1 else self.host.h
+        return lo, hi, self.limit / max(dur, 1e-15)
+
+    def queue_update(self, t: float) -> None:
+        """Tell the port about this pass's (new) interval; re-evaluate what it changed."""
+        others = self.queue.set(self, t, self._span())
+        self.port_refresh(t)
+        if others:
+            for f in list(self.queue.entries):
+                if f is not self:
+                    f.port_refresh(t)
+
+    def port_refresh(self, t: float) -> None:
+        """Re-evaluate the port's verdicts on the slots still to reach it, and the arrivals."""
+        if self.leave is None:
+            return
+        path, n = self.path, self.n
+        b = min(int(np.searchsorted(self.leave, t - path.d1, side="right")), self.limit) if self.placed else 0
+        self.placed = True
+        if self.queue.congested:
+            wait, ovf = self.queue.outcome(self.leave[b : self.limit] + path.d1, self.rng)
+        else:
+            wait = ovf = None
+        if wait is not None or self.wait is not None:
+            if self.wait is None:
+                self.wait = np.zeros(n)
+            self.wait[b : self.limit] = 0.0 if wait is None else wait
+        if ovf is not None or self.ovf is not None:
+            if self.ovf is None:
+                self.ovf = np.zeros(n, bool)
+            self.ovf[b : self.limit] = False if ovf is None else ovf
+        # arrivals: keep those before slot b, rebuild from b on
+        keep = int(np.searchsorted(self.d_slot, b, side="left")) if self.d_slot.size else 0
+        ok = None
+        if self.lossdrop is not None:
+            ok = ~self.lossdrop[b : self.limit]
+        if self.ovf is not None:
+            o = ~self.ovf[b : self.limit]
+            ok = o if ok is None else (ok & o)
+        c = self.queue.ser + path.d2 + path.d1
+        if ok is None:
+            idx = np.arange(b, self.limit, dtype=np.int64)
+            t_rx = self.leave[b : self.limit] + c
+            if self.wait is not None:
+                t_rx += self.wait[b : self.limit]
+        else:
+            idx = np.flatnonzero(ok)
+            idx += b
+            t_rx = self.leave[idx]
+            t_rx += c
+            if self.wait is not None:
+                t_rx += self.wait[idx]
+        if keep:
+            self.d_slot = np.concatenate((self.d_slot[:keep], idx))
+            self.d_t = np.concatenate((self.d_t[:keep], t_rx))
+        else:
+            self.d_slot, self.d_t = idx, t_rx
+        self.schedule_crossing()
+
+    def dep_last(self) -> float | None:
+        """When the pass's last datagram that got into the port leaves it."""
+        if self.leave is None or self.limit == 0:
+            return None
+        j = self.limit - 1
+        if self.ovf is not None:
+            inq = np.flatnonzero(~self.ovf[: self.limit])
+            if inq.size == 0:
+                return None
+            j = int(inq[-1])
+        w = 0.0 if self.wait is None else float(self.wait[j])
+        return float(self.leave[j]) + self.path.d1 + w + self.queue.ser
 
     # -- the receiver side -------------------------------------------------------------------
     def _open(self) -> bool:
@@ -200,7 +302,7 @@ class RoundFlow(FlowBase):
         if not self._open() or r.tolerance is None:
             return
         left = r.need - r.received
-        if 0 < left <= self.dend - self.dpos:
+        if 0 < left <= self.d_slot.size - self.dpos:
             t_x = float(self.d_t[self.dpos + left - 1])
             g = self.xgen
             self.sim.at(t_x, lambda t: self.deliver_until(t) if g == self.xgen else None)
@@ -210,9 +312,9 @@ class RoundFlow(FlowBase):
 
     def deliver_until(self, t: float) -> None:
         """Give the receiver every datagram that has arrived by ``t``, at its arrival time."""
-        if self.dpos >= self.dend:
+        if self.dpos >= self.d_slot.size:
             return
-        hi = min(int(np.searchsorted(self.d_t[: self.dend], t, side="right")), self.dend)
+        hi = int(np.searchsorted(self.d_t, t, side="right"))
         r = self.ep.receiver
         while self.dpos < hi:
             lo = self.dpos
@@ -223,24 +325,36 @@ class RoundFlow(FlowBase):
                 elif r.tolerance is not None:
                     j = min(hi, lo + max(1, r.need - r.received))  # up to the one that meets need
             when = float(self.d_t[j - 1])
-            slots = self.d_slot[lo:j]
-            self.take_until(int(slots[-1]) + 1, when)
-            r.receive_chunks(self.rnd, self.seqbuf[slots], when)
+            s0, s1 = int(self.d_slot[lo]), int(self.d_slot[j - 1])
+            self.take_until(s1 + 1, when)
+            if s1 - s0 + 1 == j - lo:  # no gaps: a view, not a gather
+                seqs = self.seqbuf[s0 : s1 + 1]
+            else:
+                seqs = self.seqbuf[self.d_slot[lo:j]]
+            r.receive_chunks(self.rnd, seqs, when)
             self.dpos = j
             self.ep.after(when)
 
 
 class HostSched:
-    """A host's sending capacity, shared round-robin by its senders' passes."""
+    """A host's sending capacity, shared by its senders' passes."""
 
     def __init__(self, engine: "RoundEngine", host: Host) -> None:
         self.sim = engine.sim
         self.h = host.interval_s
         self.q = engine.sim.cfg.host_slice
-        self.pace = engine.pace_s
+        # a bucket slower than the host's own interval binds; a faster one never does
+        self.pace = engine.pace_s if engine.pace_s > self.h else 0.0
         self.active: list[RoundFlow] = []
         self.joining: list[RoundFlow] = []
         self._commit_at: float | None = None
+        self._seq = np.empty(0)
+
+    def _ones(self, r: int) -> np.ndarray:
+        """1, 2, ..., r as floats (cached: most passes are laid out alone)."""
+        if self._seq.size < r:
+            self._seq = np.arange(1, max(r, 2 * self._seq.size) + 1, dtype=np.float64)
+        return self._seq[:r]
 
     def join(self, f: RoundFlow) -> None:
         self.joining.append(f)
@@ -269,21 +383,41 @@ class HostSched:
         h, q = self.h, self.q
         for i, f in enumerate(flows):
             r = rem[i]
-            if r <= 0 or (f.leave is not None and len(flows) == 1 and not self.pace and starts[i] > 0):
+            if r <= 0 or (f.leave is not None and len(flows) == 1 and starts[i] > 0):
                 continue  # alone and already laid out: nothing changes
-            j = np.arange(r, dtype=np.int64)
-            if len(flows) == 1:
-                pos = j + 1
-            else:
-                uq = (j // q) * q
-                pos = j - uq + 1
-                for k, rk in enumerate(rem):
-                    pos = pos + np.minimum(rk, uq)
-                    if k < i:
-                        pos = pos + np.minimum(q, np.maximum(0, rk - uq))
-            leave = t + h * pos.astype(np.float64)
+            if f.leave is None and self.pace:
+                f.bucket_start(t)
+            if not self.pace and len(flows) == 1:
+                leave = t + h * self._ones(r)
+                f.laid_out(starts[i], leave, t)
+                continue
+            j = np.arange(r, dtype=np.int64) if (self.pace or any(rk != r for rk in rem)) else None
             if self.pace:
-                leave = np.maximum(leave, t + self.pace * (j + 1).astype(np.float64))
+                # Paced senders take what their bucket allows each turn: the host is
+                # shared evenly, each sender capped by its bucket.
+                leave = t + (h * len(flows)) * (j + 1).astype(np.float64)
+                leave = np.maximum(leave, f.bucket_times(starts[i] + j))
+            elif all(rk == r for rk in rem):  # round-robin, equal passes: turn u, offset w
+                k = len(flows)
+                full, rest = divmod(r, q)
+                body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
+                        + np.arange(q, dtype=np.float64)[None, :]).ravel()
+                tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
+                leave = np.concatenate((body, tail)) if rest else body
+                leave *= h
+                leave += t
+            else:  # round-robin in quanta of host_slice datagrams, in join order
+                uq = j // q
+                uq *= q
+                pos = j - uq
+                pos += 1
+                for k, rk in enumerate(rem):
+                    pos += np.minimum(rk, uq)
+                    if k < i:
+                        pos += np.clip(rk - uq, 0, q)
+                leave = pos.astype(np.float64)
+                leave *= h
+                leave += t
             f.laid_out(starts[i], leave, t)
 
 
@@ -294,10 +428,14 @@ class RoundEngine:
         self.core_order = "inorder"
         self.wire = cfg.wire_bytes
         self.pace_s = sim.layout.datagram_size * 8.0 / cfg.send_rate_bps if cfg.send_rate_bps else 0.0
+        self.rate_Bps = cfg.send_rate_bps / 8.0
+        self.dgram_bytes = sim.layout.datagram_size
+        self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
         self.rng = {(d, i): np.random.default_rng([cfg.seed, 0x9047, d, i]) for d in (ctl.UP, ctl.DOWN)
                     for i in range(cfg.workers)}
         self.events = 0
         self._sched: dict[int, HostSched] = {}
+        self._fluid: dict[int, FluidQueue] = {}
 
     def sched(self, host: Host) -> HostSched:
         s = self._sched.get(id(host))
@@ -305,7 +443,13 @@ class RoundEngine:
             s = self._sched[id(host)] = HostSched(self, host)
         return s
 
-    def pacer(self) -> TokenBucket:
+    def fluid(self, port) -> FluidQueue:
+        f = self._fluid.get(id(port))
+        if f is None:
+            f = self._fluid[id(port)] = FluidQueue(port, self.wire)
+        return f
+
+    def pacer(self, direction: int, worker: int) -> TokenBucket:
         return TokenBucket()
 
     def start_flow(self, sender: RoundSender, ep: Endpoint, path: Path, rpath: Path, direction: int,

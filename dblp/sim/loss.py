@@ -72,6 +72,8 @@ class LossProcess(Protocol):
 
 # -- processes ------------------------------------------------------------------------
 class Bernoulli:
+    time_based = False
+
     def __init__(self, p: float, rng: np.random.Generator) -> None:
         self.p = p
         self.rng = rng
@@ -95,6 +97,8 @@ class GilbertElliott:
     unfinished run between calls, so a pass of 69k datagrams costs a few
     numpy calls; the scalar form steps the same chain one datagram at a time.
     """
+
+    time_based = False
 
     def __init__(self, p: float, r: float, bad_loss: float, good_loss: float, rng: np.random.Generator) -> None:
         self.p, self.r, self.bad_loss, self.good_loss = p, r, bad_loss, good_loss
@@ -167,6 +171,8 @@ class GilbertElliott:
 class IterationBursts:
     """Loss ``loss[rnd]`` for every datagram of the listed iterations."""
 
+    time_based = False
+
     def __init__(self, level: dict[int, float], rng: np.random.Generator) -> None:
         self.level = level
         self.rng = rng
@@ -189,6 +195,8 @@ class IterationBursts:
 
 class TimeBursts:
     """Piecewise-constant loss in simulated time: windows ``[start, end)`` at ``loss``."""
+
+    time_based = True
 
     def __init__(self, starts: np.ndarray, ends: np.ndarray, loss: np.ndarray, rng: np.random.Generator) -> None:
         order = np.argsort(starts)
@@ -224,6 +232,8 @@ class TraceLoss:
     receiver takes the trace's n-th verdict (one cursor per flow).
     """
 
+    time_based = True
+
     def __init__(self, trace: Any, offset_s: float, rng: np.random.Generator) -> None:
         self.proc = trace.drop_process(rng)
         self.offset_s = offset_s
@@ -247,6 +257,7 @@ class Combined:
 
     def __init__(self, procs: list) -> None:
         self.procs = procs
+        self.time_based = any(p.time_based for p in procs)
 
     def drops(self, t_s: np.ndarray, rnd: int) -> np.ndarray | None:
         out = None

@@ -131,7 +131,6 @@ class FlowBase:
             self.send_to_receiver(m, t)
 
     def finish(self, t: float) -> None:
-        self.path.port.flow_done(self.rnd)
         self.after_finish(t)
         self.done.succeed(t)
 
@@ -194,7 +193,7 @@ class Simulation:
         d = cfg.delay_s
         self.server_host = Host("server", cfg.server_pps, cfg.server_rate_bps, wire)
         self.worker_hosts = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(self.n)]
-        self.server_port = Port("s1->server", cfg.server_rate_bps, cfg.queue_bytes, flows_per_round=self.n)
+        self.server_port = Port("s1->server", cfg.server_rate_bps, cfg.queue_bytes)
         self.worker_ports = [Port(f"s1->w{i}", cfg.bandwidth_bps, cfg.queue_bytes) for i in range(self.n)]
         self.up_paths = [Path(self.worker_hosts[i], d, self.server_port, d, cfg.ctrl_overhead_s) for i in range(self.n)]
         self.down_paths = [Path(self.server_host, d, self.worker_ports[i], d, cfg.ctrl_overhead_s)
@@ -237,10 +236,12 @@ class Simulation:
             vr = self._rounds_vr[rnd] = VirtualRound(self.layout, rnd)
         return vr
 
-    def new_sender(self, rnd: int, direction: int, stream: int) -> RoundSender:
+    def new_sender(self, rnd: int, direction: int, worker: int) -> RoundSender:
+        """A RoundSender as the real server (stream 1000+w) and worker (stream 1+w) make it."""
+        stream = 1 + worker if direction == ctl.UP else 1000 + worker
         return RoundSender(self.virtual_round(rnd), direction=direction, now=self.env.now,
                            order=self.engine.core_order, seed=self.cfg.seed, stream=stream,
-                           pacer=self.engine.pacer(), max_batch=self.cfg.max_batch)
+                           pacer=self.engine.pacer(direction, worker), max_batch=self.cfg.max_batch)
 
     def ctrl_wire(self, msg: ctl.Message) -> int:
         return ctrl_wire_bytes(len(ctl.encode(msg)))
@@ -304,7 +305,7 @@ class Simulation:
                 self.engine.send_ctrl(self.down_paths[w.wid], ctl.RoundStart(rnd, ctl.DOWN, p_down, clr), now,
                                       lambda m, t, w=w: self._on_round_start(w, m, t), None)
             for w in self.workers:
-                sender = self.new_sender(rnd, ctl.DOWN, 1000 + w.wid)
+                sender = self.new_sender(rnd, ctl.DOWN, w.wid)
                 flow = self.engine.start_flow(sender, w.down_ep, self.down_paths[w.wid], self.up_paths[w.wid],
                                               ctl.DOWN, w.wid, rnd)
                 flow.done.callbacks.append(
@@ -361,7 +362,7 @@ class Simulation:
                 yield ev
             up_msg, _ = w.msgs.pop((k, ctl.UP))
             t_send = env.now
-            sender = self.new_sender(k, ctl.UP, 1 + w.wid)
+            sender = self.new_sender(k, ctl.UP, w.wid)
             w.down_ep.begin_round(k, t_send)  # tolerance arrives with ROUND(k, down)
             flow = self.engine.start_flow(sender, w.up_ep, self.up_paths[w.wid], self.down_paths[w.wid],
                                           ctl.UP, w.wid, k)

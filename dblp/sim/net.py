@@ -24,7 +24,7 @@ and each costs ``ctrl_overhead_s`` of processing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -57,10 +57,8 @@ class Port:
     name: str
     rate_bps: float
     queue_bytes: int
-    flows_per_round: int = 1  # round level: flows that cross this port in one round's direction
     busy_until: float = 0.0  # packet level: when the last enqueued byte leaves
     dropped: int = 0
-    done: dict = field(default_factory=dict)  # round level: rnd -> flows finished
 
     def ser(self, nbytes: int) -> float:
         return nbytes * 8.0 / self.rate_bps
@@ -80,40 +78,96 @@ class Port:
         self.busy_until = max(t, self.busy_until) + self.ser(nbytes)
         return self.busy_until
 
-    # -- round level: fluid approximation of the shared queue -----------------------------
-    def load(self, rnd: int) -> int:
-        """Flows of round ``rnd`` still sending through this port (at least 1)."""
-        return max(1, self.flows_per_round - self.done.get(rnd, 0))
 
-    def flow_done(self, rnd: int) -> None:
-        self.done[rnd] = self.done.get(rnd, 0) + 1
-        for k in [k for k in self.done if k < rnd - 2]:
-            del self.done[k]
 
-    def fluid(self, arr: np.ndarray, offered_pps: float, wire_bytes: int,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray | None]:
-        """Departure times and overflow drops of one pass arriving at ``arr``.
+class FluidQueue:
+    """Round level: a fluid model of one port's drop-tail queue over time.
 
-        ``offered_pps`` is the total arrival rate at the port while the pass
-        lasts. Below capacity every datagram waits only its own transmission.
-        Above it the buffer fills at (offered - capacity) from the pass's
-        start, arrivals see the growing queue, and once it is full each is
-        dropped with probability 1 - capacity/offered (drop-tail's share).
-        """
-        ser = self.ser(wire_bytes)
-        cap = 1.0 / ser
-        if offered_pps <= cap * (1 + 1e-9) or arr.size == 0:
-            return arr + ser, None
-        qcap = max(self.queue_bytes // wire_bytes - 1, 0)
-        el = arr - arr[0]
-        q = np.minimum((offered_pps - cap) * el, qcap)
-        dep = arr + (q + 1.0) * ser
-        full = np.flatnonzero(q >= qcap)
+    Each pass crossing the port is registered as a constant arrival rate over
+    its interval at the port; the queue (in datagrams) grows at (offered -
+    capacity) and drains at (capacity - offered), between 0 and the buffer.
+    A datagram arriving while the buffer is full is dropped with probability
+    1 - capacity/offered (drop-tail's share of the excess); one arriving
+    with q datagrams queued waits q/capacity. When the set of passes changes,
+    the queue at that instant is kept and the future re-evaluated.
+    """
+
+    def __init__(self, port: Port, wire_bytes: int) -> None:
+        self.port = port
+        self.ser = port.ser(wire_bytes)
+        self.cap = 1.0 / self.ser
+        self.qcap = float(max(port.queue_bytes // wire_bytes - 1, 0))
+        self.entries: dict[object, tuple[float, float, float]] = {}  # owner -> (start, end, rate)
+        self.t_ref = 0.0
+        self.q_ref = 0.0
+        self._bt = np.array([0.0])  # breakpoints, offered rate and queue at each
+        self._ba = np.array([0.0])
+        self._bq = np.array([0.0])
+        self.congested = False
+
+    def queue_at(self, t: np.ndarray | float) -> np.ndarray:
+        t = np.asarray(t, dtype=np.float64)
+        i = np.clip(np.searchsorted(self._bt, t, side="right") - 1, 0, None)
+        q = self._bq[i] + (self._ba[i] - self.cap) * (t - self._bt[i])
+        return np.clip(q, 0.0, self.qcap)
+
+    def set(self, owner: object, t: float, span: tuple[float, float, float] | None) -> bool:
+        """Register (or with None remove) ``owner``'s pass at time ``t``; whether others need a refresh."""
+        was = self.congested
+        self.q_ref = float(self.queue_at(t)) if self.congested else 0.0
+        self.t_ref = t
+        if span is None:
+            self.entries.pop(owner, None)
+        else:
+            self.entries[owner] = span
+        for k in [k for k, v in self.entries.items() if v[1] < t]:
+            del self.entries[k]
+        self._rebuild()
+        return was or self.congested
+
+    def _rebuild(self) -> None:
+        t0 = self.t_ref
+        pts = {t0}
+        for lo, hi, _ in self.entries.values():
+            if lo > t0:
+                pts.add(lo)
+            if hi > t0:
+                pts.add(hi)
+        bt = np.array(sorted(pts))
+        ba = np.zeros(bt.size)
+        for lo, hi, rate in self.entries.values():
+            ba[(bt >= lo - 1e-15) & (bt < hi)] += rate
+        bq = np.empty(bt.size)
+        q = self.q_ref
+        for i in range(bt.size):
+            bq[i] = q
+            if i + 1 < bt.size:
+                q = min(max(q + (ba[i] - self.cap) * (bt[i + 1] - bt[i]), 0.0), self.qcap)
+        self._bt, self._ba, self._bq = bt, ba, bq
+        self.congested = bool(np.any(ba > self.cap * (1 + 1e-9)) or np.any(bq > 0))
+
+    def wait(self, arr: np.ndarray) -> np.ndarray | None:
+        """Queueing wait (s) of datagrams reaching the port at ``arr``; None for none."""
+        if not self.congested or arr.size == 0:
+            return None
+        q = self.queue_at(arr)
+        return q * self.ser if q.any() else None
+
+    def outcome(self, arr: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Queueing wait (s) and overflow drops of datagrams reaching the port at ``arr``;
+        None for no wait / no drops."""
+        if not self.congested or arr.size == 0:
+            return None, None
+        q = self.queue_at(arr)
+        wait = q * self.ser
+        i = np.clip(np.searchsorted(self._bt, arr, side="right") - 1, 0, None)
+        a = self._ba[i]
+        full = np.flatnonzero((q >= self.qcap) & (a > self.cap))
         ovf = None
         if full.size:
             ovf = np.zeros(arr.size, bool)
-            ovf[full] = rng.random(full.size) < (1.0 - cap / offered_pps)
-        return dep, ovf
+            ovf[full] = rng.random(full.size) < (1.0 - self.cap / a[full])
+        return (wait if q.any() else None), ovf
 
 
 @dataclass

@@ -108,7 +108,9 @@ class HostProc:
             timers = [t for f in self.flows if not f.sender.done for t in [f.sender.get_timer()] if t is not None]
             self.wake = env.event()
             if timers:
-                yield self.wake | env.timeout(max(0.0, min(timers) - env.now))
+                # at least 1 ns: at the exact time TokenBucket.next_time names, float
+                # rounding can leave its allowance at 0, and a zero wait would spin
+                yield self.wake | env.timeout(max(1e-9, min(timers) - env.now))
             else:
                 yield self.wake
 
@@ -120,8 +122,16 @@ class PacketEngine:
         self.wire = sim.cfg.wire_bytes
         self.events = 0
         self._hosts: dict[int, HostProc] = {}
+        self._worker_pacers: dict[int, TokenBucket] = {}
 
-    def pacer(self) -> TokenBucket:
+    def pacer(self, direction: int, worker: int) -> TokenBucket:
+        """As the real hosts: a worker keeps one bucket for all rounds
+        (dblp.worker.Worker.pacer), the server makes one per round and worker."""
+        if direction == ctl.UP:
+            b = self._worker_pacers.get(worker)
+            if b is None:
+                b = self._worker_pacers[worker] = TokenBucket(self.sim.cfg.send_rate_bps)
+            return b
         return TokenBucket(self.sim.cfg.send_rate_bps)
 
     def hostproc(self, host: Host) -> HostProc:
