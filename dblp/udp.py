@@ -58,6 +58,7 @@ class DataSocket:
         self._cmsg_space = socket.CMSG_SPACE(4)
         self.sent_calls = 0
         self.recv_calls = 0
+        self.lost_sends = 0
 
     @property
     def port(self) -> int:
@@ -109,10 +110,14 @@ class DataSocket:
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError as exc:
-                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN, errno.ECONNREFUSED):
-                    raise
-                if exc.errno == errno.ECONNREFUSED:  # ICMP from an earlier datagram; the datagram is lost
+                # ECONNREFUSED: ICMP about an earlier datagram; EPERM: a local
+                # firewall rule (e.g. an nft drop in the output hook) refused
+                # this one. Either way the datagram is lost, like on a wire.
+                if exc.errno in (errno.ECONNREFUSED, errno.EPERM):
+                    self.lost_sends += 1
                     return
+                if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
+                    raise
             os.sched_yield() if attempt < 10 else _sleep(0.0005)
         raise TimeoutError("UDP send stayed blocked for too long")
 
