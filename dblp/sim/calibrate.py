@@ -1,0 +1,390 @@
+"""Simulator parameters from an emulation (or real-host) run's results folder.
+
+``python -m dblp.sim calibrate RESULTS_DIR -o params.json`` reads
+
+* the round records (``records/*.jsonl`` as :class:`emulation.recorder.RunRecorder`
+  writes them, else ``rounds.jsonl``, else every other ``*.jsonl`` below the
+  folder; lines that are not round records are skipped and counted),
+* ``config.json`` if there is one (link rate ``bw`` in Mbit/s, ``delay``,
+  ``buffer_pkts``/``buffer_bytes``, ``workers``, ``model``/``elements``,
+  policy flags... looked up by name anywhere in it, nested dicts included),
+* ``bursts.jsonl`` if there is one (the burst schedule actually applied),
+
+and writes a :class:`~dblp.sim.config.SimConfig` that reproduces the run:
+
+==========================  ===================================================
+parameter                   estimate
+==========================  ===================================================
+``bandwidth_bps``           config's ``bw``; else the bytes a worker sends per
+                            second of send latency in lossless rounds (one
+                            pass, no burst), times the workers sharing the
+                            server's link
+``send_pps``                1 / the per-datagram time of those rounds (send
+                            latency / datagrams sent) when that is slower than
+                            the link; else not binding (2x the link's rate)
+``server_send_pps``         the same for the broadcast: the server's slowest
+                            per-worker broadcast time / datagrams it sent to
+                            all workers in that round; then both rates are
+                            rescaled until a simulation with them shows the
+                            same per-datagram times (``--no-refine``: not)
+``compute_s``               median gap between a worker's round end and its
+                            next round's start
+``reduce_s``                median over rounds of the shortest wait of a
+                            worker between its STOP and the broadcast's ROUND
+``norms``                   the server records' ``grad_norm`` per round, with
+                            the zero-fill effect of lost chunks divided out
+                            (see ``norm_model`` in :mod:`dblp.sim.model`)
+policy, tolerances          the records' ``policy`` and tolerances
+``loss``                    ``bursts.jsonl``'s iteration and timed bursts
+==========================  ===================================================
+
+Every estimate, and how many rounds it came from, is stored under
+``"_calibration"`` in the output (ignored when the file is read back).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..policy import DEFAULT_ETA, DEFAULT_FREQ
+from ..records import RoundRecord
+from ..wire import ChunkLayout, ParameterError
+from .config import SimConfig
+
+
+def _read_jsonl_records(path: Path, skipped: list[int]) -> list[RoundRecord]:
+    out = []
+    try:
+        fh = open(path, encoding="utf-8")
+    except OSError:
+        skipped[0] += 1
+        return out
+    with fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                d = json.loads(line)
+                if not isinstance(d, dict) or "role" not in d or "round" not in d:
+                    skipped[0] += 1
+                    continue
+                out.append(RoundRecord.from_dict(d))
+            except (json.JSONDecodeError, TypeError, ValueError):
+                skipped[0] += 1
+    return out
+
+
+def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], dict]:
+    """Records (deduplicated), config.json, bursts.jsonl events, and reading notes."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ParameterError(f"{folder}: not a results folder")
+    if (folder / "records").is_dir() and any((folder / "records").glob("*.jsonl")):
+        files = sorted((folder / "records").glob("*.jsonl"))
+    elif (folder / "rounds.jsonl").exists():
+        files = [folder / "rounds.jsonl"]
+    else:
+        files = sorted(p for p in folder.rglob("*.jsonl") if p.name != "bursts.jsonl")
+    skipped = [0]
+    seen: dict[tuple, RoundRecord] = {}
+    for f in files:
+        for r in _read_jsonl_records(f, skipped):
+            seen.setdefault((r.role, r.worker, r.round), r)
+    recs = sorted(seen.values(), key=lambda r: (r.round, r.role, r.worker))
+    if not recs:
+        raise ParameterError(f"{folder}: no round records found in {[str(f) for f in files] or '*.jsonl'}")
+    config: dict = {}
+    if (folder / "config.json").exists():
+        try:
+            c = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            config = c if isinstance(c, dict) else {}
+        except (OSError, json.JSONDecodeError):
+            config = {}
+    bursts: list[dict] = []
+    if (folder / "bursts.jsonl").exists():
+        bursts = [e for e in _jsonl(folder / "bursts.jsonl") if isinstance(e, dict)]
+    notes = {"record_files": [str(f) for f in files], "records": len(recs), "skipped_lines": skipped[0],
+             "config": bool(config), "burst_events": len(bursts)}
+    return recs, config, bursts, notes
+
+
+def _jsonl(path: Path) -> list:
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def _find(d: Any, *names: str) -> Any:
+    """The first value under any of ``names``, searching nested dicts breadth-first."""
+    queue = [d]
+    while queue:
+        x = queue.pop(0)
+        if isinstance(x, dict):
+            for n in names:
+                if n in x and x[n] is not None and not isinstance(x[n], dict):
+                    return x[n]
+            queue.extend(v for k, v in x.items() if isinstance(v, dict) and not str(k).startswith("_"))
+    return None
+
+
+def _time_s(v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, (int, float)):
+        return float(v)
+    from .cli import parse_time
+
+    try:
+        return parse_time(str(v))
+    except argparse.ArgumentTypeError:
+        return None
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = [x for x in xs if x is not None and math.isfinite(x)]
+    return float(np.median(xs)) if xs else None
+
+
+def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool = True) -> tuple[SimConfig, dict]:
+    recs, conf, bursts, notes = load_run(folder)
+    base = base or SimConfig()
+    est: dict[str, Any] = {}
+    wk = [r for r in recs if r.role == "worker"]
+    sv = [r for r in recs if r.role == "server"]
+    if not wk:
+        raise ParameterError(f"{folder}: no worker records (role=worker); cannot calibrate")
+    workers = int(_find(conf, "workers", "n_workers") or len({r.worker for r in wk}))
+    chunks = max(r.chunks for r in recs)
+    rounds = len({r.round for r in wk})
+    mtu = int(_find(conf, "mtu") or base.mtu)
+    model = _find(conf, "elements", "model")
+    if model is None:
+        model = chunks * ChunkLayout(1, mtu).chunk_floats
+        est["model"] = f"{model} elements from {chunks} chunks per round"
+    d: dict[str, Any] = {"workers": workers, "rounds": rounds, "mtu": mtu, "model": model}
+    # -- policy ------------------------------------------------------------------------
+    policy = next((r.policy for r in sv + wk if r.policy), "") or base.policy
+    d["policy"] = policy
+    tols = sorted({r.tolerance_down for r in sv} | {r.tolerance_up for r in wk})
+    if policy == "fixed":
+        d["p"] = float(tols[0]) if tols else base.p
+    elif policy == "dblp" and tols:
+        d["p_low"], d["p_high"] = float(tols[0]), float(tols[-1])
+        d["p"] = float(tols[0])
+    d["eta"] = float(_find(conf, "eta") or DEFAULT_ETA)
+    d["freq"] = int(_find(conf, "freq", "dblp_freq") or DEFAULT_FREQ)
+    for key in ("order", "seed"):
+        v = _find(conf, key)
+        if v is not None:
+            d[key] = v
+    # -- network -------------------------------------------------------------------------
+    bw = _find(conf, "bandwidth_bps")
+    if bw is None:
+        mbps = _find(conf, "bw", "bw_mbps", "bandwidth_mbps")
+        bw = float(mbps) * 1e6 if mbps is not None else None
+    sbw = _find(conf, "server_bandwidth_bps")
+    if sbw is None:
+        smbps = _find(conf, "server_bw", "server_bw_mbps")
+        sbw = float(smbps) * 1e6 if smbps is not None else None
+    delay = _time_s(_find(conf, "delay_s", "delay"))
+    if delay is not None:
+        d["delay_s"] = delay
+    qb = _find(conf, "queue_bytes", "buffer_bytes")
+    qp = _find(conf, "buffer_pkts", "queue_pkts")
+    wire = ChunkLayout(1, mtu).datagram_size + base.frame_overhead_bytes
+    if qb is not None:
+        d["queue_bytes"] = int(qb)
+    elif qp is not None:
+        d["queue_bytes"] = int(qp) * wire
+    rate = _find(conf, "send_rate_bps")
+    if rate is None:
+        r0 = next((r.send_rate_bps for r in wk if r.send_rate_bps), None)
+        rate = r0
+    if rate:
+        d["send_rate_bps"] = float(rate)
+    # lossless rounds: one pass both ways, no burst
+    burst_rounds = _burst_rounds(bursts)
+    clean = {r.round for r in wk if r.up_passes == 1 and not r.extra.get("burst") and r.round not in burst_rounds}
+    clean &= {r.round for r in sv if r.down_passes == 1}
+    clean.discard(0)  # the first round carries start-up costs
+    est["lossless_rounds"] = len(clean)
+    h_w, h_s = _datagram_times(recs, clean)
+    by_round: dict[int, list[RoundRecord]] = {}
+    for r in sv:
+        by_round.setdefault(r.round, []).append(r)
+    if h_w is None:
+        raise ParameterError(f"{folder}: no lossless rounds (one pass, no burst) to measure the send rate from")
+    if bw is None:
+        bw = workers * wire * 8.0 / h_w
+        est["bandwidth_bps"] = f"{bw:.4g} bit/s: {workers} workers x one datagram per {h_w * 1e6:.2f} us"
+    d["bandwidth_bps"] = float(bw)
+    if sbw is not None:
+        d["server_bandwidth_bps"] = float(sbw)
+    nic_w = wire * 8.0 / bw
+    d["send_pps"] = 1.0 / h_w if h_w > nic_w * 1.02 else 2.0 / nic_w
+    est["worker_datagram_s"] = h_w
+    if h_s is not None:
+        nic_s = wire * 8.0 / (sbw or bw)
+        d["server_send_pps"] = 1.0 / h_s if h_s > nic_s * 1.02 else 2.0 / nic_s
+        est["server_datagram_s"] = h_s
+    # -- compute and reduce --------------------------------------------------------------
+    gaps = []
+    for w in {r.worker for r in wk}:
+        mine = sorted((r for r in wk if r.worker == w), key=lambda r: r.round)
+        for a, b in zip(mine, mine[1:]):
+            if b.round == a.round + 1:
+                gaps.append(b.t_start - (a.t_start + a.round_latency_s))
+    c = _median(gaps)
+    d["compute_s"] = max(0.0, c) if c is not None else 0.0
+    waits: dict[int, list[float]] = {}
+    for r in wk:
+        v = r.extra.get("wait_server_s")
+        if isinstance(v, (int, float)):
+            waits.setdefault(r.round, []).append(float(v))
+    red = _median([min(v) for k, v in waits.items() if k in clean])
+    if red is not None:
+        ctrl = 2 * d.get("delay_s", base.delay_s) + base.ctrl_overhead_s
+        d["reduce_s"] = max(0.0, red - ctrl)
+    # -- norms -----------------------------------------------------------------------------
+    norms = []
+    for k in sorted(by_round):
+        rs = by_round[k]
+        g = rs[0].grad_norm
+        fr = sum(x.up_received for x in rs) / chunks if chunks else 0.0
+        if g is None or not math.isfinite(g) or fr <= 0:
+            norms.append(norms[-1] if norms else 1.0)
+        elif base.norm_model == "received":
+            norms.append(g * workers / math.sqrt(fr))
+        else:
+            norms.append(g)
+    if norms and len(norms) >= rounds:
+        d["norms"] = [float(x) for x in norms]
+        est["norms"] = f"{len(norms)} grad_norm values from the server records"
+    else:
+        est["norms"] = "no server grad_norm per round: synthetic norms"
+    # -- loss ------------------------------------------------------------------------------
+    loss = _burst_specs(bursts)
+    if not loss and _find(conf, "loss") is not None and isinstance(_find(conf, "loss"), (int, float)):
+        loss = [{"kind": "bernoulli", "p": float(_find(conf, "loss"))}]
+    d["loss"] = loss
+    cfg = SimConfig.from_dict({**base.to_dict(), **d})
+    if refine and (h_w is not None):
+        cfg = _refine(cfg, h_w, h_s, clean, est)
+    notes.update(estimates=est)
+    return cfg, notes
+
+
+def _datagram_times(recs: list[RoundRecord], clean: set[int]) -> tuple[float | None, float | None]:
+    """Median per-datagram send time upstream (per worker) and of the broadcast (server host)."""
+    h_w = _median([r.up_latency_s / r.up_sent for r in recs
+                   if r.role == "worker" and r.round in clean and r.up_sent > 0])
+    by_round: dict[int, list[RoundRecord]] = {}
+    for r in recs:
+        if r.role == "server" and r.round in clean:
+            by_round.setdefault(r.round, []).append(r)
+    h_s = _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
+                   for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
+    return h_w, h_s
+
+
+def _refine(cfg: SimConfig, h_w: float, h_s: float | None, clean: set[int], est: dict) -> SimConfig:
+    """Match the measured per-datagram times in simulation, scaling the hosts' send rates.
+
+    The first estimate takes each time as the host's own; but a broadcast's
+    time also holds the worker links' queues and the round-robin between
+    senders, so simulate, measure the same statistic in the simulated
+    records, and rescale - a few times, keeping each rate below twice its
+    link's (where it no longer binds)."""
+    from .model import simulate
+
+    wire = cfg.wire_bytes
+    cap_w = 2.0 * cfg.bandwidth_bps / (wire * 8.0)
+    cap_s = 2.0 * cfg.server_rate_bps / (wire * 8.0)
+    trial = cfg.with_(rounds=min(cfg.rounds, 60), fidelity="round")
+    steps = []
+    for _ in range(4):
+        recs = simulate(trial).records
+        sw, ss = _datagram_times(recs, {k for k in clean if k < trial.rounds})
+        upd: dict[str, float] = {}
+        err = 0.0
+        if sw and trial.send_pps < cap_w:
+            upd["send_pps"] = min(cap_w, trial.send_pps * sw / h_w)
+            err = max(err, abs(sw / h_w - 1))
+        if h_s and ss and trial.server_pps < cap_s:
+            upd["server_send_pps"] = min(cap_s, trial.server_pps * ss / h_s)
+            err = max(err, abs(ss / h_s - 1))
+        steps.append({"worker_datagram_s": sw, "server_datagram_s": ss})
+        if not upd or err < 0.01:
+            break
+        trial = trial.with_(**upd)
+    est["refinement"] = steps
+    return cfg.with_(send_pps=trial.send_pps, server_send_pps=trial.server_send_pps)
+
+
+def _burst_rounds(events: list[dict]) -> set[int]:
+    out: set[int] = set()
+    for s in _burst_specs(events):
+        if s["kind"] == "iteration_bursts":
+            for a in s["at"]:
+                out.update(range(a, a + s.get("length", 1)))
+    return out
+
+
+def _burst_specs(events: list[dict]) -> list[dict]:
+    """Iteration and timed bursts of an emulation burst log as loss specs."""
+    applied: dict[Any, dict] = {}
+    specs: list[dict] = []
+    t0 = next((e.get("t") for e in events if e.get("event") == "start"), None)
+    for e in events:
+        ev = e.get("event")
+        if ev == "apply" and e.get("kind") in ("iteration", "timed"):
+            applied[e.get("burst")] = e
+        elif ev == "remove" and e.get("burst") in applied:
+            a = applied.pop(e.get("burst"))
+            loss = float(a.get("loss", 0.0))
+            if a.get("kind") == "iteration" and a.get("iteration") is not None:
+                start = int(a["iteration"])
+                end = int(e["iteration"]) if e.get("iteration") is not None else start + 1
+                specs.append({"kind": "iteration_bursts", "at": [start], "loss": loss, "length": max(1, end - start)})
+            elif a.get("kind") == "timed" and t0 is not None:
+                specs.append({"kind": "time_bursts", "at_s": [float(a["t"]) - t0], "loss": loss,
+                              "duration_s": max(1e-6, float(e["t"]) - float(a["t"]))})
+    return specs
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    base = SimConfig.from_json(args.base) if args.base else None
+    cfg, notes = calibrate(args.results, base=base, refine=not args.no_refine)
+    out = Path(args.output)
+    cfg.to_json(out, extra={"_calibration": {"source": str(args.results), **notes}})
+    e = notes.get("estimates", {})
+    print(f"{args.results}: {notes['records']} records ({notes['skipped_lines']} lines skipped), "
+          f"{e.get('lossless_rounds', 0)} lossless rounds -> {out}")
+    print(f"  link {cfg.bandwidth_bps / 1e6:.1f} Mbit/s, worker {cfg.send_pps:.0f} datagrams/s, "
+          f"server {cfg.server_pps:.0f} datagrams/s, compute {cfg.compute_s * 1e3:.2f} ms, "
+          f"reduce {cfg.reduce_s * 1e3:.2f} ms, policy {cfg.policy}, {len(cfg.loss)} loss process(es)")
+    print(f"  run it: python -m dblp.sim run --params {out}")
+    return 0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("calibrate", help="simulator parameters from an emulation results folder",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", help="emulation run folder (records/*.jsonl or *.jsonl, config.json, bursts.jsonl)")
+    p.add_argument("-o", "--output", default="params.json", help="params file to write (default %(default)s)")
+    p.add_argument("--base", default=None, help="params.json for everything the run does not tell")
+    p.add_argument("--no-refine", action="store_true",
+                   help="skip matching the send rates in simulation (first estimates only)")
+    p.set_defaults(func=cmd_calibrate)
+    return p

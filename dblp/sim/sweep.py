@@ -1,0 +1,252 @@
+"""Parameter sweeps: DBLP against the baseline over a grid, in parallel.
+
+Every grid point is simulated twice with the same seed - DBLP, and the
+paper's baseline (fixed p = P_low) - so both see the same bursts (common
+random numbers). Baseline runs that do not depend on DBLP's own parameters
+(P_high, eta, detection frequency) are run once and shared. Bursts are the
+``random_bursts`` loss process: a burst of ``burst_loss`` for ``burst_len``
+iterations starts at each iteration with probability ``burst_rate``.
+
+Output (``--out``): ``sweep.csv`` (one row per grid point: its axes, DBLP's
+and the baseline's mean/p99 round latency, send latency, time-to-train,
+lost fractions, passes, and the ratios), ``sweep.json`` (grid, base
+parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
+the parameters and the seed: the same command gives the same file.
+
+Usage: ``python -m dblp.sim sweep --p-high 0.1,0.2,0.4,0.6 --eta 0.3,0.5,0.7
+--burst-rate 0.005,0.01,0.02 --rounds 300 --out results/sweep``
+(or ``python scenarios/sweep.py ...``, the same options).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any, Callable
+
+from .cli import add_config_args, baseline_of, config_from_args, parse_rate
+from .config import SimConfig
+
+METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "lost_up", "lost_down",
+           "lost", "up_passes", "down_passes", "clr_frac", "burst_rounds"]
+
+
+def _floats(s: str) -> list[float]:
+    return [float(x) for x in s.split(",") if x.strip()]
+
+
+def _ints(s: str) -> list[int]:
+    return [int(x) for x in s.split(",") if x.strip()]
+
+
+def _models(s: str) -> list[Any]:
+    out: list[Any] = []
+    for x in s.split(","):
+        x = x.strip()
+        if x:
+            try:
+                out.append(int(float(x)) if x[0].isdigit() else x)
+            except ValueError:
+                out.append(x)
+    return out
+
+
+def _rates(s: str) -> list[float]:
+    return [parse_rate(x) for x in s.split(",") if x.strip()]
+
+
+# axis -> (flag, parser, default values, SimConfig field or None for burst axes)
+AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
+    "p_high": ("--p-high", _floats, [0.1, 0.2, 0.4, 0.6], "p_high"),
+    "p_low": ("--p-low", _floats, [0.008], "p_low"),
+    "eta": ("--eta", _floats, [0.3, 0.5, 0.7], "eta"),
+    "freq": ("--freq", _ints, [10], "freq"),
+    "burst_rate": ("--burst-rate", _floats, [0.005, 0.01, 0.02], None),
+    "burst_loss": ("--burst-loss", _floats, [0.7], None),
+    "burst_len": ("--burst-len", _ints, [1], None),
+    "model": ("--model", _models, ["resnet50"], "model"),
+    "bandwidth_bps": ("--bandwidth", _rates, [10e9], "bandwidth_bps"),
+}
+
+
+def grid_points(axes: dict[str, list]) -> list[dict[str, Any]]:
+    names = list(axes)
+    return [dict(zip(names, combo)) for combo in itertools.product(*(axes[n] for n in names))]
+
+
+def point_config(base: SimConfig, pt: dict[str, Any]) -> SimConfig:
+    kw = {AXES[k][3]: v for k, v in pt.items() if AXES[k][3] is not None}
+    loss = list(base.loss)
+    if pt["burst_rate"] > 0 and pt["burst_loss"] > 0:
+        loss.append({"kind": "random_bursts", "rate": pt["burst_rate"], "loss": pt["burst_loss"],
+                     "length": int(pt["burst_len"])})
+    return base.with_(policy="dblp", loss=loss, **kw)
+
+
+def _key(cfg: SimConfig) -> str:
+    return json.dumps(cfg.to_dict(), sort_keys=True)
+
+
+def run_config(d: dict) -> dict:
+    """Simulate one configuration (a process-pool task); its summary."""
+    from .model import simulate
+
+    cfg = SimConfig.from_dict(d)
+    res = simulate(cfg)
+    s = res.summary()
+    s["_wall_s"] = res.wall_s
+    return s
+
+
+def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress: bool = True,
+              runner: Callable[[dict], dict] = run_config) -> tuple[list[dict], dict]:
+    """Rows of the table (grid order) and timing info."""
+    points = grid_points(axes)
+    tasks: dict[str, SimConfig] = {}
+    pairs = []
+    for pt in points:
+        d = point_config(base, pt)
+        b = baseline_of(d)
+        kd, kb = _key(d), _key(b)
+        tasks.setdefault(kd, d)
+        tasks.setdefault(kb, b)
+        pairs.append((pt, kd, kb))
+    jobs = jobs or os.cpu_count() or 1
+    t0 = time.perf_counter()
+    results: dict[str, dict] = {}
+    items = list(tasks.items())
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(items), desc="sweep", unit="run", smoothing=0.1)
+    try:
+        if jobs == 1:
+            for k, c in items:
+                results[k] = runner(c.to_dict())
+                if bar:
+                    bar.update()
+        else:
+            with ProcessPoolExecutor(max_workers=min(jobs, len(items))) as ex:
+                futs = {ex.submit(runner, c.to_dict()): k for k, c in items}
+                for f in as_completed(futs):
+                    results[futs[f]] = f.result()
+                    if bar:
+                        bar.update()
+    finally:
+        if bar:
+            bar.close()
+    wall = time.perf_counter() - t0
+    rows = []
+    for pt, kd, kb in pairs:
+        row: dict[str, Any] = dict(pt)
+        row.update(seed=base.seed, rounds=base.rounds, fidelity=base.fidelity)
+        a, b = results[kd], results[kb]
+        for m in METRICS:
+            row[f"dblp_{m}"] = a[m]
+        for m in METRICS:
+            row[f"base_{m}"] = b[m]
+        row["speedup_mean"] = b["mean_round_s"] / a["mean_round_s"]
+        row["speedup_p99"] = b["p99_round_s"] / a["p99_round_s"]
+        row["speedup_time_to_train"] = b["time_to_train_s"] / a["time_to_train_s"]
+        row["lost_extra"] = a["lost"] - b["lost"]
+        rows.append(row)
+    info = {"runs": len(items), "grid_points": len(points), "wall_s": wall, "jobs": jobs,
+            "sim_cpu_s": sum(r["_wall_s"] for r in results.values())}
+    return rows, info
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def add_sweep_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("grid (comma-separated values; the product is swept)")
+    for name, (flag, _, default, _f) in AXES.items():
+        g.add_argument(flag, dest=f"axis_{name}", default=None,
+                       help=f"{name} values (default {','.join(str(v) for v in default)})")
+    add_config_args(p, skip=tuple(a[0] for a in AXES.values()))
+    p.set_defaults(rounds=None)
+    o = p.add_argument_group("sweep")
+    o.add_argument("--jobs", type=int, default=0, help="parallel processes (default: all cores)")
+    o.add_argument("--out", default="results/sweep", help="output folder (default %(default)s)")
+    o.add_argument("--x", default=None, help="heatmap x axis (default: the first axis with several values)")
+    o.add_argument("--y", default=None, help="heatmap y axis (default: the next one)")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..wire import ParameterError
+
+    axes = {}
+    for name, (flag, parse, default, _f) in AXES.items():
+        raw = getattr(args, f"axis_{name}")
+        try:
+            axes[name] = parse(raw) if raw is not None else list(default)
+        except (ValueError, argparse.ArgumentTypeError) as exc:
+            raise ParameterError(f"{flag}: {exc}") from None
+        if not axes[name]:
+            raise ParameterError(f"{flag}: no values")
+    base = config_from_args(args, **({} if args.rounds is not None or args.params else {"rounds": 300}))
+    multi = [n for n, v in axes.items() if len(v) > 1]
+    x = args.x or (multi[0] if multi else "p_high")
+    y = args.y or (multi[1] if len(multi) > 1 else next(n for n in AXES if n != x))
+    for a in (x, y):
+        if a not in AXES:
+            raise ParameterError(f"--x/--y must be one of {list(AXES)}, got {a!r}")
+    for pt in grid_points(axes):  # validate every point before spending time
+        point_config(base, pt).validate()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.no_progress)
+    write_csv(rows, out / "sweep.csv")
+    meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y}
+    (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    from .plots import plot_sweep
+
+    pngs = plot_sweep(rows, x, y, out)
+    print(f"{info['grid_points']} grid points, {info['runs']} simulations of {base.rounds} iterations in "
+          f"{info['wall_s']:.1f} s on {info['jobs']} processes -> {out / 'sweep.csv'}, "
+          + ", ".join(p.name for p in pngs))
+    best = max(rows, key=lambda r: r["speedup_time_to_train"])
+    print("best time-to-train speedup x%.3f at %s" % (
+        best["speedup_time_to_train"], {k: best[k] for k in AXES if len(axes[k]) > 1}))
+    return 0
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    p = sub.add_parser("sweep", help="sweep a parameter grid, DBLP vs baseline, in parallel",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(p)
+    p.set_defaults(func=cmd_sweep)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``scenarios/sweep.py``."""
+    import sys
+
+    from ..wire import ParameterError
+
+    p = argparse.ArgumentParser(prog="scenarios/sweep.py", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_sweep_args(p)
+    args = p.parse_args(argv)
+    try:
+        return cmd_sweep(args)
+    except ParameterError as exc:
+        print(f"sweep: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("sweep: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""Sweep DBLP against the baseline in the simulator over a parameter grid.
+
+Same options as ``python -m dblp.sim sweep`` (see ``--help``), e.g.::
+
+    python scenarios/sweep.py --p-high 0.1,0.2,0.4,0.6 --eta 0.3,0.5,0.7 \
+        --burst-rate 0.005,0.01,0.02 --rounds 300 --out results/sweep
+
+Writes ``sweep.csv``, ``sweep.json`` and ``heatmap_*.png`` into ``--out``.
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dblp.sim.sweep import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
