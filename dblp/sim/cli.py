@@ -146,8 +146,11 @@ def config_from_args(args: argparse.Namespace, **overrides: Any) -> SimConfig:
 
 
 def baseline_of(cfg: SimConfig) -> SimConfig:
-    """The paper's baseline: a fixed tolerance p = P_low."""
-    return cfg.with_(policy="fixed", p=cfg.baseline_p, p_low=None, p_high=None)
+    """The paper's baseline: a fixed tolerance p = P_low (DBLP's own parameters reset:
+    they do not act on a fixed policy, and equal baselines then compare equal)."""
+    from ..policy import DEFAULT_ETA, DEFAULT_FREQ
+
+    return cfg.with_(policy="fixed", p=cfg.baseline_p, p_low=None, p_high=None, eta=DEFAULT_ETA, freq=DEFAULT_FREQ)
 
 
 # -- run ------------------------------------------------------------------------------

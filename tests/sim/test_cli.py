@@ -1,0 +1,113 @@
+"""Command lines: run, sweep (parallel, reproducible), calibrate (round trip)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dblp.sim import SimConfig, simulate
+from dblp.sim.calibrate import calibrate
+from dblp.sim.cli import main as cli_main
+from dblp.sim.sweep import main as sweep_main
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+
+
+def test_help_of_every_entry_point():
+    for args in (["-m", "dblp.sim", "--help"], ["-m", "dblp.sim", "run", "--help"],
+                 ["-m", "dblp.sim", "sweep", "--help"], ["-m", "dblp.sim", "calibrate", "--help"],
+                 [str(ROOT / "scenarios" / "sweep.py"), "--help"]):
+        out = subprocess.run([PY, *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert "usage" in out.stdout
+
+
+def test_run_writes_records_summary_and_plots(tmp_path, capsys):
+    rc = cli_main(["run", "--model", "200000", "--rounds", "12", "--loss", "iteration_bursts:at=3,8:loss=0.7",
+                   "--baseline", "--out", str(tmp_path)])
+    assert rc == 0
+    names = {p.name for p in tmp_path.iterdir()}
+    assert {"params.json", "records-dblp.jsonl", "records-baseline.jsonl", "summary.json", "latency.png",
+            "cdf.png"} <= names
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["baseline"]["lost_up"] < s["dblp"]["lost_up"]
+    # params.json reproduces the run
+    cfg = SimConfig.from_json(tmp_path / "params.json")
+    again = simulate(cfg).summary()
+    assert again["mean_round_s"] == s["dblp"]["mean_round_s"]
+    assert "baseline/dblp" in capsys.readouterr().out
+
+
+def test_bad_parameters_exit_2_with_the_name(capsys):
+    assert cli_main(["run", "--rounds", "2", "--p-high", "1.5"]) == 2
+    assert "p_high" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli_main(["run", "--loss", "bernoulli:p"])
+
+
+def test_sweep_is_parallel_reproducible_and_plots(tmp_path):
+    args = ["--model", "200000", "--rounds", "30", "--p-high", "0.2,0.4", "--eta", "0.3,0.7",
+            "--burst-rate", "0.1", "--no-progress"]
+    assert sweep_main(args + ["--jobs", "2", "--out", str(tmp_path / "a")]) == 0
+    assert sweep_main(args + ["--jobs", "1", "--out", str(tmp_path / "b")]) == 0
+    a = (tmp_path / "a" / "sweep.csv").read_text()
+    assert a == (tmp_path / "b" / "sweep.csv").read_text()
+    lines = a.splitlines()
+    assert len(lines) == 1 + 4
+    header = lines[0].split(",")
+    for col in ("p_high", "eta", "burst_rate", "dblp_mean_round_s", "base_p99_round_s", "dblp_time_to_train_s",
+                "base_lost", "speedup_mean", "speedup_time_to_train"):
+        assert col in header
+    for m in ("mean_round_s", "p99_round_s", "time_to_train_s", "lost"):
+        assert (tmp_path / "a" / f"heatmap_{m}.png").stat().st_size > 1000
+    meta = json.loads((tmp_path / "a" / "sweep.json").read_text())
+    assert meta["runs"] == 4 + 1  # the baseline is shared by the four DBLP points
+
+
+def _fake_emulation_run(folder: Path, truth: SimConfig) -> None:
+    (folder / "records").mkdir(parents=True)
+    res = simulate(truth, records=str(folder / "records" / "server.jsonl"))
+    assert res.records
+    (folder / "config.json").write_text(json.dumps({"topology": {"bw": truth.bandwidth_bps / 1e6,
+                                                                 "delay": "100us", "buffer_pkts": 100},
+                                                    "_run": {"host": "x"}}))
+    # the injector's log of an iteration burst
+    events = [{"event": "start", "t": 1000.0},
+              {"event": "apply", "t": 1001.0, "burst": 0, "kind": "iteration", "iteration": 9, "loss": 0.7},
+              {"event": "remove", "t": 1001.5, "burst": 0, "kind": "iteration", "iteration": 10}]
+    (folder / "bursts.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    with open(folder / "records" / "server.jsonl", "a") as fh:
+        fh.write("not json\n")
+
+
+def test_calibrate_round_trip(tmp_path, capsys):
+    truth = SimConfig(model=1_000_000, rounds=25, bandwidth_bps=1e9, send_pps=40_000, server_send_pps=150_000,
+                      compute_s=0.02, reduce_s=0.002, delay_s=100e-6,
+                      loss=[{"kind": "iteration_bursts", "at": [9], "loss": 0.7}])
+    run = tmp_path / "run"
+    _fake_emulation_run(run, truth)
+    cfg, notes = calibrate(run)
+    assert notes["skipped_lines"] == 1
+    assert cfg.bandwidth_bps == truth.bandwidth_bps and cfg.delay_s == pytest.approx(truth.delay_s)
+    assert cfg.send_pps == pytest.approx(truth.send_pps, rel=0.03)
+    assert cfg.compute_s == pytest.approx(truth.compute_s, rel=0.02)
+    assert cfg.loss == [{**truth.loss[0], "length": 1}] and cfg.policy == "dblp"
+    assert len(cfg.norms) == truth.rounds
+    a, b = simulate(truth).summary(), simulate(cfg).summary()
+    for k in ("mean_round_s", "p99_round_s", "time_to_train_s"):
+        assert b[k] == pytest.approx(a[k], rel=0.03), k
+    # the command line writes a params file that `run --params` takes
+    out = tmp_path / "params.json"
+    assert cli_main(["calibrate", str(run), "-o", str(out)]) == 0
+    assert "_calibration" in json.loads(out.read_text())
+    assert cli_main(["run", "--params", str(out), "--rounds", "3"]) == 0
+
+
+def test_calibrate_refuses_an_empty_folder(tmp_path, capsys):
+    assert cli_main(["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
+    assert "no round records" in capsys.readouterr().err
