@@ -1,0 +1,94 @@
+"""DBLP on real machines (GPU workers) from an inventory file, then the same cross-check as in Mininet.
+
+    python scenarios/gpu_hosts.py hosts.toml                # run, gather, summarize, cross-check
+    python scenarios/gpu_hosts.py hosts.toml --no-crosscheck
+    sudo python scenarios/gpu_hosts.py docs/...netns.toml   # namespace "hosts" on this machine
+
+The inventory format and what a run does are in ``docs/hosts.md``; the
+launcher is :mod:`dblp.hosts` (ssh to the hosts, ``torchrun`` for training
+workers, ``netns``/``local`` stand-ins on one machine). After the run this
+prints, per policy, the latency summary (the Mininet scenario's Table II when
+both ``baseline`` and ``dblp`` ran), the device each worker used and its
+per-iteration compute time, and then - unless ``--no-crosscheck`` - runs the
+simulator on the same configuration with the compute term measured on the
+hosts and reports the two side by side (``scenarios/crosscheck.py``).
+"""
+
+from __future__ import annotations
+
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv)
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from dblp import analysis
+from dblp.hosts import HostsError, InventoryError, launch, load_inventory
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("inventory", help="inventory TOML (docs/hosts.md)")
+    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent of the results folder")
+    ap.add_argument("--no-crosscheck", action="store_true", help="skip the simulator cross-check")
+    ap.add_argument("--fidelity", choices=["round", "packet"], default="round", help="simulator level")
+    return ap.parse_args(argv)
+
+
+def report(inv, out: Path) -> dict:
+    runs = {p: analysis.load(out / p / "records") for p in inv.run.policies if (out / p / "records").is_dir()}
+    bursts = sorted({k for h in inv.hosts for r in h.loss for k in r.rounds})
+    sums = {k: analysis.summarize(v, bursts) for k, v in runs.items()}
+    if "baseline" in sums and "dblp" in sums:
+        print("\nTable II (this run): send latency, slowest worker, seconds")
+        print(analysis.format_table(analysis.table_ii(sums["baseline"], sums["dblp"], bursts)))
+    hdr = ["run", "p50", "p99", "max", "mean"] + [f"@{b}" for b in bursts] + ["min recv frac"]
+    rows = [hdr] + [[k, f"{s.p50:.4f}", f"{s.p99:.4f}", f"{s.tail_max:.4f}", f"{s.mean:.4f}"]
+                    + [f"{x:.4f}" for x in s.at_bursts] + [f"{s.recv_frac_min:.3f}"] for k, s in sums.items()]
+    print("\nSend latency (s, slowest worker per iteration):")
+    print(analysis.format_table(rows))
+    devices = json.loads((out / "devices.json").read_text())
+    print("\nDevices:")
+    for h, d in devices.items():
+        used = d.get("device_used", "-")
+        print(f"  {h:10s} {d['role']:7s} gpus={d.get('gpus') or '-'}  used: {used}")
+    simc = out / "sim_compute.json"
+    if simc.exists():
+        c = json.loads(simc.read_text())
+        print(f"\nCompute per iteration (workers, first iteration left out): median {c['compute_s'] * 1e3:.2f} ms, "
+              f"std {c['compute_jitter_s'] * 1e3:.2f} ms, p90 {c['_p90_s'] * 1e3:.2f} ms over {c['_samples']} "
+              f"iterations -> {simc.name} (dblp.sim SimConfig keys)")
+    if runs:
+        analysis.plot_latency(runs, out / "latency.png", bursts, f"Send latency per iteration ({inv.run.name})")
+        analysis.plot_cdf(runs, out / "cdf.png")
+    return {k: s.as_dict() for k, s in sums.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    try:
+        inv = load_inventory(a.inventory)
+        out = launch(inv, a.results)
+    except (InventoryError, HostsError) as exc:
+        print(f"gpu_hosts: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("gpu_hosts: interrupted; processes ended, host folders removed", file=sys.stderr)
+        return 130
+    sums = report(inv, out)
+    (out / "summary_runs.json").write_text(json.dumps(sums, indent=1) + "\n")
+    if not a.no_crosscheck:
+        try:
+            import crosscheck  # scenarios/crosscheck.py
+        except ImportError as exc:
+            print(f"gpu_hosts: no cross-check ({exc})", file=sys.stderr)
+        else:
+            crosscheck.crosscheck_hosts(inv, out, fidelity=a.fidelity)
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,293 @@
+"""The real-host launcher (dblp/hosts.py) end to end, with hosts that are network namespaces.
+
+The netns tests run 1 server + 3 worker namespace hosts (emulation/nshosts,
+veth on one bridge, TBF-shaped, no Mininet) through the same path as ssh
+hosts - remote shell lines, pid files, nft loss rules through the transport,
+gathering with tar - and check the gathered records (every host, every round,
+exact counts) and that nothing is left: no namespace, no process, no remote
+folder. The inventory tests need nothing; the local-transport test needs no
+root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dblp import hosts
+from dblp.records import read_records
+
+needs_netns = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nft") is None,
+    reason="namespace hosts need root, iproute2 and nft")
+
+
+def inventory(tmp_path: Path, body: str, name: str = "inv.toml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(body))
+    return p
+
+
+def our_processes(marker: str) -> list[str]:
+    """Command lines of live processes mentioning ``marker`` (the run's remote folder)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmd and "pytest" not in cmd:
+                out.append(f"{d.name}: {cmd}")
+    return out
+
+
+def check_run(out: Path, policies: list[str], worker_hosts: list[str], rounds: int, server: str = "srv") -> None:
+    n = len(worker_hosts)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["complete"], summary
+    for policy in policies:
+        d = out / policy
+        srv = list(read_records(d / "records" / "server.jsonl"))
+        assert len(srv) == rounds * n
+        assert sorted((r.round, r.worker) for r in srv) == [(k, w) for k in range(rounds) for w in range(n)]
+        assert all(r.source == "hosts" and r.role == "server" for r in srv)
+        seen_hosts = set()
+        for w in range(n):
+            recs = list(read_records(d / "records" / f"worker{w}.jsonl"))
+            assert [r.round for r in recs] == list(range(rounds))
+            assert all(r.worker == w and r.role == "worker" and r.source == "hosts" for r in recs)
+            assert all(r.extra["compute_s"] >= 0 and r.extra["device"] for r in recs)
+            seen_hosts |= {r.extra["host"] for r in recs}
+        assert seen_hosts == set(worker_hosts)
+        assert len(list(read_records(d / "rounds.jsonl"))) == 2 * rounds * n
+        for h in [server, *worker_hosts]:
+            assert (d / "hosts" / h).is_dir(), f"nothing gathered from {h}"
+        for h in worker_hosts:
+            assert (d / "hosts" / h / "device.json").exists() and (d / "hosts" / h / "compute.csv").exists()
+        rows = (d / "compute.csv").read_text().strip().splitlines()
+        assert len(rows) == 1 + rounds * n
+    for h in [server, *worker_hosts]:
+        assert json.loads((out / "facts" / f"{h}.json").read_text())["hostname"]
+    devices = json.loads((out / "devices.json").read_text())
+    assert set(devices) == {server, *worker_hosts}
+    assert all(devices[h]["device_used"] for h in worker_hosts)
+    simc = json.loads((out / "sim_compute.json").read_text())
+    assert simc["compute_s"] > 0
+    from dblp.sim import SimConfig  # the simulator takes the compute term as it is
+
+    assert SimConfig.from_dict({**simc, "model": 1000}).compute_s == simc["compute_s"]
+
+
+# ---------------------------------------------------------------------------- inventory (no root)
+GOOD = """
+[run]
+transport = "ssh"
+[defaults]
+user = "dblp"
+workdir = "/opt/dblp"
+python = "/opt/dblp/.venv/bin/python"
+[[hosts]]
+name = "ps"
+role = "server"
+address = "10.0.0.10"
+[[hosts]]
+name = "gpu1"
+role = "worker"
+address = "10.0.0.11"
+gpu = true
+"""
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda s: s.replace('role = "server"', 'role = "srv"'), "hosts[0].role"),
+    (lambda s: s.replace('address = "10.0.0.11"', ''), "hosts[1].address"),
+    (lambda s: s.replace('workdir = "/opt/dblp"', ''), "hosts[0].workdir"),
+    (lambda s: s.replace('gpu = true', 'gpu = "yes"'), "hosts[1].gpu"),
+    (lambda s: s.replace('gpu = true', 'gpus = 1'), "hosts[1].gpus"),
+    (lambda s: s.replace('transport = "ssh"', 'transport = "rsh"'), "run.transport"),
+    (lambda s: s.replace('[run]', '[run]\npolicies = ["dblp", "mlt"]'), "run.policies[1]"),
+    (lambda s: s.replace('gpu = true', 'loss = [{rate = 1.5}]'), "hosts[1].loss[0].rate"),
+    (lambda s: s.replace('gpu = true', 'loss = [{rate = 0.1, direction = "in"}]'), "hosts[1].loss[0].direction"),
+    (lambda s: s.replace('name = "gpu1"', 'name = "ps"'), "hosts[1].name"),
+    (lambda s: s.replace('role = "worker"', 'role = "server"'), "hosts"),
+])
+def test_inventory_errors_name_the_field(tmp_path, edit, field):
+    with pytest.raises(hosts.InventoryError) as ei:
+        hosts.load_inventory(inventory(tmp_path, edit(GOOD)))
+    assert f": {field}:" in str(ei.value)
+
+
+def test_example_inventory_in_docs_parses_and_builds_ssh_commands():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "hosts.md").read_text()
+    block = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    import tomllib
+
+    inv = hosts.parse_inventory(tomllib.loads(block), "docs/hosts.md")
+    assert inv.server.role == "server" and len(inv.workers) == 3 and all(w.gpu for w in inv.workers)
+    desc = hosts.describe(inv)
+    assert desc.count("ssh -o BatchMode=yes") == 4 * len(inv.run.policies)
+    tr = hosts.SshTransport(inv)
+    w = inv.workers[0]
+    argv = tr.argv(w, "true")
+    assert argv[0] == "ssh" and argv[-2:] == ["--", "true"] and f"{w.user}@{w.address}" in argv
+
+
+# ---------------------------------------------------------------------------- local transport (no root)
+def test_local_transport_runs_and_gathers(tmp_path):
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "loc"
+        transport = "local"
+        policies = ["dblp"]
+        model = "5e4"
+        rounds = 4
+        compute_ms = 1
+        remote_dir = "{tmp_path}/remote"
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        [[hosts]]
+        name = "w2"
+        role = "worker"
+        """)
+    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    check_run(out, ["dblp"], ["w1", "w2"], 4)
+    assert not list((tmp_path / "remote").iterdir())
+    assert not our_processes(str(tmp_path / "remote"))
+
+
+# ---------------------------------------------------------------------------- netns hosts (root)
+@pytest.mark.netns
+@needs_netns
+def test_netns_hosts_end_to_end(tmp_path):
+    policies = ["baseline", "dblp"]
+    from emulation.nshosts import list_namespaces
+
+    remote = tmp_path / "remote"
+    rounds = 6
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "nsci"
+        transport = "netns"
+        policies = {json.dumps(policies)}
+        model = "1e5"
+        rounds = {rounds}
+        compute_ms = 2
+        remote_dir = "{remote}"
+        [network]
+        bandwidth = "200M"
+        queue_packets = 100
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        loss = [{{direction = "ingress", rate = 0.5, rounds = [3]}}, {{direction = "egress", rate = 0.5, rounds = [3]}}]
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        [[hosts]]
+        name = "w2"
+        role = "worker"
+        [[hosts]]
+        name = "w3"
+        role = "worker"
+        """)
+    mine = f"dblpns-{os.getpid()}-"
+    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    check_run(out, policies, ["w1", "w2", "w3"], rounds)
+    for policy in policies:
+        ev = [json.loads(line) for line in (out / policy / "bursts.jsonl").read_text().splitlines()]
+        applied = [e for e in ev if e["event"] == "apply"]
+        removed = [e for e in ev if e["event"] == "remove"]
+        assert len(applied) == 1 and applied[0]["iteration"] == 3 and len(removed) == 1
+        counters = json.loads((out / policy / "loss_counters.json").read_text())
+        assert counters["srv:ingress:udp"]["dropped_packets"] > 0
+    # nothing left: namespaces, processes, remote folders
+    assert not list_namespaces(mine)
+    assert not our_processes(str(remote))
+    assert not list(remote.iterdir())
+
+
+@pytest.mark.netns
+@needs_netns
+def test_netns_failure_cleans_up(tmp_path):
+    from emulation.nshosts import list_namespaces
+
+    remote = tmp_path / "remote"
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "nsfail"
+        transport = "netns"
+        policies = ["dblp"]
+        model = "1e5"
+        rounds = 5000
+        timeout_s = 4
+        remote_dir = "{remote}"
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        loss = [{{direction = "ingress", rate = 0.1}}]
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        """)
+    with pytest.raises(hosts.HostsError, match="not done after run.timeout_s"):
+        hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    (out,) = (tmp_path / "results").iterdir()
+    s = json.loads((out / "summary.json").read_text())
+    assert not s["complete"] and "timeout" in s["policies"]["dblp"]["error"]
+    assert (out / "dblp" / "records" / "server.jsonl").exists()  # what ran was still gathered
+    assert not list_namespaces(f"dblpns-{os.getpid()}-")
+    assert not our_processes(str(remote))
+    assert not list(remote.iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_netns
+def test_netns_training_workers_under_torchrun(tmp_path):
+    pytest.importorskip("torch")
+    remote = tmp_path / "remote"
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "nstrain"
+        transport = "netns"
+        policies = ["dblp"]
+        mode = "train"
+        remote_dir = "{remote}"
+        [train]
+        workload = "small_cnn"
+        epochs = 1
+        iterations = 3
+        batch_size = 16
+        launcher = "torchrun"
+        threads = 1
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        [[hosts]]
+        name = "g1"
+        role = "worker"
+        [[hosts]]
+        name = "g2"
+        role = "worker"
+        [[hosts]]
+        name = "g3"
+        role = "worker"
+        """)
+    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    check_run(out, ["dblp"], ["g1", "g2", "g3"], 3)
+    for h in ("g1", "g2", "g3"):
+        dev = json.loads((out / "dblp" / "hosts" / h / "device.json").read_text())
+        assert dev["torchrun"] and dev["workload"] == "small_cnn"
+        assert (out / "dblp" / "hosts" / h / "train" / "iterations.jsonl").exists()
+    assert not our_processes(str(remote))
+    assert not list(remote.iterdir())
