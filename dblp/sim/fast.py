@@ -152,8 +152,8 @@ class RoundFlow(FlowBase):
         # Batches of max_batch go to the kernel whole (transport.pump): every
         # batch taken before the STOP arrived leaves. A slot's batch is taken
         # one host interval before the batch's first slot leaves.
-        m0 = int(np.searchsorted(self.leave - self.host.h, t, side="left"))
-        b = self.sim.cfg.max_batch
+        m0 = int(np.searchsorted(self.leave, t + self.host.h, side="left"))
+        b = self.engine.batch
         m = min(self.n, max(-(-m0 // b) * b, self.taken))
         self.take_until(m, t)
         self.limit = m
@@ -341,8 +341,8 @@ class HostSched:
 
     def __init__(self, engine: "RoundEngine", host: Host) -> None:
         self.sim = engine.sim
-        self.h = host.interval_s
-        self.q = engine.sim.cfg.host_slice
+        self.h = host.interval_s * engine.group  # per unit of `group` datagrams
+        self.q = max(1, engine.sim.cfg.host_slice // engine.group)
         # a bucket slower than the host's own interval binds; a faster one never does
         self.pace = engine.pace_s if engine.pace_s > self.h else 0.0
         self.active: list[RoundFlow] = []
@@ -426,10 +426,12 @@ class RoundEngine:
         self.sim = sim
         cfg = sim.cfg
         self.core_order = "inorder"
-        self.wire = cfg.wire_bytes
-        self.pace_s = sim.layout.datagram_size * 8.0 / cfg.send_rate_bps if cfg.send_rate_bps else 0.0
+        self.group = g = cfg.group  # a slot is `group` datagrams (1: one datagram)
+        self.wire = cfg.wire_bytes * g
+        self.batch = max(1, round(cfg.max_batch / g))
+        self.dgram_bytes = sim.layout.datagram_size * g
+        self.pace_s = self.dgram_bytes * 8.0 / cfg.send_rate_bps if cfg.send_rate_bps else 0.0
         self.rate_Bps = cfg.send_rate_bps / 8.0
-        self.dgram_bytes = sim.layout.datagram_size
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
         self.rng = {(d, i): np.random.default_rng([cfg.seed, 0x9047, d, i]) for d in (ctl.UP, ctl.DOWN)
                     for i in range(cfg.workers)}

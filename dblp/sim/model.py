@@ -39,7 +39,7 @@ from .. import control as ctl
 from ..core import Receiver, RoundSender, VirtualRound
 from ..gradients import read_norms, synthetic_norms
 from ..records import RecordWriter, RoundRecord
-from ..wire import SERVER_ID, ParameterError
+from ..wire import SERVER_ID, ChunkLayout, ParameterError
 from .config import SimConfig
 from .loss import make_flow_loss
 from .net import Host, Path, Port, ctrl_wire_bytes
@@ -179,7 +179,14 @@ class Simulation:
         cfg.validate()
         self.cfg = cfg
         self.env = simpy.Environment()
-        self.layout = cfg.layout
+        self.layout = cfg.layout  # the real one: records, wire sizes
+        self.core_layout = self.layout  # the one the core objects run on (coarser with group > 1)
+        if cfg.group > 1:
+            units = math.ceil(self.layout.chunks / cfg.group)
+            self.core_layout = ChunkLayout(units * self.layout.chunk_floats, self.layout.mtu)
+        self._scale = self.layout.chunks / self.core_layout.chunks
+        self._extra = {"group": cfg.group} if cfg.group > 1 else {}
+        self._bursts: dict[int, bool] = {}
         self.n = cfg.workers
         self.policy = cfg.make_policy()
         self.norms = load_norms(cfg)
@@ -214,8 +221,9 @@ class Simulation:
         self.workers = [
             _Worker(
                 i,
-                Endpoint(self, Receiver(self.layout, run_id=RUN_ID, expected_sender=i, direction=ctl.UP)),
-                Endpoint(self, Receiver(self.layout, run_id=RUN_ID, expected_sender=SERVER_ID, direction=ctl.DOWN)),
+                Endpoint(self, Receiver(self.core_layout, run_id=RUN_ID, expected_sender=i, direction=ctl.UP)),
+                Endpoint(self, Receiver(self.core_layout, run_id=RUN_ID, expected_sender=SERVER_ID,
+                                        direction=ctl.DOWN)),
             )
             for i in range(self.n)
         ]
@@ -233,7 +241,7 @@ class Simulation:
         vr = self._rounds_vr.get(rnd)
         if vr is None:
             self._rounds_vr = {k: v for k, v in self._rounds_vr.items() if k >= rnd - 1}
-            vr = self._rounds_vr[rnd] = VirtualRound(self.layout, rnd)
+            vr = self._rounds_vr[rnd] = VirtualRound(self.core_layout, rnd)
         return vr
 
     def new_sender(self, rnd: int, direction: int, worker: int) -> RoundSender:
@@ -244,7 +252,14 @@ class Simulation:
                            pacer=self.engine.pacer(direction, worker), max_batch=self.cfg.max_batch)
 
     def ctrl_wire(self, msg: ctl.Message) -> int:
-        return ctrl_wire_bytes(len(ctl.encode(msg)))
+        n = len(ctl.encode(msg))
+        if isinstance(msg, ctl.Bitmap) and self.core_layout is not self.layout:
+            n += math.ceil(self.layout.chunks / 8) - len(msg.bits)  # the real bitmap's size
+        return ctrl_wire_bytes(n)
+
+    def count(self, count: int) -> int:
+        """A count of core chunks as datagrams (differs only with group > 1)."""
+        return count if self._scale == 1.0 else int(round(count * self._scale))
 
     def _compute_time(self) -> float:
         c = self.cfg.compute_s
@@ -258,7 +273,11 @@ class Simulation:
             self._writer.write(rec)
 
     def burst(self, rnd: int) -> bool:
-        return any(p.burst(rnd) for p in self.loss.values())
+        """Whether an iteration-keyed burst hits iteration ``rnd`` (records' extra["burst"])."""
+        b = self._bursts.get(rnd)
+        if b is None:
+            b = self._bursts[rnd] = any(p.burst(rnd) for p in self.loss.values())
+        return b
 
     # -- the server (dblp.server.ParameterServer.serve_round) ---------------------------------
     def _open_upstream(self, w: _Worker, rnd: int, now: float) -> None:
@@ -281,7 +300,7 @@ class Simulation:
         base = float(self.norms[rnd % self.norms.size])
         if self.cfg.norm_model == "sequence":
             return base
-        fr = sum(w.up_ep.receiver.received for w in self.workers) / self.layout.chunks
+        fr = sum(w.up_ep.receiver.received for w in self.workers) / self.core_layout.chunks
         return base * math.sqrt(fr) / self.n
 
     def _server(self):
@@ -322,13 +341,13 @@ class Simulation:
             policy=self.policy.name, tolerance_up=w.up_tolerance, tolerance_down=p_down, clr=clr,
             grad_norm=norm, chunks=self.layout.chunks,
             up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
-            round_latency_s=t - t0, up_received=r.received, down_sent=s.stats.sent,
-            down_passes=s.stats.passes, down_received=s.stats.received, early_stop_down=s.stats.early_stop,
+            round_latency_s=t - t0, up_received=self.count(r.received), down_sent=self.count(s.stats.sent),
+            down_passes=s.stats.passes, down_received=self.count(s.stats.received), early_stop_down=s.stats.early_stop,
             send_rate_bps=self.cfg.send_rate_bps, order=self.cfg.order,
-            stale=dr.stale, duplicate=dr.duplicate, corrupt=dr.corrupt, foreign=dr.foreign,
+            stale=self.count(dr.stale), duplicate=self.count(dr.duplicate), corrupt=dr.corrupt, foreign=dr.foreign,
             malformed=dr.malformed, out_of_range=dr.out_of_range, wrong_length=dr.wrong_length,
             extra={"reduce": "zero", "wait_others_s": t_up - t0, "fidelity": self.cfg.fidelity,
-                   "burst": self.burst(rnd)},
+                   "burst": self.burst(rnd), **self._extra},
         ))
         if rnd + 1 < self.cfg.rounds:
             self._open_upstream(w, rnd + 1, t)
@@ -379,14 +398,14 @@ class Simulation:
                 source=SOURCE, role="worker", worker=w.wid, round=k, t_start=t0, policy=self.policy.name,
                 tolerance_up=up_msg.tolerance, tolerance_down=down_msg.tolerance, clr=down_msg.clr,
                 chunks=self.layout.chunks, up_latency_s=t_sent - t_send, down_latency_s=t_done - t_down,
-                round_latency_s=t_done - t0, up_sent=sender.stats.sent, up_passes=sender.stats.passes,
-                up_received=sender.stats.received, down_received=recv.received,
+                round_latency_s=t_done - t0, up_sent=self.count(sender.stats.sent), up_passes=sender.stats.passes,
+                up_received=self.count(sender.stats.received), down_received=self.count(recv.received),
                 early_stop_up=sender.stats.early_stop, send_rate_bps=self.cfg.send_rate_bps,
-                order=self.cfg.order, stale=dr.stale, duplicate=dr.duplicate, corrupt=dr.corrupt,
+                order=self.cfg.order, stale=self.count(dr.stale), duplicate=self.count(dr.duplicate), corrupt=dr.corrupt,
                 foreign=dr.foreign, malformed=dr.malformed, out_of_range=dr.out_of_range,
                 wrong_length=dr.wrong_length,
                 extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent, "compute_s": c,
-                       "fidelity": self.cfg.fidelity, "burst": self.burst(k)},
+                       "fidelity": self.cfg.fidelity, "burst": self.burst(k), **self._extra},
             ))
 
     # -- run ----------------------------------------------------------------------------------

@@ -107,6 +107,8 @@ class FluidQueue:
 
     def queue_at(self, t: np.ndarray | float) -> np.ndarray:
         t = np.asarray(t, dtype=np.float64)
+        if not self.congested:
+            return np.zeros(t.shape)
         i = np.clip(np.searchsorted(self._bt, t, side="right") - 1, 0, None)
         q = self._bq[i] + (self._ba[i] - self.cap) * (t - self._bt[i])
         return np.clip(q, 0.0, self.qcap)
@@ -127,6 +129,9 @@ class FluidQueue:
 
     def _rebuild(self) -> None:
         t0 = self.t_ref
+        if self.q_ref <= 0.0 and sum(e[2] for e in self.entries.values()) <= self.cap * (1 + 1e-9):
+            self.congested = False  # even all passes at once fit: no queue anywhere ahead
+            return
         pts = {t0}
         for lo, hi, _ in self.entries.values():
             if lo > t0:

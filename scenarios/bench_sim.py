@@ -1,0 +1,142 @@
+#!/usr/bin/env python3
+"""Speed of the simulator, measured side by side in one run (a benchmark, not a test).
+
+Prints, for the same machine and moment:
+
+1. round level: simulated iterations per second of a 25M-parameter model
+   (ResNet50, 69,061 datagrams per direction), 3 workers, random 70% bursts,
+   for DBLP and the baseline, at ``--groups`` (1 = every datagram; >1 the
+   documented approximation of ``SimConfig.group``) - with the error of each
+   group against group 1 on mean/p99 round latency and time-to-train;
+2. packet level: datagram events per second and iterations per second on a
+   smaller model, beside the round level on the same configuration (speed
+   ratio and agreement of the mean round latency);
+3. a sweep: ``--sweep-configs`` configurations of the 25M model on
+   ``--jobs`` processes, wall time against the 5-minute target.
+
+Times are wall clock and CPU (``time.process_time``: on a shared machine the
+CPU time is the one to compare with targets "on one core").
+
+    python scenarios/bench_sim.py                  # about 2-4 minutes on 2 cores
+    python scenarios/bench_sim.py --quick          # a smoke run, ~20 s
+    python scenarios/bench_sim.py --sweep-configs 500 --sweep-iterations 1000 --groups 1,16
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dblp.sim import SimConfig, simulate  # noqa: E402
+from dblp.sim.cli import baseline_of  # noqa: E402
+from dblp.sim.sweep import run_config  # noqa: E402
+
+BURSTS = [{"kind": "random_bursts", "rate": 0.01, "loss": 0.7}]
+
+
+def timed(cfg: SimConfig):
+    w, c = time.perf_counter(), time.process_time()
+    res = simulate(cfg)
+    return res, time.perf_counter() - w, time.process_time() - c
+
+
+def bench_round(iterations: int, groups: list[int]) -> list[dict]:
+    print(f"\n== round level: resnet50 (25M parameters), 3 workers, 70% bursts at rate 0.01/iteration, "
+          f"{iterations} iterations")
+    print(f"{'policy':>8} {'group':>5} {'wall s':>8} {'cpu s':>8} {'it/s (cpu)':>11} {'ms/it':>7}  "
+          f"{'mean round':>11} {'p99 round':>10} {'ttt':>9}  error vs group 1 (mean / p99 / ttt)")
+    rows = []
+    for policy in ("dblp", "baseline"):
+        base = SimConfig(model="resnet50", rounds=iterations, loss=BURSTS)
+        base = baseline_of(base) if policy == "baseline" else base
+        ref = None
+        for g in groups:
+            res, wall, cpu = timed(base.with_(group=g))
+            s = res.summary()
+            if ref is None:
+                ref = s
+            err = [s[k] / ref[k] - 1 for k in ("mean_round_s", "p99_round_s", "time_to_train_s")]
+            rows.append({"policy": policy, "group": g, "wall_s": wall, "cpu_s": cpu, **s})
+            print(f"{policy:>8} {g:>5} {wall:8.2f} {cpu:8.2f} {iterations / cpu:11.0f} {cpu / iterations * 1e3:7.2f}  "
+                  f"{s['mean_round_s'] * 1e3:9.1f}ms {s['p99_round_s'] * 1e3:8.1f}ms {s['time_to_train_s']:8.1f}s  "
+                  + " / ".join(f"{e * 100:+.2f}%" for e in err))
+    target = [r for r in rows if r["group"] == groups[-1] and r["policy"] == "dblp"][0]
+    print(f"target: {iterations} iterations in < 2 s on one core -> group {groups[-1]}: "
+          f"{target['cpu_s']:.2f} s CPU ({target['cpu_s'] / iterations * 1000:.2f} s per 1,000)")
+    return rows
+
+
+def bench_packet(model: int, iterations: int) -> dict:
+    print(f"\n== packet level vs round level: {model:,} parameters, 3 workers, bursts + 1% Bernoulli, "
+          f"{iterations} iterations")
+    cfg = SimConfig(model=model, rounds=iterations, freq=5,
+                    loss=[{"kind": "iteration_bursts", "at": list(range(3, iterations, 7)), "loss": 0.7},
+                          {"kind": "bernoulli", "p": 0.01}])
+    pk, pw, pc = timed(cfg.with_(fidelity="packet"))
+    rl, rw, rc = timed(cfg.with_(fidelity="round"))
+    a, b = pk.summary(), rl.summary()
+    print(f"packet: {pk.datagrams:,} datagrams, {pk.events:,} datagram events in {pw:.2f} s wall / {pc:.2f} s CPU: "
+          f"{pk.events / pc:,.0f} events/s, {pk.datagrams / pc:,.0f} datagrams/s, {iterations / pc:.2f} iterations/s")
+    print(f"round:  {rl.datagrams:,} datagrams in {rw:.3f} s wall / {rc:.3f} s CPU: {iterations / rc:.1f} iterations/s "
+          f"-> round level x{pc / rc:.0f} faster")
+    print(f"agreement: mean round {a['mean_round_s'] * 1e3:.3f} ms (packet) vs {b['mean_round_s'] * 1e3:.3f} ms (round), "
+          f"{(b['mean_round_s'] / a['mean_round_s'] - 1) * 100:+.2f}%; lost up {a['lost_up']:.4f} vs {b['lost_up']:.4f}")
+    return {"packet_events_per_s": pk.events / pc, "packet_datagrams_per_s": pk.datagrams / pc,
+            "packet_it_per_s": iterations / pc, "round_it_per_s": iterations / rc,
+            "mean_round_rel_diff": b["mean_round_s"] / a["mean_round_s"] - 1}
+
+
+def bench_sweep(n: int, iterations: int, group: int, jobs: int) -> dict:
+    from concurrent.futures import ProcessPoolExecutor
+
+    print(f"\n== sweep: {n} configurations x {iterations} iterations of resnet50 (group {group}) on {jobs} processes")
+    cfgs = []
+    for i in range(n):  # a grid-like spread of P_high, eta, burst rates, seeds
+        cfgs.append(SimConfig(model="resnet50", rounds=iterations, group=group, p_high=0.1 + 0.1 * (i % 5),
+                              eta=(0.3, 0.5, 0.7)[i % 3], seed=i,
+                              loss=[{"kind": "random_bursts", "rate": (0.005, 0.01, 0.02)[i % 3], "loss": 0.7}]).to_dict())
+    t = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=jobs) as ex:
+        out = list(ex.map(run_config, cfgs, chunksize=4))
+    wall = time.perf_counter() - t
+    per = sum(o["_wall_s"] for o in out) / n
+    print(f"{n} runs in {wall:.1f} s wall ({per:.2f} s each in its process): "
+          f"{'within' if wall < 300 else 'over'} the 5-minute target"
+          + ("" if n >= 500 else f"; 500 would take ~{wall * 500 / n:.0f} s"))
+    return {"configs": n, "iterations": iterations, "group": group, "jobs": jobs, "wall_s": wall}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iterations", type=int, default=1000, help="round level iterations (%(default)s)")
+    p.add_argument("--groups", default="1,16", help="round-level group sizes to compare (%(default)s)")
+    p.add_argument("--packet-model", type=int, default=1_000_000, help="packet-level model size (%(default)s)")
+    p.add_argument("--packet-iterations", type=int, default=12, help="packet-level iterations (%(default)s)")
+    p.add_argument("--sweep-configs", type=int, default=40, help="sweep size (%(default)s; the target is 500)")
+    p.add_argument("--sweep-iterations", type=int, default=1000, help="iterations per sweep run (%(default)s)")
+    p.add_argument("--sweep-group", type=int, default=None, help="group of the sweep runs (default: the last of --groups)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes (%(default)s)")
+    p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    p.add_argument("--json", default=None, help="also write the numbers as JSON here")
+    a = p.parse_args()
+    if a.quick:
+        a.iterations, a.packet_model, a.packet_iterations = 100, 200_000, 8
+        a.sweep_configs, a.sweep_iterations = 8, 100
+    groups = [int(g) for g in a.groups.split(",")]
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    res = {"round": bench_round(a.iterations, groups),
+           "packet": bench_packet(a.packet_model, a.packet_iterations),
+           "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs)}
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=2, default=float) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
