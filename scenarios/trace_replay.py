@@ -1,0 +1,353 @@
+"""A loss trace replayed against DBLP and its baselines in Mininet.
+
+    sudo python scenarios/trace_replay.py                        # a sample trace, a few minutes
+    sudo python scenarios/trace_replay.py --trace my.loss.csv    # your own (traces/FORMAT.md)
+
+The real DBLP server and workers run as processes in Mininet hosts on a star
+of TBF-shaped links, as in ``scenarios/microburst.py``; instead of scripted
+bursts, a loss trace file is replayed on the server's link (UDP only, so the
+control channel stays reliable; both directions by default) by
+``emulation.replay.TraceReplayer``:
+
+* a **segments** trace (``*.loss.csv``, time-varying loss) is followed by
+  kernel drop-rule swaps on the trace's schedule, at most one per
+  ``--min-step-us`` (shorter segments averaged, mean loss kept), the trace's
+  clock starting when the server is launched;
+* a **packets** trace (``*.pkts``) is applied exactly, packet by packet, in the
+  kernel (the k-th UDP datagram through each direction gets verdict k).
+
+The trace loops by default (``--once`` plays it once, loss 0 afterwards), so a
+run of any length sees it. The same trace is replayed from its start for each
+policy:
+
+* ``baseline``: fixed p = P_low (MLT's bounded loss);
+* ``dblp``: P_low in the critical learning regime, P_high outside it;
+* ``reliable`` (add it with ``--policies reliable,baseline,dblp``): p = 0.
+
+Printed and written to ``results/trace_replay-<time>/``: per-iteration send
+latency (slowest worker) and its tail (max, p99), average, the received
+fractions, DBLP's speedup over the baseline, and the loss actually replayed
+(the trace's mean over the run vs the achieved schedule vs the kernel's
+drop counters vs, for a reliable run, the datagrams the records show lost);
+``latency.png``, ``cdf.png``, ``loss.png`` (loss each iteration saw, next to
+its latency), ``summary.csv``, ``rounds.csv``, and per policy the replay log
+``<policy>/replay.jsonl`` (every rule change, due and actual time) and the
+achieved schedule as a trace file ``<policy>/achieved.loss.csv``.
+"""
+
+from __future__ import annotations
+
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv)
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dblp import analysis
+from dblp.gradients import model_elements
+from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
+from dblp.wire import ChunkLayout
+
+DEFAULT_TRACE = _bootstrap.ROOT / "traces" / "samples" / "onoff-lognormal.loss.csv"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Replay a loss trace on the server's link in Mininet: baseline (fixed p) vs DBLP "
+                    "(and optionally reliable).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE),
+                    help="trace file (traces/FORMAT.md): *.loss.csv (segments) or *.pkts (per packet)")
+    ap.add_argument("--direction", choices=["both", "up", "down"], default="both",
+                    help="where the trace applies: up = workers->server (server ingress), "
+                         "down = server->workers (server egress), both = each direction gets the trace")
+    ap.add_argument("--once", action="store_true",
+                    help="play the trace once (no loss after its end) instead of looping it")
+    ap.add_argument("--time-scale", type=float, default=1.0,
+                    help="wall seconds per trace second (segments; 2 = play twice as slowly)")
+    ap.add_argument("--min-step-us", type=int, default=None,
+                    help="shortest interval between two rule swaps (segments; default 1000 with "
+                         "libnftables, 20000 with the nft command)")
+    ap.add_argument("--backend", choices=["auto", "libnftables", "nft"], default="auto",
+                    help="how rules are swapped (segments)")
+    ap.add_argument("--model", default="1e6",
+                    help="gradient size: efficientnetb0 (5M), resnet50 (25M), alexnet (61M), gpt2s (125M) or a count")
+    ap.add_argument("--iterations", type=int, default=100)
+    ap.add_argument("--policies", default="baseline,dblp", help="runs to make, in order (reliable, baseline, dblp)")
+    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
+    ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
+    ap.add_argument("--eta", type=float, default=DEFAULT_ETA)
+    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--bw", type=float, default=500.0, help="link bandwidth, Mbit/s (TBF)")
+    ap.add_argument("--buffer", type=int, default=100, help="link buffer, packets (TBF limit)")
+    ap.add_argument("--pace", type=float, default=0.9,
+                    help="senders pace at this fraction of their share of the server link (0 = unpaced)")
+    ap.add_argument("--compute-ms", type=float, default=5.0, help="per-iteration compute time of the workers")
+    ap.add_argument("--gso", action="store_true",
+                    help="use UDP GSO/GRO (default off: a drop rule would drop 44-datagram super-packets)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
+    ap.add_argument("--quiet", action="store_true", help="no per-iteration progress")
+    a = ap.parse_args(argv)
+    a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
+    for p in a.policy_list:
+        if p not in ("reliable", "baseline", "dblp"):
+            ap.error(f"--policies: unknown policy {p!r} (reliable, baseline, dblp)")
+    if not a.policy_list:
+        ap.error("--policies: nothing to run")
+    if a.iterations < 2:
+        ap.error("--iterations must be at least 2")
+    if a.bw <= 0 or a.buffer <= 0 or a.workers < 1:
+        ap.error("--bw, --buffer and --workers must be positive")
+    if not a.time_scale > 0:
+        ap.error("--time-scale must be positive")
+    if a.min_step_us is not None and a.min_step_us <= 0:
+        ap.error("--min-step-us must be positive")
+    try:
+        a.elements = model_elements(a.model)
+    except ValueError as exc:
+        ap.error(str(exc))
+    if a.p_high is None:
+        a.p_high = a.p_low + DEFAULT_K
+    a.bursts_list = []  # microburst.run_policy's progress marks: none here
+    return a
+
+
+def load_trace(path: str):
+    from traces import TraceError, read_trace
+
+    try:
+        return read_trace(path)
+    except FileNotFoundError:
+        raise SystemExit(f"trace_replay.py: no trace file {path}")
+    except (TraceError, ValueError) as exc:
+        raise SystemExit(f"trace_replay.py: {exc}")
+
+
+def targets_for(direction: str):
+    from emulation.loss import LossTarget
+
+    up, down = LossTarget("srv", "ingress", "udp"), LossTarget("srv", "egress", "udp")
+    return {"both": [up, down], "up": [up], "down": [down]}[direction]
+
+
+def round_windows(recs) -> dict[int, tuple[float, float]]:
+    """Per round: wall-clock span from the first worker's start to the last worker's end."""
+    out: dict[int, list[float]] = {}
+    for r in recs:
+        if r.role != "worker" or not math.isfinite(r.round_latency_s):
+            continue
+        a, b = r.t_start, r.t_start + r.round_latency_s
+        w = out.setdefault(r.round, [a, b])
+        w[0], w[1] = min(w[0], a), max(w[1], b)
+    return {k: (v[0], v[1]) for k, v in sorted(out.items())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    if os.geteuid() != 0:
+        print("trace_replay.py needs root for Mininet: run it as `sudo python scenarios/trace_replay.py`",
+              file=sys.stderr)
+        return 2
+    trace = load_trace(a.trace)
+    from emulation.loss import LossController
+    from emulation.net import EmuNet
+    from emulation.recorder import RunRecorder
+    from emulation.replay import TraceReplayer, datagram_loss
+    from dblp.records import write_records
+    from microburst import policy_args, run_policy
+    from topologies.star import StarTopo
+    from traces import SegmentTrace, summarize
+
+    config = {k: v for k, v in vars(a).items()}
+    rec = RunRecorder("trace_replay", config, root=a.results)
+    out = rec.path
+    lay = ChunkLayout(a.elements)
+    s = summarize(trace)
+    span = f"{s.span / 1e6:g} s" if s.form == "segments" else f"{int(s.span):,} packets"
+    print(f"trace_replay: {a.trace}\n  {s.form}, {s.provenance}, {span}, mean loss {s.mean_loss:.4%}, "
+          f"{s.bursts} bursts; {'played once' if a.once else 'looped'} on "
+          f"{', '.join(t.label() for t in targets_for(a.direction))}", flush=True)
+    print(f"  {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), {a.workers} workers, "
+          f"{a.bw:g} Mbit/s links, {a.buffer}-packet buffers, {a.iterations} iterations\n  results: {out}",
+          flush=True)
+    topo = StarTopo(n=a.workers, bw=a.bw, buffer_pkts=a.buffer)
+    runs: dict[str, list] = {}
+    losses: dict[str, dict] = {}
+    exposure: dict[str, dict[int, float]] = {}
+    with EmuNet(topo, name="trace_replay") as net, LossController(net) as lc:
+        rec.snapshot("start", net=net, loss=lc)
+        for name in a.policy_list:
+            t = time.time()
+            print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
+            d = out / name
+            with TraceReplayer(lc, trace, targets_for(a.direction), log_path=d / "replay.jsonl",
+                               time_scale=a.time_scale, min_step_us=a.min_step_us,
+                               loop=not a.once, backend=a.backend) as rp:
+                if name == a.policy_list[0] and isinstance(trace, SegmentTrace):
+                    step = f"resampled to {rp.bin_us} us bins" if rp.bin_us else "at full resolution"
+                    print(f"  replay: {rp.backend.name} rule swaps, {step}, "
+                          f"{len(rp.played)} segments per pass", flush=True)
+                run_policy(name, a, net, lc, out, [])
+            recs = analysis.load(d / "records")
+            runs[name] = recs
+            wins = round_windows(recs)
+            w_all = (min(w[0] for w in wins.values()), max(w[1] for w in wins.values())) if wins else (None, None)
+            summ = rp.summary(*w_all)
+            summ["records"] = datagram_loss(recs)
+            summ["window"] = w_all
+            if rp.mode == "segments":
+                rp.write_achieved(d / "achieved.loss.csv")
+                exposure[name] = {k: rp.achieved_mean(*w) for k, w in wins.items()}
+            losses[name] = summ
+            (d / "replay_summary.json").write_text(json.dumps(summ, indent=1, default=str))
+            print(f"  {name} done in {time.time() - t:.0f} s; loss over the run: {loss_line(summ)}", flush=True)
+        rec.finish(net=net, loss=lc, extra={"replay": losses})
+    # the recorder merges <run>/records/, the runs write <run>/<policy>/records/: merge those
+    (out / "rounds.jsonl").unlink(missing_ok=True)
+    write_records(out / "rounds.jsonl", [r for k in runs for r in sorted(
+        runs[k], key=lambda r: (r.round, r.role, r.worker))])
+    report(a, trace, runs, losses, exposure, out)
+    return 0
+
+
+def loss_line(s: dict) -> str:
+    parts = [f"trace {s['requested_mean_loss']:.3%}"]
+    if "achieved_mean_loss" in s:
+        parts.append(f"achieved schedule {s['achieved_mean_loss']:.3%}")
+    for label, c in (s.get("kernel") or {}).items():
+        if c.get("fraction") is not None:
+            parts.append(f"{label.split(':')[1]} dropped {c['dropped']}/{c['seen']} = {c['fraction']:.3%}")
+    return ", ".join(parts)
+
+
+def _fmt(x: float, spec: str = ".4f") -> str:
+    return "nan" if x is None or not math.isfinite(x) else format(x, spec)
+
+
+def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str, dict],
+           exposure: dict[str, dict[int, float]], out: Path) -> None:
+    sums = {k: analysis.summarize(v) for k, v in runs.items()}
+    fr = {}
+    for k, recs in runs.items():
+        srv = [r for r in recs if r.role == "server" and r.round >= 1]
+        wrk = [r for r in recs if r.role == "worker" and r.round >= 1]
+        fr[k] = {
+            "up_mean": float(np.mean([r.up_frac for r in srv])) if srv else math.nan,
+            "up_min": float(np.min([r.up_frac for r in srv])) if srv else math.nan,
+            "down_mean": float(np.mean([r.down_frac for r in wrk])) if wrk else math.nan,
+            "down_min": float(np.min([r.down_frac for r in wrk])) if wrk else math.nan,
+            "retx_rounds": sum(1 for r in wrk if r.up_passes > 1) / max(1, len(wrk)),
+        }
+    print("\nSend latency (s, slowest worker per iteration; iteration 0 = connection warm-up, left out):")
+    hdr = ["run", "p50", "p99", "tail (max)", "average", "recv up mean", "recv up min",
+           "recv down mean", "recv down min", "rounds >1 pass"]
+    rows = [hdr] + [[k, _fmt(s.p50), _fmt(s.p99), _fmt(s.tail_max), _fmt(s.mean),
+                     _fmt(fr[k]["up_mean"]), _fmt(fr[k]["up_min"]), _fmt(fr[k]["down_mean"]),
+                     _fmt(fr[k]["down_min"]), _fmt(fr[k]["retx_rounds"], ".1%")] for k, s in sums.items()]
+    print(analysis.format_table(rows))
+    if "baseline" in sums and "dblp" in sums:
+        b, d = sums["baseline"], sums["dblp"]
+        sp = [["speedup of DBLP over the baseline", "p99", "tail (max)", "average"],
+              ["baseline / dblp"] + [f"{x / y:.2f}x" if y and y > 0 else "nan"
+                                     for x, y in ((b.p99, d.p99), (b.tail_max, d.tail_max), (b.mean, d.mean))]]
+        print()
+        print(analysis.format_table(sp))
+    print(f"\nLoss replayed (trace file mean {trace.mean_loss():.4%}; means over each run's rounds):")
+    lrow = [["run", "trace (requested)", "achieved schedule", "kernel up", "kernel down", "records up",
+             "records down"]]
+    for k, s in losses.items():
+        kern = s.get("kernel") or {}
+        ku = next((c["fraction"] for lbl, c in kern.items() if ":ingress:" in lbl), None)
+        kd = next((c["fraction"] for lbl, c in kern.items() if ":egress:" in lbl), None)
+        r = s["records"]
+        exact = k == "reliable"
+        lrow.append([k, _fmt(s["requested_mean_loss"], ".4%"), (_fmt(s["achieved_mean_loss"], ".4%") if "achieved_mean_loss" in s else "per packet"),
+                     _fmt(ku, ".4%") if ku is not None else "-", _fmt(kd, ".4%") if kd is not None else "-",
+                     _fmt(r["up"]["loss"], ".4%") + ("" if exact else "*"),
+                     _fmt(r["down"]["loss"], ".4%") + ("" if exact else "*")])
+    print(analysis.format_table(lrow))
+    print("  kernel = the replay rules' drop counters (datagrams dropped / seen on the server's link); records =\n"
+          "  1 - delivered/sent from the run's RoundRecords (exact for reliable; * a bounded-loss run also counts\n"
+          "  datagrams still in flight when STOP came, and queue drops at the bottleneck count everywhere).")
+    for k, s in losses.items():
+        if "wake_lag_ms" in s:
+            lag = s["wake_lag_ms"]
+            print(f"  {k}: {s['changes']} rule swaps, {s['skipped']} skipped (late), wake-up lag p50 "
+                  f"{_fmt(lag['p50'], '.2f')} ms p99 {_fmt(lag['p99'], '.2f')} ms")
+    # files
+    with open(out / "summary.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "p50_s", "p99_s", "max_s", "mean_s", "up_frac_mean", "up_frac_min", "down_frac_mean",
+                    "down_frac_min", "retx_rounds", "trace_loss", "achieved_loss", "kernel_up", "kernel_down",
+                    "records_up", "records_down"])
+        for k, s in sums.items():
+            L = losses[k]
+            kern = L.get("kernel") or {}
+            w.writerow([k, s.p50, s.p99, s.tail_max, s.mean, fr[k]["up_mean"], fr[k]["up_min"], fr[k]["down_mean"],
+                        fr[k]["down_min"], fr[k]["retx_rounds"], L["requested_mean_loss"],
+                        L.get("achieved_mean_loss", ""),
+                        next((c["fraction"] for lbl, c in kern.items() if ":ingress:" in lbl), ""),
+                        next((c["fraction"] for lbl, c in kern.items() if ":egress:" in lbl), ""),
+                        L["records"]["up"]["loss"], L["records"]["down"]["loss"]])
+    with open(out / "rounds.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "round", "latency_s", "up_passes", "up_frac_min", "down_frac_min", "loss_seen"])
+        for k, recs in runs.items():
+            r_, lat = analysis.per_round(recs)
+            _, passes = analysis.per_round(recs, "up_passes")
+            _, upf = analysis.per_round(recs, "up_frac", role="server", agg="min")
+            _, dnf = analysis.per_round(recs, "down_frac", agg="min")
+            ex = exposure.get(k, {})
+            for i, rnd in enumerate(r_.tolist()):
+                w.writerow([k, rnd, lat[i], int(passes[i]), upf[i] if i < len(upf) else "",
+                            dnf[i] if i < len(dnf) else "", ex.get(rnd, "")])
+    (out / "summary_runs.json").write_text(json.dumps(
+        {k: {**s.as_dict(), **fr[k], "loss": losses[k]} for k, s in sums.items()}, indent=1, default=str))
+    title = f"Send latency per iteration, trace {Path(a.trace).name}"
+    analysis.plot_latency(runs, out / "latency.png", (), title)
+    analysis.plot_cdf(runs, out / "cdf.png", f"CDF of send latency, trace {Path(a.trace).name}")
+    if exposure:
+        plot_loss(runs, exposure, out / "loss.png", Path(a.trace).name)
+    print(f"\nwrote {out}/summary.csv, rounds.csv, rounds.jsonl, latency.png, cdf.png"
+          + (", loss.png" if exposure else "") + ", <policy>/achieved.loss.csv" * bool(exposure))
+
+
+def plot_loss(runs: dict[str, list], exposure: dict[str, dict[int, float]], path: Path, tname: str) -> Path:
+    """Per iteration: the loss the replay applied during it, and its latency, for each run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, recs in runs.items():
+        r, v = analysis.per_round(recs)
+        ax1.plot(r, v * 1e3, lw=1.0, label=label)
+        ex = exposure.get(label, {})
+        ks = sorted(ex)
+        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label)
+    ax1.set_ylabel("latency (ms, slowest worker)")
+    ax1.set_yscale("log")
+    ax1.grid(alpha=0.3, which="both")
+    ax1.legend()
+    ax1.set_title(f"Latency and the loss each iteration saw, trace {tname}")
+    ax2.set_xlabel("iteration")
+    ax2.set_ylabel("replayed loss during the iteration (%)")
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+if __name__ == "__main__":
+    sys.exit(main())
