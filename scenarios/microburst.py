@@ -91,8 +91,8 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
     if name == "reliable":
         return ["--policy", "reliable"]
     if name == "baseline":
-        return ["--policy", "fixed", "--p", str(a.p_low)]
-    return ["--policy", "dblp", "--p-low", str(a.p_low), "--p-high", str(a.p_high), "--eta", str(a.eta),
+        return ["--policy", "fixed", "--p", f"{a.p_low:g}"]
+    return ["--policy", "dblp", "--p-low", f"{a.p_low:g}", "--p-high", f"{a.p_high:g}", "--eta", f"{a.eta:g}",
             "--freq", str(a.freq)]
 
 
@@ -216,8 +216,22 @@ def main(argv: list[str] | None = None) -> int:
             runs[name] = analysis.load(d / "records")
             print(f"  {name} done in {time.time() - t:.0f} s", flush=True)
         rec.finish(net=net, loss=lc)
+    merge_runs(runs, out / "rounds.jsonl")
     report(a, runs, out)
     return 0
+
+
+def merge_runs(runs: dict[str, list], path: Path) -> None:
+    """All runs' records in one file, each tagged with its run in ``extra["run"]``."""
+    from dblp.records import write_records
+
+    path.unlink(missing_ok=True)
+    tagged = []
+    for name, recs in runs.items():
+        for r in recs:
+            r.extra = {**r.extra, "run": name}
+            tagged.append(r)
+    write_records(path, sorted(tagged, key=lambda r: (r.extra["run"], r.round, r.role, r.worker)))
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
