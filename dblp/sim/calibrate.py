@@ -4,8 +4,10 @@
 
 * the round records (``records/*.jsonl`` as :class:`emulation.recorder.RunRecorder`
   writes them, else ``rounds.jsonl``, else every other ``*.jsonl`` below the
-  folder; lines that are not round records are skipped and counted),
-* ``config.json`` if there is one (link rate ``bw`` in Mbit/s, ``delay``,
+  folder; lines that are not round records are skipped and counted; with
+  records of several sources, the most frequent non-simulation one),
+* ``config.json`` there or in the folder above (a policy's subfolder of a
+  recorder's run folder) if there is one (link rate ``bw`` in Mbit/s, ``delay``,
   ``buffer_pkts``/``buffer_bytes``, ``workers``, ``model``/``elements``,
   policy flags... looked up by name anywhere in it, nested dicts included),
 * ``bursts.jsonl`` if there is one (the burst schedule actually applied),
@@ -93,17 +95,24 @@ def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], d
     else:
         files = sorted(p for p in folder.rglob("*.jsonl") if p.name != "bursts.jsonl")
     skipped = [0]
+    allrecs = [r for f in files for r in _read_jsonl_records(f, skipped)]
+    sources = sorted({r.source for r in allrecs})
+    source = None
+    if len(sources) > 1:  # one view per calibration: the most frequent, simulation last
+        counts = {s: sum(1 for r in allrecs if r.source == s) for s in sources}
+        source = max(sources, key=lambda s: (s != "simulation", counts[s]))
+        allrecs = [r for r in allrecs if r.source == source]
     seen: dict[tuple, RoundRecord] = {}
-    for f in files:
-        for r in _read_jsonl_records(f, skipped):
-            seen.setdefault((r.role, r.worker, r.round), r)
+    for r in allrecs:
+        seen.setdefault((r.role, r.worker, r.round), r)
     recs = sorted(seen.values(), key=lambda r: (r.round, r.role, r.worker))
     if not recs:
         raise ParameterError(f"{folder}: no round records found in {[str(f) for f in files] or '*.jsonl'}")
     config: dict = {}
-    if (folder / "config.json").exists():
+    config_path = next((p for p in (folder / "config.json", folder.parent / "config.json") if p.exists()), None)
+    if config_path is not None:  # a policy's subfolder of a RunRecorder folder: the run's config is above
         try:
-            c = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            c = json.loads(config_path.read_text(encoding="utf-8"))
             config = c if isinstance(c, dict) else {}
         except (OSError, json.JSONDecodeError):
             config = {}
@@ -111,7 +120,9 @@ def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], d
     if (folder / "bursts.jsonl").exists():
         bursts = [e for e in _jsonl(folder / "bursts.jsonl") if isinstance(e, dict)]
     notes = {"record_files": [str(f) for f in files], "records": len(recs), "skipped_lines": skipped[0],
-             "config": bool(config), "burst_events": len(bursts)}
+             "config": str(config_path) if config else None, "burst_events": len(bursts)}
+    if source is not None:
+        notes["record_source"] = f"{source} (of {sources})"
     return recs, config, bursts, notes
 
 

@@ -108,6 +108,16 @@ def test_calibrate_round_trip(tmp_path, capsys):
     assert cli_main(["run", "--params", str(out), "--rounds", "3"]) == 0
 
 
+def test_calibrate_reads_the_run_config_above_a_policy_folder(tmp_path):
+    truth = SimConfig(model=200_000, rounds=8, bandwidth_bps=1e9, send_pps=40_000)
+    (tmp_path / "baseline" / "records").mkdir(parents=True)
+    simulate(truth, records=str(tmp_path / "baseline" / "records" / "server.jsonl"))
+    (tmp_path / "config.json").write_text(json.dumps({"bw": 1000, "buffer_pkts": 50}))
+    cfg, notes = calibrate(tmp_path / "baseline")
+    assert cfg.bandwidth_bps == 1e9 and cfg.queue_bytes == 50 * cfg.wire_bytes
+    assert notes["config"].endswith("config.json")
+
+
 def test_calibrate_refuses_an_empty_folder(tmp_path, capsys):
     assert cli_main(["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
     assert "no round records" in capsys.readouterr().err
