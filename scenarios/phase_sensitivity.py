@@ -29,7 +29,7 @@ batch 32), with which a clean run reaches ~98% in 5-9 epochs; they were not
 tuned to make either phase look worse.  The verdict compares early and late
 drop on two measures, paired by seed: final accuracy (lasting damage) and
 mean accuracy over all epochs (slower convergence).  What it measured on
-this machine is in ``dblp/train/PHASE_SENSITIVITY.md``; ``--lr 0.01`` shows a
+this machine is in ``dblp/train/RESULTS.md``; ``--lr 0.01`` shows a
 regime where training is still far from converged at epoch 9.
 
 Usage:  python scenarios/phase_sensitivity.py [--seeds 5] [--drops 0.4 0.8] [--lr 0.05] [--out DIR]
@@ -230,6 +230,7 @@ def plot(curves: dict[str, list[list[float]]], settings: list[Setting], args: ar
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [3, 2]})
@@ -245,7 +246,7 @@ def plot(curves: dict[str, list[list[float]]], settings: list[Setting], args: ar
         m, sd = a.mean(0), a.std(0)
         ax.plot(x, m, ls, color=colors[s.phase], label=s.name, marker="o", ms=3)
         ax.fill_between(x, m - sd, m + sd, color=colors[s.phase], alpha=0.08)
-        late = x >= args.early_epochs
+        late = x >= max(args.early_epochs, args.epochs - 3)
         zoom.errorbar(x[late] + 0.04 * (settings.index(s) - 2), m[late], yerr=sd[late], fmt=ls, color=colors[s.phase],
                       marker="o", ms=3, capsize=2, label=s.name)
     ax.axvspan(0, args.early_epochs, color="tab:red", alpha=0.05)
@@ -257,8 +258,9 @@ def plot(curves: dict[str, list[list[float]]], settings: list[Setting], args: ar
     ax.set_ylim(bottom=max(0, ax.get_ylim()[0]))
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right", fontsize=8)
-    zoom.set_title(f"zoom: epochs {args.early_epochs}-{args.epochs} (mean ± std)")
+    zoom.set_title(f"zoom: epochs {max(args.early_epochs, args.epochs - 3)}-{args.epochs} (mean ± std)")
     zoom.set_xlabel("epoch")
+    zoom.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     zoom.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

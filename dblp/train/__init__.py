@@ -11,6 +11,7 @@ Any object with ``exchange(flat_grad) -> averaged`` (and optionally
 """
 
 from dblp.train.data import ArrayDataset, DatasetMissingError
+from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import (
     AllreduceExchange,
     DropExchange,
@@ -35,6 +36,8 @@ from dblp.train.loop import (
 from dblp.train.models import PAPER_WORKLOADS, WORKLOADS, Workload, get_workload
 
 __all__ = [
+    "ExchangeHookState",
+    "exchange_hook",
     "ArrayDataset",
     "DatasetMissingError",
     "AllreduceExchange",

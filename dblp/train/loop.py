@@ -75,6 +75,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     clip_grad_norm: float | None = None  # applied to the exchanged gradient
+    warmup_iters: int = 0  # linear learning-rate warm-up over the first iterations (transformers)
     seed: int = 0  # data order and augmentation (the model is seeded by get_workload)
     sim_workers: int = 1  # workers simulated sequentially in this process
     rank: int = 0  # this process's worker index when each worker is a process
@@ -312,6 +313,9 @@ def train(
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
     opt = _make_optimizer(params, cfg)
+    sched = None
+    if cfg.warmup_iters > 0:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / cfg.warmup_iters))
 
     train_set = workload.train_set
     if cfg.world_size > 1:
@@ -390,7 +394,10 @@ def train(
                 assign_flat_grad(params, avg.reshape(-1))
                 if cfg.clip_grad_norm:
                     torch.nn.utils.clip_grad_norm_(params, cfg.clip_grad_norm)
+                lr_used = opt.param_groups[0]["lr"]
                 opt.step()
+                if sched is not None:
+                    sched.step()
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 it_s = time.perf_counter() - t_it
@@ -406,6 +413,7 @@ def train(
                     "exchange_latency_s": ex_lat,
                     "compute_s": it_s - ex_lat,
                     "iteration_s": it_s,
+                    "lr": lr_used,
                 }
                 for k, v in last_info(ex).items():
                     rec[f"exchange_{k}" if k in rec else k] = _plain(v)

@@ -351,7 +351,8 @@ def get_workload(
         torch.manual_seed(seed)
         model = build_model("gpt2_s", vocab_size=v, **model_kw)
         return Workload(key, model, train, test, "lm", "perplexity", synthetic=synthetic, info=info,
-                        defaults=dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0))
+                        defaults=dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0,
+                                      warmup_iters=200, eval_batch_size=8))
     if key == "small_cnn":
         train, test = load_digits(seed=0)
         torch.manual_seed(seed)

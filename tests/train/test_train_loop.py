@@ -97,8 +97,10 @@ def test_an_exchange_returning_the_wrong_size_is_an_error():
 
 def test_small_transformer_trains_on_the_shipped_corpus():
     wl = get_workload("small_transformer", seed=0)
-    cfg = TrainConfig.for_workload(wl, epochs=2, device="cpu", eval_at_start=True)
+    cfg = TrainConfig.for_workload(wl, epochs=2, device="cpu", eval_at_start=True, warmup_iters=4)
     s = train(wl, LocalExchange(), cfg)
+    lrs = [r["lr"] for r in s.iteration_records[:6]]
+    assert lrs == pytest.approx([cfg.lr * k / 4 for k in (1, 2, 3, 4)] + [cfg.lr] * 2)
     ppl = [e["perplexity"] for e in s.epoch_records]
     assert s.metric == "perplexity" and all(math.isfinite(p) for p in ppl)
     assert ppl[-1] < ppl[0] * 0.5  # from ~vocab size (60) to well below
