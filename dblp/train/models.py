@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -64,6 +65,22 @@ __all__ = [
     "GPT2Logits",
     "build_model",
 ]
+
+# Model initialisation draws from torch's global RNG, which threads share; seeding and
+# building under one lock keeps "same seed -> same initial replica" true for workers
+# run as threads in one process (loopback tests), not only for workers in processes.
+_BUILD_LOCK = threading.Lock()
+
+
+def _seeded_build(seed: int, name: str, **kw: Any) -> nn.Module:
+    with _BUILD_LOCK:
+        state = torch.random.get_rng_state()
+        torch.manual_seed(seed)
+        try:
+            return build_model(name, **kw)
+        finally:
+            torch.random.set_rng_state(state)
+
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -288,8 +305,7 @@ def _cifar_workload(
         train, test = _synthetic_images(synthetic_size, num_classes, gen), _synthetic_images(synthetic_size, num_classes, gen)
     else:
         train, test = loader(_data_root(data_root, "cifar"))
-    torch.manual_seed(seed)
-    model = build_model(name, num_classes=num_classes, **model_kw)
+    model = _seeded_build(seed, name, num_classes=num_classes, **model_kw)
     return Workload(
         name=name, model=model, train_set=train, test_set=test, task="classification", metric="accuracy",
         transform=_cifar_transform, augment=_cifar_augment, defaults=defaults, synthetic=synthetic,
@@ -348,22 +364,19 @@ def get_workload(
             v = tok.vocab_size
             info.update(tokenizer=tokenizer, valid_blocks=len(valid))
         info["vocab_size"] = v
-        torch.manual_seed(seed)
-        model = build_model("gpt2_s", vocab_size=v, **model_kw)
+        model = _seeded_build(seed, "gpt2_s", vocab_size=v, **model_kw)
         return Workload(key, model, train, test, "lm", "perplexity", synthetic=synthetic, info=info,
                         defaults=dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0,
                                       warmup_iters=200, eval_batch_size=8))
     if key == "small_cnn":
         train, test = load_digits(seed=0)
-        torch.manual_seed(seed)
-        model = build_model("small_cnn", num_classes=10)
+        model = _seeded_build(seed, "small_cnn", num_classes=10)
         return Workload(key, model, train, test, "classification", "accuracy",
                         defaults=dict(batch_size=32, lr=0.05, momentum=0.9, epochs=5), info={"num_classes": 10})
     # small_transformer
     sl = seq_len or 64
     train, test, tok = load_tiny_corpus(seq_len=sl)
-    torch.manual_seed(seed)
-    model = build_model("small_transformer", vocab_size=tok.vocab_size, max_len=max(sl, 64))
+    model = _seeded_build(seed, "small_transformer", vocab_size=tok.vocab_size, max_len=max(sl, 64))
     return Workload(key, model, train, test, "lm", "perplexity",
                     defaults=dict(batch_size=16, lr=3e-3, optimizer="adamw", epochs=10, clip_grad_norm=1.0),
                     info={"seq_len": sl, "vocab_size": tok.vocab_size, "tokenizer": "char"})
