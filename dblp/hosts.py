@@ -1043,10 +1043,31 @@ def collect_policy(inv: Inventory, policy: str, out: Path, problems: list[str], 
         (out / "rounds.jsonl").unlink()
     write_records(out / "rounds.jsonl", all_recs)
     _write_compute(out / "compute.csv", compute_rows)
+    (out / "config.json").write_text(json.dumps(policy_config(inv, policy, all_recs), indent=1) + "\n")
     s = {"policy": policy, "rounds": n_rounds, "workers": len(inv.workers), "hosts": counts,
          "problems": problems, "complete": not problems, "wall_s": wall_s}
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     return s
+
+
+def policy_config(inv: Inventory, policy: str, recs: list) -> dict:
+    """The run's settings under the names ``dblp.sim.calibrate`` looks up (its ``config.json``)."""
+    chunks = max((r.chunks for r in recs), default=0)
+    c: dict[str, Any] = {"policy_run": policy, "transport": inv.run.transport, "workers": len(inv.workers),
+                         "iterations": inv.rounds, "seed": inv.run.seed, "eta": inv.run.eta, "freq": inv.run.freq,
+                         "p_low": inv.run.p_low, "p_high": inv.run.p_high, "mode": inv.run.mode}
+    if inv.run.mode == "synthetic":
+        from .gradients import model_elements
+
+        c["elements"] = model_elements(inv.run.model)
+    elif chunks:
+        c["chunks"] = chunks
+    if inv.network.bandwidth:
+        c["bw"] = _rate_bps(inv.network.bandwidth) / 1e6  # Mbit/s, as the Mininet scenarios write it
+        c["buffer_pkts"] = inv.network.queue_packets
+    if _rate_bps(inv.run.rate):
+        c["send_rate_bps"] = _rate_bps(inv.run.rate)
+    return c
 
 
 COMPUTE_COLUMNS = ["policy", "host", "worker", "round", "compute_s", "exchange_s", "iteration_s", "device"]

@@ -1,0 +1,84 @@
+"""scenarios/crosscheck.py: the statistics (no root) and a small Mininet-vs-simulator run."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dblp.records import RoundRecord
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scenarios"))
+
+import crosscheck  # noqa: E402
+
+
+def test_ks_numpy_matches_scipy():
+    scipy_stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(1)
+    for shift in (0.0, 0.3, 1.0):
+        a, b = rng.normal(size=80), rng.normal(shift, 1.2, size=120)
+        d, p = crosscheck.ks_2samp_numpy(a, b)
+        ref = scipy_stats.ks_2samp(a, b)
+        assert d == pytest.approx(ref.statistic, abs=1e-12)
+        assert p == pytest.approx(ref.pvalue, abs=0.05)
+
+
+def _recs(lat: list[float], frac: float = 1.0, chunks: int = 100) -> list[RoundRecord]:
+    return [RoundRecord(source="x", role="worker", worker=w, round=k, round_latency_s=v * (1 + 0.01 * w),
+                        up_latency_s=v / 2, chunks=chunks, up_received=int(frac * chunks), down_received=chunks,
+                        up_passes=1) for k, v in enumerate(lat) for w in range(3)]
+
+
+def test_compare_relative_errors_and_speedups(tmp_path):
+    base = [1.0] * 20
+    base[10] = 5.0
+    dblp = [0.5] * 20
+    dblp[10] = 2.0
+    real = {"baseline": _recs(base), "dblp": _recs(dblp, 0.6)}
+    sim = {"baseline": _recs([1.1 * x for x in base]), "dblp": _recs([x for x in dblp], 0.6)}
+    cmp = crosscheck.compare(real, sim, [10])
+    rows = {(r["term"], r["policy"]): r for r in cmp["rows"]}
+    assert rows[("round p50", "baseline")]["rel_err"] == pytest.approx(0.10)
+    assert rows[("round p50", "baseline")]["within"] is True
+    assert rows[("round p50", "dblp")]["rel_err"] == pytest.approx(0.0)
+    sp = rows[("speedup round @10", "baseline/dblp")]
+    assert sp["mininet"] == pytest.approx(2.5) and sp["sim"] == pytest.approx(2.75) and sp["within"] is True
+    assert rows[("recv frac @10", "dblp")]["mininet"] == pytest.approx(0.6)
+    # every sim value 10% higher: the 18 ordinary iterations separate completely, the burst ones do not
+    assert cmp["ks"]["baseline round"]["statistic"] == pytest.approx(18 / 19)
+    crosscheck.write_report(cmp, tmp_path, "test", [10])
+    doc = json.loads((tmp_path / "crosscheck.json").read_text())
+    assert "round p50 (baseline)" not in doc["outside_bounds"]
+    assert (tmp_path / "crosscheck.png").stat().st_size > 0 and (tmp_path / "crosscheck.csv").exists()
+
+
+@pytest.mark.mininet
+def test_small_crosscheck_run(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "20",
+           "--bursts", "12", "--bw", "200", "--results", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = list(tmp_path.glob("crosscheck-*"))
+    doc = json.loads((run / "crosscheck.json").read_text())
+    terms = {(r["term"], r["policy"]) for r in doc["rows"]}
+    for t in [("round p50", "baseline"), ("round p99", "dblp"), ("speedup round @12", "baseline/dblp"),
+              ("recv frac @12", "dblp")]:
+        assert t in terms
+    assert all(0 <= v["statistic"] <= 1 for v in doc["ks"].values())
+    assert all(math.isfinite(r["rel_err"]) for r in doc["rows"] if r["term"].startswith("round p"))
+    for f in ("crosscheck.png", "crosscheck.csv", "calibration.json", "sim/params.json", "sim/baseline.jsonl",
+              "sim/dblp.jsonl"):
+        assert (run / f).stat().st_size > 0
+    # the same run, re-analysed without Mininet, with its own calibration transferred
+    again = subprocess.run([sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(run),
+                            "--params", str(run / "calibration.json")], capture_output=True, text=True, timeout=200)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "transferred" in json.loads((run / "transferred" / "crosscheck.json").read_text())["how"]
+    assert "calibrated on this run" in json.loads((run / "crosscheck.json").read_text())["how"]
