@@ -118,12 +118,13 @@ def compare(early: list[float], late: list[float]) -> dict:
     gap = statistics.fmean(diffs)
     se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else float("nan")
     clear = len(diffs) > 1 and abs(gap) > 2 * se
-    if gap > 0:
-        verdict = "early-phase drop hurts more" + (" (clear: > 2 s.e.)" if clear else " (within 2 s.e.: not significant)")
-    elif gap < 0:
-        verdict = "late-phase drop hurts more" + (" (clear: > 2 s.e.)" if clear else " (within 2 s.e.: not significant)")
-    else:
+    worse = "early" if gap > 0 else "late"
+    if gap == 0:
         verdict = "no difference"
+    elif clear:
+        verdict = f"{worse}-phase drop hurts more (clear: > 2 s.e.)"
+    else:
+        verdict = f"no significant difference (within 2 s.e.; {worse} worse by the mean)"
     return {"late_minus_early": gap, "std_error": se, "clear": clear, "early_hurts_more": gap > 0, "verdict": verdict}
 
 

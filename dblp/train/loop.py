@@ -423,8 +423,9 @@ def train(
                     on_iteration(rec)
                 ep_loss += mean_loss
                 ep_ex += ex_lat
-                if "tolerance" in rec:
-                    ep_info_tol.append(float(rec["tolerance"]))
+                tol = rec.get("tolerance", rec.get("tolerance_up"))  # stand-in / DBLP worker record
+                if tol is not None:
+                    ep_info_tol.append(float(tol))
                 if "clr" in rec:
                     ep_clr.append(bool(rec["clr"]))
                 step += 1

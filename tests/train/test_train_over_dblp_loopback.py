@@ -68,3 +68,4 @@ def test_dblp_policy_records_reach_the_training_log():
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in recs)
     assert recs[0]["tolerance_up"] == 0.008 and recs[0]["clr"] is True  # training starts critical
     assert {"round_latency_s", "up_latency_s", "exchange_latency_s"} <= set(recs[0])
+    assert 0.008 <= s0.epoch_records[-1]["tolerance_mean"] <= 0.408
