@@ -105,7 +105,8 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--eta", "eta", float, "CLR detection threshold"),
     ("--freq", "freq", int, "CLR check period (iterations)"),
     ("--order", "order", str, "perm|inorder (recorded; used by the packet level)"),
-    ("--norms", "norms", str, "CSV iteration,grad_norm for CLR detection (default synthetic)"),
+    ("--norms", "norms", str, "gradient norms for CLR detection: synthetic (default, fixed 2.5x jumps), "
+                              "varied (noisy, so eta matters: use it to sweep eta), or a CSV iteration,grad_norm"),
     ("--critical-every", "critical_every", int, "synthetic norms: a jump every N iterations"),
     ("--norm-model", "norm_model", str, "received|sequence"),
     ("--bandwidth", "bandwidth_bps", parse_rate, "worker link rate, e.g. 10G"),

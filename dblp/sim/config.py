@@ -55,7 +55,9 @@ class SimConfig:
     freq: int = DEFAULT_FREQ
     order: str = "perm"  # chunk order recorded (and used by the packet-level mode)
     # -- gradient norms that CLR detection sees -----------------------------------
-    norms: Any = None  # None: synthetic; a CSV path (iteration,grad_norm); or a list of floats
+    # None/"synthetic": dblp.gradients.synthetic_norms (as the replaying workers); "varied": jumps of
+    # random size (dblp.sim.model.varied_norms, for eta sweeps); a CSV path (iteration,grad_norm); a list
+    norms: Any = None
     critical_every: int = 150  # synthetic norms: a jump every this many iterations
     norm_model: str = "received"  # see dblp.sim.model.Simulation._grad_norm
     # -- network -------------------------------------------------------------------

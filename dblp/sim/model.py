@@ -430,10 +430,35 @@ def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
     return Simulation(cfg, records=records).run()
 
 
+def varied_norms(iterations: int, seed: int = 0, *, critical_every: int = 150, decay: float = 300.0,
+                 sigma: float = 0.3) -> np.ndarray:
+    """A norm sequence whose iteration-to-iteration changes span the eta range.
+
+    DBLP's detector compares the norm with the previous iteration's at every
+    ``freq``-th step (Algorithm 3), so what decides detection is the
+    iteration-to-iteration variation there. :func:`dblp.gradients.synthetic_norms`
+    has 3% noise and short 2.5x jumps, which a check rarely lands on: every
+    eta below 1.5 then gives the same run. Here the 1/(1+t/decay) decay
+    carries mini-batch-like lognormal noise (``sigma``): the relative change
+    exceeds 0.3 about half the time and 0.7 about one time in ten; critical
+    jumps (2.5x for 5 iterations every ``critical_every``) are kept.
+    """
+    rng = np.random.default_rng([seed, 0x4E0])
+    t = np.arange(iterations)
+    norms = 1.0 / (1.0 + t / decay) * rng.lognormal(0.0, sigma, iterations)
+    if critical_every > 0:
+        for start in range(critical_every, iterations, critical_every):
+            s = max(0, start + int(rng.integers(-critical_every // 4, critical_every // 4 + 1)))
+            norms[s : s + 5] *= 2.5
+    return norms
+
+
 def load_norms(cfg: SimConfig) -> np.ndarray:
     n = cfg.norms
     if n is None or (isinstance(n, str) and n == "synthetic"):
         return synthetic_norms(max(cfg.rounds, 1), cfg.seed, critical_every=cfg.critical_every)
+    if isinstance(n, str) and n == "varied":
+        return varied_norms(max(cfg.rounds, 1), cfg.seed, critical_every=cfg.critical_every)
     if isinstance(n, str):
         return read_norms(n)
     arr = np.asarray(n, dtype=float)

@@ -13,6 +13,10 @@ lost fractions, passes, and the ratios), ``sweep.json`` (grid, base
 parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
 the parameters and the seed: the same command gives the same file.
 
+CLR detection sees the ``--norms`` sequence: the default synthetic one jumps
+2.5x at each critical point (detected at every eta < 1.5); sweep eta with
+``--norms varied`` (mini-batch-like noise) or a real run's export (CSV).
+
 Usage: ``python -m dblp.sim sweep --p-high 0.1,0.2,0.4,0.6 --eta 0.3,0.5,0.7
 --burst-rate 0.005,0.01,0.02 --rounds 300 --out results/sweep``
 (or ``python scenarios/sweep.py ...``, the same options).

@@ -60,3 +60,23 @@ def test_dblp_and_baseline_see_the_same_bursts():
     a = bursts(simulate(cfg))
     b = bursts(simulate(cfg.with_(policy="fixed")))
     assert a == b and len(a) >= 2
+
+
+def test_norms_from_csv_drive_the_policy(tmp_path):
+    csv = tmp_path / "norms.csv"
+    norms = [1.0] * 10 + [3.0] + [1.0] * 9  # a jump exactly at the check of step 10
+    csv.write_text("iteration,grad_norm\n" + "".join(f"{i},{v}\n" for i, v in enumerate(norms)))
+    cfg = small(rounds=20, freq=10, norms=str(csv), norm_model="sequence")
+    sv = {r.round: r for r in simulate(cfg).records if r.role == "server" and r.worker == 0}
+    assert [sv[k].grad_norm for k in range(20)] == norms
+    assert sv[10].clr and sv[10].tolerance_down == cfg.baseline_p  # CLR detected: P_low until step 20
+    flat = tmp_path / "flat.csv"
+    flat.write_text("iteration,grad_norm\n" + "".join(f"{i},1.0\n" for i in range(20)))
+    sv = {r.round: r for r in simulate(cfg.with_(norms=str(flat))).records if r.role == "server" and r.worker == 0}
+    assert not sv[10].clr and sv[10].tolerance_down == cfg.effective_p_high
+
+
+def test_eta_matters_with_varied_norms():
+    base = small(rounds=120, freq=5, norms="varied")
+    clr = [sum(r.clr for r in simulate(base.with_(eta=eta)).records if r.role == "server") for eta in (0.1, 0.5, 1.0)]
+    assert clr[0] > clr[1] > clr[2]
