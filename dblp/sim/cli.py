@@ -120,6 +120,8 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram)"),
     ("--seed", "seed", int, "random seed"),
     ("--host-slice", "host_slice", int, "datagrams per peer per turn of a host's send loop"),
+    ("--group", "group", int, "round level: datagrams simulated as one unit (1 = exact; 16 = ~5x faster, "
+                              "<0.1%% error on mean latency, see SimConfig)"),
 ]
 
 
