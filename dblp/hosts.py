@@ -1043,14 +1043,14 @@ def collect_policy(inv: Inventory, policy: str, out: Path, problems: list[str], 
         (out / "rounds.jsonl").unlink()
     write_records(out / "rounds.jsonl", all_recs)
     _write_compute(out / "compute.csv", compute_rows)
-    (out / "config.json").write_text(json.dumps(policy_config(inv, policy, all_recs), indent=1) + "\n")
+    (out / "config.json").write_text(json.dumps(policy_config(inv, policy, all_recs, out), indent=1) + "\n")
     s = {"policy": policy, "rounds": n_rounds, "workers": len(inv.workers), "hosts": counts,
          "problems": problems, "complete": not problems, "wall_s": wall_s}
     (out / "summary.json").write_text(json.dumps(s, indent=1) + "\n")
     return s
 
 
-def policy_config(inv: Inventory, policy: str, recs: list) -> dict:
+def policy_config(inv: Inventory, policy: str, recs: list, out_dir: Path | None = None) -> dict:
     """The run's settings under the names ``dblp.sim.calibrate`` looks up (its ``config.json``)."""
     chunks = max((r.chunks for r in recs), default=0)
     c: dict[str, Any] = {"policy_run": policy, "transport": inv.run.transport, "workers": len(inv.workers),
@@ -1060,8 +1060,17 @@ def policy_config(inv: Inventory, policy: str, recs: list) -> dict:
         from .gradients import model_elements
 
         c["elements"] = model_elements(inv.run.model)
-    elif chunks:
-        c["chunks"] = chunks
+    else:
+        for h in inv.workers:  # the trained model's parameter count, as the worker reported it
+            dev = out_dir / "hosts" / h.name / "device.json" if out_dir else None
+            if dev is not None and dev.exists():
+                n = json.loads(dev.read_text()).get("parameters")
+                if n:
+                    c["elements"] = int(n)
+                    break
+        if "elements" not in c and chunks:
+            c["chunks"] = chunks
+        c["workload"] = inv.train.workload
     if inv.network.bandwidth:
         c["bw"] = _rate_bps(inv.network.bandwidth) / 1e6  # Mbit/s, as the Mininet scenarios write it
         c["buffer_pkts"] = inv.network.queue_packets

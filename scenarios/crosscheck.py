@@ -17,6 +17,9 @@
    run, with only this scenario's own settings (link rate, buffer, pacing,
    bursts, model, iterations, seed) put in. The second form is the real test
    of the model: nothing of this run is fitted.
+   Each policy's simulation gets the gradient norms its own run's server saw
+   (the CLR detector's input; with ``--params``: the synthetic norms of the
+   seed, which the workers replay).
 3. **Simulation** of every policy with the same configuration and seed.
 4. **Report**, side by side with the relative error (sim - mininet) / mininet
    of each term: median, p99, max and mean round latency (the slowest
@@ -183,14 +186,35 @@ def policy_config(cal, policy: str, p_low: float, p_high: float):
     return cal.with_(policy="dblp", p=p_low, p_low=p_low, p_high=p_high)
 
 
+def own_norms(run: Path, policies: Sequence[str]) -> dict[str, list[float]]:
+    """Each policy run's gradient-norm sequence as its server saw it (zero-fill effect divided out,
+    as ``dblp.sim.calibrate`` does). A training run's norms differ between the policies' runs, and
+    the CLR detector of each must see its own; synthetic runs replay one sequence (same seed)."""
+    from dblp.sim.calibrate import calibrate
+
+    out = {}
+    for pol in policies:
+        if (run / pol / "records").is_dir():
+            try:
+                cfg, _ = calibrate(run / pol, refine=False)
+            except Exception:  # noqa: BLE001 - then the calibration's norms serve
+                continue
+            if isinstance(cfg.norms, list):
+                out[pol] = cfg.norms
+    return out
+
+
 def simulate_policies(cal, policies: Sequence[str], p_low: float, p_high: float, out: Path,
-                      fidelity: str = "round") -> dict[str, list[RoundRecord]]:
+                      fidelity: str = "round", norms: dict[str, list[float]] | None = None
+                      ) -> dict[str, list[RoundRecord]]:
     from dblp.sim import simulate
 
     out.mkdir(parents=True, exist_ok=True)
     res = {}
     for pol in policies:
         cfg = policy_config(cal, pol, p_low, p_high).with_(fidelity=fidelity)
+        if norms and pol in norms:
+            cfg = cfg.with_(norms=norms[pol])
         path = out / f"{pol}.jsonl"
         if path.exists():
             path.unlink()
@@ -387,7 +411,8 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     print(f"\nsimulator: {how}\n  link {cal.bandwidth_bps / 1e6:.0f} Mbit/s, worker {cal.send_pps:.0f} datagrams/s, "
           f"server {cal.server_pps:.0f} datagrams/s, compute {cal.compute_s * 1e3:.2f} ms, "
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
-    sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity)
+    sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
+                            norms=None if a.params else own_norms(run, a.policy_list))
     cmp = compare(real, sim, a.bursts_list)
     title = (f"Cross-check: Mininet vs simulator ({a.fidelity} level, {how}); {a.bw:g} Mbit/s, "
              f"{a.elements:,} elements, bursts {a.bursts_list} at {a.burst_loss:.0%}")
@@ -426,7 +451,8 @@ def crosscheck_hosts(inv, out: Path, fidelity: str = "round") -> dict | None:
     cal.to_json(out / "crosscheck" / "calibration.json", extra={"_crosscheck": {"how": how}})
     bursts = sorted({k for h in inv.hosts for r in h.loss for k in r.rounds})
     p_high = inv.run.p_high if inv.run.p_high is not None else inv.run.p_low + 0.4
-    sim = simulate_policies(cal, pols, inv.run.p_low, p_high, out / "crosscheck" / "sim", fidelity)
+    sim = simulate_policies(cal, pols, inv.run.p_low, p_high, out / "crosscheck" / "sim", fidelity,
+                            norms=own_norms(out, pols))
     real = {p: analysis.load(out / p / "records") for p in pols}
     cmp = compare(real, sim, bursts, real_label="hosts")
     write_report(cmp, out / "crosscheck", f"Cross-check: hosts ({inv.run.transport}) vs simulator ({how})", bursts,

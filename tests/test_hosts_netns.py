@@ -291,3 +291,19 @@ def test_netns_training_workers_under_torchrun(tmp_path):
         assert (out / "dblp" / "hosts" / h / "train" / "iterations.jsonl").exists()
     assert not our_processes(str(remote))
     assert not list(remote.iterdir())
+
+
+def test_torchrun_command_and_compute_term(tmp_path):
+    text = GOOD.replace("[run]", '[run]\nmode = "train"\nport = 29600') + '[train]\nworkload = "small_cnn"\niterations = 5\n'
+    inv = hosts.load_inventory(inventory(tmp_path, text))
+    w = inv.workers[0]
+    argv = hosts.worker_argv(inv, w, 0, "/tmp/x/run-gpu1", "10.0.0.10", 29600, "10.0.0.11")
+    assert argv[:3] == [w.python, "-m", "torch.distributed.run"]
+    assert "--node-rank=0" in argv and "--master-addr=10.0.0.11" in argv and "--nnodes=1" in argv
+    i = argv.index("dblp.hosts")
+    assert argv[i - 1] == "-m" and argv[i + 1] == "worker" and "--id" not in argv  # the id is torchrun's RANK
+    assert argv[argv.index("--server") + 1] == "10.0.0.10:29600"
+    assert inv.rounds == 5
+    rows = [{"round": str(k), "compute_s": str(v), "device": "NVIDIA H100"} for k, v in enumerate([9.0, 0.02, 0.03, 0.04])]
+    c = hosts.sim_compute_params(rows)
+    assert c["compute_s"] == pytest.approx(0.03) and c["_samples"] == 3 and c["_devices"] == ["NVIDIA H100"]
