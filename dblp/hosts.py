@@ -718,7 +718,7 @@ class HostProc:
         self.tail: list[str] = []
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "w", encoding="utf-8")
-        self._log.write(f"# {host.name}: {self.script}\n")
+        self._log.write(f"# {host.name}: {shlex.join(tr.argv(host, self.script))}\n")
         self._log.flush()
         self.proc = tr.start(host, self.script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)
@@ -1124,7 +1124,23 @@ def launch(inv: Inventory, results: str | os.PathLike = ROOT / "results",
     progress(f"hosts: {len(inv.workers)} workers + server over {inv.run.transport}, {inv.run.mode} "
              f"({inv.train.workload if inv.run.mode == 'train' else inv.run.model}), {inv.rounds} iterations, "
              f"policies {', '.join(inv.run.policies)}\n  results: {out}")
+    old_term = None
+    if threading.current_thread() is threading.main_thread():  # `kill PID` cleans up like Ctrl-C
+        old_term = signal.signal(signal.SIGTERM, _sigterm_to_interrupt)
+    try:
+        return _launch(inv, out, run_id, summaries, progress)
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+
+
+def _sigterm_to_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _launch(inv: Inventory, out: Path, run_id: str, summaries: dict, progress: Callable[[str], None]) -> Path:
     failure: BaseException | None = None
+    facts: dict[str, dict] = {}
     with make_transport(inv) as tr:
         facts = preflight(tr, inv)
         (out / "facts").mkdir()

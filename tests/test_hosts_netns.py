@@ -307,3 +307,88 @@ def test_torchrun_command_and_compute_term(tmp_path):
     rows = [{"round": str(k), "compute_s": str(v), "device": "NVIDIA H100"} for k, v in enumerate([9.0, 0.02, 0.03, 0.04])]
     c = hosts.sim_compute_params(rows)
     assert c["compute_s"] == pytest.approx(0.03) and c["_samples"] == 3 and c["_devices"] == ["NVIDIA H100"]
+
+
+SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
+
+
+@pytest.mark.netns
+@needs_netns
+@pytest.mark.skipif(SSHD is None or shutil.which("ssh-keygen") is None,
+                    reason="needs openssh-server (sshd) and ssh-keygen for a real ssh transport")
+def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
+    """The ssh transport for real: sshd in each namespace host, the launcher in another namespace,
+    the inventory with addresses, an identity and ssh options, as on a cluster."""
+    import subprocess
+    import sys
+
+    from emulation.nshosts import NsNet
+
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("host", "user"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(keys / name)], check=True)
+    (keys / "authorized_keys").write_text((keys / "user.pub").read_text())
+    made_run_sshd = not Path("/run/sshd").exists()
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    remote = tmp_path / "remote"
+    names = ["srv", "w1", "w2", "w3"]
+    try:
+        with NsNet(["ctl", *names], rate="500mbit") as net:
+            for h in names:
+                conf = tmp_path / f"sshd_{h}.conf"
+                conf.write_text(textwrap.dedent(f"""\
+                    ListenAddress {net[h].ip}
+                    Port 2222
+                    HostKey {keys / 'host'}
+                    AuthorizedKeysFile {keys / 'authorized_keys'}
+                    PermitRootLogin prohibit-password
+                    PasswordAuthentication no
+                    KbdInteractiveAuthentication no
+                    UsePAM no
+                    StrictModes no
+                    PidFile none
+                    """))
+                net[h].popen([SSHD, "-D", "-e", "-f", str(conf)], stderr=subprocess.DEVNULL)
+            hosts_toml = "\n".join(
+                f'[[hosts]]\nname = "{h}"\nrole = "{"server" if h == "srv" else "worker"}"\naddress = "{net[h].ip}"\n'
+                + ('loss = [{direction = "ingress", rate = 0.5, rounds = [2]}]\n' if h == "srv" else "")
+                for h in names)
+            inv = inventory(tmp_path, f"""
+                [run]
+                name = "sshci"
+                transport = "ssh"
+                policies = ["dblp"]
+                model = "1e5"
+                rounds = 4
+                remote_dir = "{remote}"
+                [defaults]
+                user = "root"
+                ssh_port = 2222
+                identity = "{keys / 'user'}"
+                ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+                python = "{sys.executable}"
+                workdir = "{Path(hosts.__file__).resolve().parents[1]}"
+                """) 
+            inv.write_text(inv.read_text() + hosts_toml)
+            for _ in range(50):  # sshd up?
+                if net["ctl"].run(["sh", "-c", f"echo > /dev/tcp/{net['w3'].ip}/2222"], check=False).returncode == 0:
+                    break
+                import time
+
+                time.sleep(0.1)
+            r = net["ctl"].run([sys.executable, "-m", "dblp.hosts", "run", str(inv), "--results",
+                                str(tmp_path / "results")], check=False, timeout=240)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            (out,) = (tmp_path / "results").iterdir()
+            check_run(out, ["dblp"], ["w1", "w2", "w3"], 4)
+            applied = [json.loads(x) for x in (out / "dblp" / "bursts.jsonl").read_text().splitlines()]
+            assert any(e["event"] == "apply" and e["iteration"] == 2 for e in applied)
+            # nothing left on the "remote" hosts: programs ended, folders and nft tables gone
+            assert not our_processes(str(remote))
+            assert not list(remote.iterdir())
+            for h in names:
+                assert "dblp_hosts" not in net[h].run(["nft", "list", "tables"]).stdout
+    finally:
+        if made_run_sshd:
+            Path("/run/sshd").rmdir()
