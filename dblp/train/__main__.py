@@ -1,0 +1,71 @@
+"""``python -m dblp.train worker ...``: one training worker over the real DBLP transport.
+
+Runs :func:`dblp.train.loop.train` on this worker's shard of the data, with
+every gradient exchanged through :class:`dblp.worker.Worker` (the server is
+``python -m dblp server``). Used on loopback, in Mininet hosts and on real
+hosts alike; prints the run's summary as one JSON line at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dblp.cli import _hostport
+from dblp.worker import Worker, WorkerError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dblp.train", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("worker", help="train one worker over DBLP",
+                       description="Train one worker's shard, exchanging gradients with a DBLP server.")
+    w.add_argument("--server", type=_hostport, required=True, help="server HOST:PORT")
+    w.add_argument("--id", type=int, required=True, help="worker index (data shard)")
+    w.add_argument("--workers", type=int, required=True, help="number of workers (shards)")
+    w.add_argument("--workload", default="small_cnn",
+                   help="small_cnn|small_transformer|efficientnet_b0|resnet50|alexnet|gpt2_s")
+    w.add_argument("--data-root", default=None, help="folder with the data set (CIFAR/WikiText-2)")
+    w.add_argument("--epochs", type=int, default=10)
+    w.add_argument("--lr", type=float, default=None)
+    w.add_argument("--batch-size", type=int, default=None)
+    w.add_argument("--max-iters-per-epoch", type=int, default=None)
+    w.add_argument("--seed", type=int, default=0, help="model init and data order (same on every worker)")
+    w.add_argument("--device", default=None, help="cpu|cuda (default: cuda when present)")
+    w.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    w.add_argument("--out", required=True, help="folder for iterations/epochs records and summary.json")
+    w.add_argument("--records", default=None, help="JSONL file for the transport's per-round records")
+    w.add_argument("--source", default="loopback")
+    w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    w.add_argument("--peer-timeout", type=float, default=60.0)
+    w.add_argument("--progress", action="store_true")
+    a = ap.parse_args(argv)
+
+    from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
+    from dblp.train.data import DatasetMissingError
+
+    try:
+        wl = get_workload(a.workload, a.data_root, seed=a.seed)
+    except (DatasetMissingError, KeyError, ValueError) as exc:
+        print(f"dblp.train worker: error: {exc}", file=sys.stderr)
+        return 2
+    params = [p for p in wl.model.parameters() if p.requires_grad]
+    elements = sum(p.numel() for p in params)
+    over = {k: v for k, v in {"lr": a.lr, "batch_size": a.batch_size,
+                               "max_iters_per_epoch": a.max_iters_per_epoch}.items() if v is not None}
+    cfg = TrainConfig.for_workload(wl, epochs=a.epochs, rank=a.id, world_size=a.workers, seed=a.seed,
+                                   out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress, **over)
+    try:
+        with Worker(a.server[0], a.server[1], elements=elements, worker_id=a.id, records=a.records,
+                    source=a.source, fast=False if a.plain else None, peer_timeout=a.peer_timeout) as wk:
+            summary = train(wl, AllreduceExchange(wk), cfg)
+    except WorkerError as exc:
+        print(f"dblp.train worker {a.id}: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(summary.to_dict()), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,220 @@
+"""Real training over the real DBLP transport: baseline vs DBLP (paper Tables V and VI).
+
+    python scenarios/train.py                       # small CNN on the bundled digits, 3 workers, CPU
+
+A DBLP server and N training workers (``python -m dblp.train worker``) run as
+separate processes on loopback with the same seed and epochs, once per
+policy: ``baseline`` (fixed p = P_low, MLT) and ``dblp`` (P_low in the
+critical regime, P_high = P_low + 0.4 elsewhere), optionally ``reliable``
+(p = 0). ``--loss`` drops that fraction of every UDP datagram inside a
+network namespace (nftables, root only), so the tolerances really bite.
+Prints the final test metric (Table VI) and the training time normalised to
+DBLP (Table V), and writes accuracy and time curves as PNG plus CSV/JSON.
+"""
+
+from __future__ import annotations
+
+import _bootstrap  # noqa: F401
+
+import argparse
+import csv
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
+
+PY = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description="Train a model over DBLP: baseline vs DBLP, accuracy and time.",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--workload", default="small_cnn",
+                    help="small_cnn (digits, bundled) | small_transformer (bundled text) | efficientnet_b0 | "
+                         "resnet50 | alexnet (CIFAR, --data-root) | gpt2_s (WikiText-2, --data-root)")
+    ap.add_argument("--data-root", default=None)
+    ap.add_argument("--workers", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--policies", default="baseline,dblp")
+    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW)
+    ap.add_argument("--p-high", type=float, default=None, help=f"default P_low + {DEFAULT_K}")
+    ap.add_argument("--eta", type=float, default=DEFAULT_ETA)
+    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ)
+    ap.add_argument("--loss", type=float, default=0.0,
+                    help="random UDP loss inside a network namespace (root; 0 = plain loopback)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-iters-per-epoch", type=int, default=None)
+    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"))
+    a = ap.parse_args(argv)
+    a.policy_list = [p.strip() for p in a.policies.split(",") if p.strip()]
+    for p in a.policy_list:
+        if p not in ("reliable", "baseline", "dblp"):
+            ap.error(f"--policies: unknown policy {p!r}")
+    if not 0 <= a.loss < 1:
+        ap.error(f"--loss must be in [0, 1), got {a.loss}")
+    if a.loss and os.geteuid() != 0:
+        ap.error("--loss needs root (an nftables rule in a network namespace)")
+    if a.p_high is None:
+        a.p_high = a.p_low + DEFAULT_K
+    return a
+
+
+def policy_args(name: str, a: argparse.Namespace) -> list[str]:
+    if name == "reliable":
+        return ["--policy", "reliable"]
+    if name == "baseline":
+        return ["--policy", "fixed", "--p", f"{a.p_low:g}"]
+    return ["--policy", "dblp", "--p-low", f"{a.p_low:g}", "--p-high", f"{a.p_high:g}", "--eta", f"{a.eta:g}",
+            "--freq", str(a.freq)]
+
+
+class LossyNamespace:
+    """A network namespace whose loopback drops a fraction of UDP datagrams."""
+
+    def __init__(self, loss: float) -> None:
+        self.name = f"dblp-train-{uuid.uuid4().hex[:6]}"
+        self.loss = loss
+
+    def __enter__(self) -> "LossyNamespace":
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        try:
+            subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"], check=True)
+            rule = (f"table inet dblp_train {{\n chain in {{\n  type filter hook input priority 0; policy accept;\n"
+                    f"  meta l4proto udp numgen random mod 10000 < {round(self.loss * 10000)} drop\n }}\n}}\n")
+            subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], input=rule, text=True, check=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -> dict:
+    d = out / name
+    d.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(_bootstrap.ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    log = open(d / "processes.log", "w")
+    srv = subprocess.Popen(prefix + [PY, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
+                                     "--workers", str(a.workers), "--records", str(d / "server.jsonl"),
+                                     "--seed", str(a.seed), "--peer-timeout", "120", *policy_args(name, a)],
+                           env=env, stdout=log, stderr=log)
+    extra = ["--max-iters-per-epoch", str(a.max_iters_per_epoch)] if a.max_iters_per_epoch else []
+    if a.data_root:
+        extra += ["--data-root", a.data_root]
+    t0 = time.time()
+    workers = [subprocess.Popen(prefix + [PY, "-m", "dblp.train", "worker", "--server", f"127.0.0.1:{port}",
+                                          "--id", str(i), "--workers", str(a.workers), "--workload", a.workload,
+                                          "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", str(d / f"w{i}"),
+                                          "--records", str(d / f"worker{i}.jsonl"), *extra]
+                                + (["--progress"] if i == 0 else []),
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE if i else None, text=True)
+               for i in range(a.workers)]
+    summaries = []
+    try:
+        for i, p in enumerate(workers):
+            stdout, stderr = p.communicate(timeout=3600)
+            if p.returncode != 0:
+                raise RuntimeError(f"{name}: worker {i} failed:\n{(stderr or '')[-2000:]}")
+            summaries.append(json.loads(stdout.strip().splitlines()[-1]))
+        srv.wait(timeout=60)
+    finally:
+        for p in workers + [srv]:
+            if p.poll() is None:
+                p.kill()
+        log.close()
+    wall = time.time() - t0
+    epochs = [json.loads(line) for line in open(d / "w0" / "epochs.jsonl")]
+    return {"name": name, "wall_s": wall, "summaries": summaries, "epochs": epochs}
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    out = Path(a.results) / f"train-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True)
+    (out / "config.json").write_text(json.dumps(vars(a), indent=1, default=str))
+    print(f"train: {a.workload}, {a.workers} workers, {a.epochs} epochs, policies {a.policy_list}, "
+          f"loss {a.loss:.1%}\n  results: {out}", flush=True)
+    runs = {}
+    ns = LossyNamespace(a.loss) if a.loss else None
+    try:
+        prefix = ns.__enter__().prefix() if ns else []
+        for name in a.policy_list:
+            print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
+            runs[name] = run_policy(name, a, out, prefix)
+            s0 = runs[name]["summaries"][0]
+            print(f"  {name}: final {s0['metric']} {s0['final_metric']:.4f}, {s0['wall_s']:.0f} s of training",
+                  flush=True)
+    finally:
+        if ns:
+            ns.__exit__()
+    report(a, runs, out)
+    return 0
+
+
+def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = next(iter(runs.values()))["summaries"][0]["metric"]
+    # Training time: the slowest worker's training loop (process start-up and imports excluded).
+    for r in runs.values():
+        r["train_s"] = max(s["wall_s"] for s in r["summaries"])
+    rows = [["run", f"final {metric} (worker 0)", f"final {metric} (mean of workers)", "train time (s)",
+             "exchange time (s)", "time / dblp"]]
+    ref = runs.get("dblp", next(iter(runs.values())))["train_s"]
+    for name, r in runs.items():
+        finals = [s["final_metric"] for s in r["summaries"]]
+        rows.append([name, f"{finals[0]:.4f}", f"{sum(finals) / len(finals):.4f}", f"{r['train_s']:.1f}",
+                     f"{r['summaries'][0]['exchange_s']:.1f}", f"{r['train_s'] / ref:.2f}"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    print("\nTables V/VI (this run): final test metric and training time")
+    for j, row in enumerate(rows):
+        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+    if "baseline" in runs and "dblp" in runs:
+        b = runs["baseline"]["summaries"][0]["final_metric"]
+        d = runs["dblp"]["summaries"][0]["final_metric"]
+        print(f"\nDBLP reaches {d / b:.2%} of the baseline's final {metric}; "
+              f"training time baseline/DBLP = {runs['baseline']['train_s'] / runs['dblp']['train_s']:.2f}x")
+    with open(out / "summary.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(rows)
+    (out / "summary.json").write_text(json.dumps({k: {"wall_s": v["wall_s"], "train_s": v["train_s"],
+                                                      "summaries": v["summaries"]}
+                                                  for k, v in runs.items()}, indent=1))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for name, r in runs.items():
+        ep = [e for e in r["epochs"] if e.get("epoch", 0) >= 1]
+        ax1.plot([e["epoch"] for e in ep], [e[metric] for e in ep], marker="o", label=name)
+        ax2.plot([e.get("wall_s", e.get("time_s", 0)) for e in ep], [e[metric] for e in ep], marker="o", label=name)
+    ax1.set_xlabel("epoch"); ax1.set_ylabel(f"test {metric}"); ax1.grid(alpha=0.3); ax1.legend()
+    ax2.set_xlabel("wall time (s)"); ax2.set_ylabel(f"test {metric}"); ax2.grid(alpha=0.3); ax2.legend()
+    fig.suptitle(f"{a.workload} over DBLP, {a.workers} workers")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png", dpi=120)
+    plt.close(fig)
+    print(f"wrote {out}/summary.csv, summary.json, curves.png")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
