@@ -258,6 +258,11 @@ class RoundSender:
         self.state = SendState.SENDING
         self.stats.passes += 1
 
+    @property
+    def pass_remaining(self) -> int:
+        """Datagrams of the current pass not yet handed out."""
+        return 0 if self.state is SendState.DONE else int(self._pass.size - self._pos)
+
     def ready(self, now: float) -> bool:
         """Whether :meth:`datagrams_to_send` would return datagrams at ``now``."""
         if self.state is SendState.BACKOFF:
@@ -466,7 +471,10 @@ class Receiver:
             keep, seqs = keep[~badlen], seqs[~badlen]
         if seqs.size == 0:
             return 0
-        uniq, first = np.unique(seqs, return_index=True)
+        if seqs.size < 2 or bool(np.all(seqs[1:] > seqs[:-1])):
+            uniq, first = seqs, np.arange(seqs.size)  # already sorted and unique: skip np.unique's sort
+        else:
+            uniq, first = np.unique(seqs, return_index=True)
         fresh = ~self.mask[uniq]
         self._drop("duplicate", int(seqs.size - fresh.sum()))
         uniq, first = uniq[fresh], first[fresh]

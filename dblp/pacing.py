@@ -53,4 +53,5 @@ class TokenBucket:
             return now
         self._refill(now)
         deficit = item_bytes - self._tokens
-        return now if deficit <= 0 else now + deficit * 8.0 / self.rate_bps
+        # 1 ns of slack so that float rounding at exactly this time still allows one item
+        return now if deficit <= 0 else now + deficit * 8.0 / self.rate_bps + 1e-9

@@ -13,7 +13,8 @@ job of ``mn -c`` for this testbed without assuming Open vSwitch:
 2. Mininet shells (``bash ... mininet:<node>``) not owned by a live run, and
    every process in their namespaces; processes tagged ``DBLPEM_RUN=`` by
    ``EmuNet.popen`` whose run is gone;
-3. root-namespace veths named like Mininet's (``<node>-eth<N>``), bridges
+3. namespace hosts of ``emulation.nshosts`` (``dblpns-*``) whose creator is gone;
+4. root-namespace veths named like Mininet's (``<node>-eth<N>``), bridges
    carrying our ifalias ``dblpem``, nft tables ``dblp_loss*``/``dblpem_*``,
    network namespaces ``dblpem-*``.
 
@@ -228,6 +229,13 @@ def main(argv: list[str] | None = None) -> int:
         print("emulation.cleanup: must run as root", file=sys.stderr)
         return 1
     cleanup(dry_run=a.dry_run, all_dblp=a.all_dblp, force=a.force, verbose=not a.quiet)
+    if not a.dry_run:
+        # namespace hosts without Mininet (emulation.nshosts): those whose creator is gone
+        from .nshosts import cleanup_stale
+
+        for name in cleanup_stale(all_=a.force):
+            if not a.quiet:
+                print(f"removed namespace host {name}")
     return 0
 
 

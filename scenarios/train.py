@@ -24,7 +24,6 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
@@ -72,32 +71,6 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
         return ["--policy", "fixed", "--p", f"{a.p_low:g}"]
     return ["--policy", "dblp", "--p-low", f"{a.p_low:g}", "--p-high", f"{a.p_high:g}", "--eta", f"{a.eta:g}",
             "--freq", str(a.freq)]
-
-
-class LossyNamespace:
-    """A network namespace whose loopback drops a fraction of UDP datagrams."""
-
-    def __init__(self, loss: float) -> None:
-        self.name = f"dblp-train-{uuid.uuid4().hex[:6]}"
-        self.loss = loss
-
-    def __enter__(self) -> "LossyNamespace":
-        subprocess.run(["ip", "netns", "add", self.name], check=True)
-        try:
-            subprocess.run(["ip", "netns", "exec", self.name, "ip", "link", "set", "lo", "up"], check=True)
-            rule = (f"table inet dblp_train {{\n chain in {{\n  type filter hook input priority 0; policy accept;\n"
-                    f"  meta l4proto udp numgen random mod 10000 < {round(self.loss * 10000)} drop\n }}\n}}\n")
-            subprocess.run(["ip", "netns", "exec", self.name, "nft", "-f", "-"], input=rule, text=True, check=True)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def prefix(self) -> list[str]:
-        return ["ip", "netns", "exec", self.name]
-
-    def __exit__(self, *exc: object) -> None:
-        subprocess.run(["ip", "netns", "del", self.name], check=False)
 
 
 def free_port() -> int:
@@ -153,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"train: {a.workload}, {a.workers} workers, {a.epochs} epochs, policies {a.policy_list}, "
           f"loss {a.loss:.1%}\n  results: {out}", flush=True)
     runs = {}
-    ns = LossyNamespace(a.loss) if a.loss else None
+    from emulation.lossyns import LossyLoopback
+
+    ns = LossyLoopback(a.loss) if a.loss else None
     try:
         prefix = ns.__enter__().prefix() if ns else []
         for name in a.policy_list:

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -53,22 +52,10 @@ def lossy_netns():
     """A network namespace whose loopback drops 25% of UDP datagrams (nftables)."""
     if not is_root:
         pytest.skip("needs root and nft for a loss rule in a network namespace")
-    ns = f"dblp-t{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", ns], check=True)
-    try:
-        subprocess.run(["ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up"], check=True)
-        rules = """
-table inet dblp_test {
-  chain in {
-    type filter hook input priority 0; policy accept;
-    meta l4proto udp numgen random mod 100 < 25 counter drop
-  }
-}
-"""
-        subprocess.run(["ip", "netns", "exec", ns, "nft", "-f", "-"], input=rules, text=True, check=True)
-        yield ns
-    finally:
-        subprocess.run(["ip", "netns", "del", ns], check=False)
+    from emulation.lossyns import LossyLoopback
+
+    with LossyLoopback(0.25) as ns:
+        yield ns.name
 
 
 def test_lossy_rounds_zero_fill_and_threshold(lossy_netns, tmp_path):

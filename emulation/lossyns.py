@@ -1,0 +1,52 @@
+"""A network namespace whose loopback drops a fraction of UDP datagrams.
+
+The smallest lossy network there is: processes started with :meth:`prefix`
+talk over the namespace's ``lo``, and an nftables rule in the input hook
+drops ``loss`` of the UDP datagrams at random (``numgen random``), TCP
+untouched. Used by the transport tests and by ``scenarios/train.py`` where
+Mininet would be overkill. The namespace (and with it the rule) is deleted
+on exit; ``python -m emulation.cleanup --all-dblp`` removes one a killed run
+left behind.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+from .loss import rate_to_threshold
+
+
+class LossyLoopback:
+    def __init__(self, loss: float, prefix: str = "dblp-lossy") -> None:
+        self.threshold = rate_to_threshold(loss)
+        self.loss = loss
+        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+    def __enter__(self) -> "LossyLoopback":
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        try:
+            self.run(["ip", "link", "set", "lo", "up"])
+            rules = (
+                "table inet dblp_lossy {\n"
+                "  chain in {\n"
+                "    type filter hook input priority 0; policy accept;\n"
+                f"    meta l4proto udp numgen random mod 10000 < {self.threshold} counter drop\n"
+                "  }\n"
+                "}\n"
+            )
+            subprocess.run(self.prefix() + ["nft", "-f", "-"], input=rules, text=True, check=True)
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def prefix(self) -> list[str]:
+        """Command prefix that runs a program inside the namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def run(self, args: list[str]) -> str:
+        return subprocess.run(self.prefix() + args, check=True, capture_output=True, text=True).stdout
+
+    def __exit__(self, *exc: object) -> None:
+        subprocess.run(["ip", "netns", "del", self.name], check=False, capture_output=True)
