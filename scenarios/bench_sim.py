@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
 from dblp.sim import SimConfig, simulate  # noqa: E402
 from dblp.sim.cli import baseline_of  # noqa: E402

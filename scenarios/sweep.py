@@ -10,9 +10,8 @@ Writes ``sweep.csv``, ``sweep.json`` and ``heatmap_*.png`` into ``--out``.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
 from dblp.sim.sweep import main  # noqa: E402
 
