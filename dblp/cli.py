@@ -38,6 +38,19 @@ def _rate(s: str) -> float:
         raise argparse.ArgumentTypeError(f"bad rate {s!r}: use e.g. 0, 500M, 1.5G") from None
 
 
+def policy_flags(name: str, p_low: float, p_high: float, eta: float, freq: int) -> list[str]:
+    """Server flags of a scenario's named run: ``reliable`` (p = 0), ``baseline``
+    (fixed p = P_low, MLT) or ``dblp`` (CLR switching between P_low and P_high)."""
+    if name == "reliable":
+        return ["--policy", "reliable"]
+    if name == "baseline":
+        return ["--policy", "fixed", "--p", f"{p_low:g}"]
+    if name == "dblp":
+        return ["--policy", "dblp", "--p-low", f"{p_low:g}", "--p-high", f"{p_high:g}", "--eta", f"{eta:g}",
+                "--freq", str(freq)]
+    raise ParameterError(f"run must be reliable, baseline or dblp, got {name!r}")
+
+
 def add_policy_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("tolerance policy")
     g.add_argument("--policy", choices=["reliable", "fixed", "dblp"], default="dblp")

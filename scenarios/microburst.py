@@ -33,6 +33,7 @@ from pathlib import Path
 
 from dblp import analysis
 from dblp.gradients import model_elements
+from dblp.cli import policy_flags
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
 from dblp.wire import ChunkLayout
 
@@ -88,12 +89,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def policy_args(name: str, a: argparse.Namespace) -> list[str]:
-    if name == "reliable":
-        return ["--policy", "reliable"]
-    if name == "baseline":
-        return ["--policy", "fixed", "--p", f"{a.p_low:g}"]
-    return ["--policy", "dblp", "--p-low", f"{a.p_low:g}", "--p-high", f"{a.p_high:g}", "--eta", f"{a.eta:g}",
-            "--freq", str(a.freq)]
+    return policy_flags(name, a.p_low, a.p_high, a.eta, a.freq)
 
 
 class RoundWatcher(threading.Thread):
