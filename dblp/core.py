@@ -339,6 +339,7 @@ class Receiver:
         self.tolerance: float | None = None
         self.need = layout.chunks
         self.mask = np.zeros(layout.chunks, dtype=bool)
+        self._slot = np.zeros(layout.chunks, dtype=np.int64)  # scratch for duplicate detection
         self.received = 0
         self.out: np.ndarray | None = None
         self.stats = RecvStats()
@@ -439,15 +440,17 @@ class Receiver:
         ok &= ~decl
         if not ok.any():
             return 0
-        idx = np.flatnonzero(ok)
-        crc_ok = crc_rows(rows[idx]) == hdr["crc"][idx]
-        self._drop("corrupt", int((~crc_ok).sum()))
-        idx = idx[crc_ok]
-        h = hdr[idx]
+        # Copies of the batch are made only on the (rare) paths that drop rows.
+        sub, h = (rows, hdr) if ok.all() else (rows[ok], hdr[ok])
+        crc_ok = crc_rows(sub) == h["crc"]
+        if not crc_ok.all():
+            self._drop("corrupt", int((~crc_ok).sum()))
+            sub, h = sub[crc_ok], h[crc_ok]
         foreign = (h["run_id"] != self.run_id) | (h["sender"] != self.expected_sender)
-        self._drop("foreign", int(foreign.sum()))
-        idx, h = idx[~foreign], h[~foreign]
-        return self._accept(h["round"].astype(np.int64), h["seq"].astype(np.int64), now, rows[idx], size)
+        if foreign.any():
+            self._drop("foreign", int(foreign.sum()))
+            sub, h = sub[~foreign], h[~foreign]
+        return self._accept(h["round"].astype(np.int64), h["seq"].astype(np.int64), now, sub, size)
 
     def receive_chunks(self, round_no: int, seqs: np.ndarray, now: float) -> int:
         """Deliver chunk indices without bytes (a :class:`VirtualRound`'s
@@ -471,19 +474,22 @@ class Receiver:
             keep, seqs = keep[~badlen], seqs[~badlen]
         if seqs.size == 0:
             return 0
-        if seqs.size < 2 or bool(np.all(seqs[1:] > seqs[:-1])):
-            uniq, first = seqs, np.arange(seqs.size)  # already sorted and unique: skip np.unique's sort
-        else:
-            uniq, first = np.unique(seqs, return_index=True)
-        fresh = ~self.mask[uniq]
-        self._drop("duplicate", int(seqs.size - fresh.sum()))
-        uniq, first = uniq[fresh], first[fresh]
-        if uniq.size == 0:
+        # Duplicates, without sorting: candidates not received yet, then one
+        # position per chunk among them (whichever a scatter kept).
+        cand = np.flatnonzero(~self.mask[seqs])
+        cs = seqs[cand]
+        self._slot[cs] = cand
+        pick = cand[self._slot[cs] == cand]
+        self._drop("duplicate", int(seqs.size - pick.size))
+        if pick.size == 0:
             return 0
+        uniq = seqs[pick]
         if self.received == 0:
             self.stats.t_first = now
         if rows is not None:
-            self._write(uniq, rows[keep[first]], size)
+            sel = keep[pick]
+            identity = sel.size == rows.shape[0]  # sel is increasing: then it is every row, in order
+            self._write(uniq, rows if identity else rows[sel], size)
         self.mask[uniq] = True
         self.received += int(uniq.size)
         self.stats.accepted += int(uniq.size)
