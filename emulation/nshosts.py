@@ -37,6 +37,7 @@ import argparse
 import atexit
 import ipaddress
 import itertools
+import json
 import os
 import re
 import shlex
@@ -116,6 +117,39 @@ def delete_namespace(ns: str) -> None:
         raise ValueError(f"refusing to delete {ns!r}: not a {PREFIX} namespace")
     _kill_ns_processes(ns)
     _ip(["netns", "del", ns], check=False)
+
+
+
+# -- random-drop rules on a namespace host's link (the benchmark's bursts) ----------
+DROP_TABLE = "dblpbench"
+
+
+def nft_apply(host: "NsHost", proto: str, loss: float, hooks=("ingress", "egress")) -> None:
+    """Drop ``loss`` of ``proto`` packets at ``host``'s eth0 (netdev ``hooks``).
+
+    The netdev family hooks the device, as a lossy link would: a drop at the
+    inet ``output`` hook instead would fail the sender's ``sendto`` with
+    EPERM, which no network does.
+    """
+    n = int(round(loss * 10000))
+    chains = "".join(
+        f'  chain {h} {{\n    type filter hook {h} device "{host.intf}" priority 0; policy accept;\n'
+        f"    meta protocol ip ip protocol {proto} numgen random mod 10000 < {n} counter drop\n  }}\n"
+        for h in hooks)
+    host.run(["nft", "-f", "-"], input=f"table netdev {DROP_TABLE} {{\n{chains}}}\n")
+
+
+def nft_remove(host: "NsHost") -> int:
+    """Remove the loss table; returns the packets it dropped."""
+    dropped = 0
+    r = host.run(["nft", "-j", "list", "table", "netdev", DROP_TABLE], check=False)
+    if r.returncode == 0:
+        for item in json.loads(r.stdout).get("nftables", []):
+            for e in item.get("rule", {}).get("expr", []):
+                if "counter" in e:
+                    dropped += int(e["counter"].get("packets", 0))
+    host.run(["nft", "delete", "table", "netdev", DROP_TABLE], check=False)
+    return dropped
 
 
 def cleanup_stale(all_: bool = False) -> list[str]:

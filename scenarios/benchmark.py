@@ -75,10 +75,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from emulation.nshosts import NsHost, NsNet, Shape  # noqa: E402
+from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3
-NFT_TABLE = "dblpbench"
 DBLP_PORT = 29500
 GLOO_PORT = 29600
 IPERF_PORT = 5201
@@ -150,35 +149,6 @@ def _env() -> dict:
     env["PYTHONUNBUFFERED"] = "1"
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
-
-
-# -- nftables loss rules -------------------------------------------------------------
-def nft_apply(host: NsHost, proto: str, loss: float, hooks=("ingress", "egress")) -> None:
-    """Drop ``loss`` of ``proto`` packets at ``host``'s eth0 (netdev ``hooks``).
-
-    The netdev family hooks the device, as a lossy link would: a drop at the
-    inet ``output`` hook instead would fail the sender's ``sendto`` with
-    EPERM, which no network does.
-    """
-    n = int(round(loss * 10000))
-    chains = "".join(
-        f'  chain {h} {{\n    type filter hook {h} device "{host.intf}" priority 0; policy accept;\n'
-        f"    meta protocol ip ip protocol {proto} numgen random mod 10000 < {n} counter drop\n  }}\n"
-        for h in hooks)
-    host.run(["nft", "-f", "-"], input=f"table netdev {NFT_TABLE} {{\n{chains}}}\n")
-
-
-def nft_remove(host: NsHost) -> int:
-    """Remove the loss table; returns the packets it dropped."""
-    dropped = 0
-    r = host.run(["nft", "-j", "list", "table", "netdev", NFT_TABLE], check=False)
-    if r.returncode == 0:
-        for item in json.loads(r.stdout).get("nftables", []):
-            for e in item.get("rule", {}).get("expr", []):
-                if "counter" in e:
-                    dropped += int(e["counter"].get("packets", 0))
-    host.run(["nft", "delete", "table", "netdev", NFT_TABLE], check=False)
-    return dropped
 
 
 def udp_counters(host: NsHost) -> dict[str, int]:

@@ -40,18 +40,12 @@ from dblp.wire import ChunkLayout
 PORT = 29500
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in Mininet.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str) -> None:
+    """Flags every emulation scenario shares: gradient size, runs, tolerances, links, processes."""
     ap.add_argument("--model", default="1e6",
                     help="gradient size: efficientnetb0 (5M), resnet50 (25M), alexnet (61M), gpt2s (125M) or a count")
-    ap.add_argument("--iterations", type=int, default=150)
-    ap.add_argument("--bursts", default="50,110", help="iterations hit by a burst (comma list)")
-    ap.add_argument("--burst-loss", type=float, default=0.7, help="loss fraction during a burst")
-    ap.add_argument("--burst-kind", choices=["drop", "congestion"], default="drop",
-                    help="drop: nftables random drop of UDP; congestion: iperf3 UDP cross-traffic into the bottleneck")
-    ap.add_argument("--policies", default="reliable,baseline,dblp", help="runs to make, in order")
+    ap.add_argument("--iterations", type=int, default=iterations)
+    ap.add_argument("--policies", default=policies, help="runs to make, in order (reliable, baseline, dblp)")
     ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
     ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
     ap.add_argument("--eta", type=float, default=DEFAULT_ETA)
@@ -67,24 +61,44 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
     ap.add_argument("--quiet", action="store_true", help="no per-iteration progress")
-    a = ap.parse_args(argv)
-    a.bursts_list = [int(x) for x in a.bursts.split(",") if x.strip()]
+
+
+def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Validate :func:`add_run_args`'s flags (errors name the flag) and derive the rest."""
     a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
     for p in a.policy_list:
         if p not in ("reliable", "baseline", "dblp"):
             ap.error(f"--policies: unknown policy {p!r} (reliable, baseline, dblp)")
-    if any(not 0 <= b < a.iterations for b in a.bursts_list):
-        ap.error(f"--bursts must lie in [0, {a.iterations})")
-    if not 0 <= a.burst_loss <= 1:
-        ap.error(f"--burst-loss must be in [0, 1], got {a.burst_loss}")
-    if a.bw <= 0 or a.buffer <= 0:
-        ap.error("--bw and --buffer must be positive")
+    if not a.policy_list:
+        ap.error("--policies: nothing to run")
+    if a.iterations < 2:
+        ap.error("--iterations must be at least 2")
+    if a.bw <= 0 or a.buffer <= 0 or a.workers < 1:
+        ap.error("--bw, --buffer and --workers must be positive")
     try:
         a.elements = model_elements(a.model)
     except ValueError as exc:
         ap.error(str(exc))
     if a.p_high is None:
         a.p_high = a.p_low + DEFAULT_K
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in Mininet.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_run_args(ap, iterations=150, policies="reliable,baseline,dblp")
+    ap.add_argument("--bursts", default="50,110", help="iterations hit by a burst (comma list)")
+    ap.add_argument("--burst-loss", type=float, default=0.7, help="loss fraction during a burst")
+    ap.add_argument("--burst-kind", choices=["drop", "congestion"], default="drop",
+                    help="drop: nftables random drop of UDP; congestion: iperf3 UDP cross-traffic into the bottleneck")
+    a = ap.parse_args(argv)
+    check_run_args(ap, a)
+    a.bursts_list = [int(x) for x in a.bursts.split(",") if x.strip()]
+    if any(not 0 <= b < a.iterations for b in a.bursts_list):
+        ap.error(f"--bursts must lie in [0, {a.iterations})")
+    if not 0 <= a.burst_loss <= 1:
+        ap.error(f"--burst-loss must be in [0, 1], got {a.burst_loss}")
     return a
 
 

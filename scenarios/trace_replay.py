@@ -51,9 +51,8 @@ from pathlib import Path
 import numpy as np
 
 from dblp import analysis
-from dblp.gradients import model_elements
-from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
 from dblp.wire import ChunkLayout
+from microburst import add_run_args, check_run_args
 
 DEFAULT_TRACE = _bootstrap.ROOT / "traces" / "samples" / "onoff-lognormal.loss.csv"
 
@@ -77,46 +76,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "libnftables, 20000 with the nft command)")
     ap.add_argument("--backend", choices=["auto", "libnftables", "nft"], default="auto",
                     help="how rules are swapped (segments)")
-    ap.add_argument("--model", default="1e6",
-                    help="gradient size: efficientnetb0 (5M), resnet50 (25M), alexnet (61M), gpt2s (125M) or a count")
-    ap.add_argument("--iterations", type=int, default=100)
-    ap.add_argument("--policies", default="baseline,dblp", help="runs to make, in order (reliable, baseline, dblp)")
-    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
-    ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
-    ap.add_argument("--eta", type=float, default=DEFAULT_ETA)
-    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ)
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--bw", type=float, default=500.0, help="link bandwidth, Mbit/s (TBF)")
-    ap.add_argument("--buffer", type=int, default=100, help="link buffer, packets (TBF limit)")
-    ap.add_argument("--pace", type=float, default=0.9,
-                    help="senders pace at this fraction of their share of the server link (0 = unpaced)")
-    ap.add_argument("--compute-ms", type=float, default=5.0, help="per-iteration compute time of the workers")
-    ap.add_argument("--gso", action="store_true",
-                    help="use UDP GSO/GRO (default off: a drop rule would drop 44-datagram super-packets)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
-    ap.add_argument("--quiet", action="store_true", help="no per-iteration progress")
+    add_run_args(ap, iterations=100, policies="baseline,dblp")
     a = ap.parse_args(argv)
-    a.policy_list = [x.strip() for x in a.policies.split(",") if x.strip()]
-    for p in a.policy_list:
-        if p not in ("reliable", "baseline", "dblp"):
-            ap.error(f"--policies: unknown policy {p!r} (reliable, baseline, dblp)")
-    if not a.policy_list:
-        ap.error("--policies: nothing to run")
-    if a.iterations < 2:
-        ap.error("--iterations must be at least 2")
-    if a.bw <= 0 or a.buffer <= 0 or a.workers < 1:
-        ap.error("--bw, --buffer and --workers must be positive")
+    check_run_args(ap, a)
     if not a.time_scale > 0:
         ap.error("--time-scale must be positive")
     if a.min_step_us is not None and a.min_step_us <= 0:
         ap.error("--min-step-us must be positive")
-    try:
-        a.elements = model_elements(a.model)
-    except ValueError as exc:
-        ap.error(str(exc))
-    if a.p_high is None:
-        a.p_high = a.p_low + DEFAULT_K
     a.bursts_list = []  # microburst.run_policy's progress marks: none here
     return a
 
