@@ -482,4 +482,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ncrosscheck.py: interrupted; what the run made was removed (partial results stay in the run folder)",
+              file=sys.stderr)
+        sys.exit(130)

@@ -278,4 +278,10 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        # EmuNet has already removed every namespace, link, qdisc and nft table of the run.
+        print("\nmicroburst.py: interrupted; the emulated network was torn down "
+              "(partial results stay in the run folder)", file=sys.stderr)
+        sys.exit(130)

@@ -316,4 +316,9 @@ def plot_loss(runs: dict[str, list], exposure: dict[str, dict[int, float]], path
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ntrace_replay.py: interrupted; what the run made was removed (partial results stay in the run folder)",
+              file=sys.stderr)
+        sys.exit(130)

@@ -188,4 +188,9 @@ def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("\ntrain.py: interrupted; what the run made was removed (partial results stay in the run folder)",
+              file=sys.stderr)
+        sys.exit(130)
