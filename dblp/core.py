@@ -460,26 +460,33 @@ class Receiver:
         return self._accept(np.full(seqs.size, round_no, np.int64), seqs, now, None, 0)
 
     def _accept(self, rounds: np.ndarray, seqs: np.ndarray, now: float, rows: np.ndarray | None, size: int) -> int:
-        """R4 from the round check on, then R5."""
+        """R4 from the round check on, then R5. ``keep`` maps surviving datagrams
+        to rows; filters run only when something is actually dropped."""
         keep = np.arange(seqs.size)
-        stale = (rounds != self.round_no) | (not self.active) | self._stop_sent
-        self._drop("stale", int(stale.sum()))
-        keep, seqs = keep[~stale], seqs[~stale]
-        oor = seqs >= self.layout.chunks
-        self._drop("out_of_range", int(oor.sum()))
-        keep, seqs = keep[~oor], seqs[~oor]
+
+        def drop(bad: np.ndarray, reason: str) -> None:
+            nonlocal keep, seqs
+            if bad.any():
+                self._drop(reason, int(bad.sum()))
+                keep, seqs = keep[~bad], seqs[~bad]
+
+        if not self.active or self._stop_sent:
+            self._drop("stale", int(seqs.size))
+            return 0
+        drop(rounds != self.round_no, "stale")
+        drop(seqs >= self.layout.chunks, "out_of_range")
         if rows is not None:
-            badlen = self.layout.payload_lengths(seqs) != size - HEADER_SIZE
-            self._drop("wrong_length", int(badlen.sum()))
-            keep, seqs = keep[~badlen], seqs[~badlen]
+            drop(self.layout.payload_lengths(seqs) != size - HEADER_SIZE, "wrong_length")
         if seqs.size == 0:
             return 0
-        # Duplicates, without sorting: candidates not received yet, then one
-        # position per chunk among them (whichever a scatter kept).
         cand = np.flatnonzero(~self.mask[seqs])
         cs = seqs[cand]
-        self._slot[cs] = cand
-        pick = cand[self._slot[cs] == cand]
+        if cs.size > 1 and not bool(np.all(cs[1:] > cs[:-1])):
+            # Repeats inside the batch, found without sorting: one position per
+            # chunk survives (whichever the scatter kept).
+            self._slot[cs] = cand
+            cand = cand[self._slot[cs] == cand]
+        pick = cand
         self._drop("duplicate", int(seqs.size - pick.size))
         if pick.size == 0:
             return 0
