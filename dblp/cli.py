@@ -85,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     add_policy_args(s)
 
+    sub.add_parser("hosts", help="run server and workers on an inventory's machines (python -m dblp hosts --help)",
+                   add_help=False)
     w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
                        description="Run a DBLP worker that exchanges synthetic gradients of a model's size.")
     w.add_argument("--server", type=_hostport, required=True, help="server HOST:PORT")
@@ -104,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["hosts"]:  # the real-host launcher has its own parser
+        from .hosts import main as hosts_main
+
+        return hosts_main(argv[1:])
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
