@@ -78,7 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule (%(default)s)")
     s.add_argument("--rate", type=_rate, default=0.0, help="pacing rate of the broadcast, e.g. 900M (0 = unlimited)")
-    s.add_argument("--peer-timeout", type=float, default=30.0, help="seconds of silence before a peer is declared dead")
+    s.add_argument("--peer-timeout", type=float, default=120.0,
+                   help="seconds of silence before a peer is declared dead (a vanished host is caught "
+                        "by TCP keepalive in ~13 s whatever this is)")
     s.add_argument("--on-worker-loss", choices=["exit", "continue"], default="exit")
     s.add_argument("--records", default=None, help="JSONL file for per-round records")
     s.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
@@ -97,7 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--seed", type=int, default=0)
     w.add_argument("--rate", type=_rate, default=0.0, help="pacing rate, e.g. 900M (0 = unlimited)")
     w.add_argument("--compute-ms", type=float, default=0.0, help="simulated compute time per step")
-    w.add_argument("--peer-timeout", type=float, default=30.0)
+    w.add_argument("--peer-timeout", type=float, default=120.0,
+                   help="seconds of silence before the server is declared dead")
     w.add_argument("--records", default=None, help="JSONL file for per-round records")
     w.add_argument("--source", default="loopback")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")

@@ -23,7 +23,8 @@ from . import control as ctl
 from .core import Receiver, RoundSender
 from .udp import DataSocket
 
-DEFAULT_PEER_TIMEOUT_S = 30.0
+DEFAULT_PEER_TIMEOUT_S = 120.0  # silence allowed while peers compute; dead hosts: TCP keepalive below
+KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 4  # a vanished host fails recv in ~13 s
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
 RECV_ROWS = 2048  # datagrams taken from a socket per core call
 
@@ -59,6 +60,14 @@ class Peer:
         self.closed = False
         self.bye: str | None = None  # the reason of an orderly BYE
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # A peer whose process dies closes the connection at once; a peer whose
+        # host vanishes is found by TCP keepalive, so a long compute step of
+        # the other side (silence) is never mistaken for a dead host.
+        tcp.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for opt, val in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+                         ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+            if hasattr(socket, opt):
+                tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
     def send_control(self, msg: ctl.Message) -> None:
         try:

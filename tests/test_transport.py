@@ -209,3 +209,40 @@ def test_dead_server_gives_workers_a_clear_error_in_bounded_time():
         w.allreduce(np.ones(n, np.float32))
     assert time.monotonic() - t0 < 10
     w.close()
+
+
+def test_vanished_server_host_is_detected_by_keepalive_in_bounded_time():
+    """The server's host goes silent without closing anything (every packet
+    dropped): the worker fails with a clear error well before its 120 s
+    silence timeout, through TCP keepalive."""
+    if not is_root:
+        pytest.skip("needs root and nft for a network namespace")
+    from emulation.lossyns import LossyLoopback
+    from procs import env, prefix, PY, ROOT
+
+    port = free_port()
+    with LossyLoopback(0.0) as ns:
+        pre = prefix(ns.name)
+        srv = subprocess.Popen(pre + [PY, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
+                                      "--workers", "1", "--policy", "reliable"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+        wk = subprocess.Popen(pre + [PY, "-m", "dblp", "worker", "--server", f"127.0.0.1:{port}", "--model", "20000",
+                                     "--rounds", "100000", "--compute-ms", "50"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
+        try:
+            time.sleep(3)
+            assert wk.poll() is None, wk.stderr.read()
+            srv.send_signal(signal.SIGSTOP)  # the host "vanishes": no FIN, no RST ...
+            ns.run(["nft", "add", "table", "inet", "cut"])  # ... and no ACK either
+            ns.run(["nft", "add", "chain", "inet", "cut", "in", "{ type filter hook input priority -10; }"])
+            ns.run(["nft", "add", "rule", "inet", "cut", "in", "tcp", "dport", str(port), "drop"])
+            t0 = time.monotonic()
+            _, err = wk.communicate(timeout=60)
+            elapsed = time.monotonic() - t0
+            assert wk.returncode == 2, err
+            assert "server" in err
+            assert elapsed < 40, elapsed
+        finally:
+            for p in (wk, srv):
+                p.kill()
+                p.wait()
