@@ -227,11 +227,11 @@ def test_vanished_server_host_is_detected_by_keepalive_in_bounded_time():
                                       "--workers", "1", "--policy", "reliable"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
         wk = subprocess.Popen(pre + [PY, "-m", "dblp", "worker", "--server", f"127.0.0.1:{port}", "--model", "20000",
-                                     "--rounds", "100000", "--compute-ms", "50"],
+                                     "--rounds", "100000", "--compute-ms", "50", "--progress"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
         try:
-            time.sleep(3)
-            assert wk.poll() is None, wk.stderr.read()
+            first = wk.stdout.readline()  # rounds are flowing (however slow the machine is)
+            assert "round 0" in first, wk.stderr.read()
             srv.send_signal(signal.SIGSTOP)  # the host "vanishes": no FIN, no RST ...
             ns.run(["nft", "add", "table", "inet", "cut"])  # ... and no ACK either
             ns.run(["nft", "add", "chain", "inet", "cut", "in", "{ type filter hook input priority -10; }"])
