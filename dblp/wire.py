@@ -7,7 +7,7 @@ tensor behind a fixed 24-byte header (all integers big-endian)::
     0      2    magic      0xDB1F
     2      1    version    1
     3      1    kind       1 = data chunk
-    4      4    crc32      zlib CRC-32 of every byte after this field (8..end)
+    4      4    crc32c     CRC-32C (Castagnoli) of every byte after this field (8..end)
     8      4    run_id     random per run, chosen by the server, sent in META
     12     2    sender     worker id (0..N-1), or 0xFFFF for the server
     14     2    length     payload bytes (a multiple of 4; only the last chunk is short)
@@ -16,7 +16,7 @@ tensor behind a fixed 24-byte header (all integers big-endian)::
     24     ...  payload    little-endian float32 values
 
 The CRC covers one contiguous span (header fields and payload), so checking
-it is one zlib call per datagram; magic, version and kind are checked by
+it is one CRC call per datagram; magic, version and kind are checked by
 value.
 
 With the default MTU of 1500, 1500 - 20 (IPv4) - 8 (UDP) - 24 = 1448 payload
@@ -24,17 +24,20 @@ bytes, i.e. 362 float32 values per chunk, so each datagram fills one MTU.
 
 Headers are built and parsed with numpy structured arrays over a whole batch
 so that neither encoding nor validation loops over datagrams in Python; the
-one exception is the CRC, which zlib computes per datagram in C (a table CRC
-vectorised across rows in numpy is ~50x slower than zlib per row).
+one exception is the CRC, computed per datagram in C (a table CRC vectorised
+across rows in numpy is ~50x slower). CRC-32C rather than zlib's CRC-32: the
+``crc32c`` package uses the CPU's CRC instruction (SSE 4.2 / ARMv8), 0.32 us
+per 1448-byte datagram against zlib's 0.68 us here, and the polynomial is the
+one iSCSI, SCTP and ext4 chose for its error detection.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
+from crc32c import crc32c as _crc32c
 
 MAGIC = 0xDB1F
 VERSION = 1
@@ -115,17 +118,17 @@ CRC_START = 8  # the CRC covers bytes CRC_START..end
 
 
 def crc_rows(rows: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
-    """CRC-32 of each datagram from byte 8 (after the crc field) to its end.
+    """CRC-32C of each datagram from byte 8 (after the crc field) to its end.
 
     ``rows`` is a (k, size) uint8 array of datagrams; ``lengths`` the datagram
-    lengths when some rows are padded. zlib runs per row in C; slicing one
+    lengths when some rows are padded. The CRC runs per row in C; slicing one
     flat memoryview keeps the loop's Python overhead small (see module doc).
     """
     k, size = rows.shape
     if k == 0:
         return np.empty(0, np.uint32)
     mv = memoryview(np.ascontiguousarray(rows).reshape(-1))
-    crc = zlib.crc32
+    crc = _crc32c
     if lengths is None:
         out = [crc(mv[o + CRC_START : o + size]) for o in range(0, k * size, size)]
     else:
