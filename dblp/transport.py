@@ -25,6 +25,7 @@ from .udp import DataSocket
 
 DEFAULT_PEER_TIMEOUT_S = 120.0  # silence allowed while peers compute; dead hosts: TCP keepalive below
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 4  # a vanished host fails recv in ~13 s
+UNACKED_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT: control data unacknowledged this long fails the connection
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
 RECV_ROWS = 2048  # datagrams taken from a socket per core call
 
@@ -64,8 +65,10 @@ class Peer:
         # host vanishes is found by TCP keepalive, so a long compute step of
         # the other side (silence) is never mistaken for a dead host.
         tcp.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        # Keepalive covers an idle connection; TCP_USER_TIMEOUT one with a probe
+        # or bitmap in flight, which TCP would otherwise retransmit for ~15 min.
         for opt, val in (("TCP_KEEPIDLE", KEEPALIVE_IDLE_S), ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
-                         ("TCP_KEEPCNT", KEEPALIVE_COUNT)):
+                         ("TCP_KEEPCNT", KEEPALIVE_COUNT), ("TCP_USER_TIMEOUT", UNACKED_TIMEOUT_MS)):
             if hasattr(socket, opt):
                 tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
