@@ -259,13 +259,16 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
     rows = [hdr] + [[k, f"{s.p50:.4f}", f"{s.p99:.4f}", f"{s.tail_max:.4f}", f"{s.mean:.4f}"]
                     + [f"{x:.4f}" for x in s.at_bursts] + [f"{s.recv_frac_min:.3f}"] for k, s in sums.items()]
     print(analysis.format_table(rows))
-    print(f"\nRetransmission passes at the bursts ({a.burst_loss:.0%} loss; predicted from 1 - loss^k >= 1 - p):")
+    congestion = a.burst_kind == "congestion"
+    how = ("congestion: loss from the full bottleneck queue, no fixed rate to predict from" if congestion
+           else f"{a.burst_loss:.0%} loss; predicted from 1 - loss^k >= 1 - p")
+    print(f"\nRetransmission passes at the bursts ({how}):")
     prow = [["run", "tolerance"] + [f"@{b} measured" for b in bursts] + ["predicted"]]
     for k, recs in runs.items():
         tol = {r.round: r.tolerance_up for r in recs if r.role == "worker"}
         for_b = [tol.get(b, float("nan")) for b in bursts]
         chunks = next((r.chunks for r in recs if r.chunks), None)
-        pred = [analysis.predicted_passes(a.burst_loss, t, chunks) for t in for_b]
+        pred = ["-" if congestion else analysis.predicted_passes(a.burst_loss, t, chunks) for t in for_b]
         prow.append([k, "/".join(f"{t:.3f}" for t in for_b)] + [str(x) for x in sums[k].passes_at_bursts]
                     + ["/".join(map(str, pred))])
     print(analysis.format_table(prow))
