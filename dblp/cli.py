@@ -12,7 +12,6 @@ import logging
 import sys
 import time
 
-import numpy as np
 
 from .gradients import ReplayGradients, model_elements, read_norms, synthetic_norms
 from .policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy

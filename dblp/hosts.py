@@ -747,19 +747,7 @@ class HostProc:
 
     def stop(self, grace: float = 3.0) -> None:
         """End the program: the local client, then the remote pid (ssh leaves it running otherwise)."""
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    self.proc.kill()
-                self.proc.wait(5)
+        end_process_group(self.proc, grace)
         pidf = shlex.quote(f"{self.rdir}/{self.tag}.pid")
         kill = (f"if [ -f {pidf} ]; then p=$(cat {pidf}); if kill -0 $p 2>/dev/null; then kill -TERM $p; "
                 f"for i in 1 2 3 4 5 6 7 8 9 10; do kill -0 $p 2>/dev/null || exit 0; sleep 0.3; done; "
@@ -802,17 +790,27 @@ class RoundWatcher(threading.Thread):
                     print(f"hosts: round hook failed at iteration {r}: {exc}", file=sys.stderr)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        end_process_group(self.proc, 5.0)
         self.join(timeout=5)
 
+
+
+def end_process_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.wait(5)
 
 # ============================================================================ gathering
 def gather_dir(tr: Transport, host: HostSpec, rdir: str, dest: Path) -> list[str]:

@@ -16,6 +16,7 @@ import errno
 import os
 import socket
 import struct
+import time
 
 import numpy as np
 
@@ -118,7 +119,7 @@ class DataSocket:
                     return
                 if exc.errno not in (errno.ENOBUFS, errno.EAGAIN):
                     raise
-            os.sched_yield() if attempt < 10 else _sleep(0.0005)
+            os.sched_yield() if attempt < 10 else time.sleep(0.0005)
         raise TimeoutError("UDP send stayed blocked for too long")
 
     # -- receive ---------------------------------------------------------------
@@ -183,9 +184,3 @@ def _probe_gso(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
-
-
-def _sleep(s: float) -> None:
-    import time
-
-    time.sleep(s)

@@ -13,7 +13,7 @@ from core_harness import RUN_ID, expected_zero_filled, run_round, wire_trip
 from dblp import control as ctl
 from dblp.core import BACKOFF_MAX_S, EncodedRound, Receiver, RoundSender, SendState, send_order
 from dblp.policy import needed_chunks
-from dblp.wire import HEADER_SIZE, ChunkLayout, ParameterError, crc_rows, encode_chunks, parse_headers
+from dblp.wire import ChunkLayout, ParameterError, crc_rows, encode_chunks, parse_headers
 
 
 def vec(n: int, seed: int = 0) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,11 +14,9 @@ import numpy as np
 import pytest
 
 from procs import free_port, reports, start_server, start_verify_workers
-from dblp import control as ctl
 from dblp.policy import FixedPolicy, ReliablePolicy
 from dblp.records import read_records
 from dblp.server import ParameterServer, ServerConfig
-from dblp.udp import DataSocket
 from dblp.wire import ChunkLayout, encode_chunks
 from dblp.worker import Worker, WorkerError
 

@@ -34,7 +34,6 @@ class PacketFlow(FlowBase):
 
     def emit(self, seq: int, t_leave: float) -> None:
         sim, path, wire = self.sim, self.path, self.engine.wire
-        rnd = self.rnd
 
         def at_port(_e: object) -> None:
             dep = path.port.arrive(t_port, wire)
