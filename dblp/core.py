@@ -70,11 +70,20 @@ def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -
     raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
 
 
+ENCODE_SLAB = 4096  # datagrams encoded per call: numpy's per-call cost spread over many rows
+
+
 class EncodedRound:
     """A round's datagrams, encoded on first use and kept for retransmission.
 
-    One instance can feed several senders (the server broadcasts the same
-    bytes to every worker), so each chunk is encoded and CRC'd once.
+    Rows are stored in send order (``order``, the sender's R3 permutation),
+    so a first pass hands the socket contiguous slices of one buffer - no
+    gather, no copy - and the kernel (GSO) cuts them. Encoding runs ahead in
+    slabs of :data:`ENCODE_SLAB` datagrams rather than all at once, so a
+    round stopped early (R6) does not pay for chunks it never sends. One
+    instance can feed several senders with the same order (the server's
+    broadcast), so each chunk is encoded and CRC'd once. ``buffer`` (a
+    previous round's rows) avoids touching fresh memory every round.
     """
 
     def __init__(
@@ -85,6 +94,7 @@ class EncodedRound:
         round_no: int,
         run_id: int,
         sender: int,
+        order: np.ndarray | None = None,
         buffer: np.ndarray | None = None,
     ) -> None:
         self.values = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
@@ -94,22 +104,40 @@ class EncodedRound:
         self.round_no = round_no
         self.run_id = run_id
         self.sender = sender
+        self.order = np.arange(layout.chunks, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        if self.order.shape != (layout.chunks,):
+            raise ValueError(f"order has {self.order.size} entries, layout has {layout.chunks} chunks")
         shape = (layout.chunks, layout.datagram_size)
         self.rows = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
-        self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
+        self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)  # by chunk index
         self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
-        self._done = np.zeros(layout.chunks, dtype=bool)
+        self._span_lengths = self.lengths[self.order]  # by position in send order
+        self._encoded = 0  # rows[:_encoded] hold their datagrams
+        self._position: np.ndarray | None = None  # chunk index -> row, made on first use
+
+    def span(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and lengths of send positions ``start:stop`` (views, no copy)."""
+        self._encode_to(stop)
+        return self.rows[start:stop], self._span_lengths[start:stop]
 
     def take(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows (a copy, contiguous) and lengths of the datagrams ``seqs``."""
-        todo = seqs[~self._done[seqs]]
-        if todo.size:
-            rows, _ = encode_chunks(
-                self.values, self.layout, todo, run_id=self.run_id, sender=self.sender, round_no=self.round_no
-            )
-            self.rows[todo] = rows
-            self._done[todo] = True
-        return self.rows[seqs], self.lengths[seqs]
+        """Rows (a copy, contiguous) and lengths of the datagrams ``seqs``, any order."""
+        if self._position is None:
+            self._position = np.empty(self.layout.chunks, np.int64)
+            self._position[self.order] = np.arange(self.layout.chunks)
+        pos = self._position[seqs]
+        if pos.size:
+            self._encode_to(int(pos.max()) + 1)
+        return self.rows[pos], self.lengths[seqs]
+
+    def _encode_to(self, stop: int) -> None:
+        if stop <= self._encoded:
+            return
+        stop = min(self.layout.chunks, max(stop, self._encoded + ENCODE_SLAB))
+        a = self._encoded
+        encode_chunks(self.values, self.layout, self.order[a:stop], run_id=self.run_id, sender=self.sender,
+                      round_no=self.round_no, out=self.rows[a:stop])
+        self._encoded = stop
 
 
 class VirtualRound:
@@ -175,7 +203,7 @@ class RoundSender:
         seed: int = 0,
         stream: int = 0,
         pacer: TokenBucket | None = None,
-        max_batch: int = 64,
+        max_batch: int = 256,
     ) -> None:
         self.enc = encoded
         self.layout = encoded.layout
@@ -184,6 +212,8 @@ class RoundSender:
         self.pacer = pacer or TokenBucket()
         self.max_batch = max_batch
         self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
+        enc_order = getattr(encoded, "order", None)
+        self._same_order = enc_order is not None and np.array_equal(enc_order, self.order)
         self.state = SendState.SENDING
         self.stats = SendStats(passes=1, t_start=now)
         self._pass = self.order  # chunks of the current pass, in send order
@@ -209,8 +239,11 @@ class RoundSender:
         if k <= 0:
             return None
         seqs = self._pass[self._pos : self._pos + k]
+        if self._pass is self.order and self._same_order:  # first pass: slices of the encoded buffer
+            rows, lengths = self.enc.span(self._pos, self._pos + k)
+        else:
+            rows, lengths = self.enc.take(seqs)
         self._pos += k
-        rows, lengths = self.enc.take(seqs)
         self.pacer.consume(int(lengths.sum()))
         self.stats.sent += k
         if self._pos >= self._pass.size:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .core import EncodedRound, Receiver, RoundSender
+from .core import EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter, RoundRecord
@@ -29,6 +29,8 @@ from .udp import DataSocket
 from .wire import SERVER_ID, ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
+
+DOWN_STREAM = 1000  # R3 order stream of the broadcast (workers use 1 + id upstream)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ParameterServer:
         self.mean: np.ndarray | None = None
         self.norms: list[float] = []
         self._writer = RecordWriter(cfg.records)
+        self._down_rows: np.ndarray | None = None
 
     # -- setup -------------------------------------------------------------------
     def accept_workers(self) -> None:
@@ -223,12 +226,17 @@ class ParameterServer:
         clr = self.cfg.policy.clr
         # 4. DBLP_SEND of the mean to every worker, encoded once.
         now = time.monotonic()
-        enc = EncodedRound(self.mean, self.layout, round_no=self.round, run_id=self.run_id, sender=SERVER_ID)
+        # Every worker gets the same chunk order, so their first passes are
+        # slices of one encoded buffer (reused from round to round).
+        order = send_order(self.layout.chunks, self.cfg.order, self.cfg.seed, self.round, DOWN_STREAM)
+        enc = EncodedRound(self.mean, self.layout, round_no=self.round, run_id=self.run_id, sender=SERVER_ID,
+                           order=order, buffer=self._down_rows)
+        self._down_rows = enc.rows
         for w in self.workers:
             w.peer.send_control(ctl.RoundStart(self.round, ctl.DOWN, p_down, clr))
             w.peer.sender = RoundSender(
                 enc, direction=ctl.DOWN, now=now, order=self.cfg.order, seed=self.cfg.seed,
-                stream=1000 + w.wid, pacer=TokenBucket(self.cfg.send_rate_bps),
+                stream=DOWN_STREAM, pacer=TokenBucket(self.cfg.send_rate_bps),
             )
             w.down_sent_at = now
         opened: set[int] = set()

@@ -129,13 +129,14 @@ class Peer:
         if self._rows.shape[1] != width:
             self._rows = np.empty((RECV_ROWS, width), np.uint8)
         while True:
-            k, addrs = self.udp.recv_rows(self._rows, self._lengths)
+            k, runs = self.udp.recv_rows(self._rows, self._lengths)
             if k == 0:
                 break
             if self.receiver is not None:
                 foreign = None
-                if self.receiver.peer_addr is not None and any(a != self.receiver.peer_addr for a in addrs):
-                    foreign = np.array([a != self.receiver.peer_addr for a in addrs])
+                peer = self.receiver.peer_addr
+                if peer is not None and any(a != peer for a, _ in runs):
+                    foreign = np.repeat([a != peer for a, _ in runs], [m for _, m in runs])
                 self.receiver.receive_batch(self._rows[:k], self._lengths[:k], now, foreign)
             if k < self._rows.shape[0] // 2:
                 break

@@ -79,17 +79,19 @@ class DataSocket:
             return
         seg = rows.shape[1]
         if self.gso and k > 1:
-            full = int(np.searchsorted(lengths != seg, True)) if (lengths != seg).any() else k
-            if (lengths[:full] == seg).all():
-                per_call = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg))
-                flat = rows[:full].reshape(-1)
-                for start in range(0, full, per_call):
-                    n = min(per_call, full - start)
-                    chunk = flat[start * seg : (start + n) * seg]
-                    self._sendmsg_gso(chunk, seg, addr)
-                for i in range(full, k):  # the tensor's short tail chunk, if in this batch
-                    self._send_one(rows[i, : lengths[i]], addr)
-                return
+            # Runs of full rows go out GSO_MAX_SEGMENTS-ish per call; a short
+            # row (the tensor's last chunk) goes alone.
+            per_call = max(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // seg))
+            flat = rows.reshape(-1)
+            start = 0
+            for end in [*np.flatnonzero(lengths != seg).tolist(), k]:
+                for a in range(start, end, per_call):
+                    n = min(per_call, end - a)
+                    self._sendmsg_gso(flat[a * seg : (a + n) * seg], seg, addr)
+                if end < k:
+                    self._send_one(rows[end, : lengths[end]], addr)
+                start = end + 1
+            return
         for i in range(k):
             self._send_one(rows[i, : lengths[i]], addr)
 
@@ -126,8 +128,10 @@ class DataSocket:
     def recv_rows(self, rows: np.ndarray, lengths: np.ndarray, max_calls: int = 4096):
         """Fill ``rows`` ((K, width) uint8) with queued datagrams, without blocking.
 
-        Returns ``(k, addrs)``: datagrams read into ``rows[:k]`` with their
-        lengths in ``lengths[:k]`` and each one's source address. GRO runs of
+        Returns ``(k, runs)``: datagrams read into ``rows[:k]`` with their
+        lengths in ``lengths[:k]``, and ``runs``, a list of ``(source
+        address, datagram count)`` in row order - one entry per system call,
+        not per datagram. GRO runs of
         ``width``-byte segments land row by row with no copy; a datagram
         longer than ``width`` is truncated (it cannot be a valid chunk, and
         its CRC check will count it). Stops when no datagram is queued, the
@@ -136,7 +140,7 @@ class DataSocket:
         K, width = rows.shape
         flat = memoryview(rows.reshape(-1))
         k = 0
-        addrs: list = []
+        runs: list[tuple[object, int]] = []
         for _ in range(max_calls):
             room = K - k
             if room <= 0 or (self.gro and room * width < GSO_MAX_BYTES):
@@ -161,21 +165,22 @@ class DataSocket:
                 m = max(1, -(-n // width))
                 lengths[k : k + m] = width
                 lengths[k + m - 1] = n - (m - 1) * width
-                addrs.extend([addr] * m)
+                runs.append((addr, m))
                 k += m
             else:
                 # A GRO run of another segment size (not a flow of ours): re-cut it
                 # into rows, truncated like a plain receive would.
                 buf = np.frombuffer(flat[k * width : k * width + n], np.uint8).copy()
+                k0 = k
                 for off in range(0, n, seg):
                     if k >= K:
                         break
                     piece = buf[off : off + min(seg, width)]
                     rows[k, : piece.size] = piece
                     lengths[k] = piece.size
-                    addrs.append(addr)
                     k += 1
-        return k, addrs
+                runs.append((addr, k - k0))
+        return k, runs
 
 
 def _probe_gso(sock: socket.socket) -> bool:

@@ -36,8 +36,18 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import os
+
 import numpy as np
 from crc32c import crc32c as _crc32c
+
+try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the fallback
+    from ._fastpath import BEST as C_CRC
+    from ._fastpath import crc_rows as _c_crc_rows
+except ImportError:  # not built (no compiler at install time)
+    _c_crc_rows, C_CRC = None, None
+if os.environ.get("DBLP_NO_C"):
+    _c_crc_rows, C_CRC = None, None
 
 MAGIC = 0xDB1F
 VERSION = 1
@@ -121,13 +131,20 @@ def crc_rows(rows: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
     """CRC-32C of each datagram from byte 8 (after the crc field) to its end.
 
     ``rows`` is a (k, size) uint8 array of datagrams; ``lengths`` the datagram
-    lengths when some rows are padded. The CRC runs per row in C; slicing one
-    flat memoryview keeps the loop's Python overhead small (see module doc).
+    lengths when some rows are padded. With the C helper one call covers the
+    batch (GIL released); without it, one crc32c call per row over slices of
+    one flat memoryview (see module doc).
     """
     k, size = rows.shape
     if k == 0:
         return np.empty(0, np.uint32)
-    mv = memoryview(np.ascontiguousarray(rows).reshape(-1))
+    rows = np.ascontiguousarray(rows)
+    if _c_crc_rows is not None:
+        out = np.empty(k, np.uint32)
+        lens = None if lengths is None else np.ascontiguousarray(lengths, dtype=np.int64)
+        _c_crc_rows(rows, lens, out, CRC_START)
+        return out
+    mv = memoryview(rows.reshape(-1))
     crc = _crc32c
     if lengths is None:
         out = [crc(mv[o + CRC_START : o + size]) for o in range(0, k * size, size)]
@@ -144,18 +161,25 @@ def encode_chunks(
     run_id: int,
     sender: int,
     round_no: int,
+    out: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Encode the chunks ``seqs`` of ``values`` as datagrams.
 
-    Returns ``(rows, lengths)``: a (k, datagram_size) uint8 array and each
-    datagram's true length (only the tensor's last chunk is shorter).
+    Returns ``(rows, lengths)``: a (k, datagram_size) uint8 array (``out``
+    if given, a C-contiguous one of that shape) and each datagram's true
+    length (only the tensor's last chunk is shorter; its row is zero-padded).
     """
     flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     if flat.size != layout.elements:
         raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
     seqs = np.asarray(seqs, dtype=np.int64)
     k = seqs.size
-    rows = np.zeros((k, layout.datagram_size), dtype=np.uint8)
+    if out is None:
+        rows = np.empty((k, layout.datagram_size), dtype=np.uint8)
+    elif out.shape != (k, layout.datagram_size) or out.dtype != np.uint8 or not out.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(k, layout.datagram_size)}")
+    else:
+        rows = out
     plen = layout.payload_lengths(seqs)
     hdr = rows[:, :HEADER_SIZE].view(HEADER_DTYPE).reshape(k)
     hdr["magic"] = MAGIC
@@ -176,6 +200,7 @@ def encode_chunks(
         for i in np.flatnonzero(~full):  # at most one row: the tensor's tail
             n = int(plen[i]) // FLOAT_BYTES
             payload[i, :n] = flat[(layout.chunks - 1) * cf :]
+            payload[i, n:] = 0.0
     lengths = plen + HEADER_SIZE
     hdr["crc"] = crc_rows(rows, lengths)
     return rows, lengths

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import control as ctl
-from .core import EncodedRound, Receiver, RoundSender
+from .core import EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
@@ -94,6 +94,7 @@ class Worker:
         self.peer.receiver = Receiver(self.layout, run_id=int(m["run_id"]), expected_sender=0xFFFF,
                                       direction=ctl.DOWN, peer_addr=self.peer.udp_addr)
         self.out = np.zeros(self.layout.elements, np.float32)
+        self._up_rows: np.ndarray | None = None  # the encoded upstream, reused round to round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
 
@@ -130,9 +131,13 @@ class Worker:
         self._pump(lambda: (k, ctl.UP) in self._round_msgs, f"round {k} to start")
         up_msg, _ = self._round_msgs.pop((k, ctl.UP))
         t_send = time.monotonic()
-        enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id)
-        sender = RoundSender(enc, direction=ctl.UP, now=t_send, order=self.meta.get("order", "perm"),
-                             seed=int(self.meta.get("seed", 0)), stream=1 + self.worker_id, pacer=self.pacer)
+        order, seed = str(self.meta.get("order", "perm")), int(self.meta.get("seed", 0))
+        enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id,
+                           order=send_order(self.layout.chunks, order, seed, k, 1 + self.worker_id),
+                           buffer=self._up_rows)
+        self._up_rows = enc.rows
+        sender = RoundSender(enc, direction=ctl.UP, now=t_send, order=order, seed=seed,
+                             stream=1 + self.worker_id, pacer=self.pacer)
         self.peer.sender = sender
         recv = self.peer.receiver
         recv.begin_round(k, self.out, t_send)  # tolerance arrives with ROUND(k, down)

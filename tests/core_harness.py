@@ -7,7 +7,7 @@ from typing import Callable
 import numpy as np
 
 from dblp import control as ctl
-from dblp.core import EncodedRound, Receiver, RoundSender
+from dblp.core import EncodedRound, Receiver, RoundSender, send_order
 from dblp.wire import ChunkLayout
 
 RUN_ID = 0x1234ABCD
@@ -34,7 +34,10 @@ def run_round(
 ):
     """Returns (out, sender, receiver, delivered_seqs). ``drop(seq, pass)`` decides loss."""
     layout = ChunkLayout(values.size, mtu)
-    enc = EncodedRound(values, layout, round_no=round_no, run_id=RUN_ID, sender=1)
+    # Rows stored in the sender's order, as the server and workers do: first
+    # passes go out as slices of the encoded buffer.
+    enc = EncodedRound(values, layout, round_no=round_no, run_id=RUN_ID, sender=1,
+                       order=send_order(layout.chunks, order, 7, round_no, 0))
     snd = RoundSender(enc, direction=ctl.UP, now=0.0, order=order, seed=7, max_batch=batch)
     rcv = receiver or Receiver(layout, run_id=RUN_ID, expected_sender=1, direction=ctl.UP)
     out = np.full(values.size, np.nan, dtype=np.float32) if out is None else out

@@ -1,0 +1,115 @@
+"""The optional C helper (dblp/_fastpath.c) against the crc32c package, and
+the send-order encoding that lets a first pass go out without copies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from crc32c import crc32c
+
+from core_harness import RUN_ID, run_round
+from dblp import control as ctl
+from dblp import wire
+from dblp.core import ENCODE_SLAB, EncodedRound, RoundSender, send_order
+from dblp.wire import CRC_START, ChunkLayout, encode_chunks
+
+fast = pytest.importorskip("dblp._fastpath", reason="C helper not built (no compiler at install)")
+
+
+def _reference(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    return np.array([crc32c(rows[i, CRC_START : lengths[i]].tobytes()) for i in range(rows.shape[0])], np.uint32)
+
+
+@pytest.mark.parametrize("impl", ["sse4.2", "slicing-by-8", "bytewise"])
+def test_every_c_implementation_matches_crc32c(impl):
+    rng = np.random.default_rng(5)
+    rows = rng.integers(0, 256, (700, 1472), dtype=np.uint8)
+    lengths = rng.integers(CRC_START, 1473, 700)
+    lengths[:40] = np.arange(CRC_START, CRC_START + 40)  # every tail length 0..39 bytes
+    try:
+        prev = fast.use(impl)
+    except ValueError:
+        pytest.skip(f"{impl} not available on this CPU")
+    try:
+        got = np.empty(700, np.uint32)
+        fast.crc_rows(rows, lengths.astype(np.int64), got, CRC_START)
+        assert np.array_equal(got, _reference(rows, lengths))
+        full = np.empty(700, np.uint32)
+        fast.crc_rows(rows, None, full, CRC_START)
+        assert np.array_equal(full, _reference(rows, np.full(700, 1472)))
+    finally:
+        fast.use(prev)
+
+
+def test_wire_crc_rows_same_with_and_without_the_helper(monkeypatch):
+    rng = np.random.default_rng(6)
+    rows = rng.integers(0, 256, (300, 1472), dtype=np.uint8)
+    lengths = rng.integers(CRC_START, 1473, 300)
+    with_c = wire.crc_rows(rows, lengths)
+    monkeypatch.setattr(wire, "_c_crc_rows", None)
+    assert np.array_equal(wire.crc_rows(rows, lengths), with_c)
+    assert np.array_equal(with_c, _reference(rows, lengths))
+
+
+def test_bad_arguments_are_refused_by_name():
+    rows = np.zeros((4, 100), np.uint8)
+    out = np.empty(4, np.uint32)
+    with pytest.raises(ValueError, match="out holds fewer"):
+        fast.crc_rows(rows, None, np.empty(3, np.uint32), 8)
+    with pytest.raises(ValueError, match="lengths holds fewer"):
+        fast.crc_rows(rows, np.full(2, 100, np.int64), out, 8)
+    with pytest.raises(ValueError, match="longer than the row"):
+        fast.crc_rows(rows, np.array([100, 100, 101, 100], np.int64), out, 8)
+    with pytest.raises(ValueError, match="shorter than start"):
+        fast.crc_rows(rows, np.array([100, 7, 100, 100], np.int64), out, 8)
+    with pytest.raises(ValueError, match="2-D uint8"):
+        fast.crc_rows(np.zeros(400, np.uint8), None, out, 8)
+    with pytest.raises(ValueError, match="unknown"):
+        fast.use("crc64")
+
+
+def test_first_pass_is_slices_of_the_send_ordered_buffer():
+    lay = ChunkLayout(362 * (ENCODE_SLAB + 900) + 17)  # more than one slab, short tail chunk
+    v = np.random.default_rng(1).standard_normal(lay.elements).astype(np.float32)
+    order = send_order(lay.chunks, "perm", 3, 5, 2)
+    enc = EncodedRound(v, lay, round_no=5, run_id=RUN_ID, sender=2, order=order)
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="perm", seed=3, stream=2, max_batch=300)
+    ref_rows, ref_len = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=2, round_no=5)
+    sent = 0
+    while (b := snd.datagrams_to_send(0.0)) is not None:
+        assert np.shares_memory(b.rows, enc.rows)  # a view: no gather, no copy
+        assert np.array_equal(b.lengths, ref_len[b.seqs])
+        for i in range(len(b)):
+            n = b.lengths[i]
+            assert np.array_equal(b.rows[i, :n], ref_rows[b.seqs[i], :n])
+        sent += len(b)
+    assert sent == lay.chunks
+    # a retransmission pass takes rows by chunk index (a copy), same bytes
+    rows, lengths = enc.take(np.array([lay.chunks - 1, 0, 7]))
+    assert not np.shares_memory(rows, enc.rows)
+    for r, s, n in zip(rows, [lay.chunks - 1, 0, 7], lengths):
+        assert np.array_equal(r[:n], ref_rows[s, :n])
+
+
+def test_a_sender_with_another_order_falls_back_to_copies():
+    lay = ChunkLayout(362 * 50)
+    v = np.arange(lay.elements, dtype=np.float32)
+    enc = EncodedRound(v, lay, round_no=0, run_id=RUN_ID, sender=1, order=send_order(lay.chunks, "perm", 1, 0, 0))
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="perm", seed=2, stream=0)
+    b = snd.datagrams_to_send(0.0)
+    assert not np.shares_memory(b.rows, enc.rows)
+    ref_rows, _ = encode_chunks(v, lay, b.seqs, run_id=RUN_ID, sender=1, round_no=0)
+    assert np.array_equal(b.rows, ref_rows)
+
+
+def test_reused_buffer_gives_the_same_round():
+    lay = ChunkLayout(362 * 40 + 5)
+    v = np.random.default_rng(2).standard_normal(lay.elements).astype(np.float32)
+    out1, *_ = run_round(v, 0.0)
+    buf = np.full((lay.chunks, lay.datagram_size), 0xAB, np.uint8)  # stale bytes of an earlier round
+    enc = EncodedRound(v, lay, round_no=0, run_id=RUN_ID, sender=1, buffer=buf)
+    assert enc.rows is buf
+    rows, lengths = enc.take(np.arange(lay.chunks))
+    ref, _ = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=1, round_no=0)
+    assert np.array_equal(rows, ref)  # the short row's padding is zeroed too
+    assert np.array_equal(out1, v)
