@@ -136,9 +136,10 @@ def main(argv: list[str] | None = None) -> int:
                         source=args.source, fast=False if args.plain else None) as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, args.seed)
                 for r in range(args.rounds):
+                    g = grads(r)  # made first: --compute-ms alone stands for the compute time
                     if args.compute_ms:
                         time.sleep(args.compute_ms / 1000)
-                    wk.allreduce(grads(r))
+                    wk.allreduce(g)
                     rec = wk.last_record
                     if args.progress and rec is not None:
                         print(f"worker {wk.worker_id} round {r}: up {rec.up_latency_s * 1e3:.1f} ms "

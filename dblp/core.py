@@ -54,6 +54,7 @@ from .wire import (
     encode_chunks,
     flat_padded_view,
     parse_headers,
+    scatter_payloads,
 )
 
 BACKOFF_START_S = 0.001
@@ -538,12 +539,11 @@ class Receiver:
 
     def _write(self, seqs: np.ndarray, rows: np.ndarray, size: int) -> None:
         assert self.out is not None
-        payload = rows[:, HEADER_SIZE:size].view("<f4")
         cf = self.layout.chunk_floats
         if size - HEADER_SIZE == self.layout.chunk_bytes:
-            flat_padded_view(self.out, self.layout)[seqs] = payload
+            scatter_payloads(rows, seqs, self.out, self.layout)
         else:  # the tensor's short last chunk
-            self.out[(self.layout.chunks - 1) * cf :] = payload[0]
+            self.out[(self.layout.chunks - 1) * cf :] = rows[0, HEADER_SIZE:size].view("<f4")
 
     def _check_threshold(self, now: float) -> None:
         """R5: stop as soon as the threshold holds, without waiting for a probe."""

@@ -27,8 +27,11 @@ def reduce_mean(
     """Average ``buffers`` (each already zero-filled where its mask is False) into ``out``."""
     if mode not in MODES:
         raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
-    np.copyto(out, buffers[0])
-    for b in buffers[1:]:
+    if len(buffers) == 1:
+        np.copyto(out, buffers[0])
+    else:  # one pass fewer than copy-then-add
+        np.add(buffers[0], buffers[1], out=out)
+    for b in buffers[2:]:
         out += b
     if mode == "zero":
         out *= np.float32(1.0 / len(buffers))

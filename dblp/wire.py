@@ -41,13 +41,15 @@ import os
 import numpy as np
 from crc32c import crc32c as _crc32c
 
-try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the fallback
+try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the numpy fallback
     from ._fastpath import BEST as C_CRC
     from ._fastpath import crc_rows as _c_crc_rows
+    from ._fastpath import encode_rows as _c_encode_rows
+    from ._fastpath import scatter_rows as _c_scatter_rows
 except ImportError:  # not built (no compiler at install time)
-    _c_crc_rows, C_CRC = None, None
+    _c_crc_rows = _c_encode_rows = _c_scatter_rows = C_CRC = None
 if os.environ.get("DBLP_NO_C"):
-    _c_crc_rows, C_CRC = None, None
+    _c_crc_rows = _c_encode_rows = _c_scatter_rows = C_CRC = None
 
 MAGIC = 0xDB1F
 VERSION = 1
@@ -181,6 +183,9 @@ def encode_chunks(
     else:
         rows = out
     plen = layout.payload_lengths(seqs)
+    if _c_encode_rows is not None and flat.dtype == np.dtype("<f4"):
+        _c_encode_rows(flat, seqs, rows, run_id, sender, round_no, layout.chunk_floats)
+        return rows, plen + HEADER_SIZE
     hdr = rows[:, :HEADER_SIZE].view(HEADER_DTYPE).reshape(k)
     hdr["magic"] = MAGIC
     hdr["version"] = VERSION
@@ -204,6 +209,14 @@ def encode_chunks(
     lengths = plen + HEADER_SIZE
     hdr["crc"] = crc_rows(rows, lengths)
     return rows, lengths
+
+
+def scatter_payloads(rows: np.ndarray, seqs: np.ndarray, out: np.ndarray, layout: ChunkLayout) -> None:
+    """Write the payloads of full-size datagrams ``rows`` to their chunks ``seqs`` of ``out``."""
+    if _c_scatter_rows is not None and rows.flags.c_contiguous and out.flags.c_contiguous:
+        _c_scatter_rows(rows, np.ascontiguousarray(seqs, dtype=np.int64), out, layout.chunk_bytes, layout.chunk_bytes)
+        return
+    flat_padded_view(out, layout)[seqs] = rows[:, HEADER_SIZE : HEADER_SIZE + layout.chunk_bytes].view("<f4")
 
 
 def flat_padded_view(flat: np.ndarray, layout: ChunkLayout) -> np.ndarray:

@@ -113,3 +113,36 @@ def test_reused_buffer_gives_the_same_round():
     ref, _ = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=1, round_no=0)
     assert np.array_equal(rows, ref)  # the short row's padding is zeroed too
     assert np.array_equal(out1, v)
+
+
+def test_c_encode_and_scatter_equal_the_numpy_path(monkeypatch):
+    lay = ChunkLayout(362 * 300 + 101, 1500)
+    v = np.random.default_rng(3).standard_normal(lay.elements).astype(np.float32)
+    seqs = np.random.default_rng(4).permutation(lay.chunks)
+    c_rows, c_len = encode_chunks(v, lay, seqs, run_id=0xDEADBEEF, sender=0xFFFF, round_no=2**32 - 1)
+    c_out = np.full(lay.elements, np.nan, np.float32)
+    full = seqs != lay.chunks - 1
+    wire.scatter_payloads(c_rows[full], seqs[full], c_out, lay)
+    for name in ("_c_encode_rows", "_c_scatter_rows", "_c_crc_rows"):
+        monkeypatch.setattr(wire, name, None)
+    py_rows, py_len = encode_chunks(v, lay, seqs, run_id=0xDEADBEEF, sender=0xFFFF, round_no=2**32 - 1)
+    assert np.array_equal(c_rows, py_rows) and np.array_equal(c_len, py_len)
+    py_out = np.full(lay.elements, np.nan, np.float32)
+    wire.scatter_payloads(py_rows[full], seqs[full], py_out, lay)
+    assert np.array_equal(c_out, py_out, equal_nan=True)
+    body = (lay.chunks - 1) * lay.chunk_floats
+    assert np.array_equal(c_out[:body], v[:body])
+
+
+def test_c_encode_and_scatter_refuse_out_of_range_indices():
+    lay = ChunkLayout(362 * 10)
+    v = np.zeros(lay.elements, np.float32)
+    rows = np.empty((1, lay.datagram_size), np.uint8)
+    with pytest.raises(ValueError, match="outside the tensor"):
+        fast.encode_rows(v, np.array([10], np.int64), rows, 1, 1, 1, lay.chunk_floats)
+    with pytest.raises(ValueError, match="24 \\+ 4"):
+        fast.encode_rows(v, np.array([0], np.int64), rows, 1, 1, 1, lay.chunk_floats + 1)
+    with pytest.raises(ValueError, match="outside the output"):
+        fast.scatter_rows(rows, np.array([10], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
+    with pytest.raises(ValueError, match="outside the output"):
+        fast.scatter_rows(rows, np.array([-1], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
