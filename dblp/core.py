@@ -593,5 +593,7 @@ class Receiver:
         return out
 
     def finish_round(self) -> None:
-        """Close the round; later datagrams of it count as stale (R9)."""
+        """Close the round; later datagrams of it count as stale (R9). The
+        caller's buffer is let go: nothing is written to it any more."""
         self.active = False
+        self.out = None

@@ -28,6 +28,9 @@ from .wire import ChunkLayout, ParameterError
 log = logging.getLogger("dblp.worker")
 
 
+RESULT_POOL = 3  # result buffers kept for reuse
+
+
 class WorkerError(RuntimeError):
     pass
 
@@ -93,7 +96,7 @@ class Worker:
         self.peer.udp_addr = (tcp.getpeername()[0], int(m["server_udp_port"]))
         self.peer.receiver = Receiver(self.layout, run_id=int(m["run_id"]), expected_sender=0xFFFF,
                                       direction=ctl.DOWN, peer_addr=self.peer.udp_addr)
-        self.out = np.zeros(self.layout.elements, np.float32)
+        self._results: list[np.ndarray] = []  # result buffers; see _result_buffer
         self._up_rows: np.ndarray | None = None  # the encoded upstream, reused round to round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
@@ -140,7 +143,8 @@ class Worker:
                              stream=1 + self.worker_id, pacer=self.pacer)
         self.peer.sender = sender
         recv = self.peer.receiver
-        recv.begin_round(k, self.out, t_send)  # tolerance arrives with ROUND(k, down)
+        out = self._result_buffer()
+        recv.begin_round(k, out, t_send)  # tolerance arrives with ROUND(k, down)
         self._pump(lambda: sender.done, f"the server's STOP of round {k}")
         t_sent = time.monotonic()
         self._pump(lambda: recv.complete, f"the averaged gradient of round {k}")
@@ -163,7 +167,26 @@ class Worker:
         self.last_record = rec
         self._writer.write(rec)
         self.round += 1
-        return restore(self.out.copy())
+        return restore(out)
+
+    def _result_buffer(self) -> np.ndarray:
+        """A buffer for this round's result that no caller still holds.
+
+        The averaged tensor is received straight into the array that
+        :meth:`allreduce` returns, so there is no copy of it; a buffer is
+        reused only once nothing outside this list refers to it (a returned
+        array, a view of it or a tensor made with ``torch.from_numpy`` all
+        hold a reference), so a result kept by the caller is never
+        overwritten. Fresh memory is not free either: on a VM its first
+        touch costs more than the copy it replaces.
+        """
+        for i in range(len(self._results)):
+            # references: the list's, and getrefcount's argument
+            if sys.getrefcount(self._results[i]) <= 2:
+                return self._results[i]
+        buf = np.empty(self.layout.elements, np.float32)
+        self._results = [buf, *self._results[:RESULT_POOL - 1]]  # the pool forgets the oldest held buffer
+        return buf
 
     def close(self, reason: str = "worker done") -> None:
         if self.peer is not None:

@@ -83,7 +83,7 @@ GLOO_PORT = 29600
 IPERF_PORT = 5201
 
 CSV_COLUMNS = [
-    "elements", "tensor_mb", "path", "gso_active", "workers", "p", "rounds",
+    "elements", "tensor_mb", "path", "gso_active", "workers", "p", "rounds", "mtu",
     "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
     "dblp_up_passes", "dblp_up_sent_ratio", "dblp_down_sent_ratio", "udp_rcvbuf_errors",
     "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
@@ -238,6 +238,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     env = _env()
     slog = open(outdir / "server.log", "w")
     sp = srv.popen([py, "-m", "dblp", "server", "--host", srv.ip, "--port", str(port), "--workers", str(WORKERS),
+                    "--mtu", str(args.mtu),
                     "--rounds", str(total), "--records", str(outdir / "server.jsonl"), "--source", "hosts",
                     "--peer-timeout", str(args.timeout), *policy, *plain],
                    stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -536,6 +537,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="workers' pause between rounds (room to add/remove the loss rule)")
     ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
+    ap.add_argument("--mtu", type=int, default=1500,
+                    help="MTU of every host link (9000: jumbo frames); DBLP fills one MTU per datagram, "
+                         "gloo and iperf3 run over the same links")
     ap.add_argument("--rate", default=None, help="TBF-shape every host link, e.g. 1gbit (default: unshaped veth)")
     ap.add_argument("--queue", type=int, default=1 << 20, help="TBF buffer in bytes (with --rate)")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds a DBLP round may take before failing")
@@ -555,6 +559,8 @@ def parse_args(argv=None):
         ap.error(str(exc))
     if args.rounds < 1 or args.warmup < 1:
         ap.error("--rounds and --warmup must be at least 1")
+    if not 576 <= args.mtu <= 65535:
+        ap.error(f"--mtu must be in [576, 65535], got {args.mtu}")
     for name in ("p", "burst_loss", "calib_loss"):
         v = getattr(args, name)
         if not 0 <= v < 1:
@@ -619,7 +625,7 @@ def main(argv=None) -> int:
     say(f"benchmark: sizes {[fmt_size(s) for s in args.sizes]}, DBLP paths {args.paths}, p={args.p:g}, "
         f"results in {out}")
     try:
-        with NsNet(["srv", *[f"w{i + 1}" for i in range(WORKERS)]], shape=shape) as net:
+        with NsNet(["srv", *[f"w{i + 1}" for i in range(WORKERS)]], shape=shape, mtu=args.mtu) as net:
             if not net.ping_all():
                 raise BenchError("namespace hosts cannot reach each other")
             gso_ok = gso_probe(net["srv"])
@@ -654,6 +660,7 @@ def main(argv=None) -> int:
                     row = {c: float("nan") for c in CSV_COLUMNS}
                     row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
                                 "gso_active": gso_ok and path == "gso", "workers": WORKERS, "p": args.p,
+                                "mtu": args.mtu,
                                 "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
                     row.update({k: v for k, v in d.items() if k in row})
                     row.update({k: v for k, v in gres.items() if k in row})

@@ -245,3 +245,29 @@ def test_vanished_server_host_is_detected_by_keepalive_in_bounded_time(elements)
             for p in (wk, srv):
                 p.kill()
                 p.wait()
+
+
+def test_results_are_not_copied_and_held_results_are_never_overwritten():
+    """The averaged tensor is received into the returned array; a result the
+    caller keeps (array, view or torch tensor) is never reused for a later round."""
+    torch = pytest.importorskip("torch")
+    n = 40_000
+    srv, th, result = _thread_server(workers=1, policy=ReliablePolicy(), peer_timeout=10, rounds=8)
+    kept = []
+    with Worker("127.0.0.1", srv.port, elements=n) as w:
+        for r in range(4):  # held: every round needs a new buffer
+            kept.append((r, w.allreduce(np.full(n, float(r), np.float32))))
+        view = kept[1][1][10:20]
+        del kept[1:]
+        t = torch.from_numpy(w.allreduce(np.full(n, 4.0, np.float32)))  # held through a tensor
+        used = []
+        for i in range(3):  # not held: the same pool buffer every time
+            res = w.allreduce(np.full(n, 5.0 + i, np.float32))
+            assert np.all(res == 5.0 + i)
+            used.append(next(id(b) for b in w._results if np.shares_memory(b, res)))  # pool buffers stay alive
+            del res
+    th.join(10)
+    assert result.get("rounds") == 8, result
+    assert np.all(kept[0][1] == 0.0) and np.all(view == 1.0)
+    assert torch.all(t == 4.0)
+    assert len(set(used)) == 1  # reused once nobody held it
