@@ -33,9 +33,11 @@ static void init_table(void) {
         for (int t = 1; t < 8; t++) table[t][i] = (table[t - 1][i] >> 8) ^ table[0][table[t - 1][i] & 0xFF];
 }
 
+/* Every implementation continues a CRC: crc(crc(0, a), b) == crc(0, a || b). */
+
 /* Portable slicing-by-8. */
-static uint32_t crc_sw(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
+static uint32_t crc_sw(uint32_t crc, const uint8_t *p, size_t n) {
+    uint32_t c = crc ^ 0xFFFFFFFFu;
     while (n >= 8) {
         uint64_t w;
         memcpy(&w, p, 8);
@@ -50,8 +52,8 @@ static uint32_t crc_sw(const uint8_t *p, size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-static uint32_t crc_bytewise(const uint8_t *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
+static uint32_t crc_bytewise(uint32_t crc, const uint8_t *p, size_t n) {
+    uint32_t c = crc ^ 0xFFFFFFFFu;
     while (n--) c = (c >> 8) ^ table[0][(c ^ *p++) & 0xFF];
     return c ^ 0xFFFFFFFFu;
 }
@@ -81,8 +83,8 @@ static inline uint32_t shift_long(uint32_t c) {
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <nmmintrin.h>
-__attribute__((target("sse4.2"))) static uint32_t crc_hw(const uint8_t *p, size_t n) {
-    uint64_t c = 0xFFFFFFFFu;
+__attribute__((target("sse4.2"))) static uint32_t crc_hw(uint32_t crc, const uint8_t *p, size_t n) {
+    uint64_t c = crc ^ 0xFFFFFFFFu;
     while (n >= 3 * LONG) {
         uint64_t c1 = 0, c2 = 0;
         const uint8_t *end = p + LONG;
@@ -117,7 +119,7 @@ __attribute__((target("sse4.2"))) static uint32_t crc_hw(const uint8_t *p, size_
 #define HAVE_HW 0
 #endif
 
-typedef uint32_t (*crc_fn)(const uint8_t *, size_t);
+typedef uint32_t (*crc_fn)(uint32_t, const uint8_t *, size_t);
 static crc_fn crc_impl = crc_bytewise;
 static const char *crc_name = "bytewise";
 
@@ -160,7 +162,7 @@ static PyObject *crc_rows(PyObject *self, PyObject *args) {
                 bad = 1;
                 break;
             }
-            dst[i] = crc_impl(base + i * stride + start, (size_t)(n - start));
+            dst[i] = crc_impl(0, base + i * stride + start, (size_t)(n - start));
         }
         Py_END_ALLOW_THREADS
         if (bad)
@@ -179,6 +181,18 @@ static PyObject *crc_rows(PyObject *self, PyObject *args) {
 static inline void put_be16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
 static inline void put_be32(uint8_t *p, uint32_t v) {
     p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+
+/* The 24-byte header of dblp/wire.py, CRC field left for the caller. */
+static void write_header(uint8_t *r, uint32_t run_id, uint32_t sender, uint32_t plen, uint32_t round_no, uint32_t seq) {
+    put_be16(r, 0xDB1F);
+    r[2] = 1; /* version */
+    r[3] = 1; /* kind: data */
+    put_be32(r + 8, run_id);
+    put_be16(r + 12, sender);
+    put_be16(r + 14, plen);
+    put_be32(r + 16, round_no);
+    put_be32(r + 20, seq);
 }
 
 /* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats)
@@ -227,17 +241,10 @@ static PyObject *encode_rows(PyObject *self, PyObject *args) {
             }
             Py_ssize_t n = (s == chunks - 1) ? elements - s * cf : cf;
             uint8_t *r = base + i * width;
-            put_be16(r, 0xDB1F);
-            r[2] = 1; /* version */
-            r[3] = 1; /* kind: data */
-            put_be32(r + 8, (uint32_t)run_id);
-            put_be16(r + 12, sender);
-            put_be16(r + 14, (uint32_t)(4 * n));
-            put_be32(r + 16, (uint32_t)round_no);
-            put_be32(r + 20, (uint32_t)s);
+            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
             memcpy(r + 24, v + s * cf, (size_t)(4 * n));
             if (n < cf) memset(r + 24 + 4 * n, 0, (size_t)(4 * (cf - n)));
-            put_be32(r + 4, crc_impl(r + 8, (size_t)(16 + 4 * n)));
+            put_be32(r + 4, crc_impl(0, r + 8, (size_t)(16 + 4 * n)));
         }
         Py_END_ALLOW_THREADS
         if (bad)
@@ -308,6 +315,212 @@ static PyObject *scatter_rows(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* encode_headers(values, seqs, headers, run_id, sender, round, chunk_floats)
+ *
+ * Only the (k, 24) headers of the datagrams of chunks seqs, CRC included
+ * (it covers header bytes 8..24 and the payload, read in place from
+ * `values`). With send_chunks the payload then goes from the tensor to the
+ * kernel with no copy in between. */
+static PyObject *encode_headers(PyObject *self, PyObject *args) {
+    PyObject *val_o, *seq_o, *hdr_o;
+    unsigned long run_id, round_no;
+    unsigned int sender;
+    Py_ssize_t cf;
+    if (!PyArg_ParseTuple(args, "OOOkIkn", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf)) return NULL;
+    Py_buffer val, seq, hdr;
+    if (PyObject_GetBuffer(val_o, &val, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(seq_o, &seq, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&val);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(hdr_o, &hdr, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&val);
+        PyBuffer_Release(&seq);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t k = seq.len / 8, elements = val.len / 4;
+    Py_ssize_t chunks = cf > 0 ? (elements + cf - 1) / cf : 0;
+    if (hdr.len != k * 24) {
+        PyErr_SetString(PyExc_ValueError, "headers must hold 24 bytes per index");
+    } else if (cf <= 0) {
+        PyErr_SetString(PyExc_ValueError, "chunk_floats must be positive");
+    } else {
+        const uint8_t *v = (const uint8_t *)val.buf;
+        const int64_t *sq = (const int64_t *)seq.buf;
+        uint8_t *base = (uint8_t *)hdr.buf;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int64_t s = sq[i];
+            if (s < 0 || s >= chunks) {
+                bad = 1;
+                break;
+            }
+            Py_ssize_t n = (s == chunks - 1) ? elements - s * cf : cf;
+            uint8_t *r = base + i * 24;
+            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            uint32_t c = crc_impl(0, r + 8, 16);
+            put_be32(r + 4, crc_impl(c, v + 4 * s * cf, (size_t)(4 * n)));
+        }
+        Py_END_ALLOW_THREADS
+        if (bad)
+            PyErr_SetString(PyExc_ValueError, "a chunk index is outside the tensor");
+        else {
+            result = Py_None;
+            Py_INCREF(result);
+        }
+    }
+    PyBuffer_Release(&val);
+    PyBuffer_Release(&seq);
+    PyBuffer_Release(&hdr);
+    return result;
+}
+
+/* send_chunks(fd, host, port, headers, values, seqs, chunk_floats, per_call)
+ *
+ * Puts the datagrams (header i, then chunk seqs[i] of `values`) on the wire
+ * with sendmsg and an iovec pair per datagram: the kernel copies the payload
+ * straight from the tensor. Runs of full-size datagrams go `per_call` at a
+ * time with a UDP_SEGMENT control message (GSO); per_call <= 1, or a short
+ * chunk, sends one datagram per call. The loop runs without the GIL.
+ *
+ * Returns (sent, lost, calls, err): datagrams the kernel took; datagrams
+ * refused with ECONNREFUSED (ICMP about an earlier one) or EPERM (a local
+ * firewall rule) - lost, as on a wire; system calls made; and the errno
+ * that stopped the loop early (EAGAIN, ENOBUFS, EINTR: the caller waits and
+ * resumes at sent + lost) or 0. Any other error raises OSError. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#ifndef SOL_UDP
+#define SOL_UDP 17
+#endif
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#define MAX_SEGS 64
+
+static PyObject *send_chunks(PyObject *self, PyObject *args) {
+    int fd, port;
+    const char *host;
+    PyObject *hdr_o, *val_o, *seq_o;
+    Py_ssize_t cf, per_call;
+    if (!PyArg_ParseTuple(args, "isiOOOnn", &fd, &host, &port, &hdr_o, &val_o, &seq_o, &cf, &per_call)) return NULL;
+    struct sockaddr_in dst;
+    memset(&dst, 0, sizeof dst);
+    dst.sin_family = AF_INET;
+    dst.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &dst.sin_addr) != 1) {
+        PyErr_Format(PyExc_ValueError, "not an IPv4 address: %s", host);
+        return NULL;
+    }
+    Py_buffer hdr, val, seq;
+    if (PyObject_GetBuffer(hdr_o, &hdr, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    if (PyObject_GetBuffer(val_o, &val, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&hdr);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(seq_o, &seq, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(&hdr);
+        PyBuffer_Release(&val);
+        return NULL;
+    }
+    Py_ssize_t k = seq.len / 8, elements = val.len / 4;
+    Py_ssize_t chunks = cf > 0 ? (elements + cf - 1) / cf : 0;
+    Py_ssize_t seg = 24 + 4 * cf;
+    if (per_call > MAX_SEGS) per_call = MAX_SEGS;
+    if (per_call * seg > 65507) per_call = 65507 / seg;
+    if (per_call < 1) per_call = 1;
+    PyObject *result = NULL;
+    if (hdr.len < k * 24 || cf <= 0) {
+        PyErr_SetString(PyExc_ValueError, "headers must hold 24 bytes per index, chunk_floats > 0");
+    } else {
+        const uint8_t *h = (const uint8_t *)hdr.buf, *v = (const uint8_t *)val.buf;
+        const int64_t *sq = (const int64_t *)seq.buf;
+        Py_ssize_t i = 0, sent = 0, lost = 0, calls = 0;
+        int err = 0, fatal = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        struct iovec iov[2 * MAX_SEGS];
+        union {
+            char buf[CMSG_SPACE(sizeof(uint16_t))];
+            struct cmsghdr align;
+        } ctrl;
+        while (i < k) {
+            Py_ssize_t count = 0;
+            int full = 1;
+            while (i + count < k && count < per_call) {
+                int64_t s = sq[i + count];
+                if (s < 0 || s >= chunks) {
+                    bad = 1;
+                    break;
+                }
+                Py_ssize_t n = (s == chunks - 1) ? elements - s * cf : cf;
+                if (n != cf) { /* a short chunk travels alone */
+                    if (count > 0) break;
+                    full = 0;
+                }
+                iov[2 * count].iov_base = (void *)(h + 24 * (i + count));
+                iov[2 * count].iov_len = 24;
+                iov[2 * count + 1].iov_base = (void *)(v + 4 * s * cf);
+                iov[2 * count + 1].iov_len = (size_t)(4 * n);
+                count++;
+                if (!full) break;
+            }
+            if (bad) break;
+            struct msghdr msg;
+            memset(&msg, 0, sizeof msg);
+            msg.msg_name = &dst;
+            msg.msg_namelen = sizeof dst;
+            msg.msg_iov = iov;
+            msg.msg_iovlen = (size_t)(2 * count);
+            if (count > 1) {
+                memset(&ctrl, 0, sizeof ctrl);
+                msg.msg_control = ctrl.buf;
+                msg.msg_controllen = sizeof ctrl.buf;
+                struct cmsghdr *cm = CMSG_FIRSTHDR(&msg);
+                cm->cmsg_level = SOL_UDP;
+                cm->cmsg_type = UDP_SEGMENT;
+                cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+                uint16_t gso = (uint16_t)seg;
+                memcpy(CMSG_DATA(cm), &gso, sizeof gso);
+            }
+            calls++;
+            if (sendmsg(fd, &msg, 0) < 0) {
+                int e = errno;
+                if (e == ECONNREFUSED || e == EPERM) {
+                    lost += count;
+                    i += count;
+                    continue;
+                }
+                if (e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == EINTR) {
+                    err = e;
+                } else {
+                    err = e;
+                    fatal = 1;
+                }
+                break;
+            }
+            sent += count;
+            i += count;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad)
+            PyErr_SetString(PyExc_ValueError, "a chunk index is outside the tensor");
+        else if (fatal) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+        } else
+            result = Py_BuildValue("nnni", sent, lost, calls, err);
+    }
+    PyBuffer_Release(&hdr);
+    PyBuffer_Release(&val);
+    PyBuffer_Release(&seq);
+    return result;
+}
+
 /* use(name): switch the CRC implementation ("sse4.2", "slicing-by-8", "bytewise");
  * for tests that compare them. Returns the previous name. */
 static PyObject *use(PyObject *self, PyObject *args) {
@@ -338,6 +551,8 @@ static PyObject *use(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"encode_headers", encode_headers, METH_VARARGS, "Headers (CRC included) of chunks seqs of a float32 tensor."},
+    {"send_chunks", send_chunks, METH_VARARGS, "sendmsg header + chunk pairs, GSO runs; (sent, lost, calls, errno)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Datagrams of chunks seqs of a float32 tensor, as wire.encode_chunks."},
     {"scatter_rows", scatter_rows, METH_VARARGS, "Payloads of rows to out at seqs[i] * chunk_bytes."},
     {"use", use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},

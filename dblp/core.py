@@ -50,8 +50,9 @@ from .wire import (
     VERSION,
     ChunkLayout,
     ParameterError,
+    assemble_rows,
     crc_rows,
-    encode_chunks,
+    encode_headers,
     flat_padded_view,
     parse_headers,
     scatter_payloads,
@@ -75,16 +76,18 @@ ENCODE_SLAB = 4096  # datagrams encoded per call: numpy's per-call cost spread o
 
 
 class EncodedRound:
-    """A round's datagrams, encoded on first use and kept for retransmission.
+    """A round's datagram headers, encoded on first use and kept for retransmission.
 
-    Rows are stored in send order (``order``, the sender's R3 permutation),
-    so a first pass hands the socket contiguous slices of one buffer - no
-    gather, no copy - and the kernel (GSO) cuts them. Encoding runs ahead in
-    slabs of :data:`ENCODE_SLAB` datagrams rather than all at once, so a
+    Only the 24-byte headers are stored (CRC included, computed over the
+    payload in place); a datagram is its header plus a slice of ``values``,
+    and the socket hands both to the kernel as two pieces, so the payload is
+    never copied in user space. Headers are stored in send order (``order``,
+    the sender's R3 permutation): a first pass takes contiguous slices.
+    Encoding runs ahead in slabs of :data:`ENCODE_SLAB` datagrams, so a
     round stopped early (R6) does not pay for chunks it never sends. One
     instance can feed several senders with the same order (the server's
-    broadcast), so each chunk is encoded and CRC'd once. ``buffer`` (a
-    previous round's rows) avoids touching fresh memory every round.
+    broadcast): each chunk is encoded and CRC'd once. ``buffer`` (a previous
+    round's headers) avoids fresh memory every round.
     """
 
     def __init__(
@@ -108,36 +111,36 @@ class EncodedRound:
         self.order = np.arange(layout.chunks, dtype=np.int64) if order is None else np.asarray(order, np.int64)
         if self.order.shape != (layout.chunks,):
             raise ValueError(f"order has {self.order.size} entries, layout has {layout.chunks} chunks")
-        shape = (layout.chunks, layout.datagram_size)
-        self.rows = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
+        shape = (layout.chunks, HEADER_SIZE)
+        self.headers = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
         self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)  # by chunk index
         self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
         self._span_lengths = self.lengths[self.order]  # by position in send order
-        self._encoded = 0  # rows[:_encoded] hold their datagrams
-        self._position: np.ndarray | None = None  # chunk index -> row, made on first use
+        self._encoded = 0  # headers[:_encoded] are encoded
+        self._position: np.ndarray | None = None  # chunk index -> position, made on first use
 
     def span(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and lengths of send positions ``start:stop`` (views, no copy)."""
+        """Headers and lengths of send positions ``start:stop`` (views, no copy)."""
         self._encode_to(stop)
-        return self.rows[start:stop], self._span_lengths[start:stop]
+        return self.headers[start:stop], self._span_lengths[start:stop]
 
     def take(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Rows (a copy, contiguous) and lengths of the datagrams ``seqs``, any order."""
+        """Headers (a copy, contiguous) and lengths of the datagrams ``seqs``, any order."""
         if self._position is None:
             self._position = np.empty(self.layout.chunks, np.int64)
             self._position[self.order] = np.arange(self.layout.chunks)
         pos = self._position[seqs]
         if pos.size:
             self._encode_to(int(pos.max()) + 1)
-        return self.rows[pos], self.lengths[seqs]
+        return self.headers[pos], self.lengths[seqs]
 
     def _encode_to(self, stop: int) -> None:
         if stop <= self._encoded:
             return
         stop = min(self.layout.chunks, max(stop, self._encoded + ENCODE_SLAB))
         a = self._encoded
-        encode_chunks(self.values, self.layout, self.order[a:stop], run_id=self.run_id, sender=self.sender,
-                      round_no=self.round_no, out=self.rows[a:stop])
+        encode_headers(self.values, self.layout, self.order[a:stop], run_id=self.run_id, sender=self.sender,
+                       round_no=self.round_no, out=self.headers[a:stop])
         self._encoded = stop
 
 
@@ -165,15 +168,25 @@ class SendState(enum.Enum):
 
 @dataclass
 class Batch:
-    """Datagrams to put on the wire now: ``rows[i, :lengths[i]]`` for chunk ``seqs[i]``
-    (``rows`` is None for a :class:`VirtualRound`)."""
+    """Datagrams to put on the wire now: for chunk ``seqs[i]``, header
+    ``headers[i]`` then that chunk of ``values``, ``lengths[i]`` bytes in all
+    (``headers`` is None for a :class:`VirtualRound`)."""
 
-    rows: np.ndarray | None
+    headers: np.ndarray | None
     lengths: np.ndarray
     seqs: np.ndarray
+    values: np.ndarray | None = None
+    layout: ChunkLayout | None = None
 
     def __len__(self) -> int:
         return int(self.seqs.size)
+
+    @property
+    def rows(self) -> np.ndarray | None:
+        """The whole datagrams, ``rows[i, :lengths[i]]`` (assembled: a copy)."""
+        if self.headers is None or self.values is None or self.layout is None:
+            return None
+        return assemble_rows(self.headers, self.values, self.seqs, self.layout)[0]
 
 
 @dataclass
@@ -240,17 +253,17 @@ class RoundSender:
         if k <= 0:
             return None
         seqs = self._pass[self._pos : self._pos + k]
-        if self._pass is self.order and self._same_order:  # first pass: slices of the encoded buffer
-            rows, lengths = self.enc.span(self._pos, self._pos + k)
+        if self._pass is self.order and self._same_order:  # first pass: slices of the encoded headers
+            headers, lengths = self.enc.span(self._pos, self._pos + k)
         else:
-            rows, lengths = self.enc.take(seqs)
+            headers, lengths = self.enc.take(seqs)
         self._pos += k
         self.pacer.consume(int(lengths.sum()))
         self.stats.sent += k
         if self._pos >= self._pass.size:
             self.state = SendState.AWAIT_REPLY
             self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
-        return Batch(rows, lengths, seqs)
+        return Batch(headers, lengths, seqs, getattr(self.enc, "values", None), self.layout)
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []

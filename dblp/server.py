@@ -90,7 +90,7 @@ class ParameterServer:
         self.mean: np.ndarray | None = None
         self.norms: list[float] = []
         self._writer = RecordWriter(cfg.records)
-        self._down_rows: np.ndarray | None = None
+        self._down_headers: np.ndarray | None = None
 
     # -- setup -------------------------------------------------------------------
     def accept_workers(self) -> None:
@@ -230,8 +230,8 @@ class ParameterServer:
         # slices of one encoded buffer (reused from round to round).
         order = send_order(self.layout.chunks, self.cfg.order, self.cfg.seed, self.round, DOWN_STREAM)
         enc = EncodedRound(self.mean, self.layout, round_no=self.round, run_id=self.run_id, sender=SERVER_ID,
-                           order=order, buffer=self._down_rows)
-        self._down_rows = enc.rows
+                           order=order, buffer=self._down_headers)
+        self._down_headers = enc.headers
         for w in self.workers:
             w.peer.send_control(ctl.RoundStart(self.round, ctl.DOWN, p_down, clr))
             w.peer.sender = RoundSender(

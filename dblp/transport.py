@@ -153,7 +153,7 @@ class Peer:
             b = s.datagrams_to_send(now)
             if b is None:
                 break
-            self.udp.send_batch(b.rows, b.lengths, self.udp_addr)
+            self.udp.send_chunks(b.headers, b.values, b.seqs, b.lengths, b.layout, self.udp_addr)
         for m in s.control_to_send():
             self.send_control(m)
         return s.ready(now)

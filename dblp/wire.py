@@ -34,9 +34,8 @@ one iSCSI, SCTP and ext4 chose for its error detection.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-
 import os
+from dataclasses import dataclass
 
 import numpy as np
 from crc32c import crc32c as _crc32c
@@ -44,12 +43,13 @@ from crc32c import crc32c as _crc32c
 try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the numpy fallback
     from ._fastpath import BEST as C_CRC
     from ._fastpath import crc_rows as _c_crc_rows
+    from ._fastpath import encode_headers as _c_encode_headers
     from ._fastpath import encode_rows as _c_encode_rows
     from ._fastpath import scatter_rows as _c_scatter_rows
 except ImportError:  # not built (no compiler at install time)
-    _c_crc_rows = _c_encode_rows = _c_scatter_rows = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = C_CRC = None
 if os.environ.get("DBLP_NO_C"):
-    _c_crc_rows = _c_encode_rows = _c_scatter_rows = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = C_CRC = None
 
 MAGIC = 0xDB1F
 VERSION = 1
@@ -209,6 +209,54 @@ def encode_chunks(
     lengths = plen + HEADER_SIZE
     hdr["crc"] = crc_rows(rows, lengths)
     return rows, lengths
+
+
+def encode_headers(
+    values: np.ndarray,
+    layout: ChunkLayout,
+    seqs: np.ndarray,
+    *,
+    run_id: int,
+    sender: int,
+    round_no: int,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Only the 24-byte headers (CRC included) of the datagrams of ``seqs``.
+
+    The payload stays in ``values``: a sender that hands the kernel header
+    and payload as two pieces (``DataSocket.send_chunks``) never copies it.
+    Same bytes as ``encode_chunks(...)[0][:, :24]``.
+    """
+    flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+    if flat.size != layout.elements:
+        raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
+    seqs = np.ascontiguousarray(seqs, dtype=np.int64)
+    hdr = np.empty((seqs.size, HEADER_SIZE), np.uint8) if out is None else out
+    if hdr.shape != (seqs.size, HEADER_SIZE) or hdr.dtype != np.uint8 or not hdr.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(seqs.size, HEADER_SIZE)}")
+    if _c_encode_headers is not None:
+        _c_encode_headers(flat, seqs, hdr, run_id, sender, round_no, layout.chunk_floats)
+    else:
+        rows, _ = encode_chunks(flat, layout, seqs, run_id=run_id, sender=sender, round_no=round_no)
+        hdr[:] = rows[:, :HEADER_SIZE]
+    return hdr
+
+
+def assemble_rows(headers: np.ndarray, values: np.ndarray, seqs: np.ndarray,
+                  layout: ChunkLayout) -> tuple[np.ndarray, np.ndarray]:
+    """Whole datagrams from headers and the tensor: ``(rows, lengths)`` as
+    :func:`encode_chunks` returns them (for senders without the C path)."""
+    seqs = np.asarray(seqs, dtype=np.int64)
+    rows = np.zeros((seqs.size, layout.datagram_size), np.uint8)
+    rows[:, :HEADER_SIZE] = headers
+    plen = layout.payload_lengths(seqs)
+    payload = rows[:, HEADER_SIZE:].view("<f4")
+    full = plen == layout.chunk_bytes
+    flat = np.asarray(values, dtype="<f4").reshape(-1)
+    payload[full] = flat_padded_view(flat, layout)[seqs[full]]
+    for i in np.flatnonzero(~full):  # the tensor's short tail chunk
+        payload[i, : int(plen[i]) // FLOAT_BYTES] = flat[(layout.chunks - 1) * layout.chunk_floats :]
+    return rows, plen + HEADER_SIZE
 
 
 def scatter_payloads(rows: np.ndarray, seqs: np.ndarray, out: np.ndarray, layout: ChunkLayout) -> None:

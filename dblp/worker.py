@@ -97,7 +97,7 @@ class Worker:
         self.peer.receiver = Receiver(self.layout, run_id=int(m["run_id"]), expected_sender=0xFFFF,
                                       direction=ctl.DOWN, peer_addr=self.peer.udp_addr)
         self._results: list[np.ndarray] = []  # result buffers; see _result_buffer
-        self._up_rows: np.ndarray | None = None  # the encoded upstream, reused round to round
+        self._up_headers: np.ndarray | None = None  # the encoded upstream, reused round to round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
 
@@ -137,8 +137,8 @@ class Worker:
         order, seed = str(self.meta.get("order", "perm")), int(self.meta.get("seed", 0))
         enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id,
                            order=send_order(self.layout.chunks, order, seed, k, 1 + self.worker_id),
-                           buffer=self._up_rows)
-        self._up_rows = enc.rows
+                           buffer=self._up_headers)
+        self._up_headers = enc.headers
         sender = RoundSender(enc, direction=ctl.UP, now=t_send, order=order, seed=seed,
                              stream=1 + self.worker_id, pacer=self.pacer)
         self.peer.sender = sender

@@ -3,6 +3,8 @@ the send-order encoding that lets a first pass go out without copies."""
 
 from __future__ import annotations
 
+import socket
+
 import numpy as np
 import pytest
 from crc32c import crc32c
@@ -77,18 +79,19 @@ def test_first_pass_is_slices_of_the_send_ordered_buffer():
     ref_rows, ref_len = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=2, round_no=5)
     sent = 0
     while (b := snd.datagrams_to_send(0.0)) is not None:
-        assert np.shares_memory(b.rows, enc.rows)  # a view: no gather, no copy
+        assert np.shares_memory(b.headers, enc.headers)  # a view: no gather, no copy
+        assert np.shares_memory(b.values, v)  # payloads are read from the tensor itself
         assert np.array_equal(b.lengths, ref_len[b.seqs])
         for i in range(len(b)):
             n = b.lengths[i]
             assert np.array_equal(b.rows[i, :n], ref_rows[b.seqs[i], :n])
         sent += len(b)
     assert sent == lay.chunks
-    # a retransmission pass takes rows by chunk index (a copy), same bytes
-    rows, lengths = enc.take(np.array([lay.chunks - 1, 0, 7]))
-    assert not np.shares_memory(rows, enc.rows)
-    for r, s, n in zip(rows, [lay.chunks - 1, 0, 7], lengths):
-        assert np.array_equal(r[:n], ref_rows[s, :n])
+    # a retransmission pass takes headers by chunk index (a copy), same bytes
+    hdr, lengths = enc.take(np.array([lay.chunks - 1, 0, 7]))
+    assert not np.shares_memory(hdr, enc.headers)
+    for h, s in zip(hdr, [lay.chunks - 1, 0, 7]):
+        assert np.array_equal(h, ref_rows[s, :24])
 
 
 def test_a_sender_with_another_order_falls_back_to_copies():
@@ -97,7 +100,7 @@ def test_a_sender_with_another_order_falls_back_to_copies():
     enc = EncodedRound(v, lay, round_no=0, run_id=RUN_ID, sender=1, order=send_order(lay.chunks, "perm", 1, 0, 0))
     snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="perm", seed=2, stream=0)
     b = snd.datagrams_to_send(0.0)
-    assert not np.shares_memory(b.rows, enc.rows)
+    assert not np.shares_memory(b.headers, enc.headers)
     ref_rows, _ = encode_chunks(v, lay, b.seqs, run_id=RUN_ID, sender=1, round_no=0)
     assert np.array_equal(b.rows, ref_rows)
 
@@ -106,12 +109,13 @@ def test_reused_buffer_gives_the_same_round():
     lay = ChunkLayout(362 * 40 + 5)
     v = np.random.default_rng(2).standard_normal(lay.elements).astype(np.float32)
     out1, *_ = run_round(v, 0.0)
-    buf = np.full((lay.chunks, lay.datagram_size), 0xAB, np.uint8)  # stale bytes of an earlier round
+    buf = np.full((lay.chunks, 24), 0xAB, np.uint8)  # stale bytes of an earlier round
     enc = EncodedRound(v, lay, round_no=0, run_id=RUN_ID, sender=1, buffer=buf)
-    assert enc.rows is buf
-    rows, lengths = enc.take(np.arange(lay.chunks))
+    assert enc.headers is buf
+    hdr, lengths = enc.take(np.arange(lay.chunks))
     ref, _ = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=1, round_no=0)
-    assert np.array_equal(rows, ref)  # the short row's padding is zeroed too
+    assert np.array_equal(hdr, ref[:, :24])
+    assert np.array_equal(wire.assemble_rows(hdr, v, np.arange(lay.chunks), lay)[0], ref)  # padding zeroed
     assert np.array_equal(out1, v)
 
 
@@ -146,3 +150,62 @@ def test_c_encode_and_scatter_refuse_out_of_range_indices():
         fast.scatter_rows(rows, np.array([10], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
     with pytest.raises(ValueError, match="outside the output"):
         fast.scatter_rows(rows, np.array([-1], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
+
+
+def _receive_all(sock, count: int, width: int) -> list[bytes]:
+    import select
+
+    got = []
+    rows = np.empty((4096, width), np.uint8)
+    lens = np.zeros(4096, np.int64)
+    while len(got) < count and select.select([sock.sock], [], [], 2.0)[0]:
+        k, _ = sock.recv_rows(rows, lens)
+        got.extend(rows[i, : lens[i]].tobytes() for i in range(k))
+    return got
+
+
+@pytest.mark.parametrize("c_path", [True, False])
+@pytest.mark.parametrize("fast", [None, False])
+def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_path, fast):
+    """Header + payload as two iovec pieces (C, GSO or one per call) or whole
+    rows (Python): the receiver reads exactly the datagrams encode_chunks makes."""
+    from dblp import udp
+
+    if not c_path:
+        monkeypatch.setattr(udp, "_c_send_chunks", None)
+    lay = ChunkLayout(362 * 500 + 77)
+    v = np.random.default_rng(8).standard_normal(lay.elements).astype(np.float32)
+    seqs = np.random.default_rng(9).permutation(lay.chunks)
+    hdr = wire.encode_headers(v, lay, seqs, run_id=5, sender=2, round_no=3)
+    ref, ref_len = encode_chunks(v, lay, seqs, run_id=5, sender=2, round_no=3)
+    assert np.array_equal(hdr, ref[:, :24])
+    rx, tx = udp.DataSocket("127.0.0.1", 0, fast=fast), udp.DataSocket("127.0.0.1", 0, fast=fast)
+    try:
+        tx.send_chunks(hdr, v, seqs, ref_len, lay, ("127.0.0.1", rx.port))
+        got = _receive_all(rx, lay.chunks, lay.datagram_size)
+    finally:
+        rx.close()
+        tx.close()
+    assert got == [ref[i, : ref_len[i]].tobytes() for i in range(lay.chunks)]
+    if c_path and tx.gso:
+        assert tx.sent_calls < lay.chunks / 20  # GSO: many datagrams per system call
+
+
+def test_send_chunks_counts_refused_datagrams_as_lost():
+    from dblp import udp
+
+    lay = ChunkLayout(362 * 50)
+    v = np.zeros(lay.elements, np.float32)
+    seqs = np.arange(lay.chunks)
+    hdr = wire.encode_headers(v, lay, seqs, run_id=1, sender=0, round_no=0)
+    probe = udp.DataSocket("127.0.0.1", 0)
+    port = probe.port
+    probe.close()  # nobody listens: ICMP port unreachable -> ECONNREFUSED on later sends
+    tx = udp.DataSocket("127.0.0.1", 0, fast=False)
+    tx.sock.setsockopt(socket.IPPROTO_IP, getattr(socket, "IP_RECVERR", 11), 1)  # report ICMP errors
+    try:
+        for _ in range(3):
+            tx.send_chunks(hdr, v, seqs, lay.payload_lengths(seqs) + 24, lay, ("127.0.0.1", port))
+    finally:
+        tx.close()
+    assert tx.lost_sends > 0  # refused ones are lost, as on a wire, and nothing raised
