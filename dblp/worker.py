@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import control as ctl
-from .core import EncodedRound, Receiver, RoundSender, send_order
+from .core import DEFAULT_ORDER, EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
@@ -134,7 +134,7 @@ class Worker:
         self._pump(lambda: (k, ctl.UP) in self._round_msgs, f"round {k} to start")
         up_msg, _ = self._round_msgs.pop((k, ctl.UP))
         t_send = time.monotonic()
-        order, seed = str(self.meta.get("order", "perm")), int(self.meta.get("seed", 0))
+        order, seed = str(self.meta.get("order", DEFAULT_ORDER)), int(self.meta.get("seed", 0))
         enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id,
                            order=send_order(self.layout.chunks, order, seed, k, 1 + self.worker_id),
                            buffer=self._up_headers)
@@ -160,7 +160,7 @@ class Worker:
             round_latency_s=t_done - t0, up_sent=sender.stats.sent, up_passes=sender.stats.passes,
             up_received=sender.stats.received, down_received=recv.received,
             early_stop_up=sender.stats.early_stop, send_rate_bps=self.pacer.rate_bps,
-            order=str(self.meta.get("order", "perm")), stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt,
+            order=str(self.meta.get("order", DEFAULT_ORDER)), stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt,
             foreign=d.foreign, malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
             extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent},
         )

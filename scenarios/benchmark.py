@@ -17,6 +17,10 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   of a tensor of the same size among three ranks in the worker hosts
   (``scenarios/gloo_allreduce.py``, TCP init at w1's address), every rank
   starting at the same wall-clock instant; time = start to the last rank done.
+* **One sender**: the same DBLP run with w1 as the only worker (skip with
+  ``--no-solo``): its goodput (tensor bytes / ``up_latency_s``) is the one
+  compared with iperf3's single flow on the same link, since with three
+  workers the server's receive, not a sender, sets the pace.
 * **iperf3**: TCP throughput w1 -> srv (one flow), and w1,w2,w3 -> srv at
   once (three flows, summed: what the server's link takes from three senders).
 * **Burst**: after the lossless rounds, one *calibration* round at
@@ -89,6 +93,7 @@ CSV_COLUMNS = [
     "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
     "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
     "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
+    "dblp_solo_goodput_gbps", "dblp_solo_round_s", "ratio_solo_goodput_vs_iperf3",
     "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
     "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
     "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
@@ -217,9 +222,10 @@ def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
     return [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()], pos + len(data[: end + 1].encode())
 
 
-def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: Path, say: Progress) -> DblpRun:
+def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: Path, say: Progress,
+             n_workers: int = WORKERS) -> DblpRun:
     srv = net["srv"]
-    workers = [net[f"w{i + 1}"] for i in range(WORKERS)]
+    workers = [net[f"w{i + 1}"] for i in range(n_workers)]
     port = DBLP_PORT + run_idx
     first_lossy = args.warmup + args.rounds
     schedule: dict[int, float] = {}
@@ -237,7 +243,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     plain = ["--plain"] if path == "plain" else []
     env = _env()
     slog = open(outdir / "server.log", "w")
-    sp = srv.popen([py, "-m", "dblp", "server", "--host", srv.ip, "--port", str(port), "--workers", str(WORKERS),
+    sp = srv.popen([py, "-m", "dblp", "server", "--host", srv.ip, "--port", str(port), "--workers", str(n_workers),
                     "--mtu", str(args.mtu),
                     "--rounds", str(total), "--records", str(outdir / "server.jsonl"), "--source", "hosts",
                     "--peer-timeout", str(args.timeout), *policy, *plain],
@@ -252,15 +258,15 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
                             "--peer-timeout", str(args.timeout), *plain],
                            stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=REPO))
     run = DblpRun(path, elements)
-    pos = [0] * WORKERS
-    done = [-1] * WORKERS
+    pos = [0] * n_workers
+    done = [-1] * n_workers
     active: int | None = None  # round whose loss rule is in place
     last_said = -1
-    tag = f"dblp {fmt_size(elements)} {path}"
+    tag = f"dblp {fmt_size(elements)} {path}" + (f" {n_workers} worker" if n_workers != WORKERS else "")
     deadline = time.monotonic() + args.timeout * (total + 2)
     try:
         while min(done) < total - 1:
-            for i in range(WORKERS):
+            for i in range(n_workers):
                 recs, pos[i] = _read_new(outdir / f"worker{i}.jsonl", pos[i])
                 for r in recs:
                     run.rounds.setdefault(r["round"], {})[r["worker"]] = r
@@ -537,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="workers' pause between rounds (room to add/remove the loss rule)")
     ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
+    ap.add_argument("--no-solo", dest="solo", action="store_false",
+                    help="skip the one-worker DBLP run (its goodput is the one compared with iperf3's single flow)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="MTU of every host link (9000: jumbo frames); DBLP fills one MTU per datagram, "
                          "gloo and iperf3 run over the same links")
@@ -595,6 +603,7 @@ def print_table(rows: list[dict]) -> None:
             ("iperf Gb/s", lambda r: fmt(r["iperf3_gbps"], ".2f")),
             ("good/iperf", lambda r: fmt(r["ratio_goodput_vs_iperf3"], ".2f")),
             ("agg/iperf3x", lambda r: fmt(r["ratio_aggregate_vs_iperf3_3flows"], ".2f")),
+            ("1 snd/iperf", lambda r: fmt(r.get("ratio_solo_goodput_vs_iperf3", float("nan")), ".2f")),
             ("o/pass ms", lambda r: fmt(r.get("overhead_per_pass_s", float("nan")) * 1e3, ".1f")),
             ("burst s", lambda r: fmt(r.get("burst_round_s"))),
             ("pred s", lambda r: fmt(r.get("burst_pred_s"))),
@@ -650,6 +659,20 @@ def main(argv=None) -> int:
                         f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
                         + (f"; burst {d['burst_round_s'] * 1e3:.1f} ms vs predicted {d['burst_pred_s'] * 1e3:.1f} ms"
                            if "burst_round_s" in d else ""))
+                # One sender alone on its link: DBLP's goodput against iperf3's one flow.
+                solo = {}
+                if args.solo:
+                    path0 = "gso" if "gso" in args.paths else args.paths[0]
+                    sargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": 0.0})
+                    srun = run_dblp(net, sargs, elements, path0, run_idx, sdir / f"dblp-{path0}-1worker", say,
+                                    n_workers=1)
+                    run_idx += 1
+                    lossless = [srun.rounds[r][0] for r in range(args.warmup, args.warmup + args.rounds)]
+                    solo = {"path": path0,
+                            "goodput_gbps": median([elements * 32 / x["up_latency_s"] / 1e9 for x in lossless]),
+                            "round_s": median([x["round_latency_s"] for x in lossless])}
+                    say(f"dblp {fmt_size(elements)} {path0}, one worker alone: goodput "
+                        f"{solo['goodput_gbps']:.2f} Gbit/s, round {solo['round_s'] * 1e3:.1f} ms")
                 # gloo's burst lasts as long as DBLP's shortest burst round of this size
                 hold = min((d["burst_round_s"] for d in dres.values() if "burst_round_s" in d), default=float("nan"))
                 gres = {}
@@ -666,6 +689,10 @@ def main(argv=None) -> int:
                     row.update({k: v for k, v in gres.items() if k in row})
                     row["ratio_dblp_vs_gloo"] = row["dblp_round_s"] / row["gloo_allreduce_s"]
                     row["ratio_goodput_vs_iperf3"] = row["dblp_goodput_gbps"] / ip1
+                    if solo.get("path") == path:
+                        row["dblp_solo_goodput_gbps"] = solo["goodput_gbps"]
+                        row["dblp_solo_round_s"] = solo["round_s"]
+                        row["ratio_solo_goodput_vs_iperf3"] = solo["goodput_gbps"] / ip1
                     row["ratio_aggregate_vs_iperf3_3flows"] = row["dblp_aggregate_goodput_gbps"] / ip3
                     row["burst_timing_ok"] = d.get("burst_timing_ok", "") if "burst_timing_ok" in d else ""
                     if d.get("calib_timing_ok") is False or d.get("burst_timing_ok") is False:
@@ -673,7 +700,7 @@ def main(argv=None) -> int:
                             f"its round (orchestrator too slow for --gap-ms {args.gap_ms:g}); burst figures suspect")
                     rows.append(row)
                 detail["sizes"].append({"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3,
-                                        "dblp": dres, "gloo": gres})
+                                        "dblp": dres, "dblp_one_worker": solo, "gloo": gres})
                 _write(out, rows, detail)
     except KeyboardInterrupt:
         print("benchmark: interrupted; namespaces and rules removed", file=sys.stderr)

@@ -324,3 +324,20 @@ def test_property_any_loss_pattern(n, p, loss, seed, order, mtu):
     assert rcv.received >= needed_chunks(lay.chunks, p)
     assert rcv.received == int(rcv.mask.sum())
     assert np.array_equal(out, expected_zero_filled(v, rcv.mask, lay))
+
+
+def test_block_order_permutes_runs_of_chunks_and_spreads_loss():
+    from dblp.core import ORDER_BLOCK
+
+    n = 10 * ORDER_BLOCK + 17  # a short last block
+    a = send_order(n, "blocks", 5, 1, 0)
+    assert np.array_equal(np.sort(a), np.arange(n))
+    starts = a[np.flatnonzero(np.diff(a, prepend=-2) != 1)]
+    assert all(s % ORDER_BLOCK == 0 for s in starts)  # runs begin on block boundaries, in index order inside
+    assert not np.array_equal(a, np.sort(a))
+    assert not np.array_equal(a, send_order(n, "blocks", 5, 2, 0))  # fresh each round
+    assert np.array_equal(a, send_order(n, "blocks", 5, 1, 0))  # and seeded
+    v = vec(362 * 40 * ORDER_BLOCK)
+    masks = [run_round(v, 0.5, order="blocks", batch=1, round_no=r)[2].mask.copy() for r in range(6)]
+    lost_ever = ~np.logical_and.reduce(masks)
+    assert lost_ever.mean() > 0.9  # the tail is not always the part that is lost

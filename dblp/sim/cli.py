@@ -104,7 +104,7 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--p-high", "p_high", float, "DBLP's tolerance outside the CLR"),
     ("--eta", "eta", float, "CLR detection threshold"),
     ("--freq", "freq", int, "CLR check period (iterations)"),
-    ("--order", "order", str, "perm|inorder (recorded; used by the packet level)"),
+    ("--order", "order", str, "blocks|perm|inorder (recorded; used by the packet level)"),
     ("--norms", "norms", str, "gradient norms for CLR detection: synthetic (default, fixed 2.5x jumps), "
                               "varied (noisy, so eta matters: use it to sweep eta), or a CSV iteration,grad_norm"),
     ("--critical-every", "critical_every", int, "synthetic norms: a jump every N iterations"),

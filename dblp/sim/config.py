@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
 from ..wire import IP_UDP_OVERHEAD, ChunkLayout, ParameterError
@@ -53,7 +54,7 @@ class SimConfig:
     p_high: float | None = None
     eta: float = DEFAULT_ETA
     freq: int = DEFAULT_FREQ
-    order: str = "perm"  # chunk order recorded (and used by the packet-level mode)
+    order: str = DEFAULT_ORDER  # chunk order recorded (and used by the packet-level mode)
     # -- gradient norms that CLR detection sees -----------------------------------
     # None/"synthetic": dblp.gradients.synthetic_norms (as the replaying workers); "varied": jumps of
     # random size (dblp.sim.model.varied_norms, for eta sweeps); a CSV path (iteration,grad_norm); a list
@@ -103,8 +104,8 @@ class SimConfig:
             raise ParameterError(f"fidelity must be one of {FIDELITIES}, got {self.fidelity!r}")
         if self.norm_model not in NORM_MODELS:
             raise ParameterError(f"norm_model must be one of {NORM_MODELS}, got {self.norm_model!r}")
-        if self.order not in ("perm", "inorder"):
-            raise ParameterError(f"order must be perm or inorder, got {self.order!r}")
+        if self.order not in ORDERS:
+            raise ParameterError(f"order must be one of {ORDERS}, got {self.order!r}")
         _positive_int("host_slice", self.host_slice)
         _positive_int("group", self.group)
         if self.group > 1 and self.fidelity != "round":
