@@ -1,4 +1,4 @@
-"""Command line: ``python -m dblp server ...`` and ``python -m dblp worker ...``.
+"""Command line: ``python -m dblp server|worker|loopback|hosts ...``.
 
 The worker command replays synthetic gradients of a chosen model size (see
 :mod:`dblp.gradients`); training workers use :class:`dblp.worker.Worker`
@@ -8,6 +8,7 @@ from Python (``dblp.train``).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -88,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     add_policy_args(s)
 
+    lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
+                        description="Start a server and N workers as processes on 127.0.0.1, run lossless rounds "
+                                    "of synthetic gradients and print each round's time (dblp.loopback).")
+    lb.add_argument("--elements", default="25M", help="tensor size: a count (25M, 5e6) or a model name (%(default)s)")
+    lb.add_argument("--workers", type=int, default=3)
+    lb.add_argument("--rounds", type=int, default=5, help="timed rounds (%(default)s)")
+    lb.add_argument("--warmup", type=int, default=1, help="untimed rounds first (%(default)s)")
+    lb.add_argument("--p", type=float, default=0.0, help="fixed tolerance (0: reliable, the default)")
+    lb.add_argument("--mtu", type=int, default=1500)
+    lb.add_argument("--order", choices=["blocks", "perm", "inorder"], default="blocks")
+    lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
+
     sub.add_parser("hosts", help="run server and workers on an inventory's machines (python -m dblp hosts --help)",
                    add_help=False)
     w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
@@ -119,7 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        if args.cmd == "server":
+        if args.cmd == "loopback":
+            from .loopback import loopback_rounds
+
+            elements = model_elements(args.elements)
+            res = loopback_rounds(elements, workers=args.workers, rounds=args.rounds, warmup=args.warmup, p=args.p,
+                                  mtu=args.mtu, order=args.order, fast=False if args.plain else None)
+            if args.json:
+                print(json.dumps(res.to_dict()))
+            else:
+                print(f"{elements} float32 elements, {args.workers} workers, {args.rounds} rounds on 127.0.0.1: "
+                      f"median {res.median_s * 1e3:.1f} ms per round")
+                for i, (r, u, d) in enumerate(zip(res.round_s, res.up_s, res.down_s)):
+                    print(f"  round {i}: {r * 1e3:8.1f} ms  (up {u * 1e3:.1f} ms, down {d * 1e3:.1f} ms)")
+        elif args.cmd == "server":
             policy = make_policy(args.policy, p=args.p, p_low=args.p_low, p_high=args.p_high, eta=args.eta, freq=args.freq)
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.rate,
@@ -147,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"worker {wk.worker_id} round {r}: up {rec.up_latency_s * 1e3:.1f} ms "
                               f"({rec.up_passes} passes, {rec.up_frac:.3f} recv, p={rec.tolerance_up:g}) "
                               f"round {rec.round_latency_s * 1e3:.1f} ms", flush=True)
-    except (ParameterError, ServerError, WorkerError) as exc:
+    except (ParameterError, ServerError, WorkerError, RuntimeError, TimeoutError) as exc:
         print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

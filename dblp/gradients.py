@@ -26,14 +26,16 @@ MODEL_SIZES = {
 
 
 def model_elements(name_or_count: str | int) -> int:
-    """``"resnet50"`` -> 25_000_000; ``"1e6"`` or ``1000000`` -> 1_000_000."""
+    """``"resnet50"`` -> 25_000_000; ``"1e6"``, ``"1M"`` or ``1000000`` -> 1_000_000."""
     if isinstance(name_or_count, int):
         n = name_or_count
     elif name_or_count.lower() in MODEL_SIZES:
         n = MODEL_SIZES[name_or_count.lower()]
     else:
+        s = name_or_count.strip().lower()
+        scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(s[-1:], 1)
         try:
-            n = int(float(name_or_count))
+            n = int(float(s[:-1] if scale != 1 else s) * scale)
         except ValueError:
             raise ParameterError(
                 f"model must be one of {sorted(MODEL_SIZES)} or an element count, got {name_or_count!r}"
