@@ -16,10 +16,17 @@
  *   out     writable uint32 buffer of k results
  *   start   first byte covered (8: after the magic/version/kind/crc fields)
  */
+#define _GNU_SOURCE /* recvmmsg */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 static uint32_t table[8][256];
 
@@ -380,21 +387,17 @@ static PyObject *encode_headers(PyObject *self, PyObject *args) {
 /* send_chunks(fd, host, port, headers, values, seqs, chunk_floats, per_call)
  *
  * Puts the datagrams (header i, then chunk seqs[i] of `values`) on the wire
- * with sendmsg and an iovec pair per datagram: the kernel copies the payload
- * straight from the tensor. Runs of full-size datagrams go `per_call` at a
- * time with a UDP_SEGMENT control message (GSO); per_call <= 1, or a short
- * chunk, sends one datagram per call. The loop runs without the GIL.
+ * with an iovec pair per datagram: the kernel copies the payload straight
+ * from the tensor. Runs of full-size datagrams go `per_call` at a time in
+ * one sendmsg with a UDP_SEGMENT control message (GSO), a short chunk alone;
+ * per_call <= 1 (no GSO) sends one datagram per message, up to 64 messages
+ * per sendmmsg. The loop runs without the GIL.
  *
  * Returns (sent, lost, calls, err): datagrams the kernel took; datagrams
  * refused with ECONNREFUSED (ICMP about an earlier one) or EPERM (a local
  * firewall rule) - lost, as on a wire; system calls made; and the errno
  * that stopped the loop early (EAGAIN, ENOBUFS, EINTR: the caller waits and
  * resumes at sent + lost) or 0. Any other error raises OSError. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/uio.h>
 #ifndef SOL_UDP
 #define SOL_UDP 17
 #endif
@@ -448,7 +451,47 @@ static PyObject *send_chunks(PyObject *self, PyObject *args) {
             char buf[CMSG_SPACE(sizeof(uint16_t))];
             struct cmsghdr align;
         } ctrl;
-        while (i < k) {
+        if (per_call <= 1) { /* no GSO: one datagram per message, up to MAX_SEGS messages per sendmmsg */
+            struct mmsghdr msgs[MAX_SEGS];
+            while (i < k) {
+                int vlen = 0;
+                while (i + vlen < k && vlen < MAX_SEGS) {
+                    int64_t s = sq[i + vlen];
+                    if (s < 0 || s >= chunks) {
+                        bad = 1;
+                        break;
+                    }
+                    Py_ssize_t n = (s == chunks - 1) ? elements - s * cf : cf;
+                    iov[2 * vlen].iov_base = (void *)(h + 24 * (i + vlen));
+                    iov[2 * vlen].iov_len = 24;
+                    iov[2 * vlen + 1].iov_base = (void *)(v + 4 * s * cf);
+                    iov[2 * vlen + 1].iov_len = (size_t)(4 * n);
+                    memset(&msgs[vlen], 0, sizeof msgs[vlen]);
+                    msgs[vlen].msg_hdr.msg_name = &dst;
+                    msgs[vlen].msg_hdr.msg_namelen = sizeof dst;
+                    msgs[vlen].msg_hdr.msg_iov = &iov[2 * vlen];
+                    msgs[vlen].msg_hdr.msg_iovlen = 2;
+                    vlen++;
+                }
+                if (bad || vlen == 0) break;
+                calls++;
+                int r = sendmmsg(fd, msgs, (unsigned int)vlen, 0);
+                if (r < 0) { /* the first message failed */
+                    int e = errno;
+                    if (e == ECONNREFUSED || e == EPERM) {
+                        lost += 1;
+                        i += 1;
+                        continue;
+                    }
+                    err = e;
+                    fatal = !(e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == EINTR);
+                    break;
+                }
+                sent += r;
+                i += r;
+            }
+        }
+        while (i < k && per_call > 1 && !bad && !err) {
             Py_ssize_t count = 0;
             int full = 1;
             while (i + count < k && count < per_call) {
@@ -521,6 +564,165 @@ static PyObject *send_chunks(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* recv_rows(fd, rows, lengths, srcs, gro, max_calls)
+ *
+ * Takes queued datagrams into the rows of a (K, width) matrix without
+ * blocking, one row per datagram: with `gro`, a coalesced run of
+ * width-byte segments lands row by row with no copy (one recvmsg per run);
+ * without, recvmmsg takes up to 256 datagrams per system call. lengths[i]
+ * gets each datagram's length (truncated to width: such a datagram cannot
+ * be a valid chunk and fails its CRC), srcs[i] its source as
+ * (IPv4 address << 16) | port. Returns (k, calls). Stops when nothing is
+ * queued, the matrix is full or max_calls calls were made. ECONNREFUSED
+ * (ICMP about an earlier send) is skipped; other errors raise OSError. */
+#define MMSG_BATCH 256
+static int gro_segment(struct msghdr *msg, Py_ssize_t n) {
+    for (struct cmsghdr *cm = CMSG_FIRSTHDR(msg); cm; cm = CMSG_NXTHDR(msg, cm)) {
+        if (cm->cmsg_level == SOL_UDP && cm->cmsg_type == 104 /* UDP_GRO */) {
+            if (cm->cmsg_len >= CMSG_LEN(sizeof(int))) {
+                int v;
+                memcpy(&v, CMSG_DATA(cm), sizeof v);
+                return v;
+            }
+            uint16_t v16;
+            memcpy(&v16, CMSG_DATA(cm), sizeof v16);
+            return v16;
+        }
+    }
+    return (int)n;
+}
+
+static inline int64_t src_key(const struct sockaddr_in *a) {
+    return ((int64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port);
+}
+
+static PyObject *recv_rows(PyObject *self, PyObject *args) {
+    int fd, gro;
+    PyObject *rows_o, *len_o, *src_o;
+    Py_ssize_t max_calls;
+    if (!PyArg_ParseTuple(args, "iOOOin", &fd, &rows_o, &len_o, &src_o, &gro, &max_calls)) return NULL;
+    Py_buffer rows, lens, srcs;
+    if (PyObject_GetBuffer(rows_o, &rows, PyBUF_C_CONTIGUOUS | PyBUF_ND | PyBUF_WRITABLE) < 0) return NULL;
+    if (PyObject_GetBuffer(len_o, &lens, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&rows);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(src_o, &srcs, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) {
+        PyBuffer_Release(&rows);
+        PyBuffer_Release(&lens);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t K = rows.ndim == 2 ? rows.shape[0] : 0, width = rows.ndim == 2 ? rows.shape[1] : 0;
+    if (rows.ndim != 2 || rows.itemsize != 1 || width <= 0) {
+        PyErr_SetString(PyExc_ValueError, "rows must be a 2-D uint8 array");
+    } else if (lens.len < K * 8 || srcs.len < K * 8) {
+        PyErr_SetString(PyExc_ValueError, "lengths and srcs need an int64 per row");
+    } else {
+        uint8_t *base = (uint8_t *)rows.buf;
+        int64_t *ln = (int64_t *)lens.buf, *sk = (int64_t *)srcs.buf;
+        Py_ssize_t k = 0, calls = 0;
+        int err = 0;
+        uint8_t *scratch = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        if (gro) {
+            union {
+                char buf[CMSG_SPACE(sizeof(int))];
+                struct cmsghdr align;
+            } ctrl;
+            while (calls < max_calls) {
+                Py_ssize_t room = K - k;
+                if (room <= 0 || room * width < 65507) break; /* a full coalesced run might not fit */
+                struct sockaddr_in src;
+                struct iovec iov = {base + k * width, (size_t)(room * width)};
+                struct msghdr msg;
+                memset(&msg, 0, sizeof msg);
+                msg.msg_name = &src;
+                msg.msg_namelen = sizeof src;
+                msg.msg_iov = &iov;
+                msg.msg_iovlen = 1;
+                msg.msg_control = ctrl.buf;
+                msg.msg_controllen = sizeof ctrl.buf;
+                ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+                calls++;
+                if (n < 0) {
+                    if (errno == ECONNREFUSED) continue;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) err = errno;
+                    break;
+                }
+                int64_t key = src_key(&src);
+                Py_ssize_t seg = gro_segment(&msg, n);
+                if (n == 0) { /* an empty datagram: one row of length 0 */
+                    ln[k] = 0;
+                    sk[k++] = key;
+                } else if (n <= width || seg == width) {
+                    Py_ssize_t m = (n + width - 1) / width;
+                    for (Py_ssize_t j = 0; j < m; j++) {
+                        ln[k + j] = width;
+                        sk[k + j] = key;
+                    }
+                    ln[k + m - 1] = n - (m - 1) * width;
+                    k += m;
+                } else { /* a run of another segment size: re-cut it into rows, truncated to width */
+                    if (!scratch) scratch = malloc(65536);
+                    if (!scratch) {
+                        err = ENOMEM;
+                        break;
+                    }
+                    memcpy(scratch, base + k * width, (size_t)n);
+                    for (Py_ssize_t off = 0; off < n && k < K; off += seg) {
+                        Py_ssize_t piece = n - off < seg ? n - off : seg;
+                        if (piece > width) piece = width;
+                        memcpy(base + k * width, scratch + off, (size_t)piece);
+                        ln[k] = piece;
+                        sk[k++] = key;
+                    }
+                }
+            }
+        } else {
+            struct mmsghdr msgs[MMSG_BATCH];
+            struct iovec iovs[MMSG_BATCH];
+            struct sockaddr_in addrs[MMSG_BATCH];
+            while (calls < max_calls && k < K) {
+                unsigned int vlen = (unsigned int)((K - k) < MMSG_BATCH ? (K - k) : MMSG_BATCH);
+                memset(msgs, 0, sizeof(struct mmsghdr) * vlen);
+                for (unsigned int j = 0; j < vlen; j++) {
+                    iovs[j].iov_base = base + (k + j) * width;
+                    iovs[j].iov_len = (size_t)width;
+                    msgs[j].msg_hdr.msg_iov = &iovs[j];
+                    msgs[j].msg_hdr.msg_iovlen = 1;
+                    msgs[j].msg_hdr.msg_name = &addrs[j];
+                    msgs[j].msg_hdr.msg_namelen = sizeof addrs[j];
+                }
+                int r = recvmmsg(fd, msgs, vlen, MSG_DONTWAIT, NULL);
+                calls++;
+                if (r < 0) {
+                    if (errno == ECONNREFUSED) continue;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) err = errno;
+                    break;
+                }
+                for (int j = 0; j < r; j++) {
+                    ln[k + j] = msgs[j].msg_len;
+                    sk[k + j] = src_key(&addrs[j]);
+                }
+                k += r;
+                if ((unsigned int)r < vlen) break; /* the queue is empty */
+            }
+        }
+        free(scratch);
+        Py_END_ALLOW_THREADS
+        if (err) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+        } else
+            result = Py_BuildValue("nn", k, calls);
+    }
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&lens);
+    PyBuffer_Release(&srcs);
+    return result;
+}
+
 /* use(name): switch the CRC implementation ("sse4.2", "slicing-by-8", "bytewise");
  * for tests that compare them. Returns the previous name. */
 static PyObject *use(PyObject *self, PyObject *args) {
@@ -551,6 +753,7 @@ static PyObject *use(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
+    {"recv_rows", recv_rows, METH_VARARGS, "Queued datagrams into rows (GRO runs or recvmmsg); (k, calls)."},
     {"encode_headers", encode_headers, METH_VARARGS, "Headers (CRC included) of chunks seqs of a float32 tensor."},
     {"send_chunks", send_chunks, METH_VARARGS, "sendmsg header + chunk pairs, GSO runs; (sent, lost, calls, errno)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Datagrams of chunks seqs of a float32 tensor, as wire.encode_chunks."},

@@ -73,7 +73,7 @@ def loopback_rounds(
 ) -> LoopbackResult:
     """Run ``warmup + rounds`` rounds; return the timed ones. ``p`` = 0 is the
     reliable policy, else a fixed tolerance; ``fast=False`` forces the plain
-    (one datagram per system call) path."""
+    (no GSO/GRO: one datagram per message, sendmmsg/recvmmsg batches) path."""
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
         raise ParameterError(f"need workers >= 1, rounds >= 1, warmup >= 0 (got {workers}, {rounds}, {warmup})")

@@ -21,7 +21,7 @@ import numpy as np
 
 from . import control as ctl
 from .core import Receiver, RoundSender
-from .udp import DataSocket
+from .udp import DataSocket, addr_key
 
 DEFAULT_PEER_TIMEOUT_S = 120.0  # silence allowed while peers compute; dead hosts: TCP keepalive below
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 4  # a vanished host fails recv in ~13 s
@@ -57,6 +57,8 @@ class Peer:
         self.decoder = ctl.ControlDecoder()
         self._rows = np.empty((0, 0), np.uint8)
         self._lengths = np.zeros(RECV_ROWS, np.int64)
+        self._srcs = np.zeros(RECV_ROWS, np.int64)  # source address keys (udp.addr_key)
+        self._peer_key: tuple[object, int] = (None, -1)
         self.last_heard = time.monotonic()
         self.closed = False
         self.bye: str | None = None  # the reason of an orderly BYE
@@ -129,14 +131,17 @@ class Peer:
         if self._rows.shape[1] != width:
             self._rows = np.empty((RECV_ROWS, width), np.uint8)
         while True:
-            k, runs = self.udp.recv_rows(self._rows, self._lengths)
+            k = self.udp.recv_rows(self._rows, self._lengths, self._srcs)
             if k == 0:
                 break
             if self.receiver is not None:
                 foreign = None
                 peer = self.receiver.peer_addr
-                if peer is not None and any(a != peer for a, _ in runs):
-                    foreign = np.repeat([a != peer for a, _ in runs], [m for _, m in runs])
+                if peer is not None:
+                    if self._peer_key[0] != peer:
+                        self._peer_key = (peer, addr_key(peer))
+                    bad = self._srcs[:k] != self._peer_key[1]
+                    foreign = bad if bad.any() else None
                 self.receiver.receive_batch(self._rows[:k], self._lengths[:k], now, foreign)
             if k < self._rows.shape[0] // 2:
                 break

@@ -5,9 +5,11 @@ Fast path: one ``sendmsg`` carries up to 44 MTU-sized datagrams with a
 ``UDP_GRO`` the receiving socket gets runs of same-flow datagrams coalesced
 into one buffer plus their segment size. The wire format is identical on
 both paths - the kernel segments exactly at datagram boundaries - so a plain
-receiver reads a GSO sender and vice versa. Plain path: one ``sendto`` /
-``recvfrom_into`` per datagram, chosen automatically where GSO/GRO are
-missing (or forced with ``fast=False``).
+receiver reads a GSO sender and vice versa. Plain path: one datagram per
+``sendmsg`` and ``recvmmsg`` batches (or one ``recvfrom_into`` per datagram
+without the C helper), chosen automatically where GSO/GRO are missing (or
+forced with ``fast=False``). With the C helper (dblp/_fastpath.c) the
+per-datagram loops of both paths run in C without the GIL.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import numpy as np
 from .wire import ChunkLayout, assemble_rows
 
 try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the Python path
+    from ._fastpath import recv_rows as _c_recv_rows
     from ._fastpath import send_chunks as _c_send_chunks
 except ImportError:
-    _c_send_chunks = None
+    _c_send_chunks = _c_recv_rows = None
 if os.environ.get("DBLP_NO_C"):
-    _c_send_chunks = None
+    _c_send_chunks = _c_recv_rows = None
 
 SOL_UDP = 17
 UDP_SEGMENT = 103
@@ -163,22 +166,25 @@ class DataSocket:
         raise TimeoutError("UDP send stayed blocked for too long")
 
     # -- receive ---------------------------------------------------------------
-    def recv_rows(self, rows: np.ndarray, lengths: np.ndarray, max_calls: int = 4096):
+    def recv_rows(self, rows: np.ndarray, lengths: np.ndarray, srcs: np.ndarray, max_calls: int = 4096) -> int:
         """Fill ``rows`` ((K, width) uint8) with queued datagrams, without blocking.
 
-        Returns ``(k, runs)``: datagrams read into ``rows[:k]`` with their
-        lengths in ``lengths[:k]``, and ``runs``, a list of ``(source
-        address, datagram count)`` in row order - one entry per system call,
-        not per datagram. GRO runs of
-        ``width``-byte segments land row by row with no copy; a datagram
-        longer than ``width`` is truncated (it cannot be a valid chunk, and
-        its CRC check will count it). Stops when no datagram is queued, the
-        matrix is full, or ``max_calls`` system calls were made.
+        Returns ``k``: datagrams read into ``rows[:k]``, their lengths in
+        ``lengths[:k]`` and their sources in ``srcs[:k]`` (int64 keys,
+        :func:`addr_key`), one row per datagram. GRO runs of ``width``-byte
+        segments land row by row with no copy; a datagram longer than
+        ``width`` is truncated (it cannot be a valid chunk, and its CRC
+        check will count it). Stops when no datagram is queued, the matrix
+        is full, or ``max_calls`` system calls were made. With the C helper
+        the loop runs in C (recvmmsg batches on the plain path).
         """
+        if _c_recv_rows is not None:
+            k, calls = _c_recv_rows(self.sock.fileno(), rows, lengths, srcs, int(self.gro), max_calls)
+            self.recv_calls += calls
+            return k
         K, width = rows.shape
         flat = memoryview(rows.reshape(-1))
         k = 0
-        runs: list[tuple[object, int]] = []
         for _ in range(max_calls):
             room = K - k
             if room <= 0 or (self.gro and room * width < GSO_MAX_BYTES):
@@ -199,26 +205,31 @@ class DataSocket:
             except ConnectionRefusedError:
                 continue
             self.recv_calls += 1
+            key = addr_key(addr)
             if n <= width or seg == width:
                 m = max(1, -(-n // width))
                 lengths[k : k + m] = width
                 lengths[k + m - 1] = n - (m - 1) * width
-                runs.append((addr, m))
+                srcs[k : k + m] = key
                 k += m
             else:
                 # A GRO run of another segment size (not a flow of ours): re-cut it
                 # into rows, truncated like a plain receive would.
                 buf = np.frombuffer(flat[k * width : k * width + n], np.uint8).copy()
-                k0 = k
                 for off in range(0, n, seg):
                     if k >= K:
                         break
                     piece = buf[off : off + min(seg, width)]
                     rows[k, : piece.size] = piece
                     lengths[k] = piece.size
+                    srcs[k] = key
                     k += 1
-                runs.append((addr, k - k0))
-        return k, runs
+        return k
+
+
+def addr_key(addr: tuple[str, int]) -> int:
+    """An IPv4 (host, port) as the int64 key :meth:`DataSocket.recv_rows` reports."""
+    return (int.from_bytes(socket.inet_aton(addr[0]), "big") << 16) | int(addr[1])
 
 
 def _probe_gso(sock: socket.socket) -> bool:

@@ -8,7 +8,8 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
 
 * **DBLP**: the real ``python -m dblp server`` / ``python -m dblp worker``
   CLI, fixed tolerance ``--p``, for each data path (``--gso``: UDP GSO/GRO
-  where the kernel has them; ``--plain``: one datagram per system call;
+  where the kernel has them; ``--plain``: no GSO/GRO, one datagram per
+  message in sendmmsg/recvmmsg batches (per-datagram calls without the C helper);
   default both). The lossless round is the span from the first worker's
   start of a round to the last worker's averaged result (per-round worker
   records, ``dblp/records.py``), median over ``--rounds`` rounds after
@@ -531,7 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
     g.add_argument("--plain", dest="paths", action="store_const", const=["plain"],
-                   help="DBLP with one datagram per system call only")
+                   help="DBLP without GSO/GRO only (one datagram per message)")
     g.add_argument("--both", dest="paths", action="store_const", const=["gso", "plain"],
                    help="both DBLP data paths (the default)")
     ap.set_defaults(paths=["gso", "plain"])

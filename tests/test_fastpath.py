@@ -152,27 +152,32 @@ def test_c_encode_and_scatter_refuse_out_of_range_indices():
         fast.scatter_rows(rows, np.array([-1], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
 
 
-def _receive_all(sock, count: int, width: int) -> list[bytes]:
+def _receive_all(sock, count: int, width: int) -> tuple[list[bytes], set[int]]:
     import select
 
-    got = []
+    got, keys = [], set()
     rows = np.empty((4096, width), np.uint8)
     lens = np.zeros(4096, np.int64)
+    srcs = np.zeros(4096, np.int64)
     while len(got) < count and select.select([sock.sock], [], [], 2.0)[0]:
-        k, _ = sock.recv_rows(rows, lens)
+        k = sock.recv_rows(rows, lens, srcs)
         got.extend(rows[i, : lens[i]].tobytes() for i in range(k))
-    return got
+        keys.update(srcs[:k].tolist())
+    return got, keys
 
 
-@pytest.mark.parametrize("c_path", [True, False])
+@pytest.mark.parametrize("c_send, c_recv", [(True, True), (False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("fast", [None, False])
-def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_path, fast):
+def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_send, c_recv, fast):
     """Header + payload as two iovec pieces (C, GSO or one per call) or whole
-    rows (Python): the receiver reads exactly the datagrams encode_chunks makes."""
+    rows (Python), received by the C loop (GRO runs / recvmmsg) or Python's:
+    the receiver reads exactly the datagrams encode_chunks makes, and their source."""
     from dblp import udp
 
-    if not c_path:
+    if not c_send:
         monkeypatch.setattr(udp, "_c_send_chunks", None)
+    if not c_recv:
+        monkeypatch.setattr(udp, "_c_recv_rows", None)
     lay = ChunkLayout(362 * 500 + 77)
     v = np.random.default_rng(8).standard_normal(lay.elements).astype(np.float32)
     seqs = np.random.default_rng(9).permutation(lay.chunks)
@@ -182,12 +187,14 @@ def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_path, fast):
     rx, tx = udp.DataSocket("127.0.0.1", 0, fast=fast), udp.DataSocket("127.0.0.1", 0, fast=fast)
     try:
         tx.send_chunks(hdr, v, seqs, ref_len, lay, ("127.0.0.1", rx.port))
-        got = _receive_all(rx, lay.chunks, lay.datagram_size)
+        got, keys = _receive_all(rx, lay.chunks, lay.datagram_size)
+        tx_port = tx.port
     finally:
         rx.close()
         tx.close()
     assert got == [ref[i, : ref_len[i]].tobytes() for i in range(lay.chunks)]
-    if c_path and tx.gso:
+    assert keys == {udp.addr_key(("127.0.0.1", tx_port))}
+    if c_send and tx.gso:
         assert tx.sent_calls < lay.chunks / 20  # GSO: many datagrams per system call
 
 
@@ -209,3 +216,30 @@ def test_send_chunks_counts_refused_datagrams_as_lost():
     finally:
         tx.close()
     assert tx.lost_sends > 0  # refused ones are lost, as on a wire, and nothing raised
+
+
+@pytest.mark.parametrize("c_recv", [True, False])
+def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv):
+    """A GRO run of another flow's segment size is re-cut row by row; a datagram
+    longer than a row is truncated (its CRC will then fail); both keep their source."""
+    from dblp import udp
+
+    if not c_recv:
+        monkeypatch.setattr(udp, "_c_recv_rows", None)
+    rx = udp.DataSocket("127.0.0.1", 0)
+    tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for i in range(30):
+            tx.sendto(bytes([i]) * 100, ("127.0.0.1", rx.port))
+        tx.sendto(b"\xee" * 3000, ("127.0.0.1", rx.port))
+        import time
+
+        time.sleep(0.2)
+        got, keys = _receive_all(rx, 31, 1472)
+        tx_addr = ("127.0.0.1", tx.getsockname()[1])
+    finally:
+        rx.close()
+        tx.close()
+    assert got[:30] == [bytes([i]) * 100 for i in range(30)]
+    assert got[30] == b"\xee" * 1472
+    assert keys == {udp.addr_key(tx_addr)}
