@@ -18,12 +18,14 @@ fi
 
 export DEBIAN_FRONTEND=noninteractive
 if ! command -v mnexec >/dev/null || ! command -v nft >/dev/null || ! command -v iperf3 >/dev/null \
-   || ! command -v sudo >/dev/null || ! [ -e /usr/bin/python ] || ! command -v tcpdump >/dev/null; then
+   || ! command -v sudo >/dev/null || ! [ -e /usr/bin/python ] || ! command -v tcpdump >/dev/null \
+   || ! command -v gcc >/dev/null; then
   apt-get update -q
   # --no-install-recommends: Mininet recommends Open vSwitch, whose kernel module this
   # testbed does not need (it uses Linux bridges).
   apt-get install -y -q --no-install-recommends \
-    mininet nftables iproute2 iperf3 sudo python-is-python3 python3-venv tcpdump ethtool procps
+    mininet nftables iproute2 iperf3 sudo python-is-python3 python3-venv tcpdump ethtool procps \
+    gcc python3-dev  # the transport's optional C helper (dblp/_fastpath.c); without them the numpy path runs
 fi
 
 PY=${DBLP_PYTHON:-python3}
