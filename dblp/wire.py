@@ -195,17 +195,7 @@ def encode_chunks(
     hdr["length"] = plen
     hdr["round"] = round_no
     hdr["seq"] = seqs
-    cf = layout.chunk_floats
-    payload = rows[:, HEADER_SIZE:].view("<f4")
-    full = plen == layout.chunk_bytes
-    if full.all():
-        payload[:] = flat_padded_view(flat, layout)[seqs]
-    else:
-        payload[full] = flat_padded_view(flat, layout)[seqs[full]]
-        for i in np.flatnonzero(~full):  # at most one row: the tensor's tail
-            n = int(plen[i]) // FLOAT_BYTES
-            payload[i, :n] = flat[(layout.chunks - 1) * cf :]
-            payload[i, n:] = 0.0
+    _fill_payloads(rows, flat, seqs, plen, layout)
     lengths = plen + HEADER_SIZE
     hdr["crc"] = crc_rows(rows, lengths)
     return rows, lengths
@@ -247,16 +237,26 @@ def assemble_rows(headers: np.ndarray, values: np.ndarray, seqs: np.ndarray,
     """Whole datagrams from headers and the tensor: ``(rows, lengths)`` as
     :func:`encode_chunks` returns them (for senders without the C path)."""
     seqs = np.asarray(seqs, dtype=np.int64)
-    rows = np.zeros((seqs.size, layout.datagram_size), np.uint8)
+    rows = np.empty((seqs.size, layout.datagram_size), np.uint8)
     rows[:, :HEADER_SIZE] = headers
     plen = layout.payload_lengths(seqs)
+    _fill_payloads(rows, np.asarray(values, dtype="<f4").reshape(-1), seqs, plen, layout)
+    return rows, plen + HEADER_SIZE
+
+
+def _fill_payloads(rows: np.ndarray, flat: np.ndarray, seqs: np.ndarray, plen: np.ndarray,
+                   layout: ChunkLayout) -> None:
+    """Chunk ``seqs[i]`` of ``flat`` into the payload of ``rows[i]``; the short tail row is zero-padded."""
     payload = rows[:, HEADER_SIZE:].view("<f4")
     full = plen == layout.chunk_bytes
-    flat = np.asarray(values, dtype="<f4").reshape(-1)
+    if full.all():
+        payload[:] = flat_padded_view(flat, layout)[seqs]
+        return
     payload[full] = flat_padded_view(flat, layout)[seqs[full]]
-    for i in np.flatnonzero(~full):  # the tensor's short tail chunk
-        payload[i, : int(plen[i]) // FLOAT_BYTES] = flat[(layout.chunks - 1) * layout.chunk_floats :]
-    return rows, plen + HEADER_SIZE
+    for i in np.flatnonzero(~full):  # at most one row: the tensor's tail
+        n = int(plen[i]) // FLOAT_BYTES
+        payload[i, :n] = flat[(layout.chunks - 1) * layout.chunk_floats :]
+        payload[i, n:] = 0.0
 
 
 def scatter_payloads(rows: np.ndarray, seqs: np.ndarray, out: np.ndarray, layout: ChunkLayout) -> None:
