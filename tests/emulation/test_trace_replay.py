@@ -66,11 +66,20 @@ def test_replayed_trace_loss_from_reliable_run_records(tmp_path):
     assert 0.03 < want < 0.10
     rec = s["records"]
     assert rec["up"]["sent"] > 20_000 and rec["down"]["sent"] > 20_000
-    msg = (f"trace mean over the run {want:.4%}; records: up {rec['up']['loss']:.4%}, "
-           f"down {rec['down']['loss']:.4%}; achieved schedule {s['achieved_mean_loss']:.4%}; kernel {s['kernel']}")
+    ws = s["while_sending"]  # the trace's mean over the windows each direction was on the link
+    msg = (f"trace mean over the run {want:.4%}; while sending up {ws['up']:.4%}, down {ws['down']:.4%}; "
+           f"records: up {rec['up']['loss']:.4%}, down {rec['down']['loss']:.4%}; "
+           f"achieved schedule {s['achieved_mean_loss']:.4%}; kernel {s['kernel']}")
     print(msg)
+    # Each direction samples the schedule only while it sends (half of each round), and the 5 ms
+    # bursts make that half's mean differ from the run's by up to ~10% (one CI run: down 7.84% vs
+    # 6.52%, +20%): hold each direction to the trace over its own windows, and both together (they
+    # cover the rounds' span) to the run's mean.
     for direction in ("up", "down"):
-        assert abs(rec[direction]["loss"] / want - 1) < 0.20, msg
+        assert 0.5 * want < ws[direction] < 1.5 * want, msg
+        assert abs(rec[direction]["loss"] / ws[direction] - 1) < 0.20, msg
+    both = 1 - ((rec["up"]["delivered"] + rec["down"]["delivered"]) / (rec["up"]["sent"] + rec["down"]["sent"]))
+    assert abs(both / want - 1) < 0.20, msg
     # the schedule the replayer installed tracks the trace closely
     assert abs(s["achieved_mean_loss"] / want - 1) < 0.05, msg
     # what was applied is on record: every change, and the achieved schedule as a trace file
