@@ -8,6 +8,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("dblp._fastpath", ["dblp/_fastpath.c"], optional=True, extra_compile_args=["-O3"]),
+        Extension("dblp._fastpath", ["dblp/_fastpath.c"], optional=True,
+                  extra_compile_args=["-O3", "-pthread"], extra_link_args=["-pthread"]),
     ]
 )

@@ -23,7 +23,7 @@ from .core import DEFAULT_ORDER, EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter, RoundRecord
-from .reduce import MODES, reduce_mean
+from .reduce import MODES, reduce_mean_norm
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
 from .wire import SERVER_ID, ChunkLayout, ParameterError
@@ -218,9 +218,8 @@ class ParameterServer:
         if len(self.workers) < self.cfg.workers:
             log.warning("round %d: reducing over %d of %d workers", self.round, len(self.workers), self.cfg.workers)
         # 2. Reduce by mean; 3. tolerance policy on the mean's norm.
-        reduce_mean([w.buf for w in self.workers], [w.peer.receiver.mask for w in self.workers],
-                    self.layout, self.mean, self.cfg.reduce)
-        norm = float(np.linalg.norm(self.mean))
+        norm = reduce_mean_norm([w.buf for w in self.workers], [w.peer.receiver.mask for w in self.workers],
+                                self.layout, self.mean, self.cfg.reduce)
         self.norms.append(norm)
         p_down = self.cfg.policy.update(self.round, norm)
         clr = self.cfg.policy.clr

@@ -243,3 +243,41 @@ def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv
     assert got[:30] == [bytes([i]) * 100 for i in range(30)]
     assert got[30] == b"\xee" * 1472
     assert keys == {udp.addr_key(tx_addr)}
+
+
+@pytest.mark.parametrize("n,k,threads", [(25_000_000, 3, 2), (300_001, 5, 4), (4097, 1, 1), (1000, 2, 8)])
+def test_fused_mean_is_bit_identical_to_numpy_and_gives_the_norm(monkeypatch, n, k, threads):
+    from dblp import reduce as red
+
+    if red._c_mean_into is None:
+        pytest.skip("C helper not built")
+    rng = np.random.default_rng(n)
+    bufs = [rng.standard_normal(n).astype(np.float32) for _ in range(k)]
+    lay = ChunkLayout(n, 1500)
+    masks = [np.ones(lay.chunks, bool)] * k
+    want = np.empty(n, np.float32)
+    red._mean_numpy(bufs, masks, lay, want, "zero")
+    got = np.full(n, np.nan, np.float32)
+    monkeypatch.setattr(red, "REDUCE_THREADS", threads)
+    norm = red.reduce_mean_norm(bufs, masks, lay, got, "zero")
+    assert np.array_equal(got, want)  # same float32 sums, same order, every thread's share
+    exact = float(np.sqrt(np.sum(want.astype(np.float64) ** 2)))
+    assert norm == pytest.approx(exact, rel=1e-12)
+    monkeypatch.setattr(red, "_c_mean_into", None)  # the numpy fallback: same mean, float32 norm
+    again = np.empty(n, np.float32)
+    assert red.reduce_mean_norm(bufs, masks, lay, again, "zero") == pytest.approx(exact, rel=2e-4)  # float32 sdot
+    assert np.array_equal(again, want)
+
+
+def test_fused_mean_refuses_mismatched_buffers():
+    from dblp._fastpath import mean_into
+
+    out = np.zeros(100, np.float32)
+    with pytest.raises(ValueError, match="buffer 1"):
+        mean_into(out, [np.zeros(100, np.float32), np.zeros(99, np.float32)], 0.5, 1)
+    with pytest.raises(ValueError, match="buffer 0"):
+        mean_into(out, [np.zeros(100, np.float64)], 1.0, 1)
+    with pytest.raises(ValueError, match="float32"):
+        mean_into(np.zeros(100, np.float64), [out], 1.0, 1)
+    with pytest.raises(ValueError, match="buffers"):
+        mean_into(out, [], 1.0, 1)
