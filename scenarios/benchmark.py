@@ -24,8 +24,8 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   workers the server's receive, not a sender, sets the pace.
 * **iperf3**: TCP throughput w1 -> srv (one flow), and w1,w2,w3 -> srv at
   once (three flows, summed: what the server's link takes from three senders).
-* **Burst**: after the lossless rounds, one *calibration* round at
-  ``--calib-loss`` (default 50%) and one *burst* round at ``--burst-loss``
+* **Burst**: after the lossless rounds, *calibration* rounds at
+  ``--calib-loss`` (default 30% and 50%) and one *burst* round at ``--burst-loss``
   (default 70%): an nftables rule ``meta l4proto udp numgen random mod 10000
   < N drop`` in the server namespace (netdev ingress and egress hooks of its
   eth0, so each datagram of either direction sees the loss once, as on a
@@ -36,12 +36,16 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   The prediction from the tolerance arithmetic:
   passes ``k = min{k : L^k <= p}``; datagrams sent ``n (1-p)/(1-L)`` (the
   receiver stops at ``ceil((1-p) n)`` and each datagram arrives with
-  probability ``1-L``); time ``= S0 + U0 (f_up - 1) + D0 (f_down - 1) +
+  probability ``1-L``); time ``= S0 + a [U0 (f_up - 1) + D0 (f_down - 1)] +
   (k_up - 1 + k_down - 1) o`` with ``S0, U0, D0`` the lossless round, up
-  and down times, ``f = sent(L) / sent(0)`` and ``o`` the per-pass overhead
-  (probe -> bitmap -> next pass), *measured* from the calibration round with
-  its actual pass counts. A second prediction (``pred2``) is for a
-  receiver-bound round, where the receiver handles about ``(1-p) n``
+  and down times, ``f = sent(L) / sent(0)``, ``o`` the per-pass overhead
+  (probe -> bitmap -> next pass) and ``a`` the sender's share of the cost of
+  a datagram (a lost datagram costs its sender, not its receiver: a round
+  on CPU-bound hosts is neither purely sender- nor receiver-bound). ``a``
+  and ``o`` are *measured*: fitted (least squares) to the calibration
+  rounds with their actual pass counts; with one calibration round ``a`` is
+  taken as 1 (sender-bound). A second prediction (``pred2``) is the
+  receiver-bound extreme (``a = 0``): the receiver handles about ``(1-p) n``
   datagrams per direction whatever the loss, so only the extra passes cost:
   ``S0 + (k_up - 1 + k_down - 1) o2`` with ``o2`` fitted the same way.
   gloo gets the same 70% rule on TCP (netdev ingress
@@ -80,6 +84,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+
 from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3
@@ -96,6 +102,7 @@ CSV_COLUMNS = [
     "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
     "dblp_solo_goodput_gbps", "dblp_solo_round_s", "ratio_solo_goodput_vs_iperf3",
     "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
+    "sender_share",
     "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
     "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
     "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
@@ -231,8 +238,8 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     first_lossy = args.warmup + args.rounds
     schedule: dict[int, float] = {}
     if args.burst_loss > 0:
-        if args.calib_loss > 0:
-            schedule[first_lossy] = args.calib_loss
+        for i, loss in enumerate(args.calib_loss):
+            schedule[first_lossy + i] = loss
         schedule[first_lossy + len(schedule)] = args.burst_loss
     total = first_lossy + len(schedule)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -362,7 +369,8 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         return U0 * (f_up - 1) + D0 * (f_down - 1)
 
     lossy = sorted(run.loss_rounds)
-    o = o_r = float("nan")
+    o = o_r = a = float("nan")
+    calib: list[dict] = []
     for idx in lossy:
         info = run.loss_rounds[idx]
         rs = run.rounds[idx]
@@ -374,23 +382,26 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         nxt = run.rounds.get(idx + 1)
         ok = info["t_applied"] <= start and info.get("t_removing", float("inf")) >= end and (
             nxt is None or info.get("t_removing", 0) <= min(x["t_start"] for x in nxt.values()))
-        key = "calib" if info["loss"] == args.calib_loss and idx == lossy[0] and len(lossy) > 1 else "burst"
+        key = "burst" if idx == lossy[-1] else "calib"
         out[f"{key}_loss"] = info["loss"]
         out[f"{key}_round_s"] = s
         out[f"{key}_passes_up"] = pu
         out[f"{key}_passes_down"] = pdn
-        out[f"{key}_timing_ok"] = ok
+        out[f"{key}_timing_ok"] = ok and out.get(f"{key}_timing_ok", True)
         out[f"{key}_dropped_pkts"] = info.get("dropped", 0)
         if key == "calib":
-            extra = (pu - 1) + (pdn - 1)
-            o = (s - S0 - data_term(info["loss"])) / extra if extra > 0 else float("nan")
-            o_r = (s - S0) / extra if extra > 0 else float("nan")
+            calib.append({"loss": info["loss"], "round_s": s, "passes_up": pu, "passes_down": pdn,
+                          "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]),
+                          "timing_ok": ok})
+    a, o, o_r = fit_pass_model(calib, S0)
+    out["calib"] = calib
+    out["sender_share"] = a
     out["overhead_per_pass_s"] = o
     out["overhead_per_pass_recv_s"] = o_r
     if "burst_loss" in out:
         L = out["burst_loss"]
         k = passes_pred(L)
-        pred = S0 + data_term(L) + (2 * (k - 1)) * (o if not math.isnan(o) else 0.0)
+        pred = S0 + (a if not math.isnan(a) else 1.0) * data_term(L) + (2 * (k - 1)) * (o if not math.isnan(o) else 0.0)
         out["burst_pred_passes"] = k
         out["burst_pred_s"] = pred
         out["burst_err"] = out["burst_round_s"] / pred - 1 if pred > 0 else float("nan")
@@ -400,6 +411,35 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         out["burst_pred_recv_s"] = pred_r
         out["burst_err_recv"] = out["burst_round_s"] / pred_r - 1 if pred_r > 0 else float("nan")
     return out
+
+
+def fit_pass_model(calib: list[dict], S0: float) -> tuple[float, float, float]:
+    """(a, o, o2) from the calibration rounds: ``round - S0 = a * data_term + extra_passes * o``.
+
+    Two or more rounds at different losses: least squares for both ``a`` (the
+    sender's share of a datagram's cost, kept in [0, 1]) and ``o``; one
+    round: ``a = 1`` (the sender-bound model) and ``o`` from it alone. ``o2``
+    is the receiver-bound extreme's overhead (``a = 0``). NaN where nothing
+    was measured."""
+    nan = float("nan")
+    rows = [c for c in calib if c["extra_passes"] > 0]
+    if not rows:
+        return nan, nan, nan
+    y = np.array([c["round_s"] - S0 for c in rows])
+    x = np.array([c["data_term_s"] for c in rows])
+    e = np.array([c["extra_passes"] for c in rows], dtype=float)
+    o_r = float(np.dot(y, e) / np.dot(e, e))
+
+    def o_for(a: float) -> float:
+        return float(np.dot(y - a * x, e) / np.dot(e, e))
+
+    if len(rows) == 1 or len({round(c["loss"], 6) for c in rows}) == 1:
+        return 1.0, o_for(1.0), o_r
+    (a, o), *_ = np.linalg.lstsq(np.column_stack([x, e]), y, rcond=None)
+    if not 0.0 <= a <= 1.0:
+        a = min(1.0, max(0.0, float(a)))
+        o = o_for(a)
+    return float(a), float(o), o_r
 
 
 # -- gloo ------------------------------------------------------------------------------------
@@ -538,8 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.set_defaults(paths=["gso", "plain"])
     ap.add_argument("--p", type=float, default=0.008, help="DBLP loss tolerance (fixed policy; 0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
-    ap.add_argument("--calib-loss", type=float, default=0.5,
-                    help="loss of the calibration round that measures the per-pass overhead (0: none)")
+    ap.add_argument("--calib-loss", default="0.3,0.5",
+                    help="losses of the calibration rounds that measure the per-pass overhead and the sender's "
+                         "share of a datagram's cost, comma-separated (0: none)")
     ap.add_argument("--gap-ms", type=float, default=300.0,
                     help="workers' pause between rounds (room to add/remove the loss rule)")
     ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
@@ -570,10 +611,15 @@ def parse_args(argv=None):
         ap.error("--rounds and --warmup must be at least 1")
     if not 576 <= args.mtu <= 65535:
         ap.error(f"--mtu must be in [576, 65535], got {args.mtu}")
-    for name in ("p", "burst_loss", "calib_loss"):
-        v = getattr(args, name)
-        if not 0 <= v < 1:
-            ap.error(f"--{name.replace('_', '-')} must be in [0, 1), got {v}")
+    try:
+        args.calib_loss = [float(x) for x in str(args.calib_loss).split(",") if x.strip()]
+    except ValueError:
+        ap.error(f"--calib-loss must be comma-separated numbers, got {args.calib_loss!r}")
+    args.calib_loss = [x for x in args.calib_loss if x != 0]
+    for name, vals in (("p", [args.p]), ("burst_loss", [args.burst_loss]), ("calib_loss", args.calib_loss)):
+        for v in vals:
+            if not 0 <= v < 1:
+                ap.error(f"--{name.replace('_', '-')} must be in [0, 1), got {v}")
     if args.burst_loss > 0 and args.p == 0:
         ap.error("a burst needs --p > 0: with p = 0 the round waits for the last chunk and the prediction "
                  "is a tail bound, not the tolerance arithmetic")
@@ -606,6 +652,7 @@ def print_table(rows: list[dict]) -> None:
             ("agg/iperf3x", lambda r: fmt(r["ratio_aggregate_vs_iperf3_3flows"], ".2f")),
             ("1 snd/iperf", lambda r: fmt(r.get("ratio_solo_goodput_vs_iperf3", float("nan")), ".2f")),
             ("o/pass ms", lambda r: fmt(r.get("overhead_per_pass_s", float("nan")) * 1e3, ".1f")),
+            ("snd share", lambda r: fmt(r.get("sender_share", float("nan")), ".2f")),
             ("burst s", lambda r: fmt(r.get("burst_round_s"))),
             ("pred s", lambda r: fmt(r.get("burst_pred_s"))),
             ("err", lambda r: fmt(r.get("burst_err"), "+.1%")),
@@ -664,7 +711,7 @@ def main(argv=None) -> int:
                 solo = {}
                 if args.solo:
                     path0 = "gso" if "gso" in args.paths else args.paths[0]
-                    sargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": 0.0})
+                    sargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": []})
                     srun = run_dblp(net, sargs, elements, path0, run_idx, sdir / f"dblp-{path0}-1worker", say,
                                     n_workers=1)
                     run_idx += 1

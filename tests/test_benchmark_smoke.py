@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,6 +32,38 @@ def test_help_and_argument_errors():
         r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), *bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, bad
+    assert benchmark.parse_args([]).calib_loss == [0.3, 0.5]
+    assert benchmark.parse_args(["--calib-loss", "0"]).calib_loss == []
+    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--calib-loss", "0.3,x"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--calib-loss" in r.stderr
+
+
+def _calib(a: float, o: float, S0: float, losses, passes, unit: float = 0.2) -> list[dict]:
+    """Calibration rounds a model with sender share ``a`` and per-pass overhead ``o`` would give."""
+    out = []
+    for loss, k in zip(losses, passes):
+        data = unit * ((1 - 0.008) / (1 - loss) - 1)
+        out.append({"loss": loss, "round_s": S0 + a * data + 2 * (k - 1) * o, "passes_up": k, "passes_down": k,
+                    "extra_passes": 2 * (k - 1), "data_term_s": data})
+    return out
+
+
+def test_pass_model_fit_recovers_known_share_and_overhead():
+    S0 = 0.3
+    a, o, o_r = benchmark.fit_pass_model(_calib(0.4, 0.002, S0, [0.3, 0.5], [5, 7]), S0)
+    assert a == pytest.approx(0.4) and o == pytest.approx(0.002)
+    # receiver-bound extreme: everything beyond S0 is charged to the extra passes
+    c = _calib(0.4, 0.002, S0, [0.3, 0.5], [5, 7])
+    e = np.array([x["extra_passes"] for x in c]); y = np.array([x["round_s"] - S0 for x in c])
+    assert o_r == pytest.approx(float(y @ e / (e @ e)))
+    # one round (or one loss twice): the sender-bound model, a = 1
+    a1, o1, _ = benchmark.fit_pass_model(_calib(1.0, 0.003, S0, [0.5], [7]), S0)
+    assert a1 == 1.0 and o1 == pytest.approx(0.003)
+    # a share outside [0, 1] is clipped and o refitted
+    a2, o2, _ = benchmark.fit_pass_model(_calib(1.6, 0.001, S0, [0.3, 0.5], [5, 7]), S0)
+    assert a2 == 1.0 and math.isfinite(o2)
+    assert all(math.isnan(v) for v in benchmark.fit_pass_model([], S0))
 
 
 POSITIVE = ["dblp_round_s", "dblp_up_s", "dblp_down_s", "gloo_allreduce_s", "ratio_dblp_vs_gloo",
@@ -71,6 +104,7 @@ def test_smallest_benchmark_end_to_end(tmp_path):
             v = float(row[col])
             assert math.isfinite(v) and v > 0, (row["path"], col, row[col])
         assert float(row["burst_dropped_pkts"]) > 0
+        assert 0.0 <= float(row["sender_share"]) <= 1.0  # fitted to two calibration rounds
         gb = float(row["gloo_burst_s"])
         assert row["gloo_burst_timed_out"] == "True" or (math.isfinite(gb) and gb > 0)
     assert (out / "benchmark.json").exists()
