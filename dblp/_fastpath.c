@@ -592,6 +592,26 @@ static int gro_segment(struct msghdr *msg, Py_ssize_t n) {
     return (int)n;
 }
 
+/* One non-blocking recvmsg into iov, with room for the UDP_GRO control message; *seg gets the
+ * segment size of a coalesced run (n itself for a single datagram). */
+static ssize_t recv_gro(int fd, struct iovec *iov, size_t iovlen, struct sockaddr_in *src, Py_ssize_t *seg) {
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } ctrl;
+    struct msghdr msg;
+    memset(&msg, 0, sizeof msg);
+    msg.msg_name = src;
+    msg.msg_namelen = sizeof *src;
+    msg.msg_iov = iov;
+    msg.msg_iovlen = iovlen;
+    msg.msg_control = ctrl.buf;
+    msg.msg_controllen = sizeof ctrl.buf;
+    ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+    if (n >= 0) *seg = gro_segment(&msg, n);
+    return n;
+}
+
 static inline int64_t src_key(const struct sockaddr_in *a) {
     return ((int64_t)ntohl(a->sin_addr.s_addr) << 16) | ntohs(a->sin_port);
 }
@@ -626,24 +646,12 @@ static PyObject *recv_rows(PyObject *self, PyObject *args) {
         uint8_t *scratch = NULL;
         Py_BEGIN_ALLOW_THREADS
         if (gro) {
-            union {
-                char buf[CMSG_SPACE(sizeof(int))];
-                struct cmsghdr align;
-            } ctrl;
             while (calls < max_calls) {
-                Py_ssize_t room = K - k;
+                Py_ssize_t room = K - k, seg = 0;
                 if (room <= 0 || room * width < 65507) break; /* a full coalesced run might not fit */
                 struct sockaddr_in src;
                 struct iovec iov = {base + k * width, (size_t)(room * width)};
-                struct msghdr msg;
-                memset(&msg, 0, sizeof msg);
-                msg.msg_name = &src;
-                msg.msg_namelen = sizeof src;
-                msg.msg_iov = &iov;
-                msg.msg_iovlen = 1;
-                msg.msg_control = ctrl.buf;
-                msg.msg_controllen = sizeof ctrl.buf;
-                ssize_t n = recvmsg(fd, &msg, MSG_DONTWAIT);
+                ssize_t n = recv_gro(fd, &iov, 1, &src, &seg);
                 calls++;
                 if (n < 0) {
                     if (errno == ECONNREFUSED) continue;
@@ -651,7 +659,6 @@ static PyObject *recv_rows(PyObject *self, PyObject *args) {
                     break;
                 }
                 int64_t key = src_key(&src);
-                Py_ssize_t seg = gro_segment(&msg, n);
                 if (n == 0) { /* an empty datagram: one row of length 0 */
                     ln[k] = 0;
                     sk[k++] = key;
@@ -720,6 +727,304 @@ static PyObject *recv_rows(PyObject *self, PyObject *args) {
     PyBuffer_Release(&rows);
     PyBuffer_Release(&lens);
     PyBuffer_Release(&srcs);
+    return result;
+}
+
+/* recv_place(fd, rows, lengths, srcs, aims, out, mask, claim, order, pos, cursor, crcs, chunk_bytes, gro,
+ *            max_calls) -> (k, calls, placed)
+ *
+ * recv_rows, but a datagram's payload is received straight into its place in
+ * the tensor when it is the one expected next, saving the copy from a row
+ * into the tensor (on the server, the whole tensor once per worker per round).
+ *
+ * Why it is safe: before each system call the next datagrams are predicted
+ * from the sender's chunk order (`order`, its inverse `pos`, and `cursor`,
+ * the position after the last chunk seen), and the kernel is given iovec
+ * pairs: the 24-byte header into rows[i], the payload into the tensor slot of
+ * the predicted chunk. Only slots whose chunk is not received yet (mask) and
+ * not claimed by another pending datagram of this call (claim) are aimed at,
+ * never the tensor's last chunk (its short slot would shift every later
+ * iovec). So a wrong prediction, a stale, foreign or corrupt datagram can
+ * only scribble on a slot whose chunk is still missing: the receiver either
+ * accepts a valid copy of that chunk later (overwriting it) or zero-fills it
+ * at STOP (R7). The receiver validates every datagram as usual (header
+ * fields, CRC over header + slot via crc_placed); this function decides
+ * nothing about acceptance.
+ *
+ * On return, for i < k: aims[i] >= 0 means the header is in rows[i, :24]
+ * and the payload in the slot of chunk aims[i] (full length, header seq ==
+ * aims[i]); aims[i] == -1 means the whole datagram is in rows[i, :lengths[i]]
+ * (payloads that landed in a wrong slot are copied back there). `claim` is
+ * all zero again on return; `cursor` is updated. crcs[i] (uint32) gets the
+ * CRC-32C of a placed datagram (header from byte 8, then its slot), computed
+ * right after its system call while the bytes are still in cache: read
+ * again later from a 100 MB tensor, they cost more than the copy saved. */
+#define PLACE_MAX_SEGS 64
+#define PLACE_SCAN 4096
+
+typedef struct {
+    uint8_t *base;
+    Py_ssize_t width, cb, chunks;
+    uint8_t *out;
+    const uint8_t *mask;
+    uint8_t *claim;
+    const int64_t *order, *pos;
+    int64_t cursor;
+    uint32_t *crcs;
+} place_ctx;
+
+static inline uint32_t get_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* Aims for r datagrams: the next missing, unclaimed chunks in the sender's order. */
+static void plan_aims(place_ctx *c, int64_t *aims, Py_ssize_t r) {
+    Py_ssize_t got = 0;
+    int64_t p = c->cursor < 0 ? 0 : c->cursor, lim = p + PLACE_SCAN;
+    if (lim > c->chunks) lim = c->chunks;
+    for (; p < lim && got < r; p++) {
+        int64_t s = c->order[p];
+        if (s < 0 || s >= c->chunks || c->mask[s] || c->claim[s]) continue;
+        if (s == c->chunks - 1) { /* expected, but its short slot cannot take an iovec: its row does */
+            aims[got++] = -1;
+            continue;
+        }
+        aims[got++] = s;
+        c->claim[s] = 1;
+    }
+    for (Py_ssize_t j = got; j < r; j++) aims[j] = -1;
+}
+
+static void set_iov(place_ctx *c, struct iovec *iov, Py_ssize_t row, int64_t aim) {
+    uint8_t *r = c->base + row * c->width;
+    iov[0].iov_base = r;
+    iov[0].iov_len = 24;
+    iov[1].iov_base = aim >= 0 ? c->out + aim * c->cb : r + 24;
+    iov[1].iov_len = (size_t)(aim >= 0 ? c->cb : c->width - 24);
+}
+
+/* A received datagram of n bytes in row `row` (header) and its aim's slot:
+ * keep it in place if it is the aimed chunk, else move its payload to the row. */
+static int settle(place_ctx *c, Py_ssize_t row, int64_t *aim, Py_ssize_t n) {
+    uint8_t *r = c->base + row * c->width;
+    int64_t a = *aim;
+    if (a < 0) return 0;
+    if (n == c->width && (int64_t)get_be32(r + 20) == a) {
+        c->crcs[row] = crc_impl(crc_impl(0, r + 8, 16), c->out + a * c->cb, (size_t)c->cb);
+        return 1;
+    }
+    if (n > 24) memcpy(r + 24, c->out + a * c->cb, (size_t)(n - 24));
+    c->claim[a] = 0;
+    *aim = -1;
+    return 0;
+}
+
+static void resync(place_ctx *c, Py_ssize_t row, Py_ssize_t n) {
+    if (n < 24) return;
+    uint32_t s = get_be32(c->base + row * c->width + 20);
+    if ((int64_t)s < c->chunks) c->cursor = c->pos[s] + 1;
+}
+
+static PyObject *recv_place(PyObject *self, PyObject *args) {
+    int fd, gro;
+    PyObject *o[11];
+    Py_ssize_t cb, max_calls;
+    if (!PyArg_ParseTuple(args, "iOOOOOOOOOOOnin", &fd, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &cb, &gro, &max_calls))
+        return NULL;
+    /* rows, lengths, srcs, aims, out, mask, claim, order, pos, cursor, crcs */
+    Py_buffer b[11];
+    int writable[11] = {1, 1, 1, 1, 1, 0, 1, 0, 0, 1, 1};
+    int nb = 0;
+    for (; nb < 11; nb++) {
+        int flags = PyBUF_C_CONTIGUOUS | (nb == 0 ? PyBUF_ND : 0) | (writable[nb] ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(o[nb], &b[nb], flags) < 0) break;
+    }
+    PyObject *result = NULL;
+    if (nb < 11) goto done;
+    Py_ssize_t K = b[0].ndim == 2 ? b[0].shape[0] : 0, width = b[0].ndim == 2 ? b[0].shape[1] : 0;
+    Py_ssize_t chunks = b[5].len;
+    if (b[0].ndim != 2 || b[0].itemsize != 1 || cb <= 0 || width != 24 + cb) {
+        PyErr_SetString(PyExc_ValueError, "rows must be a 2-D uint8 array of 24 + chunk_bytes columns");
+        goto done;
+    }
+    if (b[1].len < K * 8 || b[2].len < K * 8 || b[3].len < K * 8 || b[10].len < K * 4) {
+        PyErr_SetString(PyExc_ValueError, "lengths, srcs and aims need an int64 per row, crcs a uint32");
+        goto done;
+    }
+    if (chunks < 2 || b[6].len != chunks || b[7].len != chunks * 8 || b[8].len != chunks * 8 || b[9].len < 8 ||
+        b[4].len < (chunks - 1) * cb) {
+        PyErr_SetString(PyExc_ValueError, "mask, claim, order, pos and out must describe the same chunks");
+        goto done;
+    }
+    {
+        place_ctx c = {(uint8_t *)b[0].buf, width, cb, chunks, (uint8_t *)b[4].buf, (const uint8_t *)b[5].buf,
+                       (uint8_t *)b[6].buf, (const int64_t *)b[7].buf, (const int64_t *)b[8].buf,
+                       ((int64_t *)b[9].buf)[0], (uint32_t *)b[10].buf};
+        /* order/pos only steer predictions: every index taken from them is bounds-checked, so a
+         * wrong order costs copies, never memory safety (no O(chunks) check per call) */
+        int64_t *ln = (int64_t *)b[1].buf, *sk = (int64_t *)b[2].buf, *aims = (int64_t *)b[3].buf;
+        Py_ssize_t k = 0, calls = 0, placed = 0;
+        int err = 0;
+        uint8_t *tmp = NULL;
+        Py_BEGIN_ALLOW_THREADS
+        if (gro) {
+            struct iovec iov[2 * PLACE_MAX_SEGS];
+            while (calls < max_calls) {
+                Py_ssize_t r = K - k < PLACE_MAX_SEGS ? K - k : PLACE_MAX_SEGS, seg = 0;
+                if (r * width < 65507) break; /* a full coalesced run might not fit */
+                plan_aims(&c, aims + k, r);
+                for (Py_ssize_t j = 0; j < r; j++) set_iov(&c, iov + 2 * j, k + j, aims[k + j]);
+                struct sockaddr_in src;
+                ssize_t n = recv_gro(fd, iov, (size_t)(2 * r), &src, &seg);
+                calls++;
+                Py_ssize_t used = 0;
+                if (n >= 0) {
+                    int64_t key = src_key(&src);
+                    if (n == 0) {
+                        ln[k] = 0;
+                        sk[k] = key;
+                        if (aims[k] >= 0) c.claim[aims[k]] = 0;
+                        aims[k] = -1;
+                        used = 1;
+                    } else if (n <= width || seg == width) {
+                        used = (n + width - 1) / width;
+                        for (Py_ssize_t j = 0; j < used; j++) {
+                            Py_ssize_t len = j < used - 1 ? width : n - j * width;
+                            ln[k + j] = len;
+                            sk[k + j] = key;
+                            placed += settle(&c, k + j, &aims[k + j], len);
+                        }
+                        resync(&c, k + used - 1, ln[k + used - 1]);
+                    } else { /* a run of another segment size: gather it, re-cut it into rows */
+                        if (!tmp) tmp = malloc((size_t)(PLACE_MAX_SEGS * width));
+                        if (!tmp) {
+                            err = ENOMEM;
+                            break;
+                        }
+                        Py_ssize_t off = 0;
+                        for (Py_ssize_t j = 0; j < 2 * r && off < n; j++) {
+                            size_t piece = iov[j].iov_len < (size_t)(n - off) ? iov[j].iov_len : (size_t)(n - off);
+                            memcpy(tmp + off, iov[j].iov_base, piece);
+                            off += (Py_ssize_t)piece;
+                        }
+                        for (Py_ssize_t j = 0; j < r; j++) {
+                            if (aims[k + j] >= 0) c.claim[aims[k + j]] = 0;
+                            aims[k + j] = -1;
+                        }
+                        for (off = 0; off < n && used < r; off += seg) {
+                            Py_ssize_t piece = n - off < seg ? n - off : seg;
+                            if (piece > width) piece = width;
+                            memcpy(c.base + (k + used) * width, tmp + off, (size_t)piece);
+                            ln[k + used] = piece;
+                            sk[k + used] = key;
+                            used++;
+                        }
+                    }
+                }
+                for (Py_ssize_t j = used; j < r; j++) /* planned, not received */
+                    if (aims[k + j] >= 0) c.claim[aims[k + j]] = 0;
+                k += used;
+                if (n < 0) {
+                    if (errno == ECONNREFUSED) continue;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) err = errno;
+                    break;
+                }
+            }
+        } else {
+            struct mmsghdr msgs[MMSG_BATCH];
+            struct iovec iovs[2 * MMSG_BATCH];
+            struct sockaddr_in addrs[MMSG_BATCH];
+            while (calls < max_calls && k < K) {
+                unsigned int vlen = (unsigned int)((K - k) < MMSG_BATCH ? (K - k) : MMSG_BATCH);
+                plan_aims(&c, aims + k, vlen);
+                memset(msgs, 0, sizeof(struct mmsghdr) * vlen);
+                for (unsigned int j = 0; j < vlen; j++) {
+                    set_iov(&c, iovs + 2 * j, k + j, aims[k + j]);
+                    msgs[j].msg_hdr.msg_iov = iovs + 2 * j;
+                    msgs[j].msg_hdr.msg_iovlen = 2;
+                    msgs[j].msg_hdr.msg_name = &addrs[j];
+                    msgs[j].msg_hdr.msg_namelen = sizeof addrs[j];
+                }
+                int got = recvmmsg(fd, msgs, vlen, MSG_DONTWAIT, NULL);
+                calls++;
+                for (int j = 0; j < got; j++) {
+                    ln[k + j] = msgs[j].msg_len;
+                    sk[k + j] = src_key(&addrs[j]);
+                    placed += settle(&c, k + j, &aims[k + j], (Py_ssize_t)msgs[j].msg_len);
+                }
+                if (got > 0) resync(&c, k + got - 1, ln[k + got - 1]);
+                for (unsigned int j = got > 0 ? (unsigned int)got : 0; j < vlen; j++)
+                    if (aims[k + j] >= 0) c.claim[aims[k + j]] = 0;
+                if (got < 0) {
+                    if (errno == ECONNREFUSED) continue;
+                    if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) err = errno;
+                    break;
+                }
+                k += got;
+                if ((unsigned int)got < vlen) break; /* the queue is empty */
+            }
+        }
+        for (Py_ssize_t i = 0; i < k; i++) /* claims end here: the receiver's mask takes over */
+            if (aims[i] >= 0) c.claim[aims[i]] = 0;
+        ((int64_t *)b[9].buf)[0] = c.cursor;
+        free(tmp);
+        Py_END_ALLOW_THREADS
+        if (err) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+        } else
+            result = Py_BuildValue("nnn", k, calls, placed);
+    }
+done:
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
+    return result;
+}
+
+/* crc_placed(rows, out, aims, chunk_bytes, res): for each i with aims[i] >= 0,
+ * res[i] = CRC-32C of rows[i, 8:24] followed by the payload slot of chunk
+ * aims[i] in out - the datagram's CRC as the sender computed it, for a
+ * datagram recv_place received in place. Other entries are left alone. */
+static PyObject *crc_placed(PyObject *self, PyObject *args) {
+    PyObject *o[4];
+    Py_ssize_t cb;
+    if (!PyArg_ParseTuple(args, "OOOnO", &o[0], &o[1], &o[2], &cb, &o[3])) return NULL;
+    Py_buffer b[4];
+    int nb = 0;
+    for (; nb < 4; nb++) {
+        int flags = PyBUF_C_CONTIGUOUS | (nb == 0 ? PyBUF_ND : 0) | (nb == 3 ? PyBUF_WRITABLE : 0);
+        if (PyObject_GetBuffer(o[nb], &b[nb], flags) < 0) break;
+    }
+    PyObject *result = NULL;
+    if (nb == 4) {
+        Py_ssize_t k = b[0].ndim == 2 ? b[0].shape[0] : -1, w = b[0].ndim == 2 ? b[0].shape[1] : 0;
+        if (k < 0 || w < 24 || b[0].itemsize != 1 || cb <= 0 || b[2].len < k * 8 || b[3].len < k * 4) {
+            PyErr_SetString(PyExc_ValueError, "rows (k, >=24) uint8, aims k int64, res k uint32 expected");
+        } else {
+            const uint8_t *rows = (const uint8_t *)b[0].buf, *out = (const uint8_t *)b[1].buf;
+            const int64_t *aims = (const int64_t *)b[2].buf;
+            uint32_t *res = (uint32_t *)b[3].buf;
+            int bad = 0;
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t i = 0; i < k; i++) {
+                int64_t a = aims[i];
+                if (a < 0) continue;
+                if ((a + 1) * cb > b[1].len) {
+                    bad = 1;
+                    break;
+                }
+                res[i] = crc_impl(crc_impl(0, rows + i * w + 8, 16), out + a * cb, (size_t)cb);
+            }
+            Py_END_ALLOW_THREADS
+            if (bad)
+                PyErr_SetString(PyExc_ValueError, "a chunk index is outside the output");
+            else {
+                result = Py_None;
+                Py_INCREF(result);
+            }
+        }
+    }
+    for (int i = 0; i < nb; i++) PyBuffer_Release(&b[i]);
     return result;
 }
 
@@ -877,6 +1182,8 @@ static PyMethodDef methods[] = {
     {"send_chunks", send_chunks, METH_VARARGS, "sendmsg header + chunk pairs, GSO runs; (sent, lost, calls, errno)."},
     {"encode_rows", encode_rows, METH_VARARGS, "Datagrams of chunks seqs of a float32 tensor, as wire.encode_chunks."},
     {"scatter_rows", scatter_rows, METH_VARARGS, "Payloads of rows to out at seqs[i] * chunk_bytes."},
+    {"recv_place", recv_place, METH_VARARGS, "recv_rows with payloads received in place when predicted; (k, calls, placed)."},
+    {"crc_placed", crc_placed, METH_VARARGS, "CRC-32C of header rows followed by their payload slots in out."},
     {"mean_into", mean_into, METH_VARARGS, "out = sum(bufs) * scale in one threaded pass; returns sum(out**2)."},
     {"use", use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},
     {"crc_rows", crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},

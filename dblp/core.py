@@ -32,6 +32,13 @@ R8  A pass that delivered nothing new (100% loss) delays the next pass by an
     recovers.
 R9  Chunks of a round arriving after the round completed, and datagrams of
     another round, are stale: counted, never written.
+R10 Placement (a transport's copy saver, not a rule change): while a round
+    is open and before STOP, a receiver may let the transport receive a
+    payload straight into the slot of a chunk it still misses, aimed by the
+    sender's R3 order. Those bytes count only once their datagram passes
+    R4; a slot whose chunk is still missing at STOP is zero-filled (R7), so
+    nothing that failed R4 (stale, foreign, corrupt, mispredicted) survives
+    into the result, and nothing is placed after STOP or between rounds.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from .wire import (
     ChunkLayout,
     ParameterError,
     assemble_rows,
+    crc_placed,
     crc_rows,
     encode_headers,
     flat_padded_view,
@@ -64,6 +72,9 @@ BACKOFF_MAX_S = 0.200
 ORDERS = ("blocks", "perm", "inorder")
 DEFAULT_ORDER = "blocks"
 ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
+
+
+DOWN_STREAM = 1000  # R3 order stream of the server's broadcast; worker i sends upstream with stream 1 + i
 
 
 def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -> np.ndarray:
@@ -375,6 +386,19 @@ class RecvStats:
         return self.t_done - self.t_start
 
 
+@dataclass
+class Placement:
+    """Where the transport may receive payloads in place (R10); arrays are the receiver's own."""
+
+    out: np.ndarray  # the round's tensor as bytes
+    mask: np.ndarray  # chunks received (bool)
+    claim: np.ndarray  # uint8 scratch, all zero between calls
+    order: np.ndarray  # the sender's chunk order (int64)
+    pos: np.ndarray  # its inverse
+    cursor: np.ndarray  # int64[1]: position in order after the last chunk seen
+    chunk_bytes: int
+
+
 class Receiver:
     """DBLP_RECV (Algorithm 2) from one peer, across rounds.
 
@@ -410,6 +434,10 @@ class Receiver:
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
         self._control: list[ctl.Message] = []
         self._stop_sent = False
+        self._identity = np.arange(layout.chunks, dtype=np.int64)
+        self._order = self._pos = self._identity
+        self._claim = np.zeros(layout.chunks, np.uint8)
+        self._cursor = np.zeros(1, np.int64)
 
     # -- round life ----------------------------------------------------------
     def begin_round(self, round_no: int, out: np.ndarray | None, now: float, tolerance: float | None = None) -> None:
@@ -428,6 +456,8 @@ class Receiver:
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
+        self._order = self._pos = self._identity
+        self._cursor[0] = 0
         if tolerance is not None:
             self.set_tolerance(tolerance, now)
 
@@ -439,6 +469,100 @@ class Receiver:
     @property
     def complete(self) -> bool:
         return self._stop_sent
+
+    # -- placement (R10) -------------------------------------------------------
+    def expect_order(self, order: np.ndarray) -> None:
+        """The sender's R3 order of this round (its first pass), so placement
+        predicts which chunk comes next. Without it, index order is assumed."""
+        order = np.ascontiguousarray(order, dtype=np.int64)
+        n = self.layout.chunks
+        if order.shape != (n,) or (n and (order.min() < 0 or order.max() >= n)):
+            raise ValueError(f"order must be a permutation of the {n} chunks")
+        pos = np.zeros_like(order)
+        pos[order] = self._identity
+        if not np.array_equal(order[pos], self._identity):
+            raise ValueError(f"order must be a permutation of the {n} chunks")
+        self._order, self._pos = order, pos
+
+    def placement(self) -> Placement | None:
+        """Where payloads may be received in place now, or None (no round
+        open, STOP sent, no output buffer, or a one-chunk tensor)."""
+        if not self.active or self._stop_sent or self.out is None or self.layout.chunks < 2:
+            return None
+        return Placement(self.out.view(np.uint8), self.mask, self._claim, self._order, self._pos, self._cursor,
+                         self.layout.chunk_bytes)
+
+    def receive_placed(self, rows: np.ndarray, lengths: np.ndarray, aims: np.ndarray, now: float,
+                       foreign: np.ndarray | None = None, crcs: np.ndarray | None = None) -> int:
+        """Feed a batch received under :meth:`placement`: where ``aims[i] >= 0``
+        the header is in ``rows[i, :24]`` and the payload already sits in the
+        slot of chunk ``aims[i]``; elsewhere the whole datagram is in
+        ``rows[i, :lengths[i]]`` as for :meth:`receive_batch`. R4 applies to
+        both; placed ones are taken first. ``crcs[i]``: the CRC-32C of placed
+        datagram i's bytes (header from byte 8, then its slot) if the
+        transport took it while they were in cache; computed here if None."""
+        aims = np.asarray(aims, dtype=np.int64)
+        placed = aims >= 0
+        if not placed.any():
+            return self.receive_batch(rows, lengths, now, foreign)
+        fp = None if foreign is None else np.asarray(foreign, bool)
+        got = self._receive_in_place(rows[placed, :HEADER_SIZE], aims[placed], now,
+                                     None if fp is None else fp[placed],
+                                     None if crcs is None else np.asarray(crcs)[placed])
+        rest = ~placed
+        if rest.any():
+            got += self.receive_batch(rows[rest], np.asarray(lengths)[rest], now, None if fp is None else fp[rest])
+        return got
+
+    def _receive_in_place(self, hdr_rows: np.ndarray, aims: np.ndarray, now: float,
+                          foreign: np.ndarray | None, crcs: np.ndarray | None) -> int:
+        """R4 for full-size datagrams whose payload is in place; the same checks
+        and counters as :meth:`_receive_rows`, without writing anything."""
+        if foreign is not None and foreign.any():
+            self._drop("foreign", int(foreign.sum()))
+            hdr_rows, aims = hdr_rows[~foreign], aims[~foreign]
+            crcs = None if crcs is None else crcs[~foreign]
+        if aims.size == 0:
+            return 0
+        if not self.active or self._stop_sent or self.out is None:
+            # cannot happen through placement(); a driver bug must not accept unchecked bytes
+            self._drop("stale", int(aims.size))
+            return 0
+        hdr = parse_headers(hdr_rows)
+        ok = self._well_formed(hdr, self.layout.chunk_bytes)
+        # the transport placed chunk aims[i]; a header naming another chunk is not in its slot
+        moved = ok & (hdr["seq"].astype(np.int64) != aims)
+        self._drop("corrupt", int(moved.sum()))
+        ok &= ~moved
+        if not ok.all():
+            hdr_rows, hdr, aims = hdr_rows[ok], hdr[ok], aims[ok]
+            crcs = None if crcs is None else crcs[ok]
+        if aims.size == 0:
+            return 0
+        if crcs is None:
+            crcs = crc_placed(hdr_rows, self.out, aims, self.layout)
+        crc_ok = crcs == hdr["crc"]
+        if not crc_ok.all():
+            self._drop("corrupt", int((~crc_ok).sum()))
+            hdr, aims = hdr[crc_ok], aims[crc_ok]
+        mine = self._from_peer(hdr)
+        if not mine.all():
+            hdr, aims = hdr[mine], aims[mine]
+        return self._accept(hdr["round"].astype(np.int64), aims, now, None, 0)
+
+    def _well_formed(self, hdr: np.ndarray, payload_bytes: int) -> np.ndarray:
+        """R4, first checks: magic, version, kind, and the declared payload length; drops counted."""
+        ok = (hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["kind"] == KIND_DATA)
+        self._drop("malformed", int(ok.size - ok.sum()))
+        decl = ok & (hdr["length"].astype(np.int64) != payload_bytes)
+        self._drop("wrong_length", int(decl.sum()))
+        return ok & ~decl
+
+    def _from_peer(self, hdr: np.ndarray) -> np.ndarray:
+        """R4: this run's id and the expected sender; others counted foreign."""
+        bad = (hdr["run_id"] != self.run_id) | (hdr["sender"] != self.expected_sender)
+        self._drop("foreign", int(bad.sum()))
+        return ~bad
 
     # -- data ------------------------------------------------------------------
     def receive_datagrams(self, data: bytes | bytearray | memoryview | np.ndarray, now: float,
@@ -497,11 +621,7 @@ class Receiver:
             self._drop("malformed", k)
             return 0
         hdr = parse_headers(rows)
-        ok = (hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["kind"] == KIND_DATA)
-        self._drop("malformed", int(k - ok.sum()))
-        decl = ok & (hdr["length"].astype(np.int64) != size - HEADER_SIZE)
-        self._drop("wrong_length", int(decl.sum()))
-        ok &= ~decl
+        ok = self._well_formed(hdr, size - HEADER_SIZE)
         if not ok.any():
             return 0
         # Copies of the batch are made only on the (rare) paths that drop rows.
@@ -510,10 +630,9 @@ class Receiver:
         if not crc_ok.all():
             self._drop("corrupt", int((~crc_ok).sum()))
             sub, h = sub[crc_ok], h[crc_ok]
-        foreign = (h["run_id"] != self.run_id) | (h["sender"] != self.expected_sender)
-        if foreign.any():
-            self._drop("foreign", int(foreign.sum()))
-            sub, h = sub[~foreign], h[~foreign]
+        mine = self._from_peer(h)
+        if not mine.all():
+            sub, h = sub[mine], h[mine]
         return self._accept(h["round"].astype(np.int64), h["seq"].astype(np.int64), now, sub, size)
 
     def receive_chunks(self, round_no: int, seqs: np.ndarray, now: float) -> int:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .core import DEFAULT_ORDER, EncodedRound, Receiver, RoundSender, send_order
+from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter, RoundRecord
@@ -30,7 +30,6 @@ from .wire import SERVER_ID, ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
 
-DOWN_STREAM = 1000  # R3 order stream of the broadcast (workers use 1 + id upstream)
 
 
 @dataclass
@@ -166,6 +165,8 @@ class ParameterServer:
         w.up_tolerance = p
         assert w.peer.receiver is not None
         w.peer.receiver.begin_round(round_no, w.buf, now, tolerance=p)
+        # the worker's R3 order, so its datagrams can be received in place (R10)
+        w.peer.receiver.expect_order(send_order(self.layout.chunks, self.cfg.order, self.cfg.seed, round_no, 1 + w.wid))
         if w.peer.closed:
             return
         try:

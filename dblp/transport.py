@@ -58,6 +58,9 @@ class Peer:
         self._rows = np.empty((0, 0), np.uint8)
         self._lengths = np.zeros(RECV_ROWS, np.int64)
         self._srcs = np.zeros(RECV_ROWS, np.int64)  # source address keys (udp.addr_key)
+        self._aims = np.zeros(RECV_ROWS, np.int64)  # where recv_place put each payload (-1: in its row)
+        self._crcs = np.zeros(RECV_ROWS, np.uint32)  # CRC-32C of placed datagrams, taken in recv_place
+        self.placed = 0  # datagrams received in place (core rule R10), over the connection's life
         self._peer_key: tuple[object, int] = (None, -1)
         self.last_heard = time.monotonic()
         self.closed = False
@@ -131,7 +134,12 @@ class Peer:
         if self._rows.shape[1] != width:
             self._rows = np.empty((RECV_ROWS, width), np.uint8)
         while True:
-            k = self.udp.recv_rows(self._rows, self._lengths, self._srcs)
+            plan = self.receiver.placement() if self.receiver is not None and self.udp.can_place else None
+            if plan is not None:
+                k, placed = self.udp.recv_place(self._rows, self._lengths, self._srcs, self._aims, self._crcs, plan)
+                self.placed += placed
+            else:
+                k = self.udp.recv_rows(self._rows, self._lengths, self._srcs)
             if k == 0:
                 break
             if self.receiver is not None:
@@ -142,7 +150,11 @@ class Peer:
                         self._peer_key = (peer, addr_key(peer))
                     bad = self._srcs[:k] != self._peer_key[1]
                     foreign = bad if bad.any() else None
-                self.receiver.receive_batch(self._rows[:k], self._lengths[:k], now, foreign)
+                if plan is not None:
+                    self.receiver.receive_placed(self._rows[:k], self._lengths[:k], self._aims[:k], now, foreign,
+                                                 crcs=self._crcs[:k])
+                else:
+                    self.receiver.receive_batch(self._rows[:k], self._lengths[:k], now, foreign)
             if k < self._rows.shape[0] // 2:
                 break
         if self.receiver is not None:

@@ -25,12 +25,15 @@ import numpy as np
 from .wire import ChunkLayout, assemble_rows
 
 try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the Python path
+    from ._fastpath import recv_place as _c_recv_place
     from ._fastpath import recv_rows as _c_recv_rows
     from ._fastpath import send_chunks as _c_send_chunks
 except ImportError:
-    _c_send_chunks = _c_recv_rows = None
+    _c_send_chunks = _c_recv_rows = _c_recv_place = None
 if os.environ.get("DBLP_NO_C"):
-    _c_send_chunks = _c_recv_rows = None
+    _c_send_chunks = _c_recv_rows = _c_recv_place = None
+if os.environ.get("DBLP_NO_PLACE"):  # receive into rows and copy, as before R10 (for A/B comparisons)
+    _c_recv_place = None
 
 SOL_UDP = 17
 UDP_SEGMENT = 103
@@ -166,6 +169,28 @@ class DataSocket:
         raise TimeoutError("UDP send stayed blocked for too long")
 
     # -- receive ---------------------------------------------------------------
+    @property
+    def can_place(self) -> bool:
+        """Whether :meth:`recv_place` is available (it needs the C helper)."""
+        return _c_recv_place is not None
+
+    def recv_place(self, rows: np.ndarray, lengths: np.ndarray, srcs: np.ndarray, aims: np.ndarray,
+                   crcs: np.ndarray, plan, max_calls: int = 4096) -> tuple[int, int]:
+        """:meth:`recv_rows`, receiving payloads straight into the tensor where
+        ``plan`` (a :class:`dblp.core.Placement`) predicts them (core rule R10).
+
+        Returns ``(k, placed)``. For i < k, ``aims[i] >= 0``: header in
+        ``rows[i, :24]``, payload in the slot of chunk ``aims[i]``; ``-1``: the
+        whole datagram in ``rows[i, :lengths[i]]``. ``crcs[i]`` (uint32) gets a
+        placed datagram's CRC-32C (header from byte 8, then its slot), taken
+        while the bytes are in cache. ``rows`` must be 24 + chunk_bytes wide.
+        """
+        k, calls, placed = _c_recv_place(self.sock.fileno(), rows, lengths, srcs, aims, plan.out, plan.mask,
+                                         plan.claim, plan.order, plan.pos, plan.cursor, crcs, plan.chunk_bytes,
+                                         int(self.gro), max_calls)
+        self.recv_calls += calls
+        return k, placed
+
     def recv_rows(self, rows: np.ndarray, lengths: np.ndarray, srcs: np.ndarray, max_calls: int = 4096) -> int:
         """Fill ``rows`` ((K, width) uint8) with queued datagrams, without blocking.
 

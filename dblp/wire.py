@@ -42,14 +42,15 @@ from crc32c import crc32c as _crc32c
 
 try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the numpy fallback
     from ._fastpath import BEST as C_CRC
+    from ._fastpath import crc_placed as _c_crc_placed
     from ._fastpath import crc_rows as _c_crc_rows
     from ._fastpath import encode_headers as _c_encode_headers
     from ._fastpath import encode_rows as _c_encode_rows
     from ._fastpath import scatter_rows as _c_scatter_rows
 except ImportError:  # not built (no compiler at install time)
-    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = C_CRC = None
 if os.environ.get("DBLP_NO_C"):
-    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = C_CRC = None
 
 MAGIC = 0xDB1F
 VERSION = 1
@@ -153,6 +154,24 @@ def crc_rows(rows: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
     else:
         out = [crc(mv[o + CRC_START : o + int(n)]) for o, n in zip(range(0, k * size, size), lengths.tolist())]
     return np.array(out, dtype=np.uint32)
+
+
+def crc_placed(headers: np.ndarray, out: np.ndarray, seqs: np.ndarray, layout: ChunkLayout) -> np.ndarray:
+    """CRC-32C of datagrams whose payload was received in place: header
+    ``headers[i, CRC_START:24]`` followed by the (full) payload slot of chunk
+    ``seqs[i]`` in the float32 tensor ``out`` - the value the sender put in
+    the header's crc field."""
+    headers = np.ascontiguousarray(headers)
+    seqs = np.ascontiguousarray(seqs, dtype=np.int64)
+    res = np.zeros(seqs.size, np.uint32)
+    raw = out.reshape(-1).view(np.uint8)
+    cb = layout.chunk_bytes
+    if _c_crc_placed is not None:
+        _c_crc_placed(headers, raw, seqs, cb, res)
+        return res
+    for i, s in enumerate(seqs.tolist()):
+        res[i] = _crc32c(raw[s * cb : (s + 1) * cb], _crc32c(headers[i, CRC_START:HEADER_SIZE].tobytes()))
+    return res
 
 
 def encode_chunks(

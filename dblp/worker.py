@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import control as ctl
-from .core import DEFAULT_ORDER, EncodedRound, Receiver, RoundSender, send_order
+from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, send_order
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
@@ -145,6 +145,7 @@ class Worker:
         recv = self.peer.receiver
         out = self._result_buffer()
         recv.begin_round(k, out, t_send)  # tolerance arrives with ROUND(k, down)
+        recv.expect_order(send_order(self.layout.chunks, order, seed, k, DOWN_STREAM))  # R10 placement
         self._pump(lambda: sender.done, f"the server's STOP of round {k}")
         t_sent = time.monotonic()
         self._pump(lambda: recv.complete, f"the averaged gradient of round {k}")
