@@ -26,7 +26,8 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   once (three flows, summed: what the server's link takes from three senders).
 * **Burst**: after the lossless rounds, *calibration* rounds at
   ``--calib-loss`` (default 30% and 50%) and one *burst* round at ``--burst-loss``
-  (default 70%): an nftables rule ``meta l4proto udp numgen random mod 10000
+  (default 70%), interleaved and repeated ``--burst-repeats`` times (medians
+  reported; the fit below uses every calibration round): an nftables rule ``meta l4proto udp numgen random mod 10000
   < N drop`` in the server namespace (netdev ingress and egress hooks of its
   eth0, so each datagram of either direction sees the loss once, as on a
   lossy link; UDP only, DBLP's TCP control channel is spared), added after every worker finished the round
@@ -237,10 +238,15 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     port = DBLP_PORT + run_idx
     first_lossy = args.warmup + args.rounds
     schedule: dict[int, float] = {}
+    roles: dict[int, str] = {}
     if args.burst_loss > 0:
-        for i, loss in enumerate(args.calib_loss):
-            schedule[first_lossy + i] = loss
-        schedule[first_lossy + len(schedule)] = args.burst_loss
+        # calibrations and burst interleaved, repeated: drift and one-off stalls spread over all
+        for _ in range(args.burst_repeats):
+            for loss in args.calib_loss:
+                roles[first_lossy + len(schedule)] = "calib"
+                schedule[first_lossy + len(schedule)] = loss
+            roles[first_lossy + len(schedule)] = "burst"
+            schedule[first_lossy + len(schedule)] = args.burst_loss
     total = first_lossy + len(schedule)
     outdir.mkdir(parents=True, exist_ok=True)
     for f in outdir.glob("*.jsonl"):  # records append: start from empty files
@@ -290,7 +296,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
             nxt = low + 1
             if active is None and nxt in schedule and nxt not in run.loss_rounds:
                 nft_apply(srv, "udp", schedule[nxt])
-                run.loss_rounds[nxt] = {"loss": schedule[nxt], "t_applied": time.time()}
+                run.loss_rounds[nxt] = {"loss": schedule[nxt], "role": roles[nxt], "t_applied": time.time()}
                 active = nxt
             if low > last_said and low >= 0:
                 last_said = low
@@ -305,7 +311,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
             if time.monotonic() > deadline:
                 raise BenchError(f"{tag}: no progress within {args.timeout * (total + 2):.0f} s "
                                  f"(rounds done per worker: {done})")
-            time.sleep(0.005)
+            time.sleep(0.02)  # well inside --gap-ms, and little CPU taken from the hosts
         for p in [sp, *wps]:
             try:
                 p.wait(args.timeout)
@@ -371,6 +377,7 @@ def summarize_dblp(run: DblpRun, args) -> dict:
     lossy = sorted(run.loss_rounds)
     o = o_r = a = float("nan")
     calib: list[dict] = []
+    bursts: list[dict] = []
     for idx in lossy:
         info = run.loss_rounds[idx]
         rs = run.rounds[idx]
@@ -382,17 +389,20 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         nxt = run.rounds.get(idx + 1)
         ok = info["t_applied"] <= start and info.get("t_removing", float("inf")) >= end and (
             nxt is None or info.get("t_removing", 0) <= min(x["t_start"] for x in nxt.values()))
-        key = "burst" if idx == lossy[-1] else "calib"
-        out[f"{key}_loss"] = info["loss"]
-        out[f"{key}_round_s"] = s
-        out[f"{key}_passes_up"] = pu
-        out[f"{key}_passes_down"] = pdn
+        key = info.get("role", "burst")
         out[f"{key}_timing_ok"] = ok and out.get(f"{key}_timing_ok", True)
-        out[f"{key}_dropped_pkts"] = info.get("dropped", 0)
-        if key == "calib":
-            calib.append({"loss": info["loss"], "round_s": s, "passes_up": pu, "passes_down": pdn,
-                          "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]),
-                          "timing_ok": ok})
+        out[f"{key}_dropped_pkts"] = out.get(f"{key}_dropped_pkts", 0) + info.get("dropped", 0)
+        row = {"loss": info["loss"], "round_s": s, "passes_up": pu, "passes_down": pdn,
+               "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]), "timing_ok": ok}
+        (calib if key == "calib" else bursts).append(row)
+    for key, rows in (("calib", [c for c in calib if c["loss"] == max(args.calib_loss, default=-1)]),
+                      ("burst", bursts)):
+        if rows:  # medians over the repeats (the calib_* columns: the highest calibration loss)
+            out[f"{key}_loss"] = rows[0]["loss"]
+            out[f"{key}_round_s"] = median([r["round_s"] for r in rows])
+            out[f"{key}_passes_up"] = median([r["passes_up"] for r in rows])
+            out[f"{key}_passes_down"] = median([r["passes_down"] for r in rows])
+    out["burst_rounds_s"] = [r["round_s"] for r in bursts]
     a, o, o_r = fit_pass_model(calib, S0)
     out["calib"] = calib
     out["sender_share"] = a
@@ -581,6 +591,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calib-loss", default="0.3,0.5",
                     help="losses of the calibration rounds that measure the per-pass overhead and the sender's "
                          "share of a datagram's cost, comma-separated (0: none)")
+    ap.add_argument("--burst-repeats", type=int, default=3,
+                    help="times the calibration rounds and the burst round are run (interleaved; medians reported)")
     ap.add_argument("--gap-ms", type=float, default=300.0,
                     help="workers' pause between rounds (room to add/remove the loss rule)")
     ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
@@ -609,6 +621,8 @@ def parse_args(argv=None):
         ap.error(str(exc))
     if args.rounds < 1 or args.warmup < 1:
         ap.error("--rounds and --warmup must be at least 1")
+    if args.burst_repeats < 1:
+        ap.error(f"--burst-repeats must be at least 1, got {args.burst_repeats}")
     if not 576 <= args.mtu <= 65535:
         ap.error(f"--mtu must be in [576, 65535], got {args.mtu}")
     try:
