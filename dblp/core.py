@@ -226,6 +226,7 @@ class SendStats:
     t_start: float = 0.0
     t_done: float = float("nan")
     ignored_control: int = 0  # control messages of another round or direction
+    wait_s: float = 0.0  # time not sending: PROBE -> BITMAP/STOP, and R8 backoff (the per-pass overhead)
 
     @property
     def latency(self) -> float:
@@ -264,6 +265,7 @@ class RoundSender:
         self._backoff = 0.0
         self._backoff_until = 0.0
         self._last_received = -1
+        self._idle_since: float | None = None  # when the current wait for a reply began
 
     @property
     def done(self) -> bool:
@@ -290,6 +292,7 @@ class RoundSender:
         self.stats.sent += k
         if self._pos >= self._pass.size:
             self.state = SendState.AWAIT_REPLY
+            self._idle_since = now
             self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
         return Batch(headers, lengths, seqs, getattr(self.enc, "values", None), self.layout)
 
@@ -309,6 +312,7 @@ class RoundSender:
             self.stats.early_stop = self.state is SendState.SENDING
             self.stats.received = msg.received
             self.stats.t_done = now
+            self._end_wait(now)
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
@@ -330,8 +334,14 @@ class RoundSender:
             self.stats.ignored_control += 1
 
     def _start_pass(self, now: float) -> None:
+        self._end_wait(now)
         self.state = SendState.SENDING
         self.stats.passes += 1
+
+    def _end_wait(self, now: float) -> None:
+        if self._idle_since is not None:
+            self.stats.wait_s += max(0.0, now - self._idle_since)
+            self._idle_since = None
 
     @property
     def pass_remaining(self) -> int:

@@ -270,7 +270,7 @@ class ParameterServer:
                 send_rate_bps=self.cfg.send_rate_bps, order=self.cfg.order,
                 stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt, foreign=d.foreign,
                 malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
-                extra={"reduce": self.cfg.reduce, "wait_others_s": t_up - t0},
+                extra={"reduce": self.cfg.reduce, "wait_others_s": t_up - t0, "down_wait_reply_s": s.stats.wait_s},
             )
         )
 

@@ -163,7 +163,8 @@ class Worker:
             early_stop_up=sender.stats.early_stop, send_rate_bps=self.pacer.rate_bps,
             order=str(self.meta.get("order", DEFAULT_ORDER)), stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt,
             foreign=d.foreign, malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
-            extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent},
+            extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent,
+                   "up_wait_reply_s": sender.stats.wait_s},
         )
         self.last_record = rec
         self._writer.write(rec)

@@ -25,7 +25,7 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
 * **iperf3**: TCP throughput w1 -> srv (one flow), and w1,w2,w3 -> srv at
   once (three flows, summed: what the server's link takes from three senders).
 * **Burst**: after the lossless rounds, *calibration* rounds at
-  ``--calib-loss`` (default 30% and 50%) and one *burst* round at ``--burst-loss``
+  ``--calib-loss`` (default 30%, 50% and 60%) and one *burst* round at ``--burst-loss``
   (default 70%), interleaved and repeated ``--burst-repeats`` times (medians
   reported; the fit below uses every calibration round): an nftables rule ``meta l4proto udp numgen random mod 10000
   < N drop`` in the server namespace (netdev ingress and egress hooks of its
@@ -49,6 +49,11 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   receiver-bound extreme (``a = 0``): the receiver handles about ``(1-p) n``
   datagrams per direction whatever the loss, so only the extra passes cost:
   ``S0 + (k_up - 1 + k_down - 1) o2`` with ``o2`` fitted the same way.
+  The senders also *record* their time between a PROBE and the next pass
+  (or STOP), R8 backoff included (``up_wait_reply_s`` / ``down_wait_reply_s``
+  in the records' extras); "wait/pass" is that time per extra pass over the
+  lossless rounds', a direct measurement to read beside the fitted ``o``
+  (it also holds the receiver's catching up before it answers a probe).
   gloo gets the same 70% rule on TCP (netdev ingress
   of each worker's eth0: every ring segment crosses it once) for as long as
   DBLP's burst round lasted, then the rule goes; its time is the all-reduce's
@@ -103,7 +108,7 @@ CSV_COLUMNS = [
     "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
     "dblp_solo_goodput_gbps", "dblp_solo_round_s", "ratio_solo_goodput_vs_iperf3",
     "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
-    "sender_share",
+    "sender_share", "wait_per_pass_s",
     "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
     "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
     "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
@@ -343,6 +348,18 @@ def summarize_dblp(run: DblpRun, args) -> dict:
     def span(rs: dict) -> float:
         return max(x["t_start"] + x["round_latency_s"] for x in rs.values()) - min(x["t_start"] for x in rs.values())
 
+    def waits(idx: int) -> tuple[float, float]:
+        """(time waiting for replies, passes), both directions, averaged over the workers."""
+        ws = run.rounds.get(idx, {}).values()
+        ss = srv_by_round.get(idx, [])
+        if not ws or not ss:
+            return float("nan"), float("nan")
+        w = statistics.mean(x.get("extra", {}).get("up_wait_reply_s", float("nan")) for x in ws)
+        w += statistics.mean(x.get("extra", {}).get("down_wait_reply_s", float("nan")) for x in ss)
+        return w, statistics.mean(x["up_passes"] for x in ws) + statistics.mean(x["down_passes"] for x in ss)
+
+    base_w = [waits(r) for r in range(args.warmup, args.warmup + args.rounds)]
+    w0, p0 = median([w for w, _ in base_w]), median([p for _, p in base_w])
     spans = [span(r) for r in lossless]
     ups = [max(x["up_latency_s"] for x in r.values()) for r in lossless]
     downs = [max(x["down_latency_s"] for x in r.values()) for r in lossless]
@@ -392,8 +409,10 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         key = info.get("role", "burst")
         out[f"{key}_timing_ok"] = ok and out.get(f"{key}_timing_ok", True)
         out[f"{key}_dropped_pkts"] = out.get(f"{key}_dropped_pkts", 0) + info.get("dropped", 0)
+        w, p = waits(idx)
         row = {"loss": info["loss"], "round_s": s, "passes_up": pu, "passes_down": pdn,
-               "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]), "timing_ok": ok}
+               "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]), "timing_ok": ok,
+               "wait_per_pass_s": (w - w0) / (p - p0) if p - p0 > 0 else float("nan")}
         (calib if key == "calib" else bursts).append(row)
     for key, rows in (("calib", [c for c in calib if c["loss"] == max(args.calib_loss, default=-1)]),
                       ("burst", bursts)):
@@ -403,6 +422,9 @@ def summarize_dblp(run: DblpRun, args) -> dict:
             out[f"{key}_passes_up"] = median([r["passes_up"] for r in rows])
             out[f"{key}_passes_down"] = median([r["passes_down"] for r in rows])
     out["burst_rounds_s"] = [r["round_s"] for r in bursts]
+    # measured directly: the senders' time between a PROBE and the next pass (or STOP), per extra pass
+    out["wait_per_pass_s"] = median([r["wait_per_pass_s"] for r in calib + bursts
+                                     if math.isfinite(r["wait_per_pass_s"])])
     a, o, o_r = fit_pass_model(calib, S0)
     out["calib"] = calib
     out["sender_share"] = a
@@ -588,7 +610,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.set_defaults(paths=["gso", "plain"])
     ap.add_argument("--p", type=float, default=0.008, help="DBLP loss tolerance (fixed policy; 0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
-    ap.add_argument("--calib-loss", default="0.3,0.5",
+    ap.add_argument("--calib-loss", default="0.3,0.5,0.6",
                     help="losses of the calibration rounds that measure the per-pass overhead and the sender's "
                          "share of a datagram's cost, comma-separated (0: none)")
     ap.add_argument("--burst-repeats", type=int, default=3,
@@ -667,6 +689,7 @@ def print_table(rows: list[dict]) -> None:
             ("1 snd/iperf", lambda r: fmt(r.get("ratio_solo_goodput_vs_iperf3", float("nan")), ".2f")),
             ("o/pass ms", lambda r: fmt(r.get("overhead_per_pass_s", float("nan")) * 1e3, ".1f")),
             ("snd share", lambda r: fmt(r.get("sender_share", float("nan")), ".2f")),
+            ("wait/pass ms", lambda r: fmt(r.get("wait_per_pass_s", float("nan")) * 1e3, ".1f")),
             ("burst s", lambda r: fmt(r.get("burst_round_s"))),
             ("pred s", lambda r: fmt(r.get("burst_pred_s"))),
             ("err", lambda r: fmt(r.get("burst_err"), "+.1%")),

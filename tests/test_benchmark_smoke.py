@@ -32,7 +32,7 @@ def test_help_and_argument_errors():
         r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), *bad],
                            capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, bad
-    assert benchmark.parse_args([]).calib_loss == [0.3, 0.5]
+    assert benchmark.parse_args([]).calib_loss == [0.3, 0.5, 0.6]
     assert benchmark.parse_args(["--calib-loss", "0"]).calib_loss == []
     r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--calib-loss", "0.3,x"],
                        capture_output=True, text=True, timeout=60)

@@ -278,6 +278,31 @@ def test_outage_backs_off_instead_of_spinning():
     assert snd.state is SendState.SENDING
 
 
+def test_sender_measures_its_wait_for_replies_and_backoff():
+    """wait_s: PROBE -> BITMAP, PROBE -> STOP and R8 backoff, never time spent sending."""
+    v = vec(3620)
+    lay = ChunkLayout(v.size)
+    snd = RoundSender(EncodedRound(v, lay, round_no=0, run_id=1, sender=1), direction=ctl.UP, now=0.0)
+
+    def send_pass(t):
+        while snd.datagrams_to_send(t) is not None:
+            pass
+        snd.control_to_send()
+
+    send_pass(1.0)  # pass 1 ends at t = 1.0 (the probe goes out)
+    none = np.packbits(np.zeros(lay.chunks, bool)).tobytes()
+    snd.handle_control(ctl.Bitmap(0, ctl.UP, 1, none), 1.25)  # progress: pass 2 at once
+    assert snd.stats.wait_s == pytest.approx(0.25)
+    send_pass(2.0)
+    snd.handle_control(ctl.Bitmap(0, ctl.UP, 1, none), 2.5)  # no progress: R8 backoff of 1 ms
+    assert snd.state is SendState.BACKOFF
+    send_pass(snd.get_timer())  # pass 3 starts after the backoff, ends at once
+    assert snd.stats.wait_s == pytest.approx(0.25 + 0.5 + 0.001)
+    snd.handle_control(ctl.Stop(0, ctl.UP, lay.chunks), 2.501 + 0.1)
+    assert snd.done and snd.stats.passes == 3
+    assert snd.stats.wait_s == pytest.approx(0.25 + 0.5 + 0.001 + 0.1)
+
+
 def test_control_messages_of_other_rounds_are_ignored():
     v = vec(3620)
     lay = ChunkLayout(v.size)
