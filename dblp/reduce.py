@@ -28,18 +28,6 @@ MODES = ("zero", "unbiased")
 REDUCE_THREADS = max(1, min(4, os.cpu_count() or 1))  # the workers wait while the server reduces
 
 
-def reduce_mean(
-    buffers: list[np.ndarray],
-    masks: list[np.ndarray],
-    layout: ChunkLayout,
-    out: np.ndarray,
-    mode: str = "zero",
-) -> np.ndarray:
-    """Average ``buffers`` (each already zero-filled where its mask is False) into ``out``."""
-    reduce_mean_norm(buffers, masks, layout, out, mode)
-    return out
-
-
 def reduce_mean_norm(
     buffers: list[np.ndarray],
     masks: list[np.ndarray],
@@ -47,9 +35,10 @@ def reduce_mean_norm(
     out: np.ndarray,
     mode: str = "zero",
 ) -> float:
-    """:func:`reduce_mean`, returning the L2 norm of the mean (the tolerance
-    policy's input). With the C helper, the ``zero`` rule is one threaded pass
-    that also sums the squares; the mean is bit-identical to numpy's."""
+    """Average ``buffers`` (each already zero-filled where its mask is False)
+    into ``out``; returns the L2 norm of the mean (the tolerance policy's
+    input). With the C helper, the ``zero`` rule is one threaded pass that
+    also sums the squares; the mean is bit-identical to numpy's."""
     if mode not in MODES:
         raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
     if mode == "zero" and _c_mean_into is not None:

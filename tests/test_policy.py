@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dblp.policy import DblpPolicy, FixedPolicy, ReliablePolicy, make_policy
-from dblp.reduce import reduce_mean
+from dblp.reduce import reduce_mean_norm
 from dblp.wire import ChunkLayout, ParameterError
 
 
@@ -74,11 +74,12 @@ def test_reduce_zero_fill_and_unbiased():
     mb = np.array([True, False, False])
     b[362:] = 0  # zero-filled where b missed
     out = np.empty(lay.elements, np.float32)
-    reduce_mean([a, b], [ma, mb], lay, out, "zero")
+    norm = reduce_mean_norm([a, b], [ma, mb], lay, out, "zero")
     assert np.allclose(out[:362], 4.5) and np.allclose(out[362:], 1.5)
-    reduce_mean([a, b], [ma, mb], lay, out, "unbiased")
+    assert norm == pytest.approx(float(np.linalg.norm(out.astype(np.float64))), rel=1e-9)
+    reduce_mean_norm([a, b], [ma, mb], lay, out, "unbiased")
     assert np.allclose(out[:362], 4.5) and np.allclose(out[362:], 3.0)
     none = np.array([False, False, False])
     a2 = np.zeros_like(a)
-    reduce_mean([a2, a2], [none, none], lay, out, "unbiased")
+    assert reduce_mean_norm([a2, a2], [none, none], lay, out, "unbiased") == 0.0
     assert (out == 0).all()
