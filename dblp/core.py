@@ -72,8 +72,6 @@ BACKOFF_MAX_S = 0.200
 ORDERS = ("blocks", "perm", "inorder")
 DEFAULT_ORDER = "blocks"
 ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
-
-
 DOWN_STREAM = 1000  # R3 order stream of the server's broadcast; worker i sends upstream with stream 1 + i
 
 

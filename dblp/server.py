@@ -31,7 +31,6 @@ from .wire import SERVER_ID, ChunkLayout, ParameterError
 log = logging.getLogger("dblp.server")
 
 
-
 @dataclass
 class ServerConfig:
     host: str = "0.0.0.0"
