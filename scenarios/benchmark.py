@@ -392,7 +392,6 @@ def summarize_dblp(run: DblpRun, args) -> dict:
         return U0 * (f_up - 1) + D0 * (f_down - 1)
 
     lossy = sorted(run.loss_rounds)
-    o = o_r = a = float("nan")
     calib: list[dict] = []
     bursts: list[dict] = []
     for idx in lossy:
