@@ -1,6 +1,7 @@
-"""The DBLP parameter server (paper Algorithm 3).
+"""The DBLP parameter server (paper Algorithm 3) over sockets.
 
-Per step: receive every worker's gradient with DBLP_RECV under the round's
+The round logic is :class:`dblp.session.ServerSession`'s; this module accepts
+the workers and moves the session's messages and datagrams. Per step: receive every worker's gradient with DBLP_RECV under the round's
 tolerance, reduce by mean, feed the mean's L2 norm to the tolerance policy
 (CLR detection), and broadcast the mean with DBLP_SEND under the new
 tolerance. One thread serves all workers through :func:`dblp.transport.pump`
@@ -19,14 +20,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, send_order
-from .pacing import TokenBucket
+from .core import DEFAULT_ORDER
 from .policy import Policy, ReliablePolicy
-from .records import RecordWriter, RoundRecord
+from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
+from .session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
-from .wire import SERVER_ID, ChunkLayout, ParameterError
+from .wire import ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
 
@@ -70,12 +71,12 @@ class ServerError(RuntimeError):
 class _WorkerState:
     wid: int
     peer: Peer
-    buf: np.ndarray
-    up_tolerance: float = 0.0
-    down_sent_at: float = 0.0
 
 
 class ParameterServer:
+    """The socket driver of :class:`~dblp.session.ServerSession`: accepts the workers, then
+    moves the session's datagrams and control messages over their sockets."""
+
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.run_id = secrets.randbits(32)
@@ -84,11 +85,17 @@ class ParameterServer:
         self.port = self.listener.getsockname()[1]
         self.layout: ChunkLayout | None = None
         self.workers: list[_WorkerState] = []
-        self.round = 0
+        self.session: ServerSession | None = None
         self.mean: np.ndarray | None = None
-        self.norms: list[float] = []
         self._writer = RecordWriter(cfg.records)
-        self._down_headers: np.ndarray | None = None
+
+    @property
+    def round(self) -> int:
+        return self.session.round if self.session is not None else 0
+
+    @property
+    def norms(self) -> list[float]:
+        return self.session.norms if self.session is not None else []
 
     # -- setup -------------------------------------------------------------------
     def accept_workers(self) -> None:
@@ -120,33 +127,40 @@ class ParameterServer:
         elements = int(spec["elements"])
         self.layout = ChunkLayout(elements, self.cfg.mtu)
         ids = _assign_ids([h.worker for _, h in pending], self.cfg.workers)
+        peers: dict[int, Peer] = {}
         for (conn, hello), wid in zip(pending, ids):
             conn.settimeout(self.cfg.peer_timeout)
-            local_ip = conn.getsockname()[0]
-            udp = DataSocket(local_ip, 0, fast=self.cfg.fast)
+            udp = DataSocket(conn.getsockname()[0], 0, fast=self.cfg.fast)
             peer = Peer(f"worker {wid}", conn, udp, on_message=self._on_message)
             peer.udp_addr = (conn.getpeername()[0], hello.udp_port)
-            peer.receiver = Receiver(
-                self.layout, run_id=self.run_id, expected_sender=wid, direction=ctl.UP, peer_addr=peer.udp_addr
-            )
-            self.workers.append(_WorkerState(wid, peer, np.zeros(elements, np.float32)))
-            peer.send_control(
+            peers[wid] = peer
+            self.workers.append(_WorkerState(wid, peer))
+        self.session = ServerSession(
+            self.layout, peers, policy=self.cfg.policy, run_id=self.run_id, order=self.cfg.order,
+            seed=self.cfg.seed, rounds=self.cfg.rounds, peer_addrs={w: p.udp_addr for w, p in peers.items()},
+            context=RecordContext(source=self.cfg.source, policy=self.cfg.policy.name, order=self.cfg.order,
+                                  send_rate_bps=self.cfg.send_rate_bps,
+                                  clock_offset=time.time() - time.monotonic()),
+        )
+        for w in self.workers:
+            w.peer.receiver = self.session.receiver(w.wid)
+            w.peer.send_control(
                 ctl.Meta(
                     {
                         "run_id": self.run_id,
-                        "worker": wid,
+                        "worker": w.wid,
                         "workers": self.cfg.workers,
                         "elements": elements,
                         "mtu": self.cfg.mtu,
                         "chunk_floats": self.layout.chunk_floats,
                         "chunks": self.layout.chunks,
-                        "server_udp_port": udp.port,
+                        "server_udp_port": w.peer.udp.port,
                         "names": spec.get("names", []),
                         "shapes": spec.get("shapes", []),
                         "order": self.cfg.order,
                         "seed": self.cfg.seed,
                         "policy": self.cfg.policy.name,
-                        "gso": udp.gso,
+                        "gso": w.peer.udp.gso,
                     }
                 )
             )
@@ -158,28 +172,41 @@ class ParameterServer:
         if isinstance(msg, ctl.Bye):
             log.info("%s left: %s", peer.name, msg.reason)
 
-    # -- rounds ------------------------------------------------------------------
-    def _open_upstream(self, w: _WorkerState, round_no: int, now: float) -> None:
-        p, clr = self.cfg.policy.tolerance, self.cfg.policy.clr
-        w.up_tolerance = p
-        assert w.peer.receiver is not None
-        w.peer.receiver.begin_round(round_no, w.buf, now, tolerance=p)
-        # the worker's R3 order, so its datagrams can be received in place (R10)
-        w.peer.receiver.expect_order(send_order(self.layout.chunks, self.cfg.order, self.cfg.seed, round_no, 1 + w.wid))
-        if w.peer.closed:
-            return
-        try:
-            w.peer.send_control(ctl.RoundStart(round_no, ctl.UP, p, clr))
-        except PeerError:
-            w.peer.closed = True  # judged at the next round: orderly only if its BYE arrived
+    # -- the session's events ------------------------------------------------------
+    def _peer(self, wid: int) -> Peer | None:
+        return next((w.peer for w in self.workers if w.wid == wid), None)
+
+    def _dispatch(self) -> None:
+        """Carry out what the session asks for: control messages, senders, records."""
+        assert self.session is not None
+        while (ev := self.session.next_event()) is not None:
+            if isinstance(ev, ControlToSend):
+                peer = self._peer(ev.worker)
+                if peer is None or peer.closed:
+                    continue
+                try:
+                    peer.send_control(ev.message)
+                except PeerError:
+                    peer.closed = True  # judged at the next round: orderly only if its BYE arrived
+            elif isinstance(ev, SenderStarted):
+                peer = self._peer(ev.worker)
+                if peer is not None:
+                    peer.sender = ev.sender
+            elif isinstance(ev, RecordWritten):
+                self._writer.write(ev.record)
+
+    def _remove(self, w: _WorkerState) -> None:
+        assert self.session is not None
+        self.workers.remove(w)
+        self.session.remove(w.wid, time.monotonic())
+        _close_peer(w.peer)
 
     def _drop_worker(self, exc: PeerError) -> None:
         w = next((w for w in self.workers if w.peer is exc.peer), None)
         if self.cfg.on_worker_loss == "exit" or w is None:
             raise ServerError(f"round {self.round}: {exc}") from exc
         log.error("round %d: %s; continuing with the remaining workers", self.round, exc)
-        self.workers.remove(w)
-        _close_peer(w.peer)
+        self._remove(w)
         if not self.workers:
             raise ServerError(f"round {self.round}: all workers lost") from exc
 
@@ -195,11 +222,11 @@ class ParameterServer:
 
     def serve_round(self) -> bool:
         """One step of Algorithm 3. Returns False once every worker has left."""
-        assert self.layout is not None and self.mean is not None
-        t0 = time.monotonic()
+        s = self.session
+        assert self.layout is not None and self.mean is not None and s is not None
         # 1. DBLP_RECV from every worker (their receivers were opened at the end of the last round).
         while True:
-            self._pump(lambda: all(w.peer.receiver.complete or w.peer.closed for w in self.workers))
+            self._pump(lambda: s.wants_poll() or any(w.peer.closed for w in self.workers))
             gone = [w for w in self.workers if w.peer.closed]
             if not gone:
                 break
@@ -208,78 +235,35 @@ class ParameterServer:
                     why = "left in the middle of" if w.peer.bye is not None else "connection lost before"
                     self._drop_worker(PeerError(f"{w.peer.name}: {why} round {self.round}", w.peer))
                 else:
-                    self.workers.remove(w)
-                    _close_peer(w.peer)
+                    self._remove(w)
             if not self.workers:
                 return False
-        t_up = time.monotonic()
-        for w in self.workers:
-            w.peer.receiver.finish_round()
+        s.poll(time.monotonic())
         if len(self.workers) < self.cfg.workers:
             log.warning("round %d: reducing over %d of %d workers", self.round, len(self.workers), self.cfg.workers)
-        # 2. Reduce by mean; 3. tolerance policy on the mean's norm.
-        norm = reduce_mean_norm([w.buf for w in self.workers], [w.peer.receiver.mask for w in self.workers],
+        # 2. Reduce by mean; 3.-4. the session feeds the policy and starts the broadcast.
+        live = s.live
+        norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
                                 self.layout, self.mean, self.cfg.reduce)
-        self.norms.append(norm)
-        p_down = self.cfg.policy.update(self.round, norm)
-        clr = self.cfg.policy.clr
-        # 4. DBLP_SEND of the mean to every worker, encoded once.
-        now = time.monotonic()
-        # Every worker gets the same chunk order, so their first passes are
-        # slices of one encoded buffer (reused from round to round).
-        order = send_order(self.layout.chunks, self.cfg.order, self.cfg.seed, self.round, DOWN_STREAM)
-        enc = EncodedRound(self.mean, self.layout, round_no=self.round, run_id=self.run_id, sender=SERVER_ID,
-                           order=order, buffer=self._down_headers)
-        self._down_headers = enc.headers
-        for w in self.workers:
-            w.peer.send_control(ctl.RoundStart(self.round, ctl.DOWN, p_down, clr))
-            w.peer.sender = RoundSender(
-                enc, direction=ctl.DOWN, now=now, order=self.cfg.order, seed=self.cfg.seed,
-                stream=DOWN_STREAM, pacer=TokenBucket(self.cfg.send_rate_bps),
-            )
-            w.down_sent_at = now
-        opened: set[int] = set()
-        finished = self.round
-
-        def all_sent() -> bool:
-            t = time.monotonic()
-            for w in self.workers:
-                if w.peer.sender.done and w.wid not in opened:
-                    opened.add(w.wid)
-                    self._write_record(w, finished, t0, t_up, t, p_down, clr, norm)
-                    self._open_upstream(w, finished + 1, t)  # the next round's upstream, at once
-            return all(w.peer.sender.done or w.peer.closed for w in self.workers)
-
-        self._pump(all_sent)
-        self.round = finished + 1
+        s.broadcast(norm, time.monotonic(), self.mean, extra={"reduce": self.cfg.reduce})
+        self._dispatch()
+        finished = s.round
+        while s.round == finished:
+            self._pump(lambda: s.wants_poll() or any(w.peer.closed and not s.broadcast_done(w.wid)
+                                                     for w in self.workers))
+            s.poll(time.monotonic())
+            self._dispatch()
+            for w in [w for w in self.workers if w.peer.closed and not s.broadcast_done(w.wid)]:
+                self._drop_worker(PeerError(f"{w.peer.name}: left in the middle of round {finished}", w.peer))
         return True
-
-    def _write_record(self, w: _WorkerState, rnd: int, t0: float, t_up: float, t_done: float,
-                      p_down: float, clr: bool, norm: float) -> None:
-        r, s = w.peer.receiver, w.peer.sender
-        d = r.stats.drops
-        self._writer.write(
-            RoundRecord(
-                source=self.cfg.source, role="server", worker=w.wid, round=rnd, t_start=time.time() - (time.monotonic() - t0),
-                policy=self.cfg.policy.name, tolerance_up=w.up_tolerance, tolerance_down=p_down, clr=clr,
-                grad_norm=norm, chunks=self.layout.chunks,
-                up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
-                round_latency_s=t_done - t0, up_received=r.received, down_sent=s.stats.sent,
-                down_passes=s.stats.passes, down_received=s.stats.received, early_stop_down=s.stats.early_stop,
-                send_rate_bps=self.cfg.send_rate_bps, order=self.cfg.order,
-                stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt, foreign=d.foreign,
-                malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
-                extra={"reduce": self.cfg.reduce, "wait_others_s": t_up - t0, "down_wait_reply_s": s.stats.wait_s},
-            )
-        )
 
     def serve(self) -> int:
         """Accept the workers and serve rounds until they leave; returns rounds served."""
         if not self.workers:
             self.accept_workers()
-        now = time.monotonic()
-        for w in self.workers:
-            self._open_upstream(w, self.round, now)
+        assert self.session is not None
+        self.session.start(time.monotonic())
+        self._dispatch()
         served = 0
         try:
             while self.cfg.rounds is None or served < self.cfg.rounds:

@@ -18,9 +18,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import control as ctl
-from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, send_order
+from .core import DEFAULT_ORDER
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
+from .session import RecordContext, WorkerSession
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
 from .wire import ChunkLayout, ParameterError
@@ -69,9 +70,9 @@ class Worker:
         self._writer = RecordWriter(records)
         self.peer: Peer | None = None
         self.meta: dict = {}
-        self.round = 0
+        self.session: WorkerSession | None = None
+        self._early: list[tuple[ctl.RoundStart, float]] = []
         self.last_record: RoundRecord | None = None
-        self._round_msgs: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
         self._bye: str | None = None
 
     # -- connection ----------------------------------------------------------------
@@ -94,10 +95,18 @@ class Worker:
         self.worker_id = int(m["worker"])
         self.layout = ChunkLayout(int(m["elements"]), int(m["mtu"]))
         self.peer.udp_addr = (tcp.getpeername()[0], int(m["server_udp_port"]))
-        self.peer.receiver = Receiver(self.layout, run_id=int(m["run_id"]), expected_sender=0xFFFF,
-                                      direction=ctl.DOWN, peer_addr=self.peer.udp_addr)
+        order = str(m.get("order", DEFAULT_ORDER))
+        self.session = WorkerSession(
+            self.layout, self.worker_id, run_id=int(m["run_id"]), order=order, seed=int(m.get("seed", 0)),
+            pacer=self.pacer, peer_addr=self.peer.udp_addr,
+            context=RecordContext(source=self.source, policy=str(m.get("policy", "")), order=order,
+                                  send_rate_bps=self.pacer.rate_bps, clock_offset=time.time() - time.monotonic()),
+        )
+        for msg, t in self._early:  # ROUND messages that came with the metadata
+            self.session.handle_control(msg, t)
+        self._early = []
+        self.peer.receiver = self.session.receiver
         self._results: list[np.ndarray] = []  # result buffers; see _result_buffer
-        self._up_headers: np.ndarray | None = None  # the encoded upstream, reused round to round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
 
@@ -106,10 +115,10 @@ class Worker:
         if isinstance(msg, ctl.Meta):
             self.meta = msg.info
         elif isinstance(msg, ctl.RoundStart):
-            self._round_msgs[(msg.round, msg.direction)] = (msg, now)
-            r = peer.receiver
-            if msg.direction == ctl.DOWN and r is not None and r.round_no == msg.round and r.active:
-                r.set_tolerance(msg.tolerance, now)
+            if self.session is None:
+                self._early.append((msg, now))
+            else:
+                self.session.handle_control(msg, now)
         elif isinstance(msg, ctl.Bye):
             self._bye = msg.reason
 
@@ -122,6 +131,10 @@ class Worker:
         if self._bye is not None and not until():
             raise WorkerError(f"server ended the run while worker waited for {what}: {self._bye}")
 
+    @property
+    def round(self) -> int:
+        return self.session.round if self.session is not None else 0
+
     # -- the step ----------------------------------------------------------------------
     def allreduce(self, x: Any) -> Any:
         """Send ``x``, return the averaged tensor of this round (Algorithm 4 l.5-6)."""
@@ -129,46 +142,20 @@ class Worker:
             self.connect()
         assert self.peer is not None and self.peer.receiver is not None
         flat, restore = _flatten(x, self.layout.elements)
-        k = self.round
+        s = self.session
+        k = s.round
         t0 = time.monotonic()
-        self._pump(lambda: (k, ctl.UP) in self._round_msgs, f"round {k} to start")
-        up_msg, _ = self._round_msgs.pop((k, ctl.UP))
-        t_send = time.monotonic()
-        order, seed = str(self.meta.get("order", DEFAULT_ORDER)), int(self.meta.get("seed", 0))
-        enc = EncodedRound(flat, self.layout, round_no=k, run_id=int(self.meta["run_id"]), sender=self.worker_id,
-                           order=send_order(self.layout.chunks, order, seed, k, 1 + self.worker_id),
-                           buffer=self._up_headers)
-        self._up_headers = enc.headers
-        sender = RoundSender(enc, direction=ctl.UP, now=t_send, order=order, seed=seed,
-                             stream=1 + self.worker_id, pacer=self.pacer)
-        self.peer.sender = sender
-        recv = self.peer.receiver
+        self._pump(s.can_send, f"round {k} to start")
         out = self._result_buffer()
-        recv.begin_round(k, out, t_send)  # tolerance arrives with ROUND(k, down)
-        recv.expect_order(send_order(self.layout.chunks, order, seed, k, DOWN_STREAM))  # R10 placement
+        sender = s.begin_round(time.monotonic(), flat, out, t_ready=t0)
+        self.peer.sender = sender
+        recv = s.receiver
         self._pump(lambda: sender.done, f"the server's STOP of round {k}")
-        t_sent = time.monotonic()
+        s.sent(time.monotonic())
         self._pump(lambda: recv.complete, f"the averaged gradient of round {k}")
-        t_done = time.monotonic()
-        recv.finish_round()
-        down_msg, t_down = self._round_msgs.pop((k, ctl.DOWN))
-        d = recv.stats.drops
-        rec = RoundRecord(
-            source=self.source, role="worker", worker=self.worker_id, round=k,
-            t_start=time.time() - (time.monotonic() - t0), policy=str(self.meta.get("policy", "")),
-            tolerance_up=up_msg.tolerance, tolerance_down=down_msg.tolerance, clr=down_msg.clr,
-            chunks=self.layout.chunks, up_latency_s=t_sent - t_send, down_latency_s=t_done - t_down,
-            round_latency_s=t_done - t0, up_sent=sender.stats.sent, up_passes=sender.stats.passes,
-            up_received=sender.stats.received, down_received=recv.received,
-            early_stop_up=sender.stats.early_stop, send_rate_bps=self.pacer.rate_bps,
-            order=str(self.meta.get("order", DEFAULT_ORDER)), stale=d.stale, duplicate=d.duplicate, corrupt=d.corrupt,
-            foreign=d.foreign, malformed=d.malformed, out_of_range=d.out_of_range, wrong_length=d.wrong_length,
-            extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent,
-                   "up_wait_reply_s": sender.stats.wait_s},
-        )
+        rec = s.finish_round(time.monotonic())
         self.last_record = rec
         self._writer.write(rec)
-        self.round += 1
         return restore(out)
 
     def _result_buffer(self) -> np.ndarray:

@@ -1,0 +1,421 @@
+"""The round logic of the parameter server and the worker (Algorithms 3 and 4), sans I/O.
+
+:mod:`dblp.core` states the per-transfer rules R1-R10; this module states,
+once, what a *round* is made of on each side, so the socket server and
+worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
+(:mod:`dblp.sim.model`) and the training exchange drive the same logic and
+cannot drift apart (they did: the simulator once ordered its broadcast with
+stream ``1000 + w`` while the server used one shared stream).
+
+Round rules, each stated once here:
+
+S1  The server opens worker ``w``'s upstream of round ``k`` under the
+    policy's current tolerance and announces it with ROUND(k, up, p, clr);
+    it receives into a buffer of its own per worker (Alg. 3 l.3-5).
+S2  When every live worker's upstream is complete (the core's STOP rule),
+    the server closes those rounds and asks its driver to reduce: the mean
+    and its L2 norm are data work the driver does (numpy/C on real hosts, a
+    model in the simulator) (l.6-7).
+S3  The norm goes to the tolerance policy (CLR detection, eq. (1)); the
+    returned ``p_down`` is announced with ROUND(k, down, p_down, clr) and the
+    mean broadcast to every live worker in one chunk order
+    (:data:`dblp.core.DOWN_STREAM`), encoded once (l.8-10).
+S4  As soon as worker ``w``'s broadcast is stopped, the server writes that
+    worker's record of round ``k`` and opens its upstream of round ``k+1``
+    (S1) - without waiting for slower workers.
+S5  A worker sends round ``k`` only after ROUND(k, up) arrived; it sends with
+    R3 stream ``1 + w``; it opens its broadcast receiver at the same time,
+    whose tolerance arrives with ROUND(k, down) (Alg. 4).
+S6  Records (:class:`dblp.records.RoundRecord`) are built here and only here.
+
+A session never reads a clock: every call takes ``now`` in the driver's
+seconds (monotonic or simulated); ``clock_offset`` turns it into the
+records' ``t_start`` (wall-clock epoch on real hosts, 0 in simulation).
+Drivers take events with :meth:`ServerSession.next_event`, in the style of
+aioquic's ``QuicConnection.next_event``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from . import control as ctl
+from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, VirtualRound, send_order
+from .pacing import TokenBucket
+from .records import RoundRecord
+from .wire import SERVER_ID, ChunkLayout
+
+
+def up_stream(worker: int) -> int:
+    """R3 order stream of worker ``worker``'s upstream (S5)."""
+    return 1 + worker
+
+
+# -- events ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ControlToSend:
+    """Send ``message`` on the control channel to ``worker`` (server side) or to the server."""
+
+    worker: int
+    message: ctl.Message
+
+
+@dataclass(frozen=True)
+class SenderStarted:
+    """Drive ``sender`` (a :class:`~dblp.core.RoundSender`) toward ``worker`` until it is done."""
+
+    worker: int
+    sender: RoundSender
+
+
+@dataclass(frozen=True)
+class ReduceRequested:
+    """Every live worker's upstream of ``round`` is in: reduce, then call ``broadcast``."""
+
+    round: int
+    workers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RecordWritten:
+    """A round record is ready (write it, keep it, or watch it)."""
+
+    record: RoundRecord
+
+
+@dataclass(frozen=True)
+class RoundEnded:
+    """Every live worker's broadcast of ``round`` was stopped."""
+
+    round: int
+
+
+Event = ControlToSend | SenderStarted | ReduceRequested | RecordWritten | RoundEnded
+
+
+class Phase(enum.Enum):
+    UPSTREAM = "upstream"  # receiving the workers' gradients
+    REDUCE = "reduce"  # waiting for the driver's reduce
+    BROADCAST = "broadcast"  # sending the mean
+    DONE = "done"  # the configured number of rounds is served
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """What every record of a run states besides the round's own numbers."""
+
+    source: str
+    policy: str
+    order: str
+    send_rate_bps: float = 0.0
+    clock_offset: float = 0.0  # added to ``now`` for ``t_start``
+    scale: float = 1.0  # datagrams per core chunk (the simulator's grouping); 1 elsewhere
+
+    def count(self, n: int) -> int:
+        return n if self.scale == 1.0 else int(round(n * self.scale))
+
+
+def _drops(rec: RecordContext, receiver: Receiver) -> dict[str, int]:
+    d = receiver.stats.drops
+    return {"stale": rec.count(d.stale), "duplicate": rec.count(d.duplicate), "corrupt": d.corrupt,
+            "foreign": d.foreign, "malformed": d.malformed, "out_of_range": d.out_of_range,
+            "wrong_length": d.wrong_length}
+
+
+# -- the server -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Up:
+    """The server's view of one worker: its upstream receiver and broadcast sender."""
+
+    receiver: Receiver
+    buffer: np.ndarray | None
+    tolerance: float = 0.0
+    sender: RoundSender | None = None
+    recorded: bool = True  # this round's record is written (nothing to do until the next broadcast)
+
+
+class ServerSession:
+    """Algorithm 3 for one run: S1-S4 and S6 over one core receiver and sender per worker.
+
+    ``values=True`` gives each worker a receive buffer (real data);
+    ``values=False`` runs the core on chunk indices alone
+    (:class:`~dblp.core.VirtualRound`), as the simulator does.
+    """
+
+    def __init__(
+        self,
+        layout: ChunkLayout,
+        workers: Iterable[int],
+        *,
+        policy: Any,
+        run_id: int,
+        context: RecordContext,
+        order: str = DEFAULT_ORDER,
+        seed: int = 0,
+        rounds: int | None = None,
+        values: bool = True,
+        pacer: Callable[[int], TokenBucket] | None = None,
+        max_batch: int = 256,
+        peer_addrs: dict[int, tuple[str, int]] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.policy = policy
+        self.run_id = run_id
+        self.context = context
+        self.order = order
+        self.seed = seed
+        self.rounds = rounds
+        self.values = values
+        self._pacer = pacer or (lambda w: TokenBucket(context.send_rate_bps))
+        self.max_batch = max_batch
+        addrs = peer_addrs or {}
+        self.peers: dict[int, _Up] = {
+            w: _Up(Receiver(layout, run_id=run_id, expected_sender=w, direction=ctl.UP, peer_addr=addrs.get(w)),
+                   np.zeros(layout.elements, np.float32) if values else None)
+            for w in workers
+        }
+        self.round = 0
+        self.phase = Phase.UPSTREAM
+        self.norms: list[float] = []
+        self._events: deque[Event] = deque()
+        self._t0 = 0.0
+        self._t_up = 0.0
+        self._p_down = 0.0
+        self._clr = False
+        self._norm = float("nan")
+        self._extra: dict = {}
+        self._down_headers: np.ndarray | None = None
+
+    # -- driver API -----------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Open round 0's upstream of every worker (S1)."""
+        self._t0 = now
+        for w in self.peers:
+            self._open_upstream(w, 0, now)
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    def events(self) -> list[Event]:
+        out = list(self._events)
+        self._events.clear()
+        return out
+
+    @property
+    def live(self) -> tuple[int, ...]:
+        return tuple(self.peers)
+
+    def receiver(self, w: int) -> Receiver:
+        return self.peers[w].receiver
+
+    def buffer(self, w: int) -> np.ndarray | None:
+        return self.peers[w].buffer
+
+    def broadcast_done(self, w: int) -> bool:
+        """Whether worker ``w``'s broadcast of the current round is stopped (or not started)."""
+        p = self.peers.get(w)
+        return p is None or p.sender is None or p.sender.done
+
+    def wants_poll(self) -> bool:
+        """Whether :meth:`poll` would make progress now (a pure query, for event-loop predicates)."""
+        if self.phase is Phase.UPSTREAM:
+            return all(p.receiver.complete for p in self.peers.values())
+        if self.phase is Phase.BROADCAST:
+            return any(not p.recorded and p.sender is not None and p.sender.done for p in self.peers.values())
+        return False
+
+    def poll(self, now: float) -> None:
+        """Act on what the core objects did since the last call (S2, S4)."""
+        if self.phase is Phase.UPSTREAM and self.peers and all(p.receiver.complete for p in self.peers.values()):
+            self._t_up = now
+            for p in self.peers.values():
+                p.receiver.finish_round()
+            self.phase = Phase.REDUCE
+            self._events.append(ReduceRequested(self.round, self.live))
+        elif self.phase is Phase.BROADCAST:
+            for w, p in self.peers.items():
+                if not p.recorded and p.sender is not None and p.sender.done:
+                    self._down_done(w, now)
+            self._maybe_end(now)
+
+    def broadcast(self, norm: float, now: float, mean: np.ndarray | None = None, extra: dict | None = None) -> None:
+        """S3: feed the mean's norm to the policy and broadcast the mean (``None``: chunk indices only)."""
+        if self.phase is not Phase.REDUCE:
+            raise RuntimeError(f"broadcast in phase {self.phase.value}, expected reduce")
+        k = self.round
+        self.norms.append(norm)
+        self._norm = norm
+        self._p_down = float(self.policy.update(k, norm))
+        self._clr = bool(self.policy.clr)
+        self._extra = dict(extra or {})
+        if mean is not None:
+            enc: EncodedRound | VirtualRound = EncodedRound(
+                mean, self.layout, round_no=k, run_id=self.run_id, sender=SERVER_ID,
+                order=send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM),
+                buffer=self._down_headers)
+            self._down_headers = enc.headers
+        else:
+            enc = VirtualRound(self.layout, k)
+        self.phase = Phase.BROADCAST
+        for w, p in self.peers.items():
+            self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.DOWN, self._p_down, self._clr)))
+        for w, p in self.peers.items():
+            p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=self.order, seed=self.seed,
+                                   stream=DOWN_STREAM, pacer=self._pacer(w), max_batch=self.max_batch)
+            p.recorded = False
+            self._events.append(SenderStarted(w, p.sender))
+
+    def remove(self, w: int, now: float) -> None:
+        """Worker ``w`` left or died: the round goes on with the others."""
+        self.peers.pop(w, None)
+        if self.phase is Phase.BROADCAST:
+            self._maybe_end(now)
+
+    # -- inside ---------------------------------------------------------------------------------
+    def _open_upstream(self, w: int, k: int, now: float) -> None:
+        p = self.peers[w]
+        p.tolerance = float(self.policy.tolerance)
+        p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)
+        if p.buffer is not None:  # the worker's R3 order, so its datagrams are received in place (R10)
+            p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
+        self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr))))
+
+    def _down_done(self, w: int, now: float) -> None:
+        p = self.peers[w]
+        p.recorded = True
+        self._events.append(RecordWritten(self._server_record(w, p, now)))
+        if self.rounds is None or self.round + 1 < self.rounds:
+            self._open_upstream(w, self.round + 1, now)
+
+    def _maybe_end(self, now: float) -> None:
+        if all(p.recorded for p in self.peers.values()):
+            self._events.append(RoundEnded(self.round))
+            self.round += 1
+            self._t0 = now
+            self.phase = Phase.DONE if self.rounds is not None and self.round >= self.rounds else Phase.UPSTREAM
+
+    def _server_record(self, w: int, p: _Up, now: float) -> RoundRecord:
+        r, s, c = p.receiver, p.sender, self.context
+        assert s is not None
+        return RoundRecord(
+            source=c.source, role="server", worker=w, round=self.round, t_start=self._t0 + c.clock_offset,
+            policy=c.policy, tolerance_up=p.tolerance, tolerance_down=self._p_down, clr=self._clr,
+            grad_norm=self._norm, chunks=c.count(self.layout.chunks),
+            up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
+            round_latency_s=now - self._t0, up_received=c.count(r.received), down_sent=c.count(s.stats.sent),
+            down_passes=s.stats.passes, down_received=c.count(s.stats.received), early_stop_down=s.stats.early_stop,
+            send_rate_bps=c.send_rate_bps, order=c.order, **_drops(c, r),
+            extra={"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra},
+        )
+
+
+# -- the worker -------------------------------------------------------------------------------
+
+
+class WorkerSession:
+    """Algorithm 4 for one worker: S5 and S6 over the worker's sender and broadcast receiver."""
+
+    def __init__(
+        self,
+        layout: ChunkLayout,
+        worker: int,
+        *,
+        run_id: int,
+        context: RecordContext,
+        order: str = DEFAULT_ORDER,
+        seed: int = 0,
+        pacer: TokenBucket | None = None,
+        max_batch: int = 256,
+        peer_addr: tuple[str, int] | None = None,
+    ) -> None:
+        self.layout = layout
+        self.worker = worker
+        self.run_id = run_id
+        self.context = context
+        self.order = order
+        self.seed = seed
+        self.pacer = pacer or TokenBucket(context.send_rate_bps)
+        self.max_batch = max_batch
+        self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
+                                 peer_addr=peer_addr)
+        self.round = 0
+        self.sender: RoundSender | None = None
+        self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
+        self._up_headers: np.ndarray | None = None
+        self._t0 = self._t_send = self._t_sent = 0.0
+
+    def handle_control(self, msg: ctl.Message, now: float) -> None:
+        """ROUND announcements: kept until their round; a broadcast's tolerance goes to the open receiver."""
+        if not isinstance(msg, ctl.RoundStart):
+            return
+        self._announced[(msg.round, msg.direction)] = (msg, now)
+        r = self.receiver
+        if msg.direction == ctl.DOWN and r.round_no == msg.round and r.active:
+            r.set_tolerance(msg.tolerance, now)
+
+    def announced(self, k: int, direction: int) -> bool:
+        return (k, direction) in self._announced
+
+    def can_send(self) -> bool:
+        """S5: ROUND(k, up) of the current round has arrived."""
+        return (self.round, ctl.UP) in self._announced
+
+    def begin_round(self, now: float, values: np.ndarray | None = None, out: np.ndarray | None = None,
+                    t_ready: float | None = None) -> RoundSender:
+        """S5: start sending this round's gradient (``None``: chunk indices only) and open the
+        broadcast receiver into ``out``. ``t_ready`` is when the caller began waiting for the round."""
+        k = self.round
+        if not self.can_send():
+            raise RuntimeError(f"round {k}: ROUND(up) not announced yet")
+        self._t0 = now if t_ready is None else t_ready
+        self._t_send = now
+        if values is not None:
+            enc: EncodedRound | VirtualRound = EncodedRound(
+                values, self.layout, round_no=k, run_id=self.run_id, sender=self.worker,
+                order=send_order(self.layout.chunks, self.order, self.seed, k, up_stream(self.worker)),
+                buffer=self._up_headers)
+            self._up_headers = enc.headers
+        else:
+            enc = VirtualRound(self.layout, k)
+        self.sender = RoundSender(enc, direction=ctl.UP, now=now, order=self.order, seed=self.seed,
+                                  stream=up_stream(self.worker), pacer=self.pacer, max_batch=self.max_batch)
+        r = self.receiver
+        r.begin_round(k, out, now)  # tolerance arrives with ROUND(k, down)
+        if out is not None:
+            r.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM))  # R10
+        down = self._announced.get((k, ctl.DOWN))
+        if down is not None:  # announced before we opened (simulated control can overtake)
+            r.set_tolerance(down[0].tolerance, now)
+        return self.sender
+
+    def sent(self, now: float) -> None:
+        """The upstream sender is done (STOP received)."""
+        self._t_sent = now
+
+    def finish_round(self, now: float, extra: dict | None = None) -> RoundRecord:
+        """The broadcast is complete: close the round (R9) and build its record (S6)."""
+        k, r, s, c = self.round, self.receiver, self.sender, self.context
+        assert s is not None
+        r.finish_round()
+        up_msg, _ = self._announced.pop((k, ctl.UP))
+        down_msg, t_down = self._announced.pop((k, ctl.DOWN))
+        self.round += 1
+        return RoundRecord(
+            source=c.source, role="worker", worker=self.worker, round=k, t_start=self._t0 + c.clock_offset,
+            policy=c.policy, tolerance_up=up_msg.tolerance, tolerance_down=down_msg.tolerance, clr=down_msg.clr,
+            chunks=c.count(self.layout.chunks), up_latency_s=self._t_sent - self._t_send,
+            down_latency_s=now - t_down, round_latency_s=now - self._t0, up_sent=c.count(s.stats.sent),
+            up_passes=s.stats.passes, up_received=c.count(s.stats.received), down_received=c.count(r.received),
+            early_stop_up=s.stats.early_stop, send_rate_bps=self.pacer.rate_bps, order=c.order, **_drops(c, r),
+            extra={"wait_start_s": self._t_send - self._t0, "wait_server_s": t_down - self._t_sent,
+                   "up_wait_reply_s": s.stats.wait_s, **(extra or {})},
+        )
