@@ -54,7 +54,7 @@ import numpy as np
 from .. import control as ctl
 from ..core import RoundSender
 from ..pacing import TokenBucket
-from .model import Endpoint, FlowBase, pass_remaining
+from .flow import Endpoint, FlowBase, pass_remaining
 from .net import FluidQueue, Host, Path
 
 _EMPTY_I = np.empty(0, np.int64)

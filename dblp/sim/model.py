@@ -1,7 +1,9 @@
-"""The simulated parameter server and workers, driving the unchanged DBLP core.
+"""The simulated parameter server and workers: SimPy processes driving the same sessions.
 
-The processes mirror :mod:`dblp.server` (``serve_round``) and
-:mod:`dblp.worker` (``allreduce``) step by step; only the I/O differs:
+The server process drives a :class:`dblp.session.ServerSession` and each
+worker process a :class:`dblp.session.WorkerSession` - the very objects the
+socket server and worker drive - so the round logic (and the records) cannot
+differ from the real ones; only the I/O and the clock do:
 
 * **server**, round k: wait until every worker's upstream receiver holds
   ceil((1-p) n) chunks (the core's STOP rule), close those rounds, reduce
@@ -20,9 +22,9 @@ an engine: :class:`dblp.sim.packet.PacketEngine` (one event per datagram) or
 holds a protocol rule: thresholds, STOP, bitmaps, passes, backoff, stale
 datagrams all come from :mod:`dblp.core` and :mod:`dblp.policy`.
 
-Both write :class:`dblp.records.RoundRecord` rows with ``source="simulation"``
-(one per round and worker and role), filled field by field as the real
-server and worker fill them; times are simulated seconds since the start.
+Both write the sessions' :class:`dblp.records.RoundRecord` rows with
+``source="simulation"`` (one per round and worker and role); times are
+simulated seconds since the start.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ import numpy as np
 import simpy
 
 from .. import control as ctl
-from ..core import Receiver, RoundSender, VirtualRound
 from ..gradients import read_norms, synthetic_norms
 from ..records import RecordWriter, RoundRecord
-from ..wire import SERVER_ID, ChunkLayout, ParameterError
+from ..session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession, WorkerSession
+from ..wire import ChunkLayout, ParameterError
 from .config import SimConfig
+from .flow import Endpoint
 from .loss import make_flow_loss
 from .net import Host, Path, Port, ctrl_wire_bytes
 
@@ -48,117 +51,13 @@ RUN_ID = 0x51A1_0001
 SOURCE = "simulation"
 
 
-def pass_remaining(sender: RoundSender) -> int:
-    """Datagrams left in the sender's current pass, read from the core's state."""
-    v = getattr(sender, "pass_remaining", None)
-    if v is not None:
-        return int(v)
-    return int(sender._pass.size - sender._pos)  # noqa: SLF001 - see the report: a public property is requested
-
-
-class Endpoint:
-    """A persistent core :class:`Receiver` plus the SimPy side of it: an event
-    fired when the core says the round is complete, and routing of the
-    receiver's control messages (BITMAP/STOP) to the flow feeding it."""
-
-    def __init__(self, sim: "Simulation", receiver: Receiver) -> None:
-        self.sim = sim
-        self.receiver = receiver
-        self.flow: Any = None
-        self.completed = sim.env.event()
-
-    def begin_round(self, rnd: int, now: float, tolerance: float | None = None) -> None:
-        if self.flow is not None:  # what arrived of the last round before now counts there
-            self.flow.deliver_until(now)
-        self.completed = self.sim.env.event()
-        self.receiver.begin_round(rnd, None, now, tolerance=tolerance)
-        self.after(now)
-
-    def after(self, t: float) -> None:
-        """Route what the core wants to send, and notice completion."""
-        r = self.receiver
-        for m in r.control_to_send():
-            if self.flow is not None:
-                self.flow.send_to_sender(m, t)
-        if r.complete and r.active and not self.completed.triggered:
-            self.completed.succeed(t)
-
-
-class FlowBase:
-    """One RoundSender -> Receiver transfer; the engines add the data path."""
-
-    def __init__(self, sim: "Simulation", sender: RoundSender, ep: Endpoint, path: Path, rpath: Path,
-                 direction: int, worker: int, rnd: int) -> None:
-        self.sim = sim
-        self.env = sim.env
-        self.sender = sender
-        self.ep = ep
-        ep.flow = self
-        self.path = path
-        self.rpath = rpath
-        self.direction = direction
-        self.worker = worker
-        self.rnd = rnd
-        self.loss = sim.loss[(direction, worker)]
-        self.done = sim.env.event()
-
-    # -- control channel ------------------------------------------------------------
-    def send_to_receiver(self, msg: ctl.Message, t: float) -> None:
-        self.sim.engine.send_ctrl(self.path, msg, t, self._at_receiver, self)
-
-    def send_to_sender(self, msg: ctl.Message, t: float) -> None:
-        self.sim.engine.send_ctrl(self.rpath, msg, t, self._at_sender, None)
-
-    def _at_receiver(self, msg: ctl.Message, t: float) -> None:
-        self.deliver_until(t)  # data that arrived before the message is in the receiver first
-        self.ep.receiver.handle_control(msg, t)
-        self.ep.after(t)
-
-    def _at_sender(self, msg: ctl.Message, t: float) -> None:
-        if self.sender.done:
-            self.sender.handle_control(msg, t)  # counted/ignored by the core
-            return
-        self.before_sender_msg(msg, t)
-        self.sender.handle_control(msg, t)
-        self.flush_sender(t)
-        if self.sender.done:
-            self.finish(t)
-        else:
-            self.wake()
-
-    def flush_sender(self, t: float) -> None:
-        for m in self.sender.control_to_send():
-            self.send_to_receiver(m, t)
-
-    def finish(self, t: float) -> None:
-        self.after_finish(t)
-        self.done.succeed(t)
-
-    # -- engine hooks -------------------------------------------------------------------
-    def deliver_until(self, t: float) -> None:
-        pass
-
-    def before_sender_msg(self, msg: ctl.Message, t: float) -> None:
-        pass
-
-    def tolerance_changed(self, t: float) -> None:
-        pass
-
-    def wake(self) -> None:
-        pass
-
-    def after_finish(self, t: float) -> None:
-        pass
-
-
 @dataclass
 class _Worker:
     wid: int
+    session: WorkerSession  # the worker's Algorithm 4
     up_ep: Endpoint  # server side: receives this worker's gradient
     down_ep: Endpoint  # worker side: receives the broadcast
-    msgs: dict = field(default_factory=dict)  # (round, direction) -> (RoundStart, arrival time)
-    waits: dict = field(default_factory=dict)  # (round, direction) -> event
-    up_tolerance: float = 0.0
+    up_wait: Any = None  # event fired when ROUND(k, up) arrives
 
 
 @dataclass
@@ -191,7 +90,6 @@ class Simulation:
         self.policy = cfg.make_policy()
         self.norms = load_norms(cfg)
         self._compute_rng = np.random.default_rng([cfg.seed, 0xC0DE])
-        self._rounds_vr: dict[int, VirtualRound] = {}
         self.records: list[RoundRecord] = []
         self._writer = RecordWriter(records) if records else None
         self.datagrams = 0
@@ -218,15 +116,18 @@ class Simulation:
             from .fast import RoundEngine
 
             self.engine = RoundEngine(self)
-        self.workers = [
-            _Worker(
-                i,
-                Endpoint(self, Receiver(self.core_layout, run_id=RUN_ID, expected_sender=i, direction=ctl.UP)),
-                Endpoint(self, Receiver(self.core_layout, run_id=RUN_ID, expected_sender=SERVER_ID,
-                                        direction=ctl.DOWN)),
-            )
-            for i in range(self.n)
-        ]
+        ctx = RecordContext(source=SOURCE, policy=self.policy.name, order=cfg.order,
+                            send_rate_bps=cfg.send_rate_bps, scale=self._scale)
+        core_order, seed = self.engine.core_order, cfg.seed
+        self.server = ServerSession(
+            self.core_layout, range(self.n), policy=self.policy, run_id=RUN_ID, context=ctx, order=core_order,
+            seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
+            pacer=lambda w: self.engine.pacer(ctl.DOWN, w))
+        self.workers = []
+        for i in range(self.n):
+            ws = WorkerSession(self.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
+                               pacer=self.engine.pacer(ctl.UP, i), max_batch=cfg.max_batch)
+            self.workers.append(_Worker(i, ws, Endpoint(self, self.server.receiver(i)), Endpoint(self, ws.receiver)))
         self.env.process(self._server())
         for w in self.workers:
             self.env.process(self._worker(w))
@@ -236,20 +137,6 @@ class Simulation:
         """Call ``fn(t)`` at simulated time ``t`` (now if ``t`` is in the past)."""
         ev = self.env.timeout(max(0.0, t - self.env.now))
         ev.callbacks.append(lambda _e: fn(t))
-
-    def virtual_round(self, rnd: int) -> VirtualRound:
-        vr = self._rounds_vr.get(rnd)
-        if vr is None:
-            self._rounds_vr = {k: v for k, v in self._rounds_vr.items() if k >= rnd - 1}
-            vr = self._rounds_vr[rnd] = VirtualRound(self.core_layout, rnd)
-        return vr
-
-    def new_sender(self, rnd: int, direction: int, worker: int) -> RoundSender:
-        """A RoundSender as the real server (stream 1000+w) and worker (stream 1+w) make it."""
-        stream = 1 + worker if direction == ctl.UP else 1000 + worker
-        return RoundSender(self.virtual_round(rnd), direction=direction, now=self.env.now,
-                           order=self.engine.core_order, seed=self.cfg.seed, stream=stream,
-                           pacer=self.engine.pacer(direction, worker), max_batch=self.cfg.max_batch)
 
     def ctrl_wire(self, msg: ctl.Message) -> int:
         n = len(ctl.encode(msg))
@@ -279,13 +166,29 @@ class Simulation:
             b = self._bursts[rnd] = any(p.burst(rnd) for p in self.loss.values())
         return b
 
-    # -- the server (dblp.server.ParameterServer.serve_round) ---------------------------------
-    def _open_upstream(self, w: _Worker, rnd: int, now: float) -> None:
-        p, clr = self.policy.tolerance, self.policy.clr
-        w.up_tolerance = p
-        w.up_ep.begin_round(rnd, now, tolerance=p)
-        self.engine.send_ctrl(self.down_paths[w.wid], ctl.RoundStart(rnd, ctl.UP, p, clr), now,
-                              lambda m, t, w=w: self._on_round_start(w, m, t), None)
+    # -- the server: dblp.session.ServerSession over SimPy ------------------------------------
+    def _dispatch_server(self, t: float) -> None:
+        """Carry out the server session's events at simulated time ``t``."""
+        while (ev := self.server.next_event()) is not None:
+            if isinstance(ev, ControlToSend):
+                w = self.workers[ev.worker]
+                if isinstance(ev.message, ctl.RoundStart) and ev.message.direction == ctl.UP:
+                    w.up_ep.opened(t)  # the session opened this worker's next upstream (S1)
+                self.engine.send_ctrl(self.down_paths[w.wid], ev.message, t,
+                                      lambda m, tt, w=w: self._on_round_start(w, m, tt), None)
+            elif isinstance(ev, SenderStarted):
+                w = self.workers[ev.worker]
+                flow = self.engine.start_flow(ev.sender, w.down_ep, self.down_paths[w.wid], self.up_paths[w.wid],
+                                              ctl.DOWN, w.wid, ev.sender.round_no)
+                flow.done.callbacks.append(lambda e, w=w: self._down_done(w, e.value))
+                self._dones.append(flow.done)
+            elif isinstance(ev, RecordWritten):
+                self._write(ev.record)
+
+    def _down_done(self, w: _Worker, t: float) -> None:
+        w.up_ep.before_open(t)
+        self.server.poll(t)  # S4: the record, then this worker's next upstream
+        self._dispatch_server(t)
 
     def _grad_norm(self, rnd: int) -> float:
         """The norm the server feeds to the policy.
@@ -305,108 +208,61 @@ class Simulation:
 
     def _server(self):
         env = self.env
+        self.server.start(env.now)
         for w in self.workers:
-            self._open_upstream(w, 0, env.now)
+            w.up_ep.opened(env.now)
+        self._dispatch_server(env.now)
         for rnd in range(self.cfg.rounds):
-            t0 = env.now
             yield env.all_of([w.up_ep.completed for w in self.workers])
-            t_up = env.now
-            for w in self.workers:
-                w.up_ep.receiver.finish_round()
+            self.server.poll(env.now)  # S2: every upstream is in
+            self._dispatch_server(env.now)
             if self.cfg.reduce_s:
                 yield env.timeout(self.cfg.reduce_s)
-            norm = self._grad_norm(rnd)
-            p_down = self.policy.update(rnd, norm)
-            clr = self.policy.clr
-            now = env.now
-            dones = []
-            for w in self.workers:
-                self.engine.send_ctrl(self.down_paths[w.wid], ctl.RoundStart(rnd, ctl.DOWN, p_down, clr), now,
-                                      lambda m, t, w=w: self._on_round_start(w, m, t), None)
-            for w in self.workers:
-                sender = self.new_sender(rnd, ctl.DOWN, w.wid)
-                flow = self.engine.start_flow(sender, w.down_ep, self.down_paths[w.wid], self.up_paths[w.wid],
-                                              ctl.DOWN, w.wid, rnd)
-                flow.done.callbacks.append(
-                    lambda ev, w=w, flow=flow: self._down_done(w, flow, rnd, t0, t_up, p_down, clr, norm, ev.value))
-                dones.append(flow.done)
-            yield env.all_of(dones)
+            self._dones = []
+            self.server.broadcast(self._grad_norm(rnd), env.now, None,
+                                  extra={"reduce": "zero", "fidelity": self.cfg.fidelity, "burst": self.burst(rnd),
+                                         **self._extra})
+            self._dispatch_server(env.now)
+            yield env.all_of(self._dones)
 
-    def _down_done(self, w: _Worker, flow: Any, rnd: int, t0: float, t_up: float, p_down: float, clr: bool,
-                   norm: float, t: float) -> None:
-        r, s = w.up_ep.receiver, flow.sender
-        dr = r.stats.drops
-        self._write(RoundRecord(
-            source=SOURCE, role="server", worker=w.wid, round=rnd, t_start=t0,
-            policy=self.policy.name, tolerance_up=w.up_tolerance, tolerance_down=p_down, clr=clr,
-            grad_norm=norm, chunks=self.layout.chunks,
-            up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
-            round_latency_s=t - t0, up_received=self.count(r.received), down_sent=self.count(s.stats.sent),
-            down_passes=s.stats.passes, down_received=self.count(s.stats.received), early_stop_down=s.stats.early_stop,
-            send_rate_bps=self.cfg.send_rate_bps, order=self.cfg.order,
-            stale=self.count(dr.stale), duplicate=self.count(dr.duplicate), corrupt=dr.corrupt, foreign=dr.foreign,
-            malformed=dr.malformed, out_of_range=dr.out_of_range, wrong_length=dr.wrong_length,
-            extra={"reduce": "zero", "wait_others_s": t_up - t0, "fidelity": self.cfg.fidelity,
-                   "burst": self.burst(rnd), **self._extra},
-        ))
-        if rnd + 1 < self.cfg.rounds:
-            self._open_upstream(w, rnd + 1, t)
-
-    # -- the worker (dblp.worker.Worker.allreduce) ----------------------------------------
+    # -- the worker: dblp.session.WorkerSession over SimPy --------------------------------------
     def _on_round_start(self, w: _Worker, msg: ctl.RoundStart, t: float) -> None:
-        key = (msg.round, msg.direction)
-        w.msgs[key] = (msg, t)
-        ev = w.waits.pop(key, None)
-        if ev is not None:
-            ev.succeed(t)
         r = w.down_ep.receiver
-        if msg.direction == ctl.DOWN and r.round_no == msg.round and r.active:
-            flow = w.down_ep.flow
-            if flow is not None and flow.rnd == msg.round:
-                flow.deliver_until(t)
-            r.set_tolerance(msg.tolerance, t)
+        flow = w.down_ep.flow
+        mine = msg.direction == ctl.DOWN and r.round_no == msg.round and r.active
+        if mine and flow is not None and flow.rnd == msg.round:
+            flow.deliver_until(t)
+        w.session.handle_control(msg, t)
+        if mine:
             w.down_ep.after(t)
             if flow is not None and flow.rnd == msg.round:
                 flow.tolerance_changed(t)
+        if msg.direction == ctl.UP and w.up_wait is not None and w.session.can_send():
+            ev, w.up_wait = w.up_wait, None
+            ev.succeed(t)
 
     def _worker(self, w: _Worker):
         env = self.env
+        ws = w.session
         for k in range(self.cfg.rounds):
             c = self._compute_time()
             if c > 0:
                 yield env.timeout(c)
             t0 = env.now
-            if (k, ctl.UP) not in w.msgs:
-                ev = w.waits[(k, ctl.UP)] = env.event()
-                yield ev
-            up_msg, _ = w.msgs.pop((k, ctl.UP))
-            t_send = env.now
-            sender = self.new_sender(k, ctl.UP, w.wid)
-            w.down_ep.begin_round(k, t_send)  # tolerance arrives with ROUND(k, down)
+            if not ws.can_send():
+                w.up_wait = env.event()
+                yield w.up_wait
+            w.down_ep.before_open(env.now)
+            sender = ws.begin_round(env.now, t_ready=t0)  # S5; the tolerance comes with ROUND(k, down)
+            w.down_ep.opened(env.now)
             flow = self.engine.start_flow(sender, w.up_ep, self.up_paths[w.wid], self.down_paths[w.wid],
                                           ctl.UP, w.wid, k)
             yield flow.done
-            t_sent = env.now
+            ws.sent(env.now)
             if not w.down_ep.completed.triggered:
                 yield w.down_ep.completed
-            t_done = env.now
-            recv = w.down_ep.receiver
-            recv.finish_round()
-            down_msg, t_down = w.msgs.pop((k, ctl.DOWN))
-            dr = recv.stats.drops
-            self._write(RoundRecord(
-                source=SOURCE, role="worker", worker=w.wid, round=k, t_start=t0, policy=self.policy.name,
-                tolerance_up=up_msg.tolerance, tolerance_down=down_msg.tolerance, clr=down_msg.clr,
-                chunks=self.layout.chunks, up_latency_s=t_sent - t_send, down_latency_s=t_done - t_down,
-                round_latency_s=t_done - t0, up_sent=self.count(sender.stats.sent), up_passes=sender.stats.passes,
-                up_received=self.count(sender.stats.received), down_received=self.count(recv.received),
-                early_stop_up=sender.stats.early_stop, send_rate_bps=self.cfg.send_rate_bps,
-                order=self.cfg.order, stale=self.count(dr.stale), duplicate=self.count(dr.duplicate), corrupt=dr.corrupt,
-                foreign=dr.foreign, malformed=dr.malformed, out_of_range=dr.out_of_range,
-                wrong_length=dr.wrong_length,
-                extra={"wait_start_s": t_send - t0, "wait_server_s": t_down - t_sent, "compute_s": c,
-                       "fidelity": self.cfg.fidelity, "burst": self.burst(k), **self._extra},
-            ))
+            self._write(ws.finish_round(env.now, extra={"compute_s": c, "fidelity": self.cfg.fidelity,
+                                                        "burst": self.burst(k), **self._extra}))
 
     # -- run ----------------------------------------------------------------------------------
     def run(self) -> SimResult:

@@ -22,7 +22,7 @@ import numpy as np
 from .. import control as ctl
 from ..core import RoundSender
 from ..pacing import TokenBucket
-from .model import Endpoint, FlowBase
+from .flow import Endpoint, FlowBase
 from .net import Host, Path
 
 
