@@ -1,0 +1,162 @@
+"""Parity: the real transport on loopback and the packet-level simulator give the same rounds.
+
+Both drive :mod:`dblp.session` and :mod:`dblp.core`; this holds them to it
+end to end. One configuration (3 workers, a DBLP policy that switches
+between P_low and P_high, a deterministic scripted loss keyed by direction,
+worker, round, chunk and transmission attempt) runs once through real
+sockets on 127.0.0.1 (server and workers in threads, the plain one-datagram
+path, one datagram per receive call so STOP comes at exactly the threshold
+as in the packet-level model) and once through the SimPy packet engine. The
+tolerance sequence, the passes of every transfer and the chunks received
+must be identical; only times may differ.
+
+The gradient norm is the one thing the two views legitimately compute
+differently (the mean of real data vs a model of it), so both feed the same
+scripted norm sequence to the policy.
+"""
+
+from __future__ import annotations
+
+import threading
+import zlib
+
+import numpy as np
+import pytest
+
+import dblp.transport as transport
+from dblp import control as ctl
+from dblp.policy import DblpPolicy
+from dblp.server import ParameterServer, ServerConfig
+from dblp.sim.config import SimConfig
+from dblp.sim.model import Simulation
+from dblp.sim.packet import PacketFlow
+from dblp.worker import Worker
+from procs import free_port
+
+ELEMENTS = 40_000  # 111 chunks of 362 floats
+WORKERS = 3
+ROUNDS = 8
+SEED = 5
+NORMS = [1.0, 1.0, 1.0, 1.0, 3.0, 3.1, 3.0, 3.0]  # a jump at the check of round 4: CLR, then P_high again
+
+
+class ScriptedNormPolicy(DblpPolicy):
+    """DBLP's policy fed a fixed norm sequence instead of the measured norm."""
+
+    def update(self, step: int, grad_norm: float) -> float:
+        return super().update(step, NORMS[step])
+
+
+def make_policy() -> ScriptedNormPolicy:
+    return ScriptedNormPolicy(p_low=0.05, p_high=0.30, eta=0.5, freq=2)
+
+
+class ScriptedLoss:
+    """Drops a fixed 35% of first transmissions and 50% of second ones; later ones arrive.
+
+    The verdict is a hash of (direction, worker, round, chunk, attempt), so
+    both drivers lose exactly the same datagrams whatever their timing.
+    """
+
+    def __init__(self) -> None:
+        self.attempts: dict[tuple[int, int, int, int], int] = {}
+
+    def drops(self, direction: int, worker: int, rnd: int, seqs: np.ndarray) -> np.ndarray:
+        out = np.zeros(seqs.size, bool)
+        for i, s in enumerate(seqs.tolist()):
+            key = (direction, worker, rnd, s)
+            a = self.attempts[key] = self.attempts.get(key, 0) + 1
+            h = zlib.crc32(repr((*key, a)).encode()) % 100
+            out[i] = (a == 1 and h < 35) or (a == 2 and h < 50)
+        return out
+
+
+def lossy(udp, loss: ScriptedLoss, direction: int, worker: int, peer) -> None:
+    """Make ``udp.send_chunks`` lose what the script says (the datagram never reaches the receiver)."""
+    send = udp.send_chunks
+
+    def send_chunks(headers, values, seqs, lengths, layout, addr):
+        keep = ~loss.drops(direction, worker, peer.sender.round_no, seqs)
+        if keep.any():
+            send(headers[keep], values, seqs[keep], lengths[keep], layout, addr)
+
+    udp.send_chunks = send_chunks
+
+
+def real_records(monkeypatch) -> list:
+    monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as per-datagram delivery
+    loss = ScriptedLoss()
+    port = free_port()
+    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=WORKERS, policy=make_policy(),
+                                       seed=SEED, rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30))
+    records: list = []
+    srv._writer.write = records.append  # keep the server's records in memory
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            srv.accept_workers()
+            for w in srv.workers:
+                lossy(w.peer.udp, loss, ctl.DOWN, w.wid, w.peer)
+            srv.serve()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    def work(i: int) -> None:
+        try:
+            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=i, fast=False, peer_timeout=30) as w:
+                lossy(w.peer.udp, loss, ctl.UP, i, w.peer)
+                g = np.full(ELEMENTS, float(i + 1), np.float32)
+                for _ in range(ROUNDS):
+                    w.allreduce(g)
+                    records.append(w.last_record)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    return records
+
+
+def sim_records(monkeypatch) -> list:
+    loss = ScriptedLoss()
+    arrive = PacketFlow._arrive
+
+    def scripted_arrive(self, seq: int, t: float) -> None:
+        if not loss.drops(self.direction, self.worker, self.rnd, np.array([seq]))[0]:
+            arrive(self, seq, t)
+
+    monkeypatch.setattr(PacketFlow, "_arrive", scripted_arrive)
+    cfg = SimConfig(model=ELEMENTS, workers=WORKERS, rounds=ROUNDS, policy="dblp", seed=SEED, fidelity="packet",
+                    bandwidth_bps=10e9, queue_bytes=1 << 30, max_batch=256)  # no queue drops: only the script loses
+    sim = Simulation(cfg)
+    sim.policy = sim.server.policy = make_policy()
+    return sim.run().records
+
+
+KEYS = ("tolerance_up", "tolerance_down", "clr", "chunks", "up_passes", "up_received", "down_passes",
+        "down_received")
+
+
+def table(records: list) -> dict:
+    return {(r.role, r.worker, r.round): {k: getattr(r, k) for k in KEYS} for r in records}
+
+
+def test_transport_and_simulator_agree_round_by_round(monkeypatch):
+    real = table(real_records(monkeypatch))
+    sim = table(sim_records(monkeypatch))
+    assert sorted(real) == sorted(sim)
+    assert len(real) == 2 * WORKERS * ROUNDS
+    diff = {k: (real[k], sim[k]) for k in real if real[k] != sim[k]}
+    assert not diff, diff
+    # the configuration exercises what it should: both tolerances, retransmissions, early stops
+    tol = [real[("server", 0, k)]["tolerance_down"] for k in range(ROUNDS)]
+    assert tol == [0.05, 0.05, 0.30, 0.30, 0.05, 0.05, 0.30, 0.30]
+    assert max(v["up_passes"] for v in real.values()) >= 2
+    assert max(v["down_passes"] for v in real.values()) >= 2
+    ups = [v["up_received"] for (role, _, _), v in real.items() if role == "server"]
+    assert min(ups) < 111 and all(u >= 78 for u in ups)  # ceil(0.7 * 111) = 78
