@@ -41,6 +41,7 @@ import math
 import time
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -223,18 +224,21 @@ class DropExchange:
 class TolerancePolicyExchange:
     """Loss at the tolerance bound in both directions, tolerance set by a DBLP policy.
 
-    A model of DBLP's *accuracy* cost, not of its timing: under early stop a
+    A model of DBLP's *accuracy* cost, not of its timing, driving the same
+    round logic as the real server and workers (:mod:`dblp.session`: the
+    policy's tolerance per round, CLR detection on the mean's norm, the
+    broadcast under ``p_down``) and the core's receivers (their STOP
+    threshold), over an in-memory link instead of sockets. Under early stop a
     receiver accepts a round as soon as ``needed_chunks(n, p)`` of its ``n``
-    chunks are in, so each direction loses (at most, and with early stop
-    typically exactly) ``n - needed_chunks(n, p)`` chunks.  It mirrors the
-    server of :mod:`dblp.server`: upstream each worker's gradient loses its
-    own random chunks at the tolerance in force (the server zero-fills them),
-    the server averages, feeds the mean's L2 norm to the policy
-    (:mod:`dblp.policy`: reliable, fixed ``p`` = the MLT baseline, or the
-    CLR-switching ``dblp``), and the broadcast loses chunks at the tolerance
-    the policy returns.  Simulated workers share one model replica, so the
-    small replica drift that per-worker downstream losses cause on real hosts
-    is not modelled (the downstream drop is applied once).
+    chunks are in, so each direction loses exactly ``n - needed_chunks(n, p)``
+    chunks; which ones is drawn at random per transfer (loss scattered over
+    the stream). Upstream, each worker's gradient loses its own chunks (the
+    server zero-fills them) and the server averages (the paper's ``zero``
+    rule) and feeds the mean's L2 norm to the policy (:mod:`dblp.policy`:
+    reliable, fixed ``p`` = the MLT baseline, or the CLR-switching ``dblp``).
+    Simulated workers share one model replica, so the broadcast applies
+    worker 0's received chunks to all of them (the replica drift of real
+    per-worker broadcasts is not modelled).
     """
 
     def __init__(
@@ -255,6 +259,9 @@ class TolerancePolicyExchange:
         self.step = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._info: dict[str, Any] = {}
+        self._server: Any = None
+        self._workers: list[Any] = []
+        self.records: list[Any] = []  # the sessions' RoundRecords of the last step (server and workers)
 
     @classmethod
     def dblp(cls, p_low: float, p_high: float, *, eta: float = 0.5, freq: int = 10, **kw: Any) -> "TolerancePolicyExchange":
@@ -268,37 +275,88 @@ class TolerancePolicyExchange:
 
         return cls(FixedPolicy(p), **kw)
 
-    def _lost_fraction(self, chunks: int, p: float) -> float:
-        from dblp.policy import needed_chunks
+    def _setup(self, workers: int, elements: int) -> None:
+        from dblp.session import RecordContext, ServerSession, WorkerSession
+        from dblp.wire import FLOAT_BYTES, HEADER_SIZE, IP_UDP_OVERHEAD, ChunkLayout
 
-        return (chunks - needed_chunks(chunks, p)) / chunks
+        layout = ChunkLayout(elements, self.chunk_floats * FLOAT_BYTES + HEADER_SIZE + IP_UDP_OVERHEAD)
+        ctx = RecordContext(source="model", policy=str(getattr(self.policy, "name", "")), order="random")
+        self._server = ServerSession(layout, range(workers), policy=self.policy, run_id=0, context=ctx, values=False)
+        self._workers = [WorkerSession(layout, i, run_id=0, context=ctx) for i in range(workers)]
+        self._server.start(float(self.step))
+        self._dispatch()
+
+    def _dispatch(self) -> dict[int, Any]:
+        """Carry the server session's events to the workers; returns the broadcast senders."""
+        from dblp.session import ControlToSend, RecordWritten, SenderStarted
+
+        senders: dict[int, Any] = {}
+        while (ev := self._server.next_event()) is not None:
+            if isinstance(ev, ControlToSend):
+                self._workers[ev.worker].handle_control(ev.message, float(self.step))
+            elif isinstance(ev, SenderStarted):
+                senders[ev.worker] = ev.sender
+            elif isinstance(ev, RecordWritten):
+                self.records.append(ev.record)
+        return senders
+
+    def _transfer(self, sender: Any, receiver: Any, lossy: bool) -> np.ndarray:
+        """Deliver one transfer: every chunk, or exactly the receiver's threshold of them
+        at random (early stop under scattered loss); then hand its STOP to the sender."""
+        n, now = receiver.layout.chunks, float(self.step)
+        ids = torch.randperm(n, generator=self._gen)[: receiver.need].numpy() if lossy else np.arange(n)
+        receiver.receive_chunks(sender.round_no, ids, now)
+        for m in receiver.control_to_send():
+            sender.handle_control(m, now)
+        if not sender.done:
+            raise RuntimeError(f"round {sender.round_no}: the receiver did not stop after {ids.size} of {n} chunks")
+        return np.flatnonzero(~receiver.mask)
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         return self.exchange_group([flat_grad])
 
     def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        chunks = num_chunks(grads[0].numel(), self.chunk_floats)
-        p_up, clr_up = float(self.policy.tolerance), bool(self.policy.clr)
-        f_up = self._lost_fraction(chunks, p_up) if self.directions in ("both", "up") else 0.0
-        ups = [_drop(g, f_up, self._gen, self.chunk_floats) for g in grads]
-        mean = torch.stack([u[0] for u in ups]).mean(dim=0)
+        if self._server is None:
+            self._setup(len(grads), grads[0].numel())
+        elif len(grads) != len(self._workers):
+            raise ValueError(f"{len(grads)} gradients; this exchange was set up for {len(self._workers)} workers")
+        now, s = float(self.step), self._server
+        self.records = []
+        clr_up = bool(self.policy.clr)
+        ups = []
+        for i, (g, ws) in enumerate(zip(grads, self._workers)):  # S5: each worker's upstream
+            missing = self._transfer(ws.begin_round(now), s.receiver(i), self.directions in ("both", "up"))
+            ws.sent(now)
+            flat = g.detach().to("cpu", torch.float32).reshape(-1).clone()
+            zero_chunks(flat, torch.from_numpy(missing), self.chunk_floats)
+            ups.append((flat, missing.size))
+        s.poll(now)  # S2
+        self._dispatch()
+        mean = torch.stack([u[0] for u in ups]).mean(dim=0)  # the paper's zero rule: sum / N
         norm = float(mean.norm())
-        p_down = float(self.policy.update(self.step, norm))
-        f_down = self._lost_fraction(chunks, p_down) if self.directions in ("both", "down") else 0.0
-        out, _, k_down = _drop(mean, f_down, self._gen, self.chunk_floats)
+        s.broadcast(norm, now)  # S3: policy, ROUND(k, down), the broadcast senders
+        senders = self._dispatch()
+        lost_down = [self._transfer(senders[i], ws.receiver, self.directions in ("both", "down"))
+                     for i, ws in enumerate(self._workers)]
+        s.poll(now)  # S4: records, next upstream
+        self._dispatch()
+        self.records += [ws.finish_round(now) for ws in self._workers]
+        out = mean.clone()
+        zero_chunks(out, torch.from_numpy(lost_down[0]), self.chunk_floats)
+        rec = next(r for r in self.records if r.role == "server")
         self._info = {
-            "tolerance": p_up,
-            "tolerance_down": p_down,
+            "tolerance": rec.tolerance_up,
+            "tolerance_down": rec.tolerance_down,
             "clr": clr_up,
-            "clr_down": bool(self.policy.clr),
+            "clr_down": rec.clr,
             "server_grad_norm": norm,
-            "chunks": chunks,
-            "up_dropped": sum(u[2] for u in ups),
-            "down_dropped": k_down,
+            "chunks": rec.chunks,
+            "up_dropped": sum(u[1] for u in ups),
+            "down_dropped": int(lost_down[0].size),
             "workers": len(grads),
         }
         self.step += 1
-        return out
+        return out.view_as(grads[0]) if grads[0].dim() != 1 else out
 
     def last_info(self) -> dict[str, Any]:
         return dict(self._info)
