@@ -240,21 +240,29 @@ class RoundSender:
         *,
         direction: int,
         now: float,
-        order: str = DEFAULT_ORDER,
+        order: str | np.ndarray = DEFAULT_ORDER,
         seed: int = 0,
         stream: int = 0,
         pacer: TokenBucket | None = None,
         max_batch: int = 256,
     ) -> None:
+        """``order`` is R3's order name (computed here from ``seed`` and ``stream``) or the
+        round's order already computed (:mod:`dblp.session` computes it once per round and
+        direction and hands the same array to the encoder and every sender)."""
         self.enc = encoded
         self.layout = encoded.layout
         self.round_no = encoded.round_no
         self.direction = direction
         self.pacer = pacer or TokenBucket()
         self.max_batch = max_batch
-        self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
-        enc_order = getattr(encoded, "order", None)
-        self._same_order = enc_order is not None and np.array_equal(enc_order, self.order)
+        if isinstance(order, np.ndarray):
+            if order.shape != (self.layout.chunks,):
+                raise ValueError(f"order has {order.size} entries, layout has {self.layout.chunks} chunks")
+            self.order = order
+        else:
+            self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
+        # first passes go out as slices of the encoded headers when they are stored in this order
+        self._same_order = isinstance(encoded, EncodedRound) and encoded.order is self.order
         self.state = SendState.SENDING
         self.stats = SendStats(passes=1, t_start=now)
         self._pass = self.order  # chunks of the current pass, in send order

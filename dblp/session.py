@@ -257,10 +257,10 @@ class ServerSession:
         self._p_down = float(self.policy.update(k, norm))
         self._clr = bool(self.policy.clr)
         self._extra = dict(extra or {})
+        order = send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM)  # once, for every worker
         if mean is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(
-                mean, self.layout, round_no=k, run_id=self.run_id, sender=SERVER_ID,
-                order=send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM),
+                mean, self.layout, round_no=k, run_id=self.run_id, sender=SERVER_ID, order=order,
                 buffer=self._down_headers)
             self._down_headers = enc.headers
         else:
@@ -269,8 +269,8 @@ class ServerSession:
         for w, p in self.peers.items():
             self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.DOWN, self._p_down, self._clr)))
         for w, p in self.peers.items():
-            p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=self.order, seed=self.seed,
-                                   stream=DOWN_STREAM, pacer=self._pacer(w), max_batch=self.max_batch)
+            p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._pacer(w),
+                                   max_batch=self.max_batch)
             p.recorded = False
             self._events.append(SenderStarted(w, p.sender))
 
@@ -378,16 +378,16 @@ class WorkerSession:
             raise RuntimeError(f"round {k}: ROUND(up) not announced yet")
         self._t0 = now if t_ready is None else t_ready
         self._t_send = now
+        order = send_order(self.layout.chunks, self.order, self.seed, k, up_stream(self.worker))
         if values is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(
-                values, self.layout, round_no=k, run_id=self.run_id, sender=self.worker,
-                order=send_order(self.layout.chunks, self.order, self.seed, k, up_stream(self.worker)),
+                values, self.layout, round_no=k, run_id=self.run_id, sender=self.worker, order=order,
                 buffer=self._up_headers)
             self._up_headers = enc.headers
         else:
             enc = VirtualRound(self.layout, k)
-        self.sender = RoundSender(enc, direction=ctl.UP, now=now, order=self.order, seed=self.seed,
-                                  stream=up_stream(self.worker), pacer=self.pacer, max_batch=self.max_batch)
+        self.sender = RoundSender(enc, direction=ctl.UP, now=now, order=order, pacer=self.pacer,
+                                  max_batch=self.max_batch)
         r = self.receiver
         r.begin_round(k, out, now)  # tolerance arrives with ROUND(k, down)
         if out is not None:

@@ -211,8 +211,10 @@ def pump(
                         wait = min(wait, max(0.0, t - now))
             events = sel.select(wait)
             now = clock()
-            # Data first, so a probe is answered with the freshest bitmap.
-            for key, _ in sorted(events, key=lambda e: e[0].data[0] != "udp"):
+            # Control first: a ROUND announcement sets the tolerance before that round's
+            # datagrams are counted, so STOP comes at the threshold (as in the simulator);
+            # a PROBE drains the data socket itself before it is answered (dispatch).
+            for key, _ in sorted(events, key=lambda e: e[0].data[0] != "tcp"):
                 kind, p = key.data
                 if kind == "udp":
                     p.read_data(now)

@@ -38,7 +38,7 @@ def run_round(
     # passes go out as slices of the encoded buffer.
     enc = EncodedRound(values, layout, round_no=round_no, run_id=RUN_ID, sender=1,
                        order=send_order(layout.chunks, order, 7, round_no, 0))
-    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order=order, seed=7, max_batch=batch)
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order=enc.order, max_batch=batch)
     rcv = receiver or Receiver(layout, run_id=RUN_ID, expected_sender=1, direction=ctl.UP)
     out = np.full(values.size, np.nan, dtype=np.float32) if out is None else out
     rcv.begin_round(round_no, out, now=0.0, tolerance=tolerance)

@@ -151,8 +151,8 @@ def test_transport_and_simulator_agree_round_by_round(monkeypatch):
     sim = table(sim_records(monkeypatch))
     assert sorted(real) == sorted(sim)
     assert len(real) == 2 * WORKERS * ROUNDS
-    diff = {k: (real[k], sim[k]) for k in real if real[k] != sim[k]}
-    assert not diff, diff
+    diff = {k: {f: (real[k][f], sim[k][f]) for f in KEYS if real[k][f] != sim[k][f]} for k in real if real[k] != sim[k]}
+    assert not diff, f"(role, worker, round): {{field: (transport, simulator)}}: {diff}"
     # the configuration exercises what it should: both tolerances, retransmissions, early stops
     tol = [real[("server", 0, k)]["tolerance_down"] for k in range(ROUNDS)]
     assert tol == [0.05, 0.05, 0.30, 0.30, 0.05, 0.05, 0.30, 0.30]
