@@ -1,14 +1,32 @@
 """Only the optional C helper lives here; everything else is in pyproject.toml.
 
+One extension module, ``dblp._fastpath``, built from the purpose-named files
+in dblp/_fastpath_c/ (their list: dblp/_fastpath_c/common.h); its typed
+surface is dblp/_fastpath.pyi. The folder is not named ``_fastpath``: a
+folder of that name would import as an empty namespace package wherever the
+extension is not built, and ``import dblp._fastpath`` would then succeed.
+
 ``optional=True``: without a C compiler the install still succeeds and
-dblp/wire.py uses the crc32c package instead (same CRC values, slower).
+dblp/wire.py, dblp/udp.py and dblp/reduce.py run their numpy / crc32c paths
+(same bytes, slower). With a compiler a failed build is a failed test:
+tests/test_fastpath.py::test_helper_builds_where_a_compiler_is.
 """
+
+from pathlib import Path
 
 from setuptools import Extension, setup
 
+SRC = Path("dblp/_fastpath_c")
+
 setup(
     ext_modules=[
-        Extension("dblp._fastpath", ["dblp/_fastpath.c"], optional=True,
-                  extra_compile_args=["-O3", "-pthread"], extra_link_args=["-pthread"]),
+        Extension(
+            "dblp._fastpath",
+            sorted(str(p) for p in SRC.glob("*.c")),
+            depends=sorted(str(p) for p in SRC.glob("*.h")),
+            optional=True,
+            extra_compile_args=["-O3", "-pthread"],
+            extra_link_args=["-pthread"],
+        ),
     ]
 )

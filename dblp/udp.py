@@ -8,7 +8,7 @@ both paths - the kernel segments exactly at datagram boundaries - so a plain
 receiver reads a GSO sender and vice versa. Plain path: one datagram per
 ``sendmsg`` and ``recvmmsg`` batches (or one ``recvfrom_into`` per datagram
 without the C helper), chosen automatically where GSO/GRO are missing (or
-forced with ``fast=False``). With the C helper (dblp/_fastpath.c) the
+forced with ``fast=False``). With the C helper (dblp/_fastpath_c/) the
 per-datagram loops of both paths run in C without the GIL.
 """
 
@@ -24,7 +24,7 @@ import numpy as np
 
 from .wire import ChunkLayout, assemble_rows
 
-try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the Python path
+try:  # the optional C helper (dblp/_fastpath_c/sockets.c, place.c); DBLP_NO_C=1 forces the Python path
     from ._fastpath import recv_place as _c_recv_place
     from ._fastpath import recv_rows as _c_recv_rows
     from ._fastpath import send_chunks as _c_send_chunks

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from crc32c import crc32c as _crc32c
 
-try:  # the optional C helper (dblp/_fastpath.c); DBLP_NO_C=1 forces the numpy fallback
+try:  # the optional C helper (dblp/_fastpath_c/crc32c.c, wire.c); DBLP_NO_C=1 forces the numpy fallback
     from ._fastpath import BEST as C_CRC
     from ._fastpath import crc_placed as _c_crc_placed
     from ._fastpath import crc_rows as _c_crc_rows

@@ -1,9 +1,19 @@
-"""The optional C helper (dblp/_fastpath.c) against the crc32c package, and
-the send-order encoding that lets a first pass go out without copies."""
+"""The optional C helper (dblp._fastpath, built from dblp/_fastpath_c/) against
+the crc32c package and the numpy paths, and the send-order encoding that lets
+a first pass go out without copies.
+
+The helper is optional where there is no C compiler (the numpy / crc32c paths
+run, and every test here that needs it skips); where there is one, a helper
+that did not build is a failure, not a skip
+(test_helper_builds_where_a_compiler_is)."""
 
 from __future__ import annotations
 
+import ast
+import re
+import shutil
 import socket
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +25,20 @@ from dblp import wire
 from dblp.core import ENCODE_SLAB, EncodedRound, RoundSender, send_order
 from dblp.wire import CRC_START, ChunkLayout, encode_chunks
 
-fast = pytest.importorskip("dblp._fastpath", reason="C helper not built (no compiler at install)")
+try:
+    from dblp import _fastpath as fast
+except ImportError as e:  # not built: the numpy / crc32c paths run
+    fast, _NOT_BUILT = None, e
+
+COMPILER = shutil.which("gcc") or shutil.which("cc")
+needs_helper = pytest.mark.skipif(fast is None, reason="C helper not built (no compiler at install)")
 
 
 def _reference(rows: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     return np.array([crc32c(rows[i, CRC_START : lengths[i]].tobytes()) for i in range(rows.shape[0])], np.uint32)
 
 
+@needs_helper
 @pytest.mark.parametrize("impl", ["sse4.2", "slicing-by-8", "bytewise"])
 def test_every_c_implementation_matches_crc32c(impl):
     rng = np.random.default_rng(5)
@@ -43,6 +60,7 @@ def test_every_c_implementation_matches_crc32c(impl):
         fast.use(prev)
 
 
+@needs_helper
 def test_wire_crc_rows_same_with_and_without_the_helper(monkeypatch):
     rng = np.random.default_rng(6)
     rows = rng.integers(0, 256, (300, 1472), dtype=np.uint8)
@@ -53,6 +71,7 @@ def test_wire_crc_rows_same_with_and_without_the_helper(monkeypatch):
     assert np.array_equal(with_c, _reference(rows, lengths))
 
 
+@needs_helper
 def test_bad_arguments_are_refused_by_name():
     rows = np.zeros((4, 100), np.uint8)
     out = np.empty(4, np.uint32)
@@ -70,12 +89,13 @@ def test_bad_arguments_are_refused_by_name():
         fast.use("crc64")
 
 
+@needs_helper
 def test_first_pass_is_slices_of_the_send_ordered_buffer():
     lay = ChunkLayout(362 * (ENCODE_SLAB + 900) + 17)  # more than one slab, short tail chunk
     v = np.random.default_rng(1).standard_normal(lay.elements).astype(np.float32)
     order = send_order(lay.chunks, "perm", 3, 5, 2)
     enc = EncodedRound(v, lay, round_no=5, run_id=RUN_ID, sender=2, order=order)
-    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="perm", seed=3, stream=2, max_batch=300)
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order=enc.order, max_batch=300)
     ref_rows, ref_len = encode_chunks(v, lay, np.arange(lay.chunks), run_id=RUN_ID, sender=2, round_no=5)
     sent = 0
     while (b := snd.datagrams_to_send(0.0)) is not None:
@@ -94,6 +114,7 @@ def test_first_pass_is_slices_of_the_send_ordered_buffer():
         assert np.array_equal(h, ref_rows[s, :24])
 
 
+@needs_helper
 def test_a_sender_with_another_order_falls_back_to_copies():
     lay = ChunkLayout(362 * 50)
     v = np.arange(lay.elements, dtype=np.float32)
@@ -105,6 +126,7 @@ def test_a_sender_with_another_order_falls_back_to_copies():
     assert np.array_equal(b.rows, ref_rows)
 
 
+@needs_helper
 def test_reused_buffer_gives_the_same_round():
     lay = ChunkLayout(362 * 40 + 5)
     v = np.random.default_rng(2).standard_normal(lay.elements).astype(np.float32)
@@ -119,6 +141,7 @@ def test_reused_buffer_gives_the_same_round():
     assert np.array_equal(out1, v)
 
 
+@needs_helper
 def test_c_encode_and_scatter_equal_the_numpy_path(monkeypatch):
     lay = ChunkLayout(362 * 300 + 101, 1500)
     v = np.random.default_rng(3).standard_normal(lay.elements).astype(np.float32)
@@ -138,6 +161,7 @@ def test_c_encode_and_scatter_equal_the_numpy_path(monkeypatch):
     assert np.array_equal(c_out[:body], v[:body])
 
 
+@needs_helper
 def test_c_encode_and_scatter_refuse_out_of_range_indices():
     lay = ChunkLayout(362 * 10)
     v = np.zeros(lay.elements, np.float32)
@@ -166,6 +190,7 @@ def _receive_all(sock, count: int, width: int) -> tuple[list[bytes], set[int]]:
     return got, keys
 
 
+@needs_helper
 @pytest.mark.parametrize("c_send, c_recv", [(True, True), (False, False), (True, False), (False, True)])
 @pytest.mark.parametrize("fast", [None, False])
 def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_send, c_recv, fast):
@@ -198,6 +223,7 @@ def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_send, c_recv
         assert tx.sent_calls < lay.chunks / 20  # GSO: many datagrams per system call
 
 
+@needs_helper
 def test_send_chunks_counts_refused_datagrams_as_lost():
     from dblp import udp
 
@@ -218,6 +244,7 @@ def test_send_chunks_counts_refused_datagrams_as_lost():
     assert tx.lost_sends > 0  # refused ones are lost, as on a wire, and nothing raised
 
 
+@needs_helper
 @pytest.mark.parametrize("c_recv", [True, False])
 def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv):
     """A GRO run of another flow's segment size is re-cut row by row; a datagram
@@ -245,6 +272,7 @@ def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv
     assert keys == {udp.addr_key(tx_addr)}
 
 
+@needs_helper
 @pytest.mark.parametrize("n,k,threads", [(25_000_000, 3, 2), (300_001, 5, 4), (4097, 1, 1), (1000, 2, 8)])
 def test_fused_mean_is_bit_identical_to_numpy_and_gives_the_norm(monkeypatch, n, k, threads):
     from dblp import reduce as red
@@ -269,6 +297,7 @@ def test_fused_mean_is_bit_identical_to_numpy_and_gives_the_norm(monkeypatch, n,
     assert np.array_equal(again, want)
 
 
+@needs_helper
 def test_fused_mean_refuses_mismatched_buffers():
     from dblp._fastpath import mean_into
 
@@ -281,3 +310,54 @@ def test_fused_mean_refuses_mismatched_buffers():
         mean_into(np.zeros(100, np.float64), [out], 1.0, 1)
     with pytest.raises(ValueError, match="buffers"):
         mean_into(out, [], 1.0, 1)
+
+
+SOURCES = Path(__file__).resolve().parents[1] / "dblp" / "_fastpath_c"
+STUB = Path(__file__).resolve().parents[1] / "dblp" / "_fastpath.pyi"
+
+
+def test_helper_builds_where_a_compiler_is():
+    """Fails, not skips: with a compiler on PATH the helper must import, or every C test above is skipped
+    and the fast path silently runs in numpy (the fallback is for machines without one)."""
+    if fast is None and COMPILER:
+        pytest.fail(f"a C compiler is on PATH ({COMPILER}) but dblp._fastpath does not import ({_NOT_BUILT}). "
+                    "Rebuild it: .venv/bin/python -m pip install -e '.[dev]' and read the build output "
+                    "(no Python.h: install python3-dev; scripts/setup.sh installs both)")
+    if fast is None:
+        pytest.skip("no C compiler on PATH: the numpy / crc32c fallback runs")
+    assert fast.BEST in ("sse4.2", "slicing-by-8", "bytewise")
+
+
+@needs_helper
+def test_helper_is_not_older_than_its_sources():
+    """A helper built in place before its C sources last changed tests the old code: rebuild."""
+    built = Path(fast.__file__)
+    if built.parent != SOURCES.parent:
+        pytest.skip("helper installed away from its sources (not an in-place build)")
+    stale = [p.name for p in sorted(SOURCES.iterdir()) if p.stat().st_mtime > built.stat().st_mtime]
+    assert not stale, f"{built.name} is older than {stale}: rebuild with .venv/bin/python -m pip install -e '.[dev]'"
+
+
+def _stub_functions() -> dict[str, int]:
+    """Name -> positional parameter count of each function in dblp/_fastpath.pyi."""
+    tree = ast.parse(STUB.read_text())
+    return {n.name: len(n.args.posonlyargs) + len(n.args.args) for n in tree.body if isinstance(n, ast.FunctionDef)}
+
+
+@needs_helper
+def test_stub_lists_every_export_with_its_arity():
+    """dblp/_fastpath.pyi is the helper's typed surface: the same names as the module, and each function
+    taking the number of arguments its C side parses (read from PyArg_ParseTuple's TypeError)."""
+    stub = _stub_functions()
+    exported = {n for n in dir(fast) if not n.startswith("_")}
+    assert exported == set(stub) | {"BEST"}
+    assert "BEST" in STUB.read_text()
+    for name, count in stub.items():
+        with pytest.raises(TypeError) as err:
+            getattr(fast, name)(*([None] * (count + 1)))
+        takes = re.search(r"takes exactly (\d+) argument", str(err.value))
+        assert takes and int(takes.group(1)) == count, f"{name}: stub has {count} arguments, C says {err.value}"
+    for name in stub:  # one-line docstrings everywhere
+        node = next(n for n in ast.parse(STUB.read_text()).body if isinstance(n, ast.FunctionDef) and n.name == name)
+        doc = ast.get_docstring(node)
+        assert doc and "\n" not in doc, f"{name}: the stub wants a one-line docstring"

@@ -1,0 +1,78 @@
+"""dblp._fastpath: the per-datagram loops of the fast path in C, the GIL released.
+
+Built by setup.py from dblp/_fastpath_c/ (one file per purpose: crc32c.c,
+wire.c, sockets.c, place.c, reduce.c; module.c holds the method table).
+Optional: without it dblp/wire.py, dblp/udp.py and dblp/reduce.py run their
+numpy / crc32c paths, byte-identical on the wire. Every function takes its
+arguments by position only. Buffers are C-contiguous (numpy arrays);
+"int64"/"uint32" name the element type the C side reads or writes, and
+shapes and lengths are checked (ValueError naming what is wrong).
+"""
+
+from collections.abc import Sequence
+from typing import Any, Final, TypeAlias
+
+from _typeshed import ReadableBuffer, WriteableBuffer
+from numpy.typing import NDArray
+
+# numpy arrays are buffers, but numpy's own stubs say so only for Python >= 3.12 (__buffer__)
+_In: TypeAlias = NDArray[Any] | ReadableBuffer
+_Out: TypeAlias = NDArray[Any] | WriteableBuffer
+
+BEST: Final[str]
+"""The CRC-32C implementation chosen at import: "sse4.2", "slicing-by-8" or "bytewise"."""
+
+# crc32c.c
+
+def crc_rows(rows: _In, lengths: _In | None, out: _Out, start: int, /) -> None:
+    """out[i] (uint32) = CRC-32C of rows[i, start:lengths[i]] for a (k, stride) uint8 matrix; lengths int64 or None (full rows)."""
+
+def use(name: str, /) -> str:
+    """Switch the CRC implementation ("sse4.2", "slicing-by-8", "bytewise"), for tests; returns the previous name."""
+
+# wire.c
+
+def encode_rows(
+    values: _In, seqs: _In, rows: _Out,
+    run_id: int, sender: int, round_no: int, chunk_floats: int, /,
+) -> None:
+    """Datagrams (header, payload, zero padding, CRC) of chunks seqs (int64) of float32 values into rows, as wire.encode_chunks."""
+
+def encode_headers(
+    values: _In, seqs: _In, headers: _Out,
+    run_id: int, sender: int, round_no: int, chunk_floats: int, /,
+) -> None:
+    """Only the 24-byte headers (CRC over header and payload included) of chunks seqs, payloads read in place."""
+
+def scatter_rows(rows: _In, seqs: _In, out: _Out, nbytes: int, chunk_bytes: int, /) -> None:
+    """Copy rows[i, 24:24 + nbytes] to byte seqs[i] * chunk_bytes of out: accepted payloads into the tensor."""
+
+# sockets.c
+
+def send_chunks(
+    fd: int, host: str, port: int, headers: _In, values: _In, seqs: _In,
+    chunk_floats: int, per_call: int, /,
+) -> tuple[int, int, int, int]:
+    """Send header i + chunk seqs[i] pairs (GSO runs of per_call, sendmmsg when per_call <= 1); (sent, lost, calls, errno)."""
+
+def recv_rows(
+    fd: int, rows: _Out, lengths: _Out, srcs: _Out, gro: int, max_calls: int, /,
+) -> tuple[int, int]:
+    """Queued datagrams into rows without blocking (GRO runs or recvmmsg), lengths and (addr << 16) | port in srcs; (k, calls)."""
+
+# place.c
+
+def recv_place(
+    fd: int, rows: _Out, lengths: _Out, srcs: _Out, aims: _Out,
+    out: _Out, mask: _In, claim: _Out, order: _In, pos: _In,
+    cursor: _Out, crcs: _Out, chunk_bytes: int, gro: int, max_calls: int, /,
+) -> tuple[int, int, int]:
+    """recv_rows with predicted payloads received straight into their tensor slots (R10); (k, calls, placed)."""
+
+def crc_placed(rows: _In, out: _In, aims: _In, chunk_bytes: int, res: _Out, /) -> None:
+    """res[i] = CRC-32C of rows[i, 8:24] then out's slot of chunk aims[i], for each aims[i] >= 0 (placed datagrams)."""
+
+# reduce.c
+
+def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, /) -> float:
+    """out = (bufs[0] + bufs[1] + ...) * scale in float32 in one threaded pass (bit-identical to numpy); returns sum(out**2)."""

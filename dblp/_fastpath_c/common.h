@@ -1,0 +1,78 @@
+/* What the files of the C helper share. They build ONE extension module,
+ * dblp._fastpath (setup.py lists them; dblp/_fastpath.pyi is its typed
+ * surface):
+ *
+ *   crc32c.c   CRC-32C (SSE 4.2 in three streams, slicing-by-8, bytewise), crc_rows, use
+ *   wire.c     the data datagram of dblp/wire.py: encode_rows, encode_headers, scatter_rows
+ *   sockets.c  batches to and from a UDP socket: send_chunks (GSO), recv_rows (GRO / recvmmsg)
+ *   place.c    receiving payloads straight into the tensor: recv_place, crc_placed
+ *   reduce.c   the server's fused, threaded mean and norm: mean_into
+ *   module.c   the method table and the module's start-up
+ *   buffers.h  taking and giving back the Python buffers an entry point works on
+ *
+ * Every .c file includes this header first (_GNU_SOURCE must precede the
+ * system headers). Names shared between files are hidden from the dynamic
+ * symbol table, so the calls between files cost what they cost when all of
+ * this was one file of static functions; only PyInit__fastpath is exported. */
+#ifndef DBLP_FASTPATH_COMMON_H
+#define DBLP_FASTPATH_COMMON_H
+
+#define _GNU_SOURCE /* recvmmsg, sendmmsg */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC visibility push(hidden)
+#endif
+
+/* The data datagram of dblp/wire.py (the reference): a 24-byte header - magic
+ * 0xDB1F, version, kind, the CRC-32C at byte 4 covering byte 8 to the end -
+ * then the chunk's float32 payload. */
+#define HEADER_BYTES 24
+#define CRC_START 8
+#define UDP_MAX_PAYLOAD 65507
+
+static inline void put_be16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
+static inline void put_be32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)(v >> 24); p[1] = (uint8_t)(v >> 16); p[2] = (uint8_t)(v >> 8); p[3] = (uint8_t)v;
+}
+static inline uint32_t get_be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+/* Chunks of a tensor of `elements` floats cut into chunks of `cf` (0 when cf <= 0), and the floats
+ * in chunk s: cf, except the last, which holds the rest. */
+static inline Py_ssize_t chunk_count(Py_ssize_t elements, Py_ssize_t cf) {
+    return cf > 0 ? (elements + cf - 1) / cf : 0;
+}
+static inline Py_ssize_t chunk_floats(int64_t s, Py_ssize_t chunks, Py_ssize_t elements, Py_ssize_t cf) {
+    return (s == chunks - 1) ? elements - s * cf : cf;
+}
+
+/* CRC-32C (crc32c.c). crc_impl continues a CRC - crc_impl(crc_impl(0, a), b) == crc_impl(0, a || b) -
+ * and is the fastest implementation this CPU has unless a test switched it with use(). */
+typedef uint32_t (*crc_fn)(uint32_t, const uint8_t *, size_t);
+extern crc_fn crc_impl;
+extern const char *crc_name;
+void crc_init(void); /* tables, then the best implementation; crc_name becomes the module's BEST */
+
+/* The entry points (METH_VARARGS), one home each; module.c lists them. */
+PyObject *fp_crc_rows(PyObject *self, PyObject *args);
+PyObject *fp_use(PyObject *self, PyObject *args);
+PyObject *fp_encode_rows(PyObject *self, PyObject *args);
+PyObject *fp_encode_headers(PyObject *self, PyObject *args);
+PyObject *fp_scatter_rows(PyObject *self, PyObject *args);
+PyObject *fp_send_chunks(PyObject *self, PyObject *args);
+PyObject *fp_recv_rows(PyObject *self, PyObject *args);
+PyObject *fp_recv_place(PyObject *self, PyObject *args);
+PyObject *fp_crc_placed(PyObject *self, PyObject *args);
+PyObject *fp_mean_into(PyObject *self, PyObject *args);
+
+#if defined(__GNUC__) || defined(__clang__)
+#pragma GCC visibility pop
+#endif
+
+#endif

@@ -1,0 +1,126 @@
+/* mean_into(out, bufs, scale, threads) -> sum of squares of out (float)
+ *
+ * out[i] = (bufs[0][i] + bufs[1][i] + ...) * scale, summed left to right in
+ * float32 exactly as numpy's add-then-multiply does (bit-identical means),
+ * and the squares of the result summed in double for the norm. Why C: the
+ * server's reduce sits between its upstream and downstream passes, on every
+ * round's critical path; numpy made four passes over memory (add, add, scale,
+ * norm), this makes one, block by block in cache, and splits the tensor over
+ * `threads` threads (the workers are idle while the server reduces).
+ * dblp/reduce.py calls it and holds the numpy fallback. */
+#include "common.h"
+
+#include <pthread.h>
+
+#include "buffers.h"
+
+#define MEAN_BLOCK 4096
+#define MEAN_MAX_SRC 256
+#define MEAN_MAX_THREADS 16
+
+typedef struct {
+    float *out;
+    const float *const *src;
+    int nsrc;
+    Py_ssize_t lo, hi;
+    float scale;
+    double sumsq;
+} mean_job;
+
+static void *mean_run(void *arg) {
+    mean_job *j = (mean_job *)arg;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (Py_ssize_t b = j->lo; b < j->hi; b += MEAN_BLOCK) {
+        Py_ssize_t n = j->hi - b < MEAN_BLOCK ? j->hi - b : MEAN_BLOCK;
+        float *o = j->out + b;
+        const float *a = j->src[0] + b;
+        if (j->nsrc == 1) {
+            for (Py_ssize_t i = 0; i < n; i++) o[i] = a[i];
+        } else {
+            const float *c = j->src[1] + b;
+            for (Py_ssize_t i = 0; i < n; i++) o[i] = a[i] + c[i];
+        }
+        for (int k = 2; k < j->nsrc; k++) {
+            const float *c = j->src[k] + b;
+            for (Py_ssize_t i = 0; i < n; i++) o[i] += c[i];
+        }
+        const float s = j->scale;
+        for (Py_ssize_t i = 0; i < n; i++) o[i] *= s;
+        Py_ssize_t i = 0;
+        for (; i + 8 <= n; i += 8)
+            for (int l = 0; l < 8; l++) acc[l] += (double)o[i + l] * (double)o[i + l];
+        for (; i < n; i++) acc[0] += (double)o[i] * (double)o[i];
+    }
+    j->sumsq = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    return NULL;
+}
+
+static int is_float32(const Py_buffer *b) { return b->format != NULL && strcmp(b->format, "f") == 0; }
+
+PyObject *fp_mean_into(PyObject *self, PyObject *args) {
+    PyObject *out_o, *bufs_o;
+    double scale;
+    int threads;
+    if (!PyArg_ParseTuple(args, "OOdi", &out_o, &bufs_o, &scale, &threads)) return NULL;
+    PyObject *seq = PySequence_Fast(bufs_o, "bufs must be a sequence of float32 arrays");
+    if (seq == NULL) return NULL;
+    Py_ssize_t nsrc = PySequence_Fast_GET_SIZE(seq);
+    Py_buffer out, src[MEAN_MAX_SRC];
+    Py_ssize_t got = 0;
+    PyObject *result = NULL;
+    if (nsrc < 1 || nsrc > MEAN_MAX_SRC) {
+        PyErr_Format(PyExc_ValueError, "need 1 to %d buffers, got %zd", MEAN_MAX_SRC, nsrc);
+        Py_DECREF(seq);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(out_o, &out, BUF_OUT | PyBUF_FORMAT) < 0) {
+        Py_DECREF(seq);
+        return NULL;
+    }
+    const float *ptrs[MEAN_MAX_SRC];
+    int ok = out.itemsize == 4 && is_float32(&out);
+    if (!ok) value_error("out must be a C-contiguous float32 array");
+    for (; ok && got < nsrc; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &src[got], BUF_IN | PyBUF_FORMAT) < 0) {
+            ok = 0;
+            break;
+        }
+        if (src[got].len != out.len || !is_float32(&src[got])) {
+            PyErr_Format(PyExc_ValueError, "buffer %zd is not a C-contiguous float32 array of out's size", got);
+            got++;
+            ok = 0;
+            break;
+        }
+        ptrs[got] = (const float *)src[got].buf;
+    }
+    if (ok) {
+        Py_ssize_t n = out.len / 4;
+        int t = threads < 1 ? 1 : threads > MEAN_MAX_THREADS ? MEAN_MAX_THREADS : threads;
+        if (n < (Py_ssize_t)t * 65536) t = 1; /* small tensors: a thread costs more than it saves */
+        mean_job jobs[MEAN_MAX_THREADS];
+        pthread_t tid[MEAN_MAX_THREADS];
+        int started[MEAN_MAX_THREADS] = {0};
+        Py_ssize_t per = ((n + t - 1) / t + MEAN_BLOCK - 1) / MEAN_BLOCK * MEAN_BLOCK;
+        Py_BEGIN_ALLOW_THREADS
+        for (int k = 0; k < t; k++) {
+            Py_ssize_t lo = (Py_ssize_t)k * per, hi = lo + per;
+            jobs[k] = (mean_job){(float *)out.buf, ptrs, (int)nsrc, lo < n ? lo : n, hi < n ? hi : n, (float)scale, 0.0};
+            if (k > 0) started[k] = pthread_create(&tid[k], NULL, mean_run, &jobs[k]) == 0;
+        }
+        mean_run(&jobs[0]);
+        for (int k = 1; k < t; k++) {
+            if (started[k])
+                pthread_join(tid[k], NULL);
+            else
+                mean_run(&jobs[k]); /* no thread: do its share here */
+        }
+        Py_END_ALLOW_THREADS
+        double total = 0.0;
+        for (int k = 0; k < t; k++) total += jobs[k].sumsq;
+        result = PyFloat_FromDouble(total);
+    }
+    give_back_buffers((int)got, src);
+    PyBuffer_Release(&out);
+    Py_DECREF(seq);
+    return result;
+}

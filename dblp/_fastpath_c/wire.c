@@ -1,0 +1,160 @@
+/* The data datagram of dblp/wire.py, a batch per call: whole datagrams
+ * (encode_rows), headers only for the zero-copy send (encode_headers), and
+ * the receiver's write of accepted payloads into the tensor (scatter_rows).
+ *
+ * dblp/wire.py stays the reference and the fallback without this helper;
+ * these give the same bytes (tests/test_fastpath.py). Each is one pass over
+ * the payload with the GIL released, instead of numpy's gathers into
+ * temporaries and its per-call set-up. */
+#include "common.h"
+
+#include "buffers.h"
+
+/* The 24-byte header, CRC field left for the caller. */
+static void write_header(uint8_t *r, uint32_t run_id, uint32_t sender, uint32_t plen, uint32_t round_no, uint32_t seq) {
+    put_be16(r, 0xDB1F);
+    r[2] = 1; /* version */
+    r[3] = 1; /* kind: data */
+    put_be32(r + 8, run_id);
+    put_be16(r + 12, sender);
+    put_be16(r + 14, plen);
+    put_be32(r + 16, round_no);
+    put_be32(r + 20, seq);
+}
+
+/* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats)
+ *
+ * The same bytes as dblp.wire.encode_chunks: for each i, header + chunk
+ * seqs[i] of the float32 tensor `values` into rows[i], zero padding after a
+ * short last chunk, and the CRC-32C of bytes 8..end. One pass over the
+ * payload instead of numpy's gather into a temporary and a strided copy. */
+PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
+    PyObject *val_o, *seq_o, *rows_o;
+    unsigned long run_id, round_no;
+    unsigned int sender;
+    Py_ssize_t cf;
+    if (!PyArg_ParseTuple(args, "OOOkIkn", &val_o, &seq_o, &rows_o, &run_id, &sender, &round_no, &cf)) return NULL;
+    Py_buffer b[3]; /* values, seqs, rows */
+    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, rows_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT2D}) < 0) return NULL;
+    const Py_buffer *val = &b[0], *seq = &b[1], *rows = &b[2];
+    Py_ssize_t k = seq->len / 8, elements = val->len / 4;
+    Py_ssize_t width = cols_of(rows);
+    Py_ssize_t chunks = chunk_count(elements, cf);
+    PyObject *result;
+    if (!is_byte_matrix(rows) || rows->shape[0] != k) {
+        result = value_error("rows must be a (len(seqs), width) uint8 array");
+    } else if (cf <= 0 || width != HEADER_BYTES + 4 * cf) {
+        result = value_error("rows width must be 24 + 4 * chunk_floats");
+    } else {
+        const float *v = (const float *)val->buf;
+        const int64_t *sq = (const int64_t *)seq->buf;
+        uint8_t *base = (uint8_t *)rows->buf;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int64_t s = sq[i];
+            if (s < 0 || s >= chunks) {
+                bad = 1;
+                break;
+            }
+            Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
+            uint8_t *r = base + i * width;
+            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            memcpy(r + HEADER_BYTES, v + s * cf, (size_t)(4 * n));
+            if (n < cf) memset(r + HEADER_BYTES + 4 * n, 0, (size_t)(4 * (cf - n)));
+            put_be32(r + 4, crc_impl(0, r + CRC_START, (size_t)(HEADER_BYTES - CRC_START + 4 * n)));
+        }
+        Py_END_ALLOW_THREADS
+        result = none_unless_bad(bad, "a chunk index is outside the tensor");
+    }
+    give_back_buffers(3, b);
+    return result;
+}
+
+/* encode_headers(values, seqs, headers, run_id, sender, round, chunk_floats)
+ *
+ * Only the (k, 24) headers of the datagrams of chunks seqs, CRC included
+ * (it covers header bytes 8..24 and the payload, read in place from
+ * `values`). With send_chunks the payload then goes from the tensor to the
+ * kernel with no copy in between. */
+PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
+    PyObject *val_o, *seq_o, *hdr_o;
+    unsigned long run_id, round_no;
+    unsigned int sender;
+    Py_ssize_t cf;
+    if (!PyArg_ParseTuple(args, "OOOkIkn", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf)) return NULL;
+    Py_buffer b[3]; /* values, seqs, headers */
+    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, hdr_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT}) < 0) return NULL;
+    const Py_buffer *val = &b[0], *seq = &b[1], *hdr = &b[2];
+    Py_ssize_t k = seq->len / 8, elements = val->len / 4;
+    Py_ssize_t chunks = chunk_count(elements, cf);
+    PyObject *result;
+    if (hdr->len != k * HEADER_BYTES) {
+        result = value_error("headers must hold 24 bytes per index");
+    } else if (cf <= 0) {
+        result = value_error("chunk_floats must be positive");
+    } else {
+        const uint8_t *v = (const uint8_t *)val->buf;
+        const int64_t *sq = (const int64_t *)seq->buf;
+        uint8_t *base = (uint8_t *)hdr->buf;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int64_t s = sq[i];
+            if (s < 0 || s >= chunks) {
+                bad = 1;
+                break;
+            }
+            Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
+            uint8_t *r = base + i * HEADER_BYTES;
+            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            uint32_t c = crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START);
+            put_be32(r + 4, crc_impl(c, v + 4 * s * cf, (size_t)(4 * n)));
+        }
+        Py_END_ALLOW_THREADS
+        result = none_unless_bad(bad, "a chunk index is outside the tensor");
+    }
+    give_back_buffers(3, b);
+    return result;
+}
+
+/* scatter_rows(rows, seqs, out, nbytes, chunk_bytes)
+ *
+ * Payload bytes 24..24+nbytes of rows[i] to byte seqs[i] * chunk_bytes of
+ * `out`: the receiver's write of accepted chunks (numpy's fancy assignment
+ * from a strided view, without its per-call set-up). */
+PyObject *fp_scatter_rows(PyObject *self, PyObject *args) {
+    PyObject *rows_o, *seq_o, *out_o;
+    Py_ssize_t nbytes, chunk_bytes;
+    if (!PyArg_ParseTuple(args, "OOOnn", &rows_o, &seq_o, &out_o, &nbytes, &chunk_bytes)) return NULL;
+    Py_buffer b[3]; /* rows, seqs, out */
+    if (take_buffers(3, b, (PyObject *[]){rows_o, seq_o, out_o}, (int[]){BUF_IN2D, BUF_IN, BUF_OUT}) < 0) return NULL;
+    const Py_buffer *rows = &b[0], *seq = &b[1], *out = &b[2];
+    Py_ssize_t k = seq->len / 8;
+    Py_ssize_t width = cols_of(rows);
+    PyObject *result;
+    if (!is_byte_matrix(rows) || rows->shape[0] < k) {
+        result = value_error("rows must be a 2-D uint8 array with a row per index");
+    } else if (nbytes < 0 || HEADER_BYTES + nbytes > width || chunk_bytes <= 0) {
+        result = value_error("payload size does not fit the rows");
+    } else {
+        const uint8_t *base = (const uint8_t *)rows->buf;
+        const int64_t *sq = (const int64_t *)seq->buf;
+        uint8_t *dst = (uint8_t *)out->buf;
+        Py_ssize_t out_len = out->len;
+        int bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            int64_t s = sq[i];
+            if (s < 0 || s * chunk_bytes + nbytes > out_len) {
+                bad = 1;
+                break;
+            }
+            memcpy(dst + s * chunk_bytes, base + i * width + HEADER_BYTES, (size_t)nbytes);
+        }
+        Py_END_ALLOW_THREADS
+        result = none_unless_bad(bad, "a chunk index is outside the output");
+    }
+    give_back_buffers(3, b);
+    return result;
+}
