@@ -34,7 +34,8 @@ from pathlib import Path
 import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
 from dblp.sim import SimConfig, simulate  # noqa: E402
-from dblp.sim.cli import baseline_of  # noqa: E402
+from dblp.cliargs import parser  # noqa: E402
+from dblp.sim.options import baseline_of  # noqa: E402
 from dblp.sim.sweep import run_config  # noqa: E402
 
 BURSTS = [{"kind": "random_bursts", "rate": 0.01, "loss": 0.7}]
@@ -114,17 +115,17 @@ def bench_sweep(n: int, iterations: int, group: int, jobs: int) -> dict:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--iterations", type=int, default=1000, help="round level iterations (%(default)s)")
-    p.add_argument("--groups", default="1,16", help="round-level group sizes to compare (%(default)s)")
-    p.add_argument("--packet-model", type=int, default=1_000_000, help="packet-level model size (%(default)s)")
-    p.add_argument("--packet-iterations", type=int, default=12, help="packet-level iterations (%(default)s)")
-    p.add_argument("--sweep-configs", type=int, default=40, help="sweep size (%(default)s; the target is 500)")
-    p.add_argument("--sweep-iterations", type=int, default=1000, help="iterations per sweep run (%(default)s)")
+    p = parser(description=__doc__)
+    p.add_argument("--iterations", type=int, default=1000, help="round-level iterations")
+    p.add_argument("--groups", default="1,16", help="round-level group sizes to compare")
+    p.add_argument("--packet-model", type=int, default=1_000_000, help="packet-level gradient size in elements")
+    p.add_argument("--packet-iterations", type=int, default=12, help="packet-level iterations")
+    p.add_argument("--sweep-configs", type=int, default=40, help="sweep size (the target is 500)")
+    p.add_argument("--sweep-iterations", type=int, default=1000, help="iterations per sweep run")
     p.add_argument("--sweep-group", type=int, default=None, help="group of the sweep runs (default: the last of --groups)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes (%(default)s)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
-    p.add_argument("--json", default=None, help="also write the numbers as JSON here")
+    p.add_argument("--json", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
     if a.quick:
         a.iterations, a.packet_model, a.packet_iterations = 100, 200_000, 8

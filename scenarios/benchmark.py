@@ -3,8 +3,8 @@
 
 Setup (:mod:`emulation.nshosts`): one server host ``srv`` (10.77.0.1) and
 three worker hosts ``w1..w3`` (10.77.0.2-4), network namespaces on one Linux
-bridge, links optionally TBF-shaped (``--rate``). For each tensor size
-(``--sizes``, float32 elements) it measures:
+bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
+(``--models``, float32 elements) it measures:
 
 * **DBLP**: the real ``python -m dblp server`` / ``python -m dblp worker``
   CLI, fixed tolerance ``--p``, for each data path (``--gso``: UDP GSO/GRO
@@ -12,7 +12,7 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   message in sendmmsg/recvmmsg batches (per-datagram calls without the C helper);
   default both). The lossless round is the span from the first worker's
   start of a round to the last worker's averaged result (per-round worker
-  records, ``dblp/records.py``), median over ``--rounds`` rounds after
+  records, ``dblp/records.py``), median over ``--iterations`` rounds after
   ``--warmup``. Goodput per worker = tensor bytes / ``up_latency_s``.
 * **gloo**: ``torch.distributed`` all-reduce (sum, then divide: the mean)
   of a tensor of the same size among three ranks in the worker hosts
@@ -32,9 +32,9 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
   eth0, so each datagram of either direction sees the loss once, as on a
   lossy link; UDP only, DBLP's TCP control channel is spared), added after every worker finished the round
   before and removed after every worker finished the round (workers pause
-  ``--gap-ms`` between rounds, so the rule is in place for exactly that
+  ``--gap`` between rounds, so the rule is in place for exactly that
   round; the benchmark checks this from the records' timestamps).
-  The prediction from the tolerance arithmetic:
+  The prediction from the tolerance arithmetic (:mod:`dblp.passcost`):
   passes ``k = min{k : L^k <= p}``; datagrams sent ``n (1-p)/(1-L)`` (the
   receiver stops at ``ceil((1-p) n)`` and each datagram arrives with
   probability ``1-L``); time ``= S0 + a [U0 (f_up - 1) + D0 (f_down - 1)] +
@@ -61,13 +61,13 @@ bridge, links optionally TBF-shaped (``--rate``). For each tensor size
 
 Output: a table with the ratios (DBLP round / gloo all-reduce, DBLP goodput
 / iperf3), ``benchmark.csv`` (one row per size and path), ``benchmark.json``
-(everything, per round), and the raw records and logs, under ``--results``.
+(everything, per round), and the raw records and logs, under ``--out``.
 
 Run as root::
 
     python scenarios/benchmark.py                      # 5M, 25M, 61M; GSO and plain
-    python scenarios/benchmark.py --sizes 200000 --rounds 3 --iperf-seconds 1   # smoke test
-    python scenarios/benchmark.py --sizes 25M --plain --rate 10gbit
+    python scenarios/benchmark.py --models 200000 --iterations 3 --iperf-seconds 1   # smoke test
+    python scenarios/benchmark.py --models 25M --plain --bandwidth 10G
 """
 
 from __future__ import annotations
@@ -78,7 +78,6 @@ import json
 import math
 import os
 import queue
-import statistics
 import subprocess
 import sys
 import threading
@@ -90,8 +89,14 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-
+from dblp.cliargs import add_quiet, parser  # noqa: E402
+from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
+from dblp.passcost import median, summarize_run  # noqa: E402
+from dblp.policy import run_policy  # noqa: E402
+from dblp.wire import ParameterError  # noqa: E402
+from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
+from emulation.launch import Launch, LaunchError, RunArgs  # noqa: E402
+from emulation.watch import Tail  # noqa: E402
 from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3
@@ -117,30 +122,6 @@ CSV_COLUMNS = [
 
 
 # -- small helpers ----------------------------------------------------------------------
-def parse_size(s: str) -> int:
-    s = s.strip().upper()
-    mult = {"K": 1_000, "M": 1_000_000, "G": 1_000_000_000}
-    try:
-        v = float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {s!r}: use e.g. 200000, 5M, 25M") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"size must be at least 1 element, got {s!r}")
-    return int(v)
-
-
-def fmt_size(n: int) -> str:
-    for unit, d in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= d and n % int(d / 1000) == 0:
-            return f"{n / d:g}{unit}"
-    return str(n)
-
-
-def median(xs) -> float:
-    xs = [x for x in xs if x is not None and not math.isnan(x)]
-    return statistics.median(xs) if xs else float("nan")
-
-
 class Progress:
     def __init__(self, quiet: bool = False) -> None:
         self.t0 = time.monotonic()
@@ -223,19 +204,6 @@ class DblpRun:
     loss_rounds: dict = field(default_factory=dict)  # round -> {loss, t_applied, t_removing, dropped}
 
 
-def _read_new(path: Path, pos: int) -> tuple[list[dict], int]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            fh.seek(pos)
-            data = fh.read()
-    except FileNotFoundError:
-        return [], pos
-    end = data.rfind("\n")
-    if end < 0:
-        return [], pos
-    return [json.loads(line) for line in data[: end + 1].splitlines() if line.strip()], pos + len(data[: end + 1].encode())
-
-
 def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: Path, say: Progress,
              n_workers: int = WORKERS) -> DblpRun:
     srv = net["srv"]
@@ -256,38 +224,24 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     outdir.mkdir(parents=True, exist_ok=True)
     for f in outdir.glob("*.jsonl"):  # records append: start from empty files
         f.unlink()
-    py = sys.executable
     snmp0 = {h.name: udp_counters(h) for h in [srv, *workers]}
-    policy = ["--policy", "fixed", "--p", f"{args.p:g}"] if args.p > 0 else ["--policy", "reliable"]
-    plain = ["--plain"] if path == "plain" else []
-    env = _env()
-    slog = open(outdir / "server.log", "w")
-    sp = srv.popen([py, "-m", "dblp", "server", "--host", srv.ip, "--port", str(port), "--workers", str(n_workers),
-                    "--mtu", str(args.mtu),
-                    "--rounds", str(total), "--records", str(outdir / "server.jsonl"), "--source", "hosts",
-                    "--peer-timeout", str(args.timeout), *policy, *plain],
-                   stdout=slog, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    wps, wlogs = [], []
-    for i, w in enumerate(workers):
-        lf = open(outdir / f"worker{i}.log", "w")
-        wlogs.append(lf)
-        wps.append(w.popen([py, "-m", "dblp", "worker", "--server", f"{srv.ip}:{port}", "--id", str(i),
-                            "--model", str(elements), "--rounds", str(total), "--compute-ms", f"{args.gap_ms:g}",
-                            "--records", str(outdir / f"worker{i}.jsonl"), "--source", "hosts",
-                            "--peer-timeout", str(args.timeout), *plain],
-                           stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=REPO))
+    policy = run_policy("fixed" if args.p > 0 else "reliable", p_low=args.p).flags()
+    launch = Launch(net, "srv", [w.name for w in workers],
+                    RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
+                            compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
+                            mtu=args.mtu), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
     run = DblpRun(path, elements)
-    pos = [0] * n_workers
+    tails = [Tail(outdir / f"worker{i}.jsonl") for i in range(n_workers)]
     done = [-1] * n_workers
     active: int | None = None  # round whose loss rule is in place
     last_said = -1
     tag = f"dblp {fmt_size(elements)} {path}" + (f" {n_workers} worker" if n_workers != WORKERS else "")
     deadline = time.monotonic() + args.timeout * (total + 2)
     try:
+        launch.start()
         while min(done) < total - 1:
             for i in range(n_workers):
-                recs, pos[i] = _read_new(outdir / f"worker{i}.jsonl", pos[i])
-                for r in recs:
+                for r in tails[i].records():
                     run.rounds.setdefault(r["round"], {})[r["worker"]] = r
                     done[i] = max(done[i], r["round"])
             low = min(done)
@@ -308,169 +262,21 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
                 r = run.rounds[low]
                 span = max(x["t_start"] + x["round_latency_s"] for x in r.values()) - min(x["t_start"] for x in r.values())
                 say(f"{tag}: round {low + 1}/{total} done, {span * 1e3:.1f} ms")
-            for name, p in [("server", sp)] + [(f"worker {i}", w) for i, w in enumerate(wps)]:
-                rc = p.poll()
-                if rc not in (None, 0):
-                    log = outdir / ("server.log" if name == "server" else f"worker{name.split()[1]}.log")
-                    raise BenchError(f"{tag}: {name} exited with {rc}:\n{_tail(log)}")
+            launch.check()
             if time.monotonic() > deadline:
                 raise BenchError(f"{tag}: no progress within {args.timeout * (total + 2):.0f} s "
                                  f"(rounds done per worker: {done})")
-            time.sleep(0.02)  # well inside --gap-ms, and little CPU taken from the hosts
-        for p in [sp, *wps]:
-            try:
-                p.wait(args.timeout)
-            except subprocess.TimeoutExpired:
-                raise BenchError(f"{tag}: a process did not exit after the last round") from None
-        if sp.returncode != 0:
-            raise BenchError(f"{tag}: server exited with {sp.returncode}:\n{_tail(outdir / 'server.log')}")
+            time.sleep(0.02)  # well inside --gap, and little CPU taken from the hosts
+        launch.wait(args.timeout)
+    except LaunchError as exc:
+        raise BenchError(f"{tag}: {exc}") from None
     finally:
         if active is not None:
             nft_remove(srv)
-        for p in [sp, *wps]:
-            if p.poll() is None:
-                p.kill()
-                p.wait(5)
-        for f in [slog, *wlogs]:
-            f.close()
+        launch.stop()
     run.server = [json.loads(line) for line in (outdir / "server.jsonl").read_text().splitlines() if line.strip()]
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
-
-
-def summarize_dblp(run: DblpRun, args) -> dict:
-    tensor_bits = run.elements * 4 * 8
-    lossless = [run.rounds[r] for r in range(args.warmup, args.warmup + args.rounds)]
-    srv_by_round: dict[int, list[dict]] = {}
-    for rec in run.server:
-        srv_by_round.setdefault(rec["round"], []).append(rec)
-
-    def span(rs: dict) -> float:
-        return max(x["t_start"] + x["round_latency_s"] for x in rs.values()) - min(x["t_start"] for x in rs.values())
-
-    def waits(idx: int) -> tuple[float, float]:
-        """(time waiting for replies, passes), both directions, averaged over the workers."""
-        ws = run.rounds.get(idx, {}).values()
-        ss = srv_by_round.get(idx, [])
-        if not ws or not ss:
-            return float("nan"), float("nan")
-        w = statistics.mean(x.get("extra", {}).get("up_wait_reply_s", float("nan")) for x in ws)
-        w += statistics.mean(x.get("extra", {}).get("down_wait_reply_s", float("nan")) for x in ss)
-        return w, statistics.mean(x["up_passes"] for x in ws) + statistics.mean(x["down_passes"] for x in ss)
-
-    base_w = [waits(r) for r in range(args.warmup, args.warmup + args.rounds)]
-    w0, p0 = median([w for w, _ in base_w]), median([p for _, p in base_w])
-    spans = [span(r) for r in lossless]
-    ups = [max(x["up_latency_s"] for x in r.values()) for r in lossless]
-    downs = [max(x["down_latency_s"] for x in r.values()) for r in lossless]
-    goodputs = [tensor_bits / x["up_latency_s"] / 1e9 for r in lossless for x in r.values()]
-    aggregate = [WORKERS * tensor_bits / u / 1e9 for u in ups]
-    sent_up0 = median([x["up_sent"] for r in lossless for x in r.values()])
-    sent_down0 = median([s["down_sent"] for rr in range(args.warmup, args.warmup + args.rounds)
-                         for s in srv_by_round.get(rr, [])])
-    chunks = lossless[0][0]["chunks"] if 0 in lossless[0] else next(iter(lossless[0].values()))["chunks"]
-    S0, U0, D0 = median(spans), median(ups), median(downs)
-    out = {
-        "dblp_round_s": S0, "dblp_round_min_s": min(spans), "dblp_up_s": U0, "dblp_down_s": D0,
-        "dblp_goodput_gbps": median(goodputs), "dblp_aggregate_goodput_gbps": median(aggregate),
-        "chunks": chunks, "spans": spans,
-        "dblp_up_passes": median([x["up_passes"] for r in lossless for x in r.values()]),
-        "dblp_up_sent_ratio": sent_up0 / chunks,
-        "dblp_down_sent_ratio": sent_down0 / chunks,
-        "udp_rcvbuf_errors": sum(c.get("RcvbufErrors", 0) for c in run.udp.values()),
-        "udp_counters": run.udp,
-    }
-    p_eff = max(args.p, 0.5 / chunks)
-
-    def passes_pred(loss: float) -> int:
-        return max(1, math.ceil(math.log(p_eff) / math.log(loss) - 1e-9)) if loss > 0 else 1
-
-    def data_term(loss: float) -> float:
-        need = chunks * (1 - args.p) if args.p > 0 else chunks
-        f_up = need / (1 - loss) / sent_up0
-        f_down = need / (1 - loss) / sent_down0
-        return U0 * (f_up - 1) + D0 * (f_down - 1)
-
-    lossy = sorted(run.loss_rounds)
-    calib: list[dict] = []
-    bursts: list[dict] = []
-    for idx in lossy:
-        info = run.loss_rounds[idx]
-        rs = run.rounds[idx]
-        s = span(rs)
-        pu = statistics.mean(x["up_passes"] for x in rs.values())
-        pdn = statistics.mean(x["down_passes"] for x in srv_by_round.get(idx, [])) if srv_by_round.get(idx) else float("nan")
-        end = max(x["t_start"] + x["round_latency_s"] for x in rs.values())
-        start = min(x["t_start"] for x in rs.values())
-        nxt = run.rounds.get(idx + 1)
-        ok = info["t_applied"] <= start and info.get("t_removing", float("inf")) >= end and (
-            nxt is None or info.get("t_removing", 0) <= min(x["t_start"] for x in nxt.values()))
-        key = info.get("role", "burst")
-        out[f"{key}_timing_ok"] = ok and out.get(f"{key}_timing_ok", True)
-        out[f"{key}_dropped_pkts"] = out.get(f"{key}_dropped_pkts", 0) + info.get("dropped", 0)
-        w, p = waits(idx)
-        row = {"loss": info["loss"], "round_s": s, "passes_up": pu, "passes_down": pdn,
-               "extra_passes": (pu - 1) + (pdn - 1), "data_term_s": data_term(info["loss"]), "timing_ok": ok,
-               "wait_per_pass_s": (w - w0) / (p - p0) if p - p0 > 0 else float("nan")}
-        (calib if key == "calib" else bursts).append(row)
-    for key, rows in (("calib", [c for c in calib if c["loss"] == max(args.calib_loss, default=-1)]),
-                      ("burst", bursts)):
-        if rows:  # medians over the repeats (the calib_* columns: the highest calibration loss)
-            out[f"{key}_loss"] = rows[0]["loss"]
-            out[f"{key}_round_s"] = median([r["round_s"] for r in rows])
-            out[f"{key}_passes_up"] = median([r["passes_up"] for r in rows])
-            out[f"{key}_passes_down"] = median([r["passes_down"] for r in rows])
-    out["burst_rounds_s"] = [r["round_s"] for r in bursts]
-    # measured directly: the senders' time between a PROBE and the next pass (or STOP), per extra pass
-    out["wait_per_pass_s"] = median([r["wait_per_pass_s"] for r in calib + bursts
-                                     if math.isfinite(r["wait_per_pass_s"])])
-    a, o, o_r = fit_pass_model(calib, S0)
-    out["calib"] = calib
-    out["sender_share"] = a
-    out["overhead_per_pass_s"] = o
-    out["overhead_per_pass_recv_s"] = o_r
-    if "burst_loss" in out:
-        L = out["burst_loss"]
-        k = passes_pred(L)
-        pred = S0 + (a if not math.isnan(a) else 1.0) * data_term(L) + (2 * (k - 1)) * (o if not math.isnan(o) else 0.0)
-        out["burst_pred_passes"] = k
-        out["burst_pred_s"] = pred
-        out["burst_err"] = out["burst_round_s"] / pred - 1 if pred > 0 else float("nan")
-        # Second model, for a receiver-bound round: the receiver handles ~(1-p) n datagrams per
-        # direction at any loss, so only the extra passes cost time.
-        pred_r = S0 + (2 * (k - 1)) * (o_r if not math.isnan(o_r) else 0.0)
-        out["burst_pred_recv_s"] = pred_r
-        out["burst_err_recv"] = out["burst_round_s"] / pred_r - 1 if pred_r > 0 else float("nan")
-    return out
-
-
-def fit_pass_model(calib: list[dict], S0: float) -> tuple[float, float, float]:
-    """(a, o, o2) from the calibration rounds: ``round - S0 = a * data_term + extra_passes * o``.
-
-    Two or more rounds at different losses: least squares for both ``a`` (the
-    sender's share of a datagram's cost, kept in [0, 1]) and ``o``; one
-    round: ``a = 1`` (the sender-bound model) and ``o`` from it alone. ``o2``
-    is the receiver-bound extreme's overhead (``a = 0``). NaN where nothing
-    was measured."""
-    nan = float("nan")
-    rows = [c for c in calib if c["extra_passes"] > 0]
-    if not rows:
-        return nan, nan, nan
-    y = np.array([c["round_s"] - S0 for c in rows])
-    x = np.array([c["data_term_s"] for c in rows])
-    e = np.array([c["extra_passes"] for c in rows], dtype=float)
-    o_r = float(np.dot(y, e) / np.dot(e, e))
-
-    def o_for(a: float) -> float:
-        return float(np.dot(y - a * x, e) / np.dot(e, e))
-
-    if len(rows) == 1 or len({round(c["loss"], 6) for c in rows}) == 1:
-        return 1.0, o_for(1.0), o_r
-    (a, o), *_ = np.linalg.lstsq(np.column_stack([x, e]), y, rcond=None)
-    if not 0.0 <= a <= 1.0:
-        a = min(1.0, max(0.0, float(a)))
-        o = o_for(a)
-    return float(a), float(o), o_r
 
 
 # -- gloo ------------------------------------------------------------------------------------
@@ -485,7 +291,7 @@ class GlooRanks:
             lf = open(logdir / f"gloo-rank{r}.log", "w")
             self.logs.append(lf)
             p = w.popen([sys.executable, str(REPO / "scenarios" / "gloo_allreduce.py"), "--rank", str(r),
-                         "--world", str(WORKERS), "--init", init, "--iface", "eth0", "--timeout", f"{timeout:g}"],
+                         "--world-size", str(WORKERS), "--init", init, "--iface", "eth0", "--timeout", f"{timeout!r}s"],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=lf, text=True, env=_env(), cwd=REPO)
             self.procs.append(p)
             threading.Thread(target=self._reader, args=(r, p), daemon=True).start()
@@ -591,15 +397,15 @@ def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float |
 
 # -- main ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = parser(
         prog="scenarios/benchmark.py",
         description="DBLP lossless round vs gloo all-reduce vs iperf3, and a 70%% loss burst, "
-                    "side by side on network-namespace hosts (1 server, 3 workers). Needs root.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", default=["5M", "25M", "61M"],
-                    help="tensor sizes in float32 elements (e.g. 200000 5M 25M, or 5M,25M)")
-    ap.add_argument("--rounds", type=int, default=5, help="timed lossless rounds (DBLP) / all-reduces (gloo)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+                    "side by side on network-namespace hosts (1 server, 3 workers). Needs root.")
+    ap.add_argument("--models", dest="sizes", nargs="+", default=["5M", "25M", "61M"],
+                    help="gradient sizes, each " + MODEL_HELP + " (e.g. 200000 5M 25M, or 5M,25M)")
+    ap.add_argument("--iterations", dest="rounds", type=int, default=5,
+                    help="timed lossless rounds (DBLP) / all-reduces (gloo)")
+    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
     g.add_argument("--plain", dest="paths", action="store_const", const=["plain"],
@@ -607,15 +413,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--both", dest="paths", action="store_const", const=["gso", "plain"],
                    help="both DBLP data paths (the default)")
     ap.set_defaults(paths=["gso", "plain"])
-    ap.add_argument("--p", type=float, default=0.008, help="DBLP loss tolerance (fixed policy; 0 = reliable)")
+    ap.add_argument("--p", type=float, default=0.008, help="the fixed policy's tolerance (0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
     ap.add_argument("--calib-loss", default="0.3,0.5,0.6",
                     help="losses of the calibration rounds that measure the per-pass overhead and the sender's "
                          "share of a datagram's cost, comma-separated (0: none)")
     ap.add_argument("--burst-repeats", type=int, default=3,
                     help="times the calibration rounds and the burst round are run (interleaved; medians reported)")
-    ap.add_argument("--gap-ms", type=float, default=300.0,
-                    help="workers' pause between rounds (room to add/remove the loss rule)")
+    ap.add_argument("--gap", type=duration_arg(), default="300ms",
+                    help="workers' pause between rounds (room to add/remove the loss rule); a bare number is seconds")
     ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
     ap.add_argument("--no-solo", dest="solo", action="store_false",
@@ -623,13 +429,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--mtu", type=int, default=1500,
                     help="MTU of every host link (9000: jumbo frames); DBLP fills one MTU per datagram, "
                          "gloo and iperf3 run over the same links")
-    ap.add_argument("--rate", default=None, help="TBF-shape every host link, e.g. 1gbit (default: unshaped veth)")
-    ap.add_argument("--queue", type=int, default=1 << 20, help="TBF buffer in bytes (with --rate)")
-    ap.add_argument("--timeout", type=float, default=60.0, help="seconds a DBLP round may take before failing")
-    ap.add_argument("--gloo-timeout", type=float, default=60.0, help="seconds a gloo all-reduce may take")
-    ap.add_argument("--results", type=Path, default=None,
-                    help="results folder (default: results/benchmark/<timestamp>)")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    ap.add_argument("--bandwidth", type=rate_arg(allow_zero=False), default=None,
+                    help="TBF-shape every host link at this rate, e.g. 1G; a bare number is Mbit/s "
+                         "(default: unshaped veth)")
+    ap.add_argument("--queue", type=queue_arg(), default="1MiB", help="TBF queue: bytes or <n>pkt (with --bandwidth)")
+    ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="60s",
+                    help="time a DBLP round may take before failing")
+    ap.add_argument("--gloo-timeout", type=duration_arg(allow_zero=False), default="60s",
+                    help="time a gloo all-reduce may take")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder of this run's files (default: results/benchmark/<timestamp>)")
+    add_quiet(ap)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="print the parsed settings and the CSV columns as JSON and exit (no root needed)")
     return ap
 
 
@@ -637,11 +449,11 @@ def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     try:
-        args.sizes = [parse_size(x) for s in args.sizes for x in s.split(",") if x.strip()]
-    except argparse.ArgumentTypeError as exc:
-        ap.error(str(exc))
+        args.sizes = [model_elements(x) for s in args.sizes for x in s.split(",") if x.strip()]
+    except ParameterError as exc:
+        ap.error(f"--models: {exc}")
     if args.rounds < 1 or args.warmup < 1:
-        ap.error("--rounds and --warmup must be at least 1")
+        ap.error("--iterations and --warmup must be at least 1")
     if args.burst_repeats < 1:
         ap.error(f"--burst-repeats must be at least 1, got {args.burst_repeats}")
     if not 576 <= args.mtu <= 65535:
@@ -658,8 +470,8 @@ def parse_args(argv=None):
     if args.burst_loss > 0 and args.p == 0:
         ap.error("a burst needs --p > 0: with p = 0 the round waits for the last chunk and the prediction "
                  "is a tail bound, not the tolerance arithmetic")
-    if args.results is None:
-        args.results = REPO / "results" / "benchmark" / time.strftime("%Y%m%d-%H%M%S")
+    if args.out is None:
+        args.out = REPO / "results" / "benchmark" / time.strftime("%Y%m%d-%H%M%S")
     return args
 
 
@@ -705,13 +517,17 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.dry_run:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        print(json.dumps({"config": config, "csv_columns": CSV_COLUMNS}))
+        return 0
     if os.geteuid() != 0:
         print("benchmark: needs root (network namespaces, nftables)", file=sys.stderr)
         return 2
     say = Progress(args.quiet)
-    out = args.results
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
-    shape = Shape(args.rate, queue=args.queue) if args.rate else None
+    shape = Shape.tbf(args.bandwidth, queue_bytes=args.queue) if args.bandwidth else None
     rows: list[dict] = []
     detail: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                     "sizes": []}
@@ -737,7 +553,10 @@ def main(argv=None) -> int:
                 for path in args.paths:
                     run = run_dblp(net, args, elements, path, run_idx, sdir / f"dblp-{path}", say)
                     run_idx += 1
-                    dres[path] = summarize_dblp(run, args)
+                    dres[path] = summarize_run(run.rounds, run.server, run.loss_rounds, elements=run.elements,
+                                               workers=WORKERS, p=args.p, calib_loss=args.calib_loss,
+                                               lossless=range(args.warmup, args.warmup + args.rounds),
+                                               udp=run.udp)
                     d = dres[path]
                     say(f"dblp {fmt_size(elements)} {path}: round {d['dblp_round_s'] * 1e3:.1f} ms, "
                         f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
@@ -781,7 +600,7 @@ def main(argv=None) -> int:
                     row["burst_timing_ok"] = d.get("burst_timing_ok", "") if "burst_timing_ok" in d else ""
                     if d.get("calib_timing_ok") is False or d.get("burst_timing_ok") is False:
                         say(f"warning: {fmt_size(elements)} {path}: a loss rule was not in place for exactly "
-                            f"its round (orchestrator too slow for --gap-ms {args.gap_ms:g}); burst figures suspect")
+                            f"its round (orchestrator too slow for --gap {args.gap:g} s); burst figures suspect")
                     rows.append(row)
                 detail["sizes"].append({"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3,
                                         "dblp": dres, "dblp_one_worker": solo, "gloo": gres})

@@ -5,13 +5,13 @@
     sudo python scenarios/gpu_hosts.py docs/...netns.toml   # namespace "hosts" on this machine
 
 The inventory format and what a run does are in ``docs/hosts.md``; the
-launcher is :mod:`dblp.hosts` (ssh to the hosts, ``torchrun`` for training
+launcher is :mod:`emulation.hosts` (ssh to the hosts, ``torchrun`` for training
 workers, ``netns``/``local`` stand-ins on one machine). After the run this
 prints, per policy, the latency summary (the Mininet scenario's Table II when
 both ``baseline`` and ``dblp`` ran), the device each worker used and its
 per-iteration compute time, and then - unless ``--no-crosscheck`` - runs the
 simulator on the same configuration with the compute term measured on the
-hosts and reports the two side by side (``scenarios/crosscheck.py``).
+hosts and reports the two side by side (:mod:`dblp.crosscheck`, as ``scenarios/crosscheck.py``).
 """
 
 from __future__ import annotations
@@ -22,16 +22,19 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from dblp import analysis
-from dblp.hosts import HostsError, InventoryError, launch, load_inventory
+from dblp.cliargs import parser
+from dblp.crosscheck import compare, own_norms, simulate_policies, write_report
+from emulation.hosts import HostsError, InventoryError, launch, load_inventory
+from traces.units import parse_queue
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("inventory", help="inventory TOML (docs/hosts.md)")
-    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent of the results folder")
+    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
     ap.add_argument("--no-crosscheck", action="store_true", help="skip the simulator cross-check")
     ap.add_argument("--fidelity", choices=["round", "packet"], default="round", help="simulator level")
     return ap.parse_args(argv)
@@ -39,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def report(inv, out: Path) -> dict:
     runs = {p: analysis.load(out / p / "records") for p in inv.run.policies if (out / p / "records").is_dir()}
-    bursts = sorted({k for h in inv.hosts for r in h.loss for k in r.rounds})
+    bursts = inv.burst_starts()
     sums = {k: analysis.summarize(v, bursts) for k, v in runs.items()}
     if "baseline" in sums and "dblp" in sums:
         print("\nTable II (this run): send latency, slowest worker, seconds")
@@ -66,6 +69,44 @@ def report(inv, out: Path) -> dict:
     return {k: s.as_dict() for k, s in sums.items()}
 
 
+def crosscheck_hosts(inv, out: Path, fidelity: str = "round") -> dict | None:
+    """The cross-check of ``scenarios/crosscheck.py`` for a :mod:`emulation.hosts` run folder: calibrate on
+    its baseline (or first) run, take the compute term from the workers' measured compute times (``sim_compute.json``),
+    simulate every policy, report into ``out/crosscheck/``."""
+    from traces.units import parse_rate
+    from dblp.sim.calibrate import calibrate
+
+    pols = [p for p in inv.run.policies if (out / p / "records").is_dir()]
+    if not pols:
+        print("crosscheck: no gathered records", file=sys.stderr)
+        return None
+    src = "baseline" if "baseline" in pols else pols[0]
+    cal, notes = calibrate(out / src)
+    over: dict[str, Any] = {"workers": len(inv.workers), "rounds": inv.rounds, "seed": inv.run.seed,
+                            "eta": inv.run.eta, "freq": inv.run.freq}
+    if inv.network.bandwidth:
+        over["bandwidth_bps"] = parse_rate(inv.network.bandwidth)
+        over["queue_bytes"] = parse_queue(f"{inv.network.queue_packets}pkt")
+    simc = out / "sim_compute.json"
+    how = f"calibrated on the hosts' {src} records"
+    if simc.exists():
+        c = json.loads(simc.read_text())
+        over.update(compute_s=c["compute_s"], compute_jitter_s=c["compute_jitter_s"])
+        how += f", compute {c['compute_s'] * 1e3:.2f} ms measured on {', '.join(c['_devices'])}"
+    cal = cal.with_(**over)
+    (out / "crosscheck").mkdir(exist_ok=True)
+    cal.to_json(out / "crosscheck" / "calibration.json", extra={"_crosscheck": {"how": how}})
+    bursts = inv.burst_starts()
+    p_high = inv.run.p_high if inv.run.p_high is not None else inv.run.p_low + 0.4
+    sim = simulate_policies(cal, pols, inv.run.p_low, p_high, out / "crosscheck" / "sim", fidelity,
+                            norms=own_norms(out, pols))
+    real = {p: analysis.load(out / p / "records") for p in pols}
+    cmp = compare(real, sim, bursts, real_label="hosts")
+    write_report(cmp, out / "crosscheck", f"Cross-check: hosts ({inv.run.transport}) vs simulator ({how})", bursts,
+                 extra={"how": how})
+    return cmp
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     try:
@@ -80,12 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     sums = report(inv, out)
     (out / "summary_runs.json").write_text(json.dumps(sums, indent=1) + "\n")
     if not a.no_crosscheck:
-        try:
-            import crosscheck  # scenarios/crosscheck.py
-        except ImportError as exc:
-            print(f"gpu_hosts: no cross-check ({exc})", file=sys.stderr)
-        else:
-            crosscheck.crosscheck_hosts(inv, out, fidelity=a.fidelity)
+        crosscheck_hosts(inv, out, fidelity=a.fidelity)
     print(f"\nresults: {out}")
     return 0
 

@@ -11,7 +11,7 @@ control channel stays reliable; both directions by default) by
 
 * a **segments** trace (``*.loss.csv``, time-varying loss) is followed by
   kernel drop-rule swaps on the trace's schedule, at most one per
-  ``--min-step-us`` (shorter segments averaged, mean loss kept), the trace's
+  ``--min-step`` (shorter segments averaged, mean loss kept), the trace's
   clock starting when the server is launched;
 * a **packets** trace (``*.pkts``) is applied exactly, packet by packet, in the
   kernel (the k-th UDP datagram through each direction gets verdict k).
@@ -48,20 +48,19 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 from dblp import analysis
+from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
 from dblp.wire import ChunkLayout
-from microburst import add_run_args, check_run_args
+from dblp.cliargs import add_run_args, check_run_args, parser
+from dblp.policy import run_policy as named_policy
+from traces.units import duration_arg
 
 DEFAULT_TRACE = _bootstrap.ROOT / "traces" / "samples" / "onoff-lognormal.loss.csv"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(
-        description="Replay a loss trace on the server's link in Mininet: baseline (fixed p) vs DBLP "
-                    "(and optionally reliable).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = parser(description="Replay a loss trace on the server's link in Mininet: baseline (fixed p) vs DBLP "
+                            "(and optionally reliable).")
     ap.add_argument("--trace", default=str(DEFAULT_TRACE),
                     help="trace file (traces/FORMAT.md): *.loss.csv (segments) or *.pkts (per packet)")
     ap.add_argument("--direction", choices=["both", "up", "down"], default="both",
@@ -71,19 +70,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="play the trace once (no loss after its end) instead of looping it")
     ap.add_argument("--time-scale", type=float, default=1.0,
                     help="wall seconds per trace second (segments; 2 = play twice as slowly)")
-    ap.add_argument("--min-step-us", type=int, default=None,
-                    help="shortest interval between two rule swaps (segments; default 1000 with "
-                         "libnftables, 20000 with the nft command)")
+    ap.add_argument("--min-step", type=duration_arg(allow_zero=False), default=None,
+                    help="shortest interval between two rule swaps, e.g. 1ms (segments; default 1ms with "
+                         "libnftables, 20ms with the nft command)")
     ap.add_argument("--backend", choices=["auto", "libnftables", "nft"], default="auto",
                     help="how rules are swapped (segments)")
-    add_run_args(ap, iterations=100, policies="baseline,dblp")
+    add_run_args(ap, iterations=100, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
     a = ap.parse_args(argv)
     check_run_args(ap, a)
     if not a.time_scale > 0:
         ap.error("--time-scale must be positive")
-    if a.min_step_us is not None and a.min_step_us <= 0:
-        ap.error("--min-step-us must be positive")
-    a.bursts_list = []  # microburst.run_policy's progress marks: none here
+    a.min_step_us = None if a.min_step is None else max(1, round(a.min_step * 1e6))
+    a.bursts_list = []  # run_scenario_policy's progress marks: none here
     return a
 
 
@@ -105,51 +103,6 @@ def targets_for(direction: str):
     return {"both": [up, down], "up": [up], "down": [down]}[direction]
 
 
-def round_windows(recs) -> dict[int, tuple[float, float]]:
-    """Per round: wall-clock span from the first worker's start to the last worker's end."""
-    out: dict[int, list[float]] = {}
-    for r in recs:
-        if r.role != "worker" or not math.isfinite(r.round_latency_s):
-            continue
-        a, b = r.t_start, r.t_start + r.round_latency_s
-        w = out.setdefault(r.round, [a, b])
-        w[0], w[1] = min(w[0], a), max(w[1], b)
-    return {k: (v[0], v[1]) for k, v in sorted(out.items())}
-
-
-def direction_windows(recs) -> dict[str, list[tuple[float, float, int]]]:
-    """Per direction: (start, end, datagrams sent) of each transfer, in wall-clock seconds.
-
-    Why: a direction's datagrams sample the loss schedule only while they are
-    on the link (up: a worker's DBLP_SEND; down: the server's DBLP_SEND to that
-    worker, which starts when its upstream receive ends). With ON/OFF bursts a
-    few times shorter than a round, those windows see a mean that differs from
-    the run's mean by several percent, so this is the expectation to hold each
-    direction's measured loss to.
-    """
-    out: dict[str, list[tuple[float, float, int]]] = {"up": [], "down": []}
-    for r in recs:
-        if not (math.isfinite(r.up_latency_s) and math.isfinite(r.down_latency_s)):
-            continue
-        if r.role == "worker" and r.up_sent:
-            out["up"].append((r.t_start, r.t_start + r.up_latency_s, r.up_sent))
-        elif r.role == "server" and r.down_sent:
-            a = r.t_start + r.up_latency_s
-            out["down"].append((a, a + r.down_latency_s, r.down_sent))
-    return out
-
-
-def exposure_by_direction(rp, recs) -> dict[str, float]:
-    """The trace's loss over the windows each direction was sending, weighted by datagrams sent."""
-    res: dict[str, float] = {}
-    for d, wins in direction_windows(recs).items():
-        vals = [(rp.requested_mean(a, b), n) for a, b, n in wins if b > a]
-        vals = [(v, n) for v, n in vals if math.isfinite(v)]
-        tot = sum(n for _, n in vals)
-        res[d] = sum(v * n for v, n in vals) / tot if tot else float("nan")
-    return res
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if os.geteuid() != 0:
@@ -162,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     from emulation.recorder import RunRecorder
     from emulation.replay import TraceReplayer, datagram_loss
     from dblp.records import write_records
-    from microburst import policy_args, run_policy
+    from emulation.launch import run_scenario_policy
     from topologies.star import StarTopo
     from traces import SegmentTrace, summarize
 
@@ -176,9 +129,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{s.bursts} bursts; {'played once' if a.once else 'looped'} on "
           f"{', '.join(t.label() for t in targets_for(a.direction))}", flush=True)
     print(f"  {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), {a.workers} workers, "
-          f"{a.bw:g} Mbit/s links, {a.buffer}-packet buffers, {a.iterations} iterations\n  results: {out}",
+          f"{a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations\n  results: {out}",
           flush=True)
-    topo = StarTopo(n=a.workers, bw=a.bw, buffer_pkts=a.buffer)
+    topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue)
     runs: dict[str, list] = {}
     losses: dict[str, dict] = {}
     exposure: dict[str, dict[int, float]] = {}
@@ -186,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()
-            print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
+            print(f"- {name}: {' '.join(named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags())}", flush=True)
             d = out / name
             with TraceReplayer(lc, trace, targets_for(a.direction), log_path=d / "replay.jsonl",
                                time_scale=a.time_scale, min_step_us=a.min_step_us,
@@ -195,18 +148,17 @@ def main(argv: list[str] | None = None) -> int:
                     step = f"resampled to {rp.bin_us} us bins" if rp.bin_us else "at full resolution"
                     print(f"  replay: {rp.backend.name} rule swaps, {step}, "
                           f"{len(rp.played)} segments per pass", flush=True)
-                run_policy(name, a, net, lc, out, [])
+                run_scenario_policy(name, a, net, lc, out, [], env={"PYTHONPATH": str(_bootstrap.ROOT)})
             recs = analysis.load(d / "records")
             runs[name] = recs
-            wins = round_windows(recs)
-            w_all = (min(w[0] for w in wins.values()), max(w[1] for w in wins.values())) if wins else (None, None)
+            w_all = run_window(recs)
             summ = rp.summary(*w_all)
             summ["records"] = datagram_loss(recs)
-            summ["while_sending"] = exposure_by_direction(rp, recs)
+            summ["while_sending"] = exposure_by_direction(rp.requested_mean, recs)
             summ["window"] = w_all
             if rp.mode == "segments":
                 rp.write_achieved(d / "achieved.loss.csv")
-                exposure[name] = {k: rp.achieved_mean(*w) for k, w in wins.items()}
+                exposure[name] = exposure_by_round(rp.achieved_mean, recs)
             losses[name] = summ
             (d / "replay_summary.json").write_text(json.dumps(summ, indent=1, default=str))
             print(f"  {name} done in {time.time() - t:.0f} s; loss over the run: {loss_line(summ)}", flush=True)
@@ -236,17 +188,7 @@ def _fmt(x: float, spec: str = ".4f") -> str:
 def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str, dict],
            exposure: dict[str, dict[int, float]], out: Path) -> None:
     sums = {k: analysis.summarize(v) for k, v in runs.items()}
-    fr = {}
-    for k, recs in runs.items():
-        srv = [r for r in recs if r.role == "server" and r.round >= 1]
-        wrk = [r for r in recs if r.role == "worker" and r.round >= 1]
-        fr[k] = {
-            "up_mean": float(np.mean([r.up_frac for r in srv])) if srv else math.nan,
-            "up_min": float(np.min([r.up_frac for r in srv])) if srv else math.nan,
-            "down_mean": float(np.mean([r.down_frac for r in wrk])) if wrk else math.nan,
-            "down_min": float(np.min([r.down_frac for r in wrk])) if wrk else math.nan,
-            "retx_rounds": sum(1 for r in wrk if r.up_passes > 1) / max(1, len(wrk)),
-        }
+    fr = {k: received_fractions(recs) for k, recs in runs.items()}
     print("\nSend latency (s, slowest worker per iteration; iteration 0 = connection warm-up, left out):")
     hdr = ["run", "p50", "p99", "tail (max)", "average", "recv up mean", "recv up min",
            "recv down mean", "recv down min", "rounds >1 pass"]

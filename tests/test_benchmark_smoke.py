@@ -1,9 +1,11 @@
 """Smoke test of scenarios/benchmark.py at its smallest size (a benchmark, not a timed test:
-only the < 60 s bound of the smallest run and the CSV's shape are checked)."""
+only the < 60 s bound of the smallest run and the CSV's shape are checked), and of its cost
+model, :mod:`dblp.passcost`. The scenario runs as a subprocess (tests do not import scenarios)."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import shutil
@@ -15,27 +17,33 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "scenarios"))
+from dblp.passcost import fit_pass_model
 
-import benchmark  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = [sys.executable, str(ROOT / "scenarios" / "benchmark.py")]
+
+
+def dry_run(*argv: str) -> dict:
+    """The settings the scenario parses from ``argv`` (``--dry-run``: no root, nothing run)."""
+    r = subprocess.run([*BENCH, *argv, "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
 
 def test_help_and_argument_errors():
-    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--help"],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "--sizes" in r.stdout and "--plain" in r.stdout
-    assert benchmark.parse_size("61M") == 61_000_000 and benchmark.parse_size("200000") == 200_000
-    a = benchmark.parse_args(["--sizes", "5M,25M", "61M", "--plain"])
-    assert a.sizes == [5_000_000, 25_000_000, 61_000_000] and a.paths == ["plain"]
-    assert benchmark.parse_args([]).paths == ["gso", "plain"]
-    for bad in (["--sizes", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"]):
-        r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), *bad],
-                           capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*BENCH, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "--models" in r.stdout and "--plain" in r.stdout
+    assert dry_run("--models", "61M", "200000")["config"]["sizes"] == [61_000_000, 200_000]
+    a = dry_run("--models", "5M,25M", "61M", "--plain")["config"]
+    assert a["sizes"] == [5_000_000, 25_000_000, 61_000_000] and a["paths"] == ["plain"]
+    default = dry_run()["config"]
+    assert default["paths"] == ["gso", "plain"]
+    for bad in (["--models", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"]):
+        r = subprocess.run([*BENCH, *bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, bad
-    assert benchmark.parse_args([]).calib_loss == [0.3, 0.5, 0.6]
-    assert benchmark.parse_args(["--calib-loss", "0"]).calib_loss == []
-    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--calib-loss", "0.3,x"],
-                       capture_output=True, text=True, timeout=60)
+    assert default["calib_loss"] == [0.3, 0.5, 0.6]
+    assert dry_run("--calib-loss", "0")["config"]["calib_loss"] == []
+    r = subprocess.run([*BENCH, "--calib-loss", "0.3,x"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--calib-loss" in r.stderr
 
 
@@ -51,19 +59,19 @@ def _calib(a: float, o: float, S0: float, losses, passes, unit: float = 0.2) -> 
 
 def test_pass_model_fit_recovers_known_share_and_overhead():
     S0 = 0.3
-    a, o, o_r = benchmark.fit_pass_model(_calib(0.4, 0.002, S0, [0.3, 0.5], [5, 7]), S0)
+    a, o, o_r = fit_pass_model(_calib(0.4, 0.002, S0, [0.3, 0.5], [5, 7]), S0)
     assert a == pytest.approx(0.4) and o == pytest.approx(0.002)
     # receiver-bound extreme: everything beyond S0 is charged to the extra passes
     c = _calib(0.4, 0.002, S0, [0.3, 0.5], [5, 7])
     e = np.array([x["extra_passes"] for x in c]); y = np.array([x["round_s"] - S0 for x in c])
     assert o_r == pytest.approx(float(y @ e / (e @ e)))
     # one round (or one loss twice): the sender-bound model, a = 1
-    a1, o1, _ = benchmark.fit_pass_model(_calib(1.0, 0.003, S0, [0.5], [7]), S0)
+    a1, o1, _ = fit_pass_model(_calib(1.0, 0.003, S0, [0.5], [7]), S0)
     assert a1 == 1.0 and o1 == pytest.approx(0.003)
     # a share outside [0, 1] is clipped and o refitted
-    a2, o2, _ = benchmark.fit_pass_model(_calib(1.6, 0.001, S0, [0.3, 0.5], [5, 7]), S0)
+    a2, o2, _ = fit_pass_model(_calib(1.6, 0.001, S0, [0.3, 0.5], [5, 7]), S0)
     assert a2 == 1.0 and math.isfinite(o2)
-    assert all(math.isnan(v) for v in benchmark.fit_pass_model([], S0))
+    assert all(math.isnan(v) for v in fit_pass_model([], S0))
 
 
 POSITIVE = ["dblp_round_s", "dblp_up_s", "dblp_down_s", "gloo_allreduce_s", "ratio_dblp_vs_gloo",
@@ -80,8 +88,9 @@ def test_smallest_benchmark_end_to_end(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "bench"
     t0 = time.monotonic()
-    p = subprocess.Popen([sys.executable, str(ROOT / "scenarios" / "benchmark.py"), "--sizes", "200000",
-                          "--rounds", "3", "--iperf-seconds", "1", "--gloo-timeout", "20", "--results", str(out)],
+    columns = dry_run()["csv_columns"]
+    p = subprocess.Popen([*BENCH, "--models", "200000",
+                          "--iterations", "3", "--iperf-seconds", "1", "--gloo-timeout", "20", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = p.communicate(timeout=180)
@@ -95,7 +104,7 @@ def test_smallest_benchmark_end_to_end(tmp_path):
     assert "DBLP/gloo" in stdout
     with open(out / "benchmark.csv", newline="") as fh:
         reader = csv.DictReader(fh)
-        assert reader.fieldnames == benchmark.CSV_COLUMNS
+        assert reader.fieldnames == columns
         rows = list(reader)
     assert [row["path"] for row in rows] == ["gso", "plain"]
     for row in rows:

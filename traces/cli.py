@@ -4,10 +4,13 @@ Every command has ``--help``. Probabilities are accepted as fractions
 (``0.7``) or percentages (``70%``). Examples::
 
     python -m traces generate onoff --duration-us 10000000 --seed 1 -o burst.loss.csv
-    python -m traces generate gilbert-elliott --p 1% --r 25% --packets 100000 -o ge.pkts
+    python -m traces generate gilbert-elliott --good-to-bad 1% --bad-to-good 25% --packets 100000 -o ge.pkts
     python -m traces show burst.loss.csv            # summary + burst.loss.png
-    python -m traces import-dblp --sent s.pcap --received r.pcap -o run.pkts
+    python -m traces import-tcp sender.pcap -o tcp.pkts
     python -m traces import-netem "loss gemodel 1% 25%" --packets 100000 -o ge.pkts
+
+A trace from captures of DBLP datagrams needs DBLP's wire format, which
+lives one layer up: ``python -m dblp.traceimport --sent s.pcap --received r.pcap -o run.pkts``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from .errors import TraceError
 from .io import read_trace, write_trace
 from .model import PacketTrace, SegmentTrace
 from .stats import summarize
+from .units import HelpFormatter, use_help_formatter
 
 
 def prob(text: str) -> float:
@@ -69,7 +73,7 @@ def _span(p: argparse.ArgumentParser, packets: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="python -m traces", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m traces", description=__doc__, formatter_class=HelpFormatter
     )
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
@@ -89,8 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Gilbert-Elliott loss parameterised as netem's 'loss gemodel p r 1-h 1-k'. "
         "Defaults as iproute2: r = 1-p, 1-h = 100%%, 1-k = 0.",
     )
-    ge.add_argument("--p", type=prob, required=True, help="P(good -> bad) per packet")
-    ge.add_argument("--r", type=prob, default=None, help="P(bad -> good) per packet (default 1-p)")
+    ge.add_argument("--good-to-bad", dest="p", type=prob, required=True, help="P(good -> bad) per packet (netem p)")
+    ge.add_argument("--bad-to-good", dest="r", type=prob, default=None,
+                    help="P(bad -> good) per packet (netem r; default 1 - good-to-bad)")
     ge.add_argument("--one-minus-h", "--bad-loss", dest="bad_loss", type=prob, default=1.0, help="loss probability in the bad state (netem 1-h)")
     ge.add_argument("--one-minus-k", "--good-loss", dest="good_loss", type=prob, default=0.0, help="loss probability in the good state (netem 1-k)")
     _span(ge)
@@ -117,67 +122,60 @@ def build_parser() -> argparse.ArgumentParser:
     ib = kinds.add_parser(
         "iteration-burst",
         help="the paper's 70%% loss for one iteration",
-        description="Loss LOSS during whole training iterations (the DBLP paper's microburst, V-B).",
+        description="Loss BURST_LOSS during whole training iterations (the DBLP paper's microburst, V-B).",
     )
-    ib.add_argument("--loss", type=prob, default=0.7, help="loss during a burst iteration (default 0.7)")
+    ib.add_argument("--burst-loss", dest="loss", type=prob, default=0.7, help="loss during a burst iteration (default 0.7)")
     ib.add_argument("--base-loss", type=prob, default=0.0, help="loss in other iterations (default 0)")
     w = ib.add_mutually_exclusive_group(required=True)
     w.add_argument("--iteration-us", type=float, help="nominal iteration period [us]")
     w.add_argument("--boundaries-us", type=int_list, help="iteration start times, comma-separated, first 0, last = end")
     c = ib.add_mutually_exclusive_group(required=True)
-    c.add_argument("--iterations", type=int_list, help="burst iteration indices, e.g. 279,651")
+    c.add_argument("--bursts", dest="iterations", type=int_list, help="burst iteration indices, e.g. 279,651")
     c.add_argument("--count", type=pos_int, help="choose this many burst iterations at random (seeded)")
-    ib.add_argument("--total-iterations", type=pos_int, help="iterations in the run (e.g. 930)")
+    ib.add_argument("--iterations", dest="total_iterations", type=pos_int, help="iterations in the run (e.g. 930)")
     ib.add_argument("--duration-us", type=pos_int, help="trace length (default: end of the last iteration)")
     _common_out(ib)
 
     s = sub.add_parser("show", help="summary and PNG plot of a trace", description="Print a trace's summary (mean loss, bursts, burst lengths) and write a PNG plot.")
-    s.add_argument("file")
+    s.add_argument("file", help="trace file")
     s.add_argument("--png", default=None, help="plot path (default: FILE with .png suffix)")
-    s.add_argument("--no-png", action="store_true", help="do not plot")
+    s.add_argument("--no-plot", action="store_true", help="do not plot")
     s.add_argument("--threshold", type=prob, default=None, help="burst threshold for segments (default: mean loss)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
 
-    d = sub.add_parser("import-dblp", help="trace from DBLP datagram captures", description="Loss trace from pcap captures of DBLP data datagrams (sender and receiver side, or receiver only).")
-    d.add_argument("--received", required=True, help="receiver-side capture")
-    d.add_argument("--sent", help="sender-side capture (all transmissions)")
-    d.add_argument("--port", type=int, help="UDP destination port to select")
-    d.add_argument("--run-id", type=int, help="DBLP run_id to select")
-    d.add_argument("--sender", type=int, help="DBLP sender id to select")
-    d.add_argument("--match", choices=("count", "time"), default="count", help="how copies are matched (see docs)")
-    d.add_argument("--expected-chunks", type=pos_int, help="chunks per round (receiver-only mode)")
-    _capture_out(d)
-
     t = sub.add_parser("import-tcp", help="trace from a TCP flow's retransmissions", description="Loss trace from a sender-side capture of a TCP flow: a retransmitted segment marks the earlier copy lost.")
-    t.add_argument("capture")
+    t.add_argument("capture", help="sender-side pcap capture")
     t.add_argument("--flow", help='"SRC:SPORT>DST:DPORT" (default: the flow with most payload)')
-    _capture_out(t)
+    add_capture_output_args(t)
 
     for name, helptext in (("import-netem", "netem options"), ("import-mahimahi", "a mahimahi command line")):
         m = sub.add_parser(name, help=f"sample a trace from {helptext}", description=f"Sample a trace from {helptext} (where it maps to loss).")
         m.add_argument("desc", help="e.g. 'loss gemodel 1%% 25%%'" if name == "import-netem" else "e.g. 'mm-loss uplink 0.01'")
         if name == "import-mahimahi":
-            m.add_argument("--direction", choices=("uplink", "downlink"), default="uplink")
+            m.add_argument("--direction", choices=("uplink", "downlink"), default="uplink",
+                           help="which mm-loss direction to sample")
         _span(m)
         m.add_argument("--packet-interval-us", type=float, help="packet spacing (Gilbert-Elliott segments, ON/OFF packets)")
         _common_out(m)
 
     r = sub.add_parser("resample", help="coarsen a segments trace to fixed bins", description="Average a segments trace over fixed bins (mean loss kept), for replayers that cannot switch faster.")
-    r.add_argument("file")
-    r.add_argument("--bin-us", type=pos_int, required=True)
-    r.add_argument("-o", "--output", required=True)
-    return ap
+    r.add_argument("file", help="segments trace to coarsen")
+    r.add_argument("--bin-us", type=pos_int, required=True, help="bin width in microseconds")
+    r.add_argument("-o", "--output", required=True, help="trace file to write")
+    return use_help_formatter(ap)
 
 
-def _capture_out(p: argparse.ArgumentParser) -> None:
+def add_capture_output_args(p: argparse.ArgumentParser) -> None:
+    """Output flags of a capture importer (here and in :mod:`dblp.traceimport`)."""
     p.add_argument("-o", "--output", required=True, help="trace file to write")
     p.add_argument("--bin-us", type=pos_int, help="write the segments form with this bin width instead of per-packet")
     p.add_argument("--provenance", choices=("measured", "generated"), default="measured",
                    help="'generated' when the capture came from an emulated/generated loss")
-    p.add_argument("--description", default="")
+    p.add_argument("--description", default="", help="description recorded in the trace's metadata")
 
 
-def _finish(tr: SegmentTrace | PacketTrace, args: argparse.Namespace) -> int:
+def write_result(tr: SegmentTrace | PacketTrace, args: argparse.Namespace) -> int:
+    """Apply ``--description``/``--loop``, write ``--output`` and print one line about it."""
     changes = {}
     if getattr(args, "description", None):
         changes["description"] = args.description
@@ -224,7 +222,7 @@ def _show(a: argparse.Namespace) -> int:
     else:
         print(f"trace:       {a.file}")
         print(s.text())
-    if not a.no_png:
+    if not a.no_plot:
         from .plot import plot_trace
 
         png = a.png or str(Path(a.file).with_suffix(".png"))
@@ -234,29 +232,29 @@ def _show(a: argparse.Namespace) -> int:
     return 0
 
 
+MOVED = {"import-dblp": "python -m dblp.traceimport"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in MOVED:
+        print(f"error: {args[0]} moved to `{MOVED[args[0]]}` (same options): it reads DBLP's wire format, "
+              "which traces (the lowest layer) does not import", file=sys.stderr)
+        return 2
     ap = build_parser()
-    a = ap.parse_args(argv)
+    a = ap.parse_args(args)
     try:
         if a.cmd == "generate":
-            return _finish(_generate(a), a)
+            return write_result(_generate(a), a)
         if a.cmd == "show":
             return _show(a)
-        if a.cmd == "import-dblp":
-            from .import_pcap import import_dblp_pcap
-
-            imp = import_dblp_pcap(a.received, a.sent, port=a.port, run_id=a.run_id, sender=a.sender,
-                                   match=a.match, expected_chunks=a.expected_chunks,
-                                   provenance=a.provenance, description=a.description)
-            print(json.dumps({k: v for k, v in imp.stats.items() if not isinstance(v, dict)}))
-            return _finish(imp.segments(a.bin_us) if a.bin_us else imp.packets, a)
         if a.cmd == "import-tcp":
             from .import_pcap import import_tcp_retransmissions
 
             imp = import_tcp_retransmissions(a.capture, flow=a.flow, provenance=a.provenance,
                                              description=a.description)
             print(json.dumps(imp.stats))
-            return _finish(imp.segments(a.bin_us) if a.bin_us else imp.packets, a)
+            return write_result(imp.segments(a.bin_us) if a.bin_us else imp.packets, a)
         if a.cmd in ("import-netem", "import-mahimahi"):
             from .import_desc import parse_mahimahi, parse_netem
 
@@ -267,12 +265,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tr = model.packets(a.packets, seed=a.seed, packet_interval_us=a.packet_interval_us)
             else:
                 tr = model.segments(a.duration_us, seed=a.seed, packet_interval_us=a.packet_interval_us)
-            return _finish(tr, a)
+            return write_result(tr, a)
         if a.cmd == "resample":
             tr = read_trace(a.file)
             if not isinstance(tr, SegmentTrace):
                 raise TraceError("resample works on a segments trace")
-            return _finish(tr.resample(a.bin_us), a)
+            return write_result(tr.resample(a.bin_us), a)
     except TraceError as e:  # includes TraceFormatError and NotMappableError
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,26 +1,26 @@
-"""Loss traces from captures: DBLP's own datagrams, or a TCP flow's retransmissions.
+"""Loss traces from captures: matching transmissions by key, and a TCP flow's retransmissions.
 
-DBLP datagrams (header in ``dblp/wire.py``) carry ``(run_id, sender, round,
-seq)``. With a capture at the sender and one at the receiver, every
-transmission the sender made is either found at the receiver or lost:
+Whatever carries a per-transmission key (a protocol's own header fields, as
+:mod:`dblp.traceimport` reads from DBLP datagrams), a capture at the sender
+and one at the receiver tell which transmissions were lost:
+:func:`match_transmissions` pairs them up, needing no knowledge of the
+protocol:
 
 * ``match="count"`` (default, needs no common clock): for each key sent s
   times and received r times, the first s - r transmissions are the lost
-  ones. DBLP only retransmits a chunk the receiver's bitmap reported
-  missing, so an earlier copy is the one that was lost.
+  ones (right for a protocol that only resends what the receiver reported
+  missing: an earlier copy is the one that was lost).
 * ``match="time"`` (both captures on one clock, e.g. Mininet hosts of one
   machine): each received copy is matched to the latest copy sent before it.
-
-With only the receiver's capture, the expected set is every ``seq`` in
-``0..expected_chunks-1`` of each round seen; the result is the drop pattern
-of first-pass chunks in (round, sender, seq) order, not a time sequence
-(DBLP sends a round's chunks in a seeded permutation).
 
 TCP: from a capture taken at the sender, a data segment starting below the
 highest sequence number already sent is a retransmission, and the
 transmission it repeats is counted as lost. Spurious retransmissions
 (a timeout that fires although nothing was lost) are counted as losses too:
 a capture cannot tell them apart, so the result is an upper bound.
+
+This module knows IP/UDP/TCP and nothing of DBLP: ``traces`` is the lowest
+layer (see the README's layout section).
 """
 
 from __future__ import annotations
@@ -31,15 +31,10 @@ from typing import Any
 
 import numpy as np
 
-from dblp.wire import HEADER_DTYPE, HEADER_SIZE, KIND_DATA, MAGIC, VERSION, parse_headers
-
 from .errors import TraceError
 from .meta import TraceMeta
 from .model import PacketTrace, SegmentTrace, segments_from_events
-from .pcap import IPPROTO_TCP, IPPROTO_UDP, Capture, format_addr, read_capture
-
-KEY_FIELDS = ("run_id", "sender", "round", "seq")
-KEY_DTYPE = np.dtype([("run_id", "<u4"), ("sender", "<u2"), ("round", "<u4"), ("seq", "<u4")])
+from .pcap import IPPROTO_TCP, Capture, format_addr, read_capture
 
 
 @dataclass
@@ -48,13 +43,15 @@ class CaptureImport:
 
     ``times_us`` are the send times (relative to the first packet) of the
     packets of ``packets``, or None when the order is not a time order.
-    ``stats`` counts what was read, matched and skipped.
+    ``stats`` counts what was read, matched and skipped; ``keys`` is the
+    importer's key of each packet where it has one (DBLP: run_id, sender,
+    round, seq).
     """
 
     packets: PacketTrace
     times_us: np.ndarray | None
     stats: dict[str, Any] = field(default_factory=dict)
-    keys: np.ndarray | None = None  # DBLP: (run_id, sender, round, seq) of each packet
+    keys: np.ndarray | None = None
 
     @property
     def drops(self) -> np.ndarray:
@@ -68,47 +65,7 @@ class CaptureImport:
         return segments_from_events(self.times_us, self.packets.drops, int(bin_us), meta)
 
 
-# -- DBLP ----------------------------------------------------------------------------
-def dblp_datagrams(
-    cap: Capture, *, port: int | None = None, run_id: int | None = None, sender: int | None = None
-) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
-    """Rows of ``cap`` holding DBLP data datagrams, their (n,) HEADER_DTYPE headers, and skip counts.
-
-    A datagram counts when its UDP payload starts with the DBLP magic,
-    version and data kind and its length field agrees with the UDP length.
-    """
-    udp = np.flatnonzero(
-        (cap.proto == IPPROTO_UDP)
-        & (cap.payload_len >= HEADER_SIZE)
-        & (cap.payload_off + HEADER_SIZE <= np.minimum(cap.caplen, cap.head.shape[1]))
-    )
-    if port is not None:
-        udp = udp[cap.dport[udp] == port]
-    raw = np.ascontiguousarray(cap.payload_bytes(udp, HEADER_SIZE))
-    hdr = parse_headers(raw) if udp.size else np.zeros(0, HEADER_DTYPE)
-    ok = (hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["kind"] == KIND_DATA)
-    consistent = hdr["length"].astype(np.int64) == cap.payload_len[udp] - HEADER_SIZE
-    keep = ok & consistent
-    if run_id is not None:
-        keep &= hdr["run_id"] == run_id
-    if sender is not None:
-        keep &= hdr["sender"] == sender
-    counts = {
-        "packets": len(cap),
-        "dblp": int(keep.sum()),
-        "not_dblp": int(len(cap) - ok.sum()),
-        "bad_length": int((ok & ~consistent).sum()),
-    }
-    return udp[keep], hdr[keep], counts
-
-
-def _keys(hdr: np.ndarray) -> np.ndarray:
-    k = np.empty(hdr.size, KEY_DTYPE)
-    for f in KEY_FIELDS:
-        k[f] = hdr[f]
-    return k
-
-
+# -- matching by key -------------------------------------------------------------------
 def match_transmissions(
     sent_keys: np.ndarray,
     sent_t: np.ndarray,
@@ -116,7 +73,10 @@ def match_transmissions(
     recv_t: np.ndarray,
     match: str = "count",
 ) -> tuple[np.ndarray, dict[str, int]]:
-    """Per sent transmission: True when lost (see the module doc for ``match``)."""
+    """Per sent transmission: True when lost (see the module doc for ``match``).
+
+    Keys are equal-dtype arrays (structured or plain) naming what a copy
+    carries; ``*_t`` are capture times in one unit (only compared)."""
     ns = sent_keys.size
     _, inv = np.unique(np.concatenate([sent_keys, recv_keys]), return_inverse=True)
     inv = inv.reshape(-1)
@@ -160,108 +120,6 @@ def match_transmissions(
         delivered[first_sent[early_k]] = True
     stats["received_before_sent"] = int(early_k.size)
     return ~delivered, stats
-
-
-def import_dblp_pcap(
-    received: str | os.PathLike,
-    sent: str | os.PathLike | None = None,
-    *,
-    port: int | None = None,
-    run_id: int | None = None,
-    sender: int | None = None,
-    match: str = "count",
-    expected_chunks: int | None = None,
-    provenance: str = "measured",
-    description: str = "",
-) -> CaptureImport:
-    """A per-packet loss trace of DBLP data datagrams from captures.
-
-    ``sent`` is the sender-side capture (every transmission, retransmissions
-    included); ``received`` the receiver-side one. Without ``sent``,
-    ``expected_chunks`` (chunks per round) defines what should have arrived.
-    ``port``, ``run_id`` and ``sender`` narrow the selection.
-    """
-    rcap = read_capture(received)
-    r_rows, r_hdr, r_counts = dblp_datagrams(rcap, port=port, run_id=run_id, sender=sender)
-    params: dict[str, Any] = {"port": port, "run_id": run_id, "sender": sender}
-    if sent is None:
-        return _import_receiver_only(rcap, r_hdr, r_counts, expected_chunks, params, provenance, description)
-    scap = read_capture(sent)
-    s_rows, s_hdr, s_counts = dblp_datagrams(scap, port=port, run_id=run_id, sender=sender)
-    if s_rows.size == 0:
-        raise TraceError(f"{sent}: no DBLP data datagrams found (check port/run_id/sender)")
-    s_t = scap.time_ns[s_rows]
-    order = np.argsort(s_t, kind="stable")
-    s_rows, s_hdr, s_t = s_rows[order], s_hdr[order], s_t[order]
-    lost, mstats = match_transmissions(_keys(s_hdr), s_t, _keys(r_hdr), rcap.time_ns[r_rows], match)
-    times_us = (s_t - s_t[0]) / 1000.0
-    span = float(times_us[-1]) if times_us.size > 1 else 0.0
-    interval = span / (times_us.size - 1) if times_us.size > 1 and span > 0 else None
-    stats = {
-        "sent": int(s_rows.size),
-        "received": int(r_rows.size),
-        "lost": int(lost.sum()),
-        **mstats,
-        "sent_capture": s_counts,
-        "received_capture": r_counts,
-    }
-    meta = TraceMeta(
-        form="packets",
-        provenance=provenance,
-        source=f"pcap: sent {os.fspath(sent)} / received {os.fspath(received)}",
-        description=description
-        or f"DBLP datagrams: {stats['lost']} of {stats['sent']} transmissions lost ({match} matching)",
-        packet_interval_us=interval,
-        extra={"importer": "dblp-pcap", "params": {**params, "match": match}, "stats": stats},
-    )
-    return CaptureImport(PacketTrace(lost, meta), times_us, stats, _keys(s_hdr))
-
-
-def _import_receiver_only(
-    rcap: Capture,
-    r_hdr: np.ndarray,
-    r_counts: dict[str, int],
-    expected_chunks: int | None,
-    params: dict[str, Any],
-    provenance: str,
-    description: str,
-) -> CaptureImport:
-    if not expected_chunks or expected_chunks <= 0:
-        raise TraceError("without a sender-side capture, expected_chunks (chunks per round) is required")
-    if r_hdr.size == 0:
-        raise TraceError(f"{rcap.path}: no DBLP data datagrams found (check port/run_id/sender)")
-    grp = np.empty(r_hdr.size, [("run_id", "<u4"), ("round", "<u4"), ("sender", "<u2")])
-    for f in grp.dtype.names:  # type: ignore[union-attr]
-        grp[f] = r_hdr[f]
-    groups, gid = np.unique(grp, return_inverse=True)
-    gid = gid.reshape(-1)
-    seq = r_hdr["seq"].astype(np.int64)
-    inside = seq < expected_chunks
-    got = np.zeros(groups.size * expected_chunks, dtype=bool)
-    got[gid[inside] * expected_chunks + seq[inside]] = True
-    drops = ~got
-    keys = np.empty(got.size, KEY_DTYPE)
-    keys["run_id"] = np.repeat(groups["run_id"], expected_chunks)
-    keys["sender"] = np.repeat(groups["sender"], expected_chunks)
-    keys["round"] = np.repeat(groups["round"], expected_chunks)
-    keys["seq"] = np.tile(np.arange(expected_chunks), groups.size)
-    stats = {
-        "expected": int(got.size),
-        "received": int(r_hdr.size),
-        "lost": int(drops.sum()),
-        "out_of_range": int((~inside).sum()),
-        "rounds": int(groups.size),
-        "received_capture": r_counts,
-    }
-    meta = TraceMeta(
-        form="packets",
-        provenance=provenance,
-        source=f"pcap: received {rcap.path}",
-        description=description
-        or f"DBLP chunks missing per round ({expected_chunks} expected a round), in (round, sender, seq) order",
-        extra={"importer": "dblp-pcap", "params": {**params, "expected_chunks": expected_chunks}, "stats": stats},
-    )
-    return CaptureImport(PacketTrace(drops, meta), None, stats, keys)
 
 
 # -- TCP retransmissions ---------------------------------------------------------------

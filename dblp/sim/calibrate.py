@@ -54,6 +54,8 @@ from typing import Any
 
 import numpy as np
 
+from traces.units import HelpFormatter, UnitError, parse_duration
+
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ
 from ..records import RoundRecord
 from ..wire import ChunkLayout, ParameterError
@@ -154,11 +156,9 @@ def _time_s(v: Any) -> float | None:
         return None
     if isinstance(v, (int, float)):
         return float(v)
-    from .cli import parse_time
-
     try:
-        return parse_time(str(v))
-    except argparse.ArgumentTypeError:
+        return parse_duration(str(v))  # a bare number: seconds
+    except UnitError:
         return None
 
 
@@ -391,9 +391,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("calibrate", help="simulator parameters from an emulation results folder",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     p.add_argument("results", help="emulation run folder (records/*.jsonl or *.jsonl, config.json, bursts.jsonl)")
-    p.add_argument("-o", "--output", default="params.json", help="params file to write (default %(default)s)")
+    p.add_argument("-o", "--output", default="params.json", help="params file to write")
     p.add_argument("--base", default=None, help="params.json for everything the run does not tell")
     p.add_argument("--no-refine", action="store_true",
                    help="skip matching the send rates in simulation (first estimates only)")

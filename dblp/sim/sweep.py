@@ -18,7 +18,7 @@ CLR detection sees the ``--norms`` sequence: the default synthetic one jumps
 ``--norms varied`` (mini-batch-like noise) or a real run's export (CSV).
 
 Usage: ``python -m dblp.sim sweep --p-high 0.1,0.2,0.4,0.6 --eta 0.3,0.5,0.7
---burst-rate 0.005,0.01,0.02 --rounds 300 --out results/sweep``
+--burst-rate 0.005,0.01,0.02 --iterations 300 --out results/sweep``
 (or ``python scenarios/sweep.py ...``, the same options).
 """
 
@@ -34,7 +34,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
-from .cli import add_config_args, baseline_of, config_from_args, parse_rate
+from traces.units import HelpFormatter, UnitError, parse_rate
+
+from .options import add_config_args, baseline_of, config_from_args
 from .config import SimConfig
 
 METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "lost_up", "lost_down",
@@ -62,7 +64,7 @@ def _models(s: str) -> list[Any]:
 
 
 def _rates(s: str) -> list[float]:
-    return [parse_rate(x) for x in s.split(",") if x.strip()]
+    return [parse_rate(x, "Mbit", allow_zero=False) for x in s.split(",") if x.strip()]
 
 
 # axis -> (flag, parser, default values, SimConfig field or None for burst axes)
@@ -180,15 +182,16 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("grid (comma-separated values; the product is swept)")
     for name, (flag, _, default, _f) in AXES.items():
         g.add_argument(flag, dest=f"axis_{name}", default=None,
-                       help=f"{name} values (default {','.join(str(v) for v in default)})")
+                       help=f"{name} values{' (rates: a bare number is Mbit/s)' if flag == '--bandwidth' else ''} "
+                            f"(default {','.join(str(v) for v in default)})")
     add_config_args(p, skip=tuple(a[0] for a in AXES.values()))
     p.set_defaults(rounds=None)
     o = p.add_argument_group("sweep")
     o.add_argument("--jobs", type=int, default=0, help="parallel processes (default: all cores)")
-    o.add_argument("--out", default="results/sweep", help="output folder (default %(default)s)")
+    o.add_argument("--out", default="results/sweep", help="folder of the sweep's files")
     o.add_argument("--x", default=None, help="heatmap x axis (default: the first axis with several values)")
     o.add_argument("--y", default=None, help="heatmap y axis (default: the next one)")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -199,7 +202,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raw = getattr(args, f"axis_{name}")
         try:
             axes[name] = parse(raw) if raw is not None else list(default)
-        except (ValueError, argparse.ArgumentTypeError) as exc:
+        except (ValueError, UnitError, argparse.ArgumentTypeError) as exc:
             raise ParameterError(f"{flag}: {exc}") from None
         if not axes[name]:
             raise ParameterError(f"{flag}: no values")
@@ -214,7 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         point_config(base, pt).validate()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.no_progress)
+    rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet)
     write_csv(rows, out / "sweep.csv")
     meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y}
     (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
@@ -232,7 +235,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="sweep a parameter grid, DBLP vs baseline, in parallel",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__, formatter_class=HelpFormatter)
     add_sweep_args(p)
     p.set_defaults(func=cmd_sweep)
     return p
@@ -244,8 +247,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..wire import ParameterError
 
-    p = argparse.ArgumentParser(prog="scenarios/sweep.py", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="scenarios/sweep.py", description=__doc__, formatter_class=HelpFormatter)
     add_sweep_args(p)
     args = p.parse_args(argv)
     try:

@@ -1,4 +1,5 @@
-"""scenarios/crosscheck.py: the statistics (no root) and a small Mininet-vs-simulator run."""
+"""The cross-check: its statistics and report (dblp.crosscheck, no root) and a small
+Mininet-vs-simulator run of scenarios/crosscheck.py (a subprocess)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from dblp import crosscheck
 from dblp.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scenarios"))
-
-import crosscheck  # noqa: E402
 
 
 def test_ks_numpy_matches_scipy():
@@ -62,7 +61,7 @@ def test_compare_relative_errors_and_speedups(tmp_path):
 @pytest.mark.mininet
 def test_small_crosscheck_run(tmp_path):
     cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "20",
-           "--bursts", "12", "--bw", "200", "--results", str(tmp_path)]
+           "--bursts", "12", "--bandwidth", "200", "--results", str(tmp_path)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run,) = list(tmp_path.glob("crosscheck-*"))

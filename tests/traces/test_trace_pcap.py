@@ -12,8 +12,8 @@ from scapy.utils import wrpcap, wrpcapng
 
 from dblp.wire import ChunkLayout, encode_chunks
 from traces import PacketTrace, SegmentTrace, TraceError, read_trace, write_trace
+from dblp.traceimport import import_dblp_pcap
 from traces.import_pcap import (
-    import_dblp_pcap,
     import_tcp_retransmissions,
     retransmission_losses,
     unwrap_seq,

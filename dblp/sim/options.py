@@ -1,0 +1,124 @@
+"""The simulator's command-line vocabulary, shared by ``run``, ``sweep`` and ``calibrate``.
+
+Why a module of its own: the three commands (and scenarios/bench_sim.py)
+parse the same flags into a :class:`~dblp.sim.config.SimConfig` and take the
+same baseline; with that in :mod:`dblp.sim.cli`, ``cli`` -> ``sweep`` ->
+``cli`` formed an import circle. This module imports only the config and
+the loss vocabulary; the commands import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Any
+
+from traces.units import HelpFormatter, duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
+
+from ..gradients import MODEL_HELP
+from ..policy import run_policy
+from .config import SimConfig
+
+def _num(v: str) -> Any:
+    try:
+        return int(v)
+    except ValueError:
+        try:
+            return float(v)
+        except ValueError:
+            return v
+
+
+def parse_loss(s: str) -> dict:
+    """A loss spec: JSON (``{"kind": "bernoulli", "p": 0.01}``) or the shorthand
+    ``kind:key=value:key=value`` with lists as ``a,b,c``, e.g.
+    ``iteration_bursts:at=279,651:loss=0.7``, ``bernoulli:p=0.01``,
+    ``gilbert_elliott:p=0.01:r=0.3``, ``random_bursts:rate=0.005:loss=0.7``,
+    ``time_bursts:at_s=1.5:loss=0.7:duration_s=0.05``, ``trace:path=traces/samples/x.loss.csv``."""
+    from traces.processes import LossSpecError, parse_spec  # the one spec vocabulary
+
+    try:
+        return parse_spec(s)
+    except LossSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# CLI flag -> (SimConfig field, converter, help); units: traces.units (bare rates Mbit/s, durations s)
+CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--model", "model", _num, "gradient size: " + MODEL_HELP),
+    ("--workers", "workers", int, "number of workers"),
+    ("--iterations", "rounds", int, "iterations (rounds) to simulate"),
+    ("--mtu", "mtu", int, "MTU in bytes"),
+    ("--compute", "compute_s", duration_arg(), "per-iteration compute time, e.g. 50ms; a bare number is seconds"),
+    ("--compute-jitter", "compute_jitter_s", duration_arg(), "std-dev of the compute time, e.g. 1ms"),
+    ("--reduce", "reduce_s", duration_arg(), "server reduce time, e.g. 2ms"),
+    ("--policy", "policy", str, "tolerance policy: reliable|fixed|dblp"),
+    ("--p", "p", float, "the fixed policy's tolerance, and P_low's default"),
+    ("--p-low", "p_low", float, "DBLP's tolerance in the CLR"),
+    ("--p-high", "p_high", float, "DBLP's tolerance outside the CLR"),
+    ("--eta", "eta", float, "CLR detection threshold"),
+    ("--freq", "freq", int, "CLR check period in iterations"),
+    ("--order", "order", str, "chunk send order: blocks|perm|inorder (recorded; used by the packet level)"),
+    ("--norms", "norms", str, "gradient norms for CLR detection: synthetic (fixed 2.5x jumps), "
+                              "varied (noisy, so eta matters: use it to sweep eta), or a CSV iteration,grad_norm"),
+    ("--critical-every", "critical_every", int, "synthetic norms: a jump every N iterations"),
+    ("--norm-model", "norm_model", str, "received|sequence"),
+    ("--bandwidth", "bandwidth_bps", rate_arg(allow_zero=False), "worker link rate, e.g. 10G; a bare number is Mbit/s"),
+    ("--server-bandwidth", "server_bandwidth_bps", rate_arg(allow_zero=False),
+     "server link rate; a bare number is Mbit/s (unset: --bandwidth)"),
+    ("--delay", "delay_s", duration_arg(), "one-way delay per link, e.g. 50us; a bare number is seconds"),
+    ("--queue", "queue_bytes", queue_arg(), "drop-tail queue per switch port: bytes (1MiB) or packets (100pkt)"),
+    ("--send-pps", "send_pps", float, "datagrams/s a worker host can send"),
+    ("--server-send-pps", "server_send_pps", float, "datagrams/s the server host can send"),
+    ("--pace", "send_rate_bps", rate_arg(), "pacing rate of every sender, e.g. 900M; a bare number is Mbit/s "
+                                           "(0 = unlimited)"),
+    ("--ctrl-overhead", "ctrl_overhead_s", duration_arg(), "processing per control message, e.g. 20us"),
+    ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram)"),
+    ("--seed", "seed", int, "random seed"),
+    ("--host-slice", "host_slice", int, "datagrams per peer per turn of a host's send loop"),
+    ("--group", "group", int, "round level: datagrams simulated as one unit (1 = exact; 16 = ~5x faster, "
+                              "<0.1%% error on mean latency, see SimConfig)"),
+]
+
+
+def _default_text(name: str) -> str:
+    """SimConfig's default of a field, in the flag's units (for --help)."""
+    f = {f.name: f for f in fields(SimConfig)}.get(name)
+    if f is None or not isinstance(f.default, (int, float, str)) or f.default is None:
+        return "unset"
+    v = f.default
+    if name.endswith("_bps") and isinstance(v, (int, float)):
+        return fmt_rate(v)
+    if name.endswith("_s") and isinstance(v, (int, float)):
+        return fmt_duration(v)
+    return str(v)
+
+
+def add_config_args(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -> None:
+    g = p.add_argument_group("simulator parameters (override --params; defaults: dblp.sim.config.SimConfig)")
+    g.add_argument("--params", default=None, help="params.json (from calibrate, or written by run --out)")
+    for flag, name, conv, hlp in CONFIG_FLAGS:
+        if flag not in skip:
+            g.add_argument(flag, dest=name, type=conv, default=None, metavar=flag[2:].upper().replace("-", "_"),
+                           help=hlp if "(unset" in hlp else f"{hlp} (default: {_default_text(name)})")
+    if "--loss" not in skip:
+        g.add_argument("--loss", action="append", type=parse_loss, default=None,
+                       help="a loss process (repeatable), JSON or kind:key=value:..., e.g. "
+                            "iteration_bursts:at=279,651:loss=0.7 (replaces the params' loss list)")
+
+
+def config_from_args(args: argparse.Namespace, **overrides: Any) -> SimConfig:
+    base = SimConfig.from_json(args.params) if getattr(args, "params", None) else SimConfig()
+    d = base.to_dict()
+    names = {f.name for f in fields(SimConfig)}
+    for k, v in vars(args).items():
+        if k in names and v is not None:
+            d[k] = v
+    d.update(overrides)
+    return SimConfig.from_dict(d)
+
+
+def baseline_of(cfg: SimConfig) -> SimConfig:
+    """The paper's baseline: a fixed tolerance p = P_low (DBLP's own parameters reset:
+    they do not act on a fixed policy, and equal baselines then compare equal)."""
+    return cfg.with_(**run_policy("baseline", cfg.baseline_p).config())
