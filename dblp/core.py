@@ -607,11 +607,16 @@ class Receiver:
                       foreign: np.ndarray | None = None) -> int:
         """Feed many datagrams at once: ``rows[i, :lengths[i]]``, rows of the
         full datagram size processed together. ``foreign[i]`` marks datagrams
-        whose source is not the registered peer (the transport knows sources)."""
+        whose source is not the registered peer (the transport knows sources);
+        a length above the row width marks a datagram the transport truncated."""
         lengths = np.asarray(lengths)
         keep = np.ones(lengths.size, bool) if foreign is None else ~np.asarray(foreign, bool)
         self._drop("foreign", int(lengths.size - keep.sum()))
         width = rows.shape[1]
+        over = keep & (lengths > width)  # longer than the row: truncated by the transport, never exact (R4)
+        if over.any():
+            self._drop("wrong_length", int(over.sum()))
+            keep &= ~over
         full = keep & (lengths == width)
         got = 0
         if full.all():

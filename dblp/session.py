@@ -26,7 +26,8 @@ S4  As soon as worker ``w``'s broadcast is stopped, the server writes that
 S5  A worker sends round ``k`` only after ROUND(k, up) arrived; it sends with
     R3 stream ``1 + w``; it opens its broadcast receiver at the same time,
     whose tolerance arrives with ROUND(k, down) (Alg. 4).
-S6  Records (:class:`dblp.records.RoundRecord`) are built here and only here.
+S6  Records (:class:`dblp.records.RoundRecord`) are built here and only here; each
+    counts every datagram its receiver dropped since the previous record.
 
 A session never reads a clock: every call takes ``now`` in the driver's
 seconds (monotonic or simulated); ``clock_offset`` turns it into the
@@ -39,13 +40,14 @@ from __future__ import annotations
 
 import enum
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
 from . import control as ctl
-from .core import DEFAULT_ORDER, DOWN_STREAM, EncodedRound, Receiver, RoundSender, VirtualRound, send_order
+from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
+                   send_order)
 from .pacing import TokenBucket
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout
@@ -122,11 +124,19 @@ class RecordContext:
         return n if self.scale == 1.0 else int(round(n * self.scale))
 
 
-def _drops(rec: RecordContext, receiver: Receiver) -> dict[str, int]:
-    d = receiver.stats.drops
-    return {"stale": rec.count(d.stale), "duplicate": rec.count(d.duplicate), "corrupt": d.corrupt,
-            "foreign": d.foreign, "malformed": d.malformed, "out_of_range": d.out_of_range,
-            "wrong_length": d.wrong_length}
+def _drops(rec: RecordContext, receiver: Receiver, reported: DropCounters) -> dict[str, int]:
+    """The receiver's drops since the last record (``reported`` is brought up to date).
+
+    Counted from the receiver's lifetime totals, not its per-round counters,
+    so datagrams classified between rounds (a worker reads what arrived
+    during its compute step only when its next round begins) land in the
+    next record instead of in none."""
+    total = receiver.total_drops
+    delta = {k: v - getattr(reported, k) for k, v in vars(total).items()}
+    reported.add(DropCounters(**delta))
+    return {"stale": rec.count(delta["stale"]), "duplicate": rec.count(delta["duplicate"]),
+            "corrupt": delta["corrupt"], "foreign": delta["foreign"], "malformed": delta["malformed"],
+            "out_of_range": delta["out_of_range"], "wrong_length": delta["wrong_length"]}
 
 
 # -- the server -------------------------------------------------------------------------------
@@ -141,6 +151,7 @@ class _Up:
     tolerance: float = 0.0
     sender: RoundSender | None = None
     recorded: bool = True  # this round's record is written (nothing to do until the next broadcast)
+    reported: DropCounters = field(default_factory=DropCounters)  # drops already in a record
 
 
 class ServerSession:
@@ -313,7 +324,7 @@ class ServerSession:
             up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
             round_latency_s=now - self._t0, up_received=c.count(r.received), down_sent=c.count(s.stats.sent),
             down_passes=s.stats.passes, down_received=c.count(s.stats.received), early_stop_down=s.stats.early_stop,
-            send_rate_bps=c.send_rate_bps, order=c.order, **_drops(c, r),
+            send_rate_bps=c.send_rate_bps, order=c.order, **_drops(c, r, p.reported),
             extra={"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra},
         )
 
@@ -351,6 +362,7 @@ class WorkerSession:
         self.sender: RoundSender | None = None
         self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
         self._up_headers: np.ndarray | None = None
+        self._reported = DropCounters()  # drops already in a record
         self._t0 = self._t_send = self._t_sent = 0.0
 
     def handle_control(self, msg: ctl.Message, now: float) -> None:
@@ -415,7 +427,8 @@ class WorkerSession:
             chunks=c.count(self.layout.chunks), up_latency_s=self._t_sent - self._t_send,
             down_latency_s=now - t_down, round_latency_s=now - self._t0, up_sent=c.count(s.stats.sent),
             up_passes=s.stats.passes, up_received=c.count(s.stats.received), down_received=c.count(r.received),
-            early_stop_up=s.stats.early_stop, send_rate_bps=self.pacer.rate_bps, order=c.order, **_drops(c, r),
+            early_stop_up=s.stats.early_stop, send_rate_bps=self.pacer.rate_bps, order=c.order,
+            **_drops(c, r, self._reported),
             extra={"wait_start_s": self._t_send - self._t0, "wait_server_s": t_down - self._t_sent,
                    "up_wait_reply_s": s.stats.wait_s, **(extra or {})},
         )

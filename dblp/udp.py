@@ -198,8 +198,8 @@ class DataSocket:
         ``lengths[:k]`` and their sources in ``srcs[:k]`` (int64 keys,
         :func:`addr_key`), one row per datagram. GRO runs of ``width``-byte
         segments land row by row with no copy; a datagram longer than
-        ``width`` is truncated (it cannot be a valid chunk, and its CRC
-        check will count it). Stops when no datagram is queued, the matrix
+        ``width`` is truncated and reported with length ``width + 1``, which
+        the receiver's exact-length rule (R4) counts as ``wrong_length``. Stops when no datagram is queued, the matrix
         is full, or ``max_calls`` system calls were made. With the C helper
         the loop runs in C (recvmmsg batches on the plain path).
         """
@@ -216,14 +216,15 @@ class DataSocket:
                 break
             try:
                 if self.gro:
-                    n, anc, flags, addr = self.sock.recvmsg_into([flat[k * width :]], self._cmsg_space,
-                                                                 socket.MSG_DONTWAIT)
+                    n, anc, mflags, addr = self.sock.recvmsg_into([flat[k * width :]], self._cmsg_space,
+                                                                  socket.MSG_DONTWAIT)
                     seg = n
                     for level, typ, data in anc:
                         if level == SOL_UDP and typ == UDP_GRO:
                             seg = struct.unpack("H" if len(data) == 2 else "i", data[: 2 if len(data) == 2 else 4])[0]
                 else:
-                    n, addr = self.sock.recvfrom_into(flat[k * width : (k + 1) * width], width, socket.MSG_DONTWAIT)
+                    n, _, mflags, addr = self.sock.recvmsg_into([flat[k * width : (k + 1) * width]], 0,
+                                                                socket.MSG_DONTWAIT)
                     seg = n
             except (BlockingIOError, InterruptedError):
                 break
@@ -231,6 +232,10 @@ class DataSocket:
                 continue
             self.recv_calls += 1
             key = addr_key(addr)
+            if not self.gro and mflags & socket.MSG_TRUNC:  # longer than any valid datagram: R4 counts it
+                lengths[k], srcs[k] = width + 1, key
+                k += 1
+                continue
             if n <= width or seg == width:
                 m = max(1, -(-n // width))
                 lengths[k : k + m] = width
@@ -246,7 +251,7 @@ class DataSocket:
                         break
                     piece = buf[off : off + min(seg, width)]
                     rows[k, : piece.size] = piece
-                    lengths[k] = piece.size
+                    lengths[k] = piece.size if seg <= width or n - off <= width else width + 1  # truncated
                     srcs[k] = key
                     k += 1
         return k

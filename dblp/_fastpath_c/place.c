@@ -86,6 +86,7 @@ static int settle(place_ctx *c, Py_ssize_t row, int64_t *aim, Py_ssize_t n) {
         c->crcs[row] = crc_impl(crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START), c->out + a * c->cb, (size_t)c->cb);
         return 1;
     }
+    if (n > c->width) n = c->width; /* a truncated datagram: its row holds width bytes */
     if (n > HEADER_BYTES) memcpy(r + HEADER_BYTES, c->out + a * c->cb, (size_t)(n - HEADER_BYTES));
     c->claim[a] = 0;
     *aim = -1;
@@ -178,9 +179,8 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
                         }
                         for (off = 0; off < n && used < r; off += seg) {
                             Py_ssize_t piece = n - off < seg ? n - off : seg;
-                            if (piece > width) piece = width;
-                            memcpy(c.base + (k + used) * width, tmp + off, (size_t)piece);
-                            ln[k + used] = piece;
+                            memcpy(c.base + (k + used) * width, tmp + off, (size_t)(piece > width ? width : piece));
+                            ln[k + used] = piece > width ? width + 1 : piece; /* truncated: R4 counts it */
                             sk[k + used] = key;
                             used++;
                         }
@@ -213,9 +213,11 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
                 int got = recvmmsg(fd, msgs, vlen, MSG_DONTWAIT, NULL);
                 calls++;
                 for (int j = 0; j < got; j++) {
-                    ln[k + j] = msgs[j].msg_len;
+                    /* a truncated datagram gets width + 1: never placed, and R4 counts it wrong_length */
+                    Py_ssize_t len = (msgs[j].msg_hdr.msg_flags & MSG_TRUNC) ? width + 1 : (Py_ssize_t)msgs[j].msg_len;
+                    ln[k + j] = len;
                     sk[k + j] = src_key(&addrs[j]);
-                    placed += settle(&c, k + j, &aims[k + j], (Py_ssize_t)msgs[j].msg_len);
+                    placed += settle(&c, k + j, &aims[k + j], len);
                 }
                 if (got > 0) resync(&c, k + got - 1, ln[k + got - 1]);
                 for (unsigned int j = got > 0 ? (unsigned int)got : 0; j < vlen; j++)

@@ -209,8 +209,8 @@ ssize_t recv_gro(int fd, struct iovec *iov, size_t iovlen, struct sockaddr_in *s
  * blocking, one row per datagram: with `gro`, a coalesced run of
  * width-byte segments lands row by row with no copy (one recvmsg per run);
  * without, recvmmsg takes up to 256 datagrams per system call. lengths[i]
- * gets each datagram's length (truncated to width: such a datagram cannot
- * be a valid chunk and fails its CRC), srcs[i] its source as
+ * gets each datagram's length (width + 1 for one longer than width: it is
+ * truncated in its row, and the receiver's exact-length rule counts it), srcs[i] its source as
  * (IPv4 address << 16) | port. Returns (k, calls). Stops when nothing is
  * queued, the matrix is full or max_calls calls were made. ECONNREFUSED
  * (ICMP about an earlier send) is skipped; other errors raise OSError. */
@@ -269,9 +269,9 @@ PyObject *fp_recv_rows(PyObject *self, PyObject *args) {
                     memcpy(scratch, base + k * width, (size_t)n);
                     for (Py_ssize_t off = 0; off < n && k < K; off += seg) {
                         Py_ssize_t piece = n - off < seg ? n - off : seg;
-                        if (piece > width) piece = width;
-                        memcpy(base + k * width, scratch + off, (size_t)piece);
-                        ln[k] = piece;
+                        Py_ssize_t keep = piece > width ? width : piece;
+                        memcpy(base + k * width, scratch + off, (size_t)keep);
+                        ln[k] = piece > width ? width + 1 : piece; /* truncated: longer than any valid datagram */
                         sk[k++] = key;
                     }
                 }
@@ -299,7 +299,8 @@ PyObject *fp_recv_rows(PyObject *self, PyObject *args) {
                     break;
                 }
                 for (int j = 0; j < r; j++) {
-                    ln[k + j] = msgs[j].msg_len;
+                    /* a truncated datagram gets width + 1: R4's exact-length rule counts it */
+                    ln[k + j] = (msgs[j].msg_hdr.msg_flags & MSG_TRUNC) ? width + 1 : (int64_t)msgs[j].msg_len;
                     sk[k + j] = src_key(&addrs[j]);
                 }
                 k += r;
