@@ -39,6 +39,8 @@ UP = 0
 DOWN = 1
 MAX_FRAME = 64 * 1024 * 1024  # a bitmap of 500M chunks; anything larger is garbage
 PROTOCOL_VERSION = 1
+MAX_HELLO = 4 * 1024 * 1024  # tensor names and shapes of the largest models fit in far less
+MAX_ELEMENTS = (1 << 32) * 362  # the wire's u32 chunk index at the largest payload
 
 
 class ControlError(Exception):
@@ -133,8 +135,9 @@ def encode(msg: Message) -> bytes:
 def _decode_body(t: int, body: bytes) -> Message:
     try:
         if t == 1:
-            d = json.loads(body.decode())
-            return Hello(int(d["worker"]), int(d["udp_port"]), dict(d["spec"]), int(d["version"]))
+            if len(body) > MAX_HELLO:
+                raise ControlError(f"HELLO of {len(body)} bytes, more than {MAX_HELLO}")
+            return _hello(json.loads(body.decode()))
         if t == 2:
             info = json.loads(body.decode())
             if not isinstance(info, dict):
@@ -155,6 +158,35 @@ def _decode_body(t: int, body: bytes) -> Message:
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ControlError(f"malformed control message of type {t}: {exc}") from exc
     raise ControlError(f"unknown control message type {t}")
+
+
+def _int(d: dict, key: str, lo: int, hi: int, what: str) -> int:
+    v = d.get(key)
+    if type(v) is not int or not lo <= v <= hi:  # bool, float and str are refused, not coerced
+        raise ControlError(f"HELLO {what} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _hello(d: object) -> Hello:
+    """A HELLO with strict types: what a worker claims is checked before the server uses it."""
+    if not isinstance(d, dict):
+        raise ControlError("HELLO body is not a JSON object")
+    spec = d.get("spec")
+    if not isinstance(spec, dict):
+        raise ControlError(f"HELLO spec must be an object, got {spec!r}")
+    elements = _int(spec, "elements", 1, MAX_ELEMENTS, "spec.elements")
+    names, shapes = spec.get("names", []), spec.get("shapes", [])
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise ControlError("HELLO spec.names must be a list of strings")
+    if not isinstance(shapes, list) or not all(
+            isinstance(sh, list) and all(type(x) is int and x >= 0 for x in sh) for sh in shapes):
+        raise ControlError("HELLO spec.shapes must be a list of lists of non-negative integers")
+    if shapes and sum(int(np.prod(sh)) for sh in shapes) != elements:
+        raise ControlError(f"HELLO spec.shapes hold {sum(int(np.prod(sh)) for sh in shapes)} elements, "
+                           f"spec.elements says {elements}")
+    return Hello(_int(d, "worker", -1, 65534, "worker"), _int(d, "udp_port", 1, 65535, "udp_port"),
+                 {"elements": elements, "names": names, "shapes": shapes},
+                 _int(d, "version", 0, 1 << 16, "version"))
 
 
 class ControlDecoder:

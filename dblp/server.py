@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import selectors
 import socket
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ class ServerConfig:
     rounds: int | None = None  # stop after this many rounds (None: until the workers leave)
     peer_timeout: float = DEFAULT_PEER_TIMEOUT_S
     accept_timeout: float = 120.0
+    handshake_timeout: float = 10.0  # a connection must say HELLO within this many seconds
+    elements: int | None = None  # the tensor size this server serves (None: the first valid HELLO's)
+    max_memory_bytes: int | None = None  # a first HELLO may not need more (None: half the available memory)
     on_worker_loss: str = "exit"  # "exit" | "continue"
     records: str | None = None
     source: str = "loopback"
@@ -58,8 +62,13 @@ class ServerConfig:
             raise ParameterError(f"reduce must be one of {MODES}, got {self.reduce!r}")
         if self.on_worker_loss not in ("exit", "continue"):
             raise ParameterError(f"on_worker_loss must be exit or continue, got {self.on_worker_loss!r}")
-        if self.peer_timeout <= 0:
-            raise ParameterError(f"peer_timeout must be positive, got {self.peer_timeout}")
+        for name in ("peer_timeout", "accept_timeout", "handshake_timeout"):
+            if not getattr(self, name) > 0:
+                raise ParameterError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.elements is not None and not 0 < self.elements <= ctl.MAX_ELEMENTS:
+            raise ParameterError(f"elements must be in [1, {ctl.MAX_ELEMENTS}], got {self.elements}")
+        if self.rounds is not None and self.rounds < 1:
+            raise ParameterError(f"rounds must be >= 1 (or None: until the workers leave), got {self.rounds}")
         ChunkLayout(1, self.mtu)  # validates mtu
 
 
@@ -99,31 +108,86 @@ class ParameterServer:
 
     # -- setup -------------------------------------------------------------------
     def accept_workers(self) -> None:
-        spec: dict | None = None
+        """Take ``cfg.workers`` HELLOs; every handshake runs at once, each under its own deadline.
+
+        A client that connects and says nothing, or something malformed, or
+        asks for a tensor this server will not serve, or an id that is taken
+        or out of range, is refused with a BYE naming the reason and closed,
+        without delaying the others. The tensor size is the server's
+        (``cfg.elements``) when configured, else the first valid HELLO's -
+        bounded by the memory the server would need for it.
+        """
+        spec: dict | None = {"elements": self.cfg.elements} if self.cfg.elements else None
+        taken: set[int] = set()
         pending: list[tuple[socket.socket, ctl.Hello]] = []
+        shaking: dict[socket.socket, tuple[tuple, ctl.ControlDecoder, float]] = {}
         deadline = time.monotonic() + self.cfg.accept_timeout
-        while len(pending) < self.cfg.workers:
+        sel = selectors.DefaultSelector()
+        self.listener.setblocking(False)
+        sel.register(self.listener, selectors.EVENT_READ)
+
+        def refuse(conn: socket.socket, addr: tuple, why: str) -> None:
+            log.warning("connection from %s:%s refused: %s", addr[0], addr[1], why)
             try:
-                conn, addr = self.listener.accept()
-            except socket.timeout:
-                raise ServerError(
-                    f"only {len(pending)} of {self.cfg.workers} workers connected within {self.cfg.accept_timeout:.0f} s"
-                ) from None
-            conn.settimeout(max(1.0, deadline - time.monotonic()))
-            try:
-                hello = _read_one(conn, ctl.Hello)
-            except (OSError, ctl.ControlError, ServerError) as exc:
-                log.warning("connection from %s refused: %s", addr, exc)
-                conn.close()
-                continue
-            if spec is None:
-                spec = hello.spec
-            elif int(hello.spec.get("elements", -1)) != int(spec.get("elements", -2)):
-                conn.sendall(ctl.encode(ctl.Bye(f"tensor spec {hello.spec} differs from the first worker's {spec}")))
-                conn.close()
-                continue
-            pending.append((conn, hello))
+                conn.sendall(ctl.encode(ctl.Bye(f"refused: {why}")))
+            except OSError:
+                pass
+            sel.unregister(conn)
+            del shaking[conn]
+            conn.close()
+
+        try:
+            while len(pending) < self.cfg.workers:
+                now = time.monotonic()
+                for conn, (addr, _, until) in list(shaking.items()):
+                    if now >= until:
+                        refuse(conn, addr, f"no HELLO within {self.cfg.handshake_timeout:g} s")
+                if now >= deadline:
+                    raise ServerError(f"only {len(pending)} of {self.cfg.workers} workers connected "
+                                      f"within {self.cfg.accept_timeout:.0f} s")
+                wake = min([deadline, *(until for _, _, until in shaking.values())])
+                for key, _ in sel.select(max(0.0, wake - now)):
+                    if key.fileobj is self.listener:
+                        try:
+                            conn, addr = self.listener.accept()
+                        except (BlockingIOError, InterruptedError):
+                            continue
+                        conn.setblocking(False)
+                        shaking[conn] = (addr, ctl.ControlDecoder(), time.monotonic() + self.cfg.handshake_timeout)
+                        sel.register(conn, selectors.EVENT_READ)
+                        continue
+                    conn = key.fileobj
+                    addr, dec, _ = shaking[conn]
+                    try:
+                        data = conn.recv(1 << 16)
+                        msgs = dec.feed(data) if data else []
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except (OSError, ctl.ControlError) as exc:
+                        refuse(conn, addr, str(exc))
+                        continue
+                    if not data:
+                        refuse(conn, addr, "closed before its HELLO")
+                    elif msgs:
+                        hello = msgs[0]
+                        why = self._check_hello(hello, spec, taken)
+                        if why:
+                            refuse(conn, addr, why)
+                            continue
+                        spec = spec or hello.spec
+                        if hello.worker >= 0:
+                            taken.add(hello.worker)
+                        sel.unregister(conn)
+                        del shaking[conn]
+                        conn.setblocking(True)
+                        pending.append((conn, hello))
+        finally:
+            for conn, (addr, _, _) in list(shaking.items()):
+                refuse(conn, addr, "the server has its workers")
+            sel.close()
+            self.listener.setblocking(True)
         assert spec is not None
+        spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers
         elements = int(spec["elements"])
         self.layout = ChunkLayout(elements, self.cfg.mtu)
         ids = _assign_ids([h.worker for _, h in pending], self.cfg.workers)
@@ -168,6 +232,28 @@ class ParameterServer:
         log.info("%d workers connected; %d elements in %d chunks of %d floats",
                  len(self.workers), elements, self.layout.chunks, self.layout.chunk_floats)
 
+    def _check_hello(self, hello: ctl.Message, spec: dict | None, taken: set[int]) -> str | None:
+        """Why this HELLO is refused, or None."""
+        if not isinstance(hello, ctl.Hello):
+            return f"expected HELLO, got {type(hello).__name__}"
+        if hello.version != ctl.PROTOCOL_VERSION:
+            return f"protocol version {hello.version}, this server speaks {ctl.PROTOCOL_VERSION}"
+        n = hello.spec["elements"]
+        if spec is not None and n != spec["elements"]:
+            return f"tensor of {n:,} elements; this run's tensor has {spec['elements']:,}"
+        if spec is None:
+            need = (self.cfg.workers + 2) * n * 4  # a receive buffer per worker, the mean, its encoding
+            limit = self.cfg.max_memory_bytes or _memory_limit()
+            if need > limit:
+                return (f"a tensor of {n:,} elements needs {need / 2**30:.1f} GiB on the server, more than its "
+                        f"limit of {limit / 2**30:.1f} GiB (give the server the tensor size, or a larger limit)")
+        w = hello.worker
+        if w >= self.cfg.workers:
+            return f"worker id {w} is out of range: this run has workers 0..{self.cfg.workers - 1}"
+        if w in taken:
+            return f"worker id {w} is taken by another worker"
+        return None
+
     def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
         if isinstance(msg, ctl.Bye):
             log.info("%s left: %s", peer.name, msg.reason)
@@ -202,13 +288,24 @@ class ParameterServer:
         _close_peer(w.peer)
 
     def _drop_worker(self, exc: PeerError) -> None:
-        w = next((w for w in self.workers if w.peer is exc.peer), None)
-        if self.cfg.on_worker_loss == "exit" or w is None:
+        """A peer failed (``exc.peer``) or went silent (``exc.peer`` None): exit, or go on without it."""
+        assert self.session is not None
+        if exc.peer is None:  # silence: name the workers the round is waiting for
+            waiting = set(self.session.waiting_on())
+            lost = [w for w in self.workers if w.wid in waiting]
+            names = ", ".join(w.peer.name for w in lost) or "every peer"
+            exc = PeerError(f"nothing heard for {self.cfg.peer_timeout:g} s while waiting for {names} "
+                            f"(process stopped, host down or path cut)")
+        else:
+            lost = [w for w in self.workers if w.peer is exc.peer]
+        if self.cfg.on_worker_loss == "exit" or not lost:
             raise ServerError(f"round {self.round}: {exc}") from exc
-        log.error("round %d: %s; continuing with the remaining workers", self.round, exc)
-        self._remove(w)
+        for w in lost:
+            self._remove(w)
         if not self.workers:
-            raise ServerError(f"round {self.round}: all workers lost") from exc
+            raise ServerError(f"round {self.round}: all workers lost ({exc})") from exc
+        log.error("round %d: %s; continuing with %d of %d workers", self.round, exc, len(self.workers),
+                  self.cfg.workers)
 
     def _pump(self, until) -> None:
         while True:
@@ -239,8 +336,6 @@ class ParameterServer:
             if not self.workers:
                 return False
         s.poll(time.monotonic())
-        if len(self.workers) < self.cfg.workers:
-            log.warning("round %d: reducing over %d of %d workers", self.round, len(self.workers), self.cfg.workers)
         # 2. Reduce by mean; 3.-4. the session feeds the policy and starts the broadcast.
         live = s.live
         norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
@@ -308,14 +403,13 @@ def _assign_ids(requested: list[int], n: int) -> list[int]:
     return [o if o >= 0 else next(free) for o in out]
 
 
-def _read_one(conn: socket.socket, kind: type) -> ctl.Message:
-    dec = ctl.ControlDecoder()
-    while True:
-        data = conn.recv(1 << 16)
-        if not data:
-            raise ServerError("connection closed before its first message")
-        msgs = dec.feed(data)
-        if msgs:
-            if not isinstance(msgs[0], kind):
-                raise ServerError(f"expected {kind.__name__}, got {type(msgs[0]).__name__}")
-            return msgs[0]
+def _memory_limit() -> int:
+    """Half of the memory available now: a HELLO may not make the server take more."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024 // 2
+    except OSError:
+        pass
+    return 8 << 30

@@ -236,6 +236,14 @@ class ServerSession:
         p = self.peers.get(w)
         return p is None or p.sender is None or p.sender.done
 
+    def waiting_on(self) -> tuple[int, ...]:
+        """The workers the round is waiting for now (to name a silent peer)."""
+        if self.phase is Phase.UPSTREAM:
+            return tuple(w for w, p in self.peers.items() if not p.receiver.complete)
+        if self.phase is Phase.BROADCAST:
+            return tuple(w for w, p in self.peers.items() if p.sender is not None and not p.sender.done)
+        return ()
+
     def wants_poll(self) -> bool:
         """Whether :meth:`poll` would make progress now (a pure query, for event-loop predicates)."""
         if self.phase is Phase.UPSTREAM:

@@ -316,7 +316,7 @@ def test_control_messages_of_other_rounds_are_ignored():
 
 def test_control_decoder_rejects_garbage_and_reassembles():
     msgs = [ctl.RoundStart(1, ctl.DOWN, 0.408, True), ctl.Probe(1, ctl.UP, 2), ctl.Stop(9, 0, 5), ctl.Bye("x"),
-            ctl.Hello(2, 4000, {"elements": 5}), ctl.Meta({"a": 1}),
+            ctl.Hello(2, 4000, {"elements": 5, "names": ["w"], "shapes": [[5]]}), ctl.Meta({"a": 1}),
             ctl.Bitmap(1, 1, 2, np.packbits(np.array([1, 0, 1], bool)).tobytes())]
     data = b"".join(ctl.encode(m) for m in msgs)
     dec = ctl.ControlDecoder()
