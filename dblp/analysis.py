@@ -22,30 +22,6 @@ import numpy as np
 from .records import RoundRecord, read_records
 
 
-def predicted_passes(loss: float, tolerance: float, chunks: int | None = None, max_passes: int = 1000) -> int:
-    """Passes a sender needs when every pass loses ``loss`` of what it sends:
-    the smallest k with 1 - loss**k >= 1 - tolerance (paper V-B arithmetic:
-    at 70% loss, 0.8% needs 14 passes and 40.8% needs 3). With ``chunks``
-    given, the chunk count rounds the allowance (p = 0 then needs the
-    expected missing count n * loss**k below half a chunk, not zero)."""
-    if loss <= 0:
-        return 1
-    if loss >= 1:
-        return max_passes
-    if chunks:
-        from .policy import needed_chunks
-
-        allowed = chunks - needed_chunks(chunks, tolerance)
-        for k in range(1, max_passes + 1):
-            if chunks * loss**k <= allowed + 0.5:
-                return k
-        return max_passes
-    for k in range(1, max_passes + 1):
-        if 1 - loss**k >= 1 - tolerance - 1e-12:
-            return k
-    return max_passes
-
-
 def load(paths: str | Path | Iterable[str | Path]) -> list[RoundRecord]:
     if isinstance(paths, (str, Path)):
         p = Path(paths)
@@ -106,17 +82,32 @@ def summarize(records: Sequence[RoundRecord], bursts: Sequence[int] = (), field:
     )
 
 
-def table_ii(base: LatencySummary, dblp: LatencySummary, bursts: Sequence[int]) -> list[list[str]]:
-    """Rows of the paper's Table II for this run: DBLP, baseline, speedup."""
+def table_ii(base: LatencySummary, dblp: LatencySummary, bursts: Sequence[int]) -> list[list]:
+    """Rows of the paper's Table II for this run: DBLP, baseline, speedup (baseline / DBLP).
+
+    Cells are numbers (seconds; the speedup a plain ratio) so a CSV of these rows is numeric;
+    :func:`format_table` formats them for printing."""
     head = ["Latency (s)"] + [f"Burst {i + 1} (iter {b})" for i, b in enumerate(bursts)] + ["Tail (max)", "p99", "Average"]
     d = dblp.at_bursts + [dblp.tail_max, dblp.p99, dblp.mean]
     b = base.at_bursts + [base.tail_max, base.p99, base.mean]
     sp = [bb / dd if dd and dd > 0 else math.nan for bb, dd in zip(b, d)]
-    return [head, ["DBLP"] + [f"{x:.4f}" for x in d], ["Baseline"] + [f"{x:.4f}" for x in b],
-            ["Speedup"] + [f"{x:.2f}x" for x in sp]]
+    return [head, ["DBLP"] + d, ["Baseline"] + b, ["Speedup (x)"] + sp]
 
 
-def format_table(rows: list[list[str]]) -> str:
+def format_cell(v: object, spec: str = ".4f") -> str:
+    """A table cell as text: strings as they are, numbers with ``spec``, NaN/None as ``-``."""
+    if isinstance(v, str):
+        return v
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, (bool, int, np.integer)):
+        return str(v)
+    return format(float(v), spec)
+
+
+def format_table(rows: Sequence[Sequence[object]], spec: str = ".4f") -> str:
+    """Aligned text of ``rows`` (the first is the header); numeric cells formatted with ``spec``."""
+    rows = [[format_cell(c, spec) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.rjust(w) if j else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
@@ -173,3 +164,197 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+# -- comparing two runs (``python -m dblp.analysis compare A B``) ---------------------------------
+
+#: (column, what it is) of the comparison table, per run label and role.
+COMPARE_METRICS: tuple[tuple[str, str], ...] = (
+    ("rounds", "rounds with a record of this role"),
+    ("round p50 (s)", "whole exchange, slowest of the role per round"),
+    ("round p99 (s)", ""),
+    ("round mean (s)", ""),
+    ("send p50 (s)", "up_latency_s (worker: DBLP_SEND; server: DBLP_RECV), slowest per round"),
+    ("send p99 (s)", ""),
+    ("send mean (s)", ""),
+    ("passes mean", "worker: up_passes; server: down_passes"),
+    ("passes max", ""),
+    ("recv frac mean", "worker: down_frac (broadcast it received); server: up_frac"),
+    ("recv frac min", ""),
+    ("drops", "datagrams this side's receiver dropped (stale, duplicate, corrupt...), all rounds"),
+)
+_DROP_FIELDS = ("stale", "duplicate", "corrupt", "foreign", "malformed", "out_of_range", "wrong_length")
+
+
+def load_run(path: str | Path) -> list[RoundRecord]:
+    """A run's records from a records JSONL file or a results folder.
+
+    In a folder: ``rounds.jsonl`` (a scenario's merged file) if there is one, else every
+    ``*.jsonl`` below it that holds round records (others, like ``bursts.jsonl``, are
+    skipped). Records without a ``run`` label take the name of their policy's subfolder
+    (``<run>/<policy>/records/*.jsonl``) or file (``records-<label>.jsonl``)."""
+    p = Path(path)
+    if p.is_file():
+        return [_label(r, p) for r in read_records(p)]
+    if not p.is_dir():
+        raise ValueError(f"{path}: no such records file or results folder")
+    if (p / "rounds.jsonl").is_file():
+        return [_label(r, p / "rounds.jsonl") for r in read_records(p / "rounds.jsonl")]
+    out: list[RoundRecord] = []
+    for f in sorted(p.rglob("*.jsonl")):
+        try:
+            out.extend(_label(r, f) for r in read_records(f))
+        except ValueError:
+            continue  # not a records file
+    if not out:
+        raise ValueError(f"{path}: no round records (*.jsonl) found in this folder")
+    return out
+
+
+def _label(r: RoundRecord, f: Path) -> RoundRecord:
+    """Fill an unlabelled record's ``run`` from where it was found (see :func:`load_run`)."""
+    if not r.run:
+        stem = f.stem
+        if stem.startswith("records-"):
+            r.run = stem[len("records-"):]
+        elif f.parent.name == "records" and f.parent.parent.name not in ("", "."):
+            r.run = f.parent.parent.name
+    return r
+
+
+def group_runs(records: Sequence[RoundRecord]) -> dict[tuple[str, str], list[RoundRecord]]:
+    """Records by (run label, role); the label falls back to the policy name."""
+    out: dict[tuple[str, str], list[RoundRecord]] = {}
+    for r in records:
+        out.setdefault((r.run or r.policy or "?", r.role), []).append(r)
+    return out
+
+
+def compare_stats(records: Sequence[RoundRecord], role: str, skip_first: int = 1) -> dict[str, float]:
+    """The :data:`COMPARE_METRICS` of one role's records (rounds below ``skip_first`` left out)."""
+    recs = [r for r in records if r.role == role and r.round >= skip_first]
+
+    def pct(field: str) -> tuple[float, float, float]:
+        _, v = per_round(recs, field, role=role)
+        v = v[np.isfinite(v)] if v.size else v
+        if not v.size:
+            return math.nan, math.nan, math.nan
+        return float(np.median(v)), float(np.percentile(v, 99)), float(np.mean(v))
+
+    passes = np.array([r.up_passes if role == "worker" else r.down_passes for r in recs], dtype=float)
+    frac = np.array([r.down_frac if role == "worker" else r.up_frac for r in recs], dtype=float)
+    frac = frac[np.isfinite(frac)]
+    rnd, snd = pct("round_latency_s"), pct("up_latency_s")
+    return {
+        "rounds": len({r.round for r in recs}),
+        "round p50 (s)": rnd[0], "round p99 (s)": rnd[1], "round mean (s)": rnd[2],
+        "send p50 (s)": snd[0], "send p99 (s)": snd[1], "send mean (s)": snd[2],
+        "passes mean": float(passes.mean()) if passes.size else math.nan,
+        "passes max": float(passes.max()) if passes.size else math.nan,
+        "recv frac mean": float(frac.mean()) if frac.size else math.nan,
+        "recv frac min": float(frac.min()) if frac.size else math.nan,
+        "drops": sum(getattr(r, f) for r in recs for f in _DROP_FIELDS),
+    }
+
+
+def compare_rows(a: Sequence[RoundRecord], b: Sequence[RoundRecord], names: tuple[str, str] = ("A", "B"),
+                 skip_first: int = 1) -> list[dict]:
+    """One row per (run label, role, metric) present in either run: the two values and B/A.
+
+    Labels pair up by name (``dblp`` with ``dblp``); two single-label runs pair whatever
+    their labels (a ``dblp`` file against a ``baseline`` file: ``dblp|baseline``)."""
+    ga, gb = group_runs(a), group_runs(b)
+    la, lb = {k[0] for k in ga}, {k[0] for k in gb}
+    if len(la) == 1 and len(lb) == 1 and la != lb:
+        pair = f"{next(iter(la))}|{next(iter(lb))}"
+        ga = {(pair, role): v for (_, role), v in ga.items()}
+        gb = {(pair, role): v for (_, role), v in gb.items()}
+    rows = []
+    for key in sorted(set(ga) | set(gb), key=lambda k: (k[0], k[1] != "worker", k[1])):
+        sa = compare_stats(ga.get(key, []), key[1], skip_first) if key in ga else {}
+        sb = compare_stats(gb.get(key, []), key[1], skip_first) if key in gb else {}
+        for m, _ in COMPARE_METRICS:
+            va, vb = sa.get(m, math.nan), sb.get(m, math.nan)
+            ratio = vb / va if va and math.isfinite(va) and math.isfinite(vb) else math.nan
+            rows.append({"run": key[0], "role": key[1], "metric": m, names[0]: va, names[1]: vb, "B/A": ratio})
+    return rows
+
+
+def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip_first: int = 1,
+            plot: bool = True) -> list[dict]:
+    """Print the side-by-side tables of two runs; write ``compare.csv`` and overlay plots into ``out``."""
+    import csv
+
+    names = (Path(a_path).name or str(a_path), Path(b_path).name or str(b_path))
+    if names[0] == names[1]:
+        names = (f"A:{names[0]}", f"B:{names[1]}")
+    a, b = load_run(a_path), load_run(b_path)
+    rows = compare_rows(a, b, names, skip_first)
+    print(f"A = {a_path} ({len(a)} records)\nB = {b_path} ({len(b)} records)")
+    for key in dict.fromkeys((r["run"], r["role"]) for r in rows):
+        block = [r for r in rows if (r["run"], r["role"]) == key]
+        print(f"\n{key[0]} / {key[1]}")
+        print(format_table([["metric", "A", "B", "B/A"]] + [[r["metric"], r[names[0]], r[names[1]], r["B/A"]]
+                                                          for r in block]))
+    if out is None:
+        return rows
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "compare.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["run", "role", "metric"])
+        w.writeheader()
+        w.writerows(rows)
+    written = ["compare.csv"]
+    if plot:
+        series = {f"{tag}:{run}": recs for tag, recs in (("A", a), ("B", b))
+                  for (run, role), recs in group_runs(recs).items() if role == "worker"}
+        for field, what in (("up_latency_s", "send"), ("round_latency_s", "round")):
+            plot_latency(series, out / f"latency_{what}.png", title=f"{what.capitalize()} latency per iteration",
+                         field=field)
+            plot_cdf(series, out / f"cdf_{what}.png", title=f"CDF of {what} latency", field=field)
+            written += [f"latency_{what}.png", f"cdf_{what}.png"]
+    print(f"\nwrote {out}/: {', '.join(written)}")
+    return rows
+
+
+def build_parser() -> "argparse.ArgumentParser":
+    import argparse
+
+    from .cliargs import parser
+
+    ap = parser("python -m dblp.analysis", description="Tables and plots of round records.")
+    sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
+    c = sub.add_parser("compare", formatter_class=ap.formatter_class,
+                       help="two runs side by side: latency, passes, received fraction, drops; overlay plots",
+                       description="Compare two runs (each a results folder or a records JSONL file): per run "
+                                   "label and role, p50/p99/mean round and send latency, passes, received "
+                                   "fraction and drops of A and B and their ratio; overlay plots of latency "
+                                   "per iteration and its CDF.")
+    c.add_argument("run_a", metavar="RUN_A", help="results folder or records JSONL (the reference)")
+    c.add_argument("run_b", metavar="RUN_B", help="results folder or records JSONL")
+    c.add_argument("--out", default="compare", help="folder for compare.csv and the plots")
+    c.add_argument("--skip", type=int, default=1, help="leave out rounds below this (warm-up)")
+    c.add_argument("--no-plot", action="store_true", help="write compare.csv only")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import sys
+
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    if a.cmd is None:
+        ap.print_help(sys.stderr)
+        return 2
+    if a.skip < 0:
+        ap.error(f"--skip must be >= 0, got {a.skip}")
+    try:
+        compare(a.run_a, a.run_b, a.out, a.skip, plot=not a.no_plot)
+    except ValueError as exc:
+        print(f"python -m dblp.analysis compare: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

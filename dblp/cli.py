@@ -1,4 +1,4 @@
-"""Command line: ``python -m dblp server|worker|loopback|hosts ...``.
+"""Command line: ``python -m dblp server|worker|loopback ...``.
 
 The worker command replays synthetic gradients of a chosen model size (see
 :mod:`dblp.gradients`); training workers use :class:`dblp.worker.Worker`
@@ -14,110 +14,82 @@ import sys
 import time
 
 
-from .gradients import ReplayGradients, model_elements, read_norms, synthetic_norms
-from .policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
+from traces.units import HelpFormatter, duration_arg, rate_arg
+
+from .cliargs import add_policy_args, hostport, parser
+from .control import DEFAULT_PORT
+from .core import ORDERS
+from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
+from .policy import make_policy
 from .server import ParameterServer, ServerConfig, ServerError
 from .wire import ParameterError
 from .worker import Worker, WorkerError
 
 
-def _hostport(s: str) -> tuple[str, int]:
-    host, _, port = s.rpartition(":")
-    if not host or not port.isdigit():
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {s!r}")
-    return host, int(port)
-
-
-def _rate(s: str) -> float:
-    """'100M' -> 1e8 bit/s; '0' -> unlimited."""
-    mult = {"k": 1e3, "m": 1e6, "g": 1e9}
-    s = s.strip().lower().removesuffix("bit").removesuffix("bps")
-    try:
-        return float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad rate {s!r}: use e.g. 0, 500M, 1.5G") from None
-
-
-def policy_flags(name: str, p_low: float, p_high: float, eta: float, freq: int) -> list[str]:
-    """Server flags of a scenario's named run: ``reliable`` (p = 0), ``baseline``
-    (fixed p = P_low, MLT) or ``dblp`` (CLR switching between P_low and P_high)."""
-    if name == "reliable":
-        return ["--policy", "reliable"]
-    if name == "baseline":
-        return ["--policy", "fixed", "--p", f"{p_low:g}"]
-    if name == "dblp":
-        return ["--policy", "dblp", "--p-low", f"{p_low:g}", "--p-high", f"{p_high:g}", "--eta", f"{eta:g}",
-                "--freq", str(freq)]
-    raise ParameterError(f"run must be reliable, baseline or dblp, got {name!r}")
-
-
-def add_policy_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("tolerance policy")
-    g.add_argument("--policy", choices=["reliable", "fixed", "dblp"], default="dblp")
-    g.add_argument("--p", type=float, default=DEFAULT_P_LOW, help="fixed tolerance, and P_low's default (%(default)s)")
-    g.add_argument("--p-low", type=float, default=None, help="DBLP's tolerance in the CLR (default: --p)")
-    g.add_argument("--p-high", type=float, default=None, help=f"DBLP's tolerance outside the CLR (default: P_low + {DEFAULT_K})")
-    g.add_argument("--eta", type=float, default=DEFAULT_ETA, help="CLR detection threshold (%(default)s)")
-    g.add_argument("--freq", type=int, default=DEFAULT_FREQ, help="CLR check period in steps (%(default)s)")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m dblp`` (the real-host launcher is ``python -m emulation.hosts``).
+    Flags follow :data:`dblp.cliargs.VOCABULARY`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    ap = argparse.ArgumentParser(prog="dblp", description="DBLP bounded-loss gradient transport")
+    ap = parser("dblp", "DBLP bounded-loss gradient transport")
     sub = ap.add_subparsers(dest="cmd", required=True)
+    order_help = ("chunk send order: a fresh permutation of 64-chunk runs (blocks) or of single chunks "
+                  "(perm) each round, or index order")
 
-    s = sub.add_parser("server", parents=[common], help="run the parameter server",
+    s = sub.add_parser("server", parents=[common], help="run the parameter server", formatter_class=HelpFormatter,
                        description="Run the DBLP parameter server (Algorithm 3).")
-    s.add_argument("--host", default="0.0.0.0")
-    s.add_argument("--port", type=int, default=29500)
-    s.add_argument("--workers", type=int, default=3)
-    s.add_argument("--rounds", type=int, default=None, help="stop after this many rounds (default: until workers leave)")
-    s.add_argument("--mtu", type=int, default=1500)
-    s.add_argument("--order", choices=["blocks", "perm", "inorder"], default="blocks",
-                   help="chunk send order: a fresh permutation of 64-chunk runs (blocks) or of single chunks "
-                        "(perm) each round, or index order (default: %(default)s)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule (%(default)s)")
-    s.add_argument("--rate", type=_rate, default=0.0, help="pacing rate of the broadcast, e.g. 900M (0 = unlimited)")
-    s.add_argument("--peer-timeout", type=float, default=120.0,
-                   help="seconds of silence before a peer is declared dead (a vanished host is caught "
+    s.add_argument("--host", default="0.0.0.0", help="address to listen on")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP control port (UDP data uses the same number)")
+    s.add_argument("--workers", type=int, default=3, help="number of workers to wait for")
+    s.add_argument("--iterations", type=int, default=None,
+                   help="stop after this many iterations (rounds) (default: until the workers leave)")
+    s.add_argument("--mtu", type=int, default=1500, help="MTU in bytes (sets the chunk size)")
+    s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
+    s.add_argument("--seed", type=int, default=0, help="seed of the send orders")
+    s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")
+    s.add_argument("--pace", type=rate_arg(), default="0",
+                   help="pacing rate of the broadcast, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
+    s.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="120s",
+                   help="silence before a peer is declared dead (a vanished host is caught "
                         "by TCP keepalive in ~13 s whatever this is)")
-    s.add_argument("--on-worker-loss", choices=["exit", "continue"], default="exit")
+    s.add_argument("--on-worker-loss", choices=["exit", "continue"], default="exit",
+                   help="what a dead worker does to the run: end it, or continue with the others")
     s.add_argument("--records", default=None, help="JSONL file for per-round records")
     s.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     s.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     add_policy_args(s)
 
     lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
+                        formatter_class=HelpFormatter,
                         description="Start a server and N workers as processes on 127.0.0.1, run lossless rounds "
                                     "of synthetic gradients and print each round's time (dblp.loopback).")
-    lb.add_argument("--elements", default="25M", help="tensor size: a count (25M, 5e6) or a model name (%(default)s)")
-    lb.add_argument("--workers", type=int, default=3)
-    lb.add_argument("--rounds", type=int, default=5, help="timed rounds (%(default)s)")
-    lb.add_argument("--warmup", type=int, default=1, help="untimed rounds first (%(default)s)")
-    lb.add_argument("--p", type=float, default=0.0, help="fixed tolerance (0: reliable, the default)")
-    lb.add_argument("--mtu", type=int, default=1500)
-    lb.add_argument("--order", choices=["blocks", "perm", "inorder"], default="blocks")
+    lb.add_argument("--model", default="25M", help="gradient size: " + MODEL_HELP)
+    lb.add_argument("--workers", type=int, default=3, help="number of workers")
+    lb.add_argument("--iterations", type=int, default=5, help="timed iterations (rounds)")
+    lb.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    lb.add_argument("--p", type=float, default=0.0, help="the fixed policy's tolerance (0: reliable)")
+    lb.add_argument("--mtu", type=int, default=1500, help="MTU in bytes")
+    lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
-    sub.add_parser("hosts", help="run server and workers on an inventory's machines (python -m dblp hosts --help)",
-                   add_help=False)
     w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
+                       formatter_class=HelpFormatter,
                        description="Run a DBLP worker that exchanges synthetic gradients of a model's size.")
-    w.add_argument("--server", type=_hostport, required=True, help="server HOST:PORT")
-    w.add_argument("--id", type=int, default=-1, help="worker id (default: assigned by the server)")
-    w.add_argument("--model", default="efficientnetb0", help="efficientnetb0|resnet50|alexnet|gpt2s or an element count")
-    w.add_argument("--rounds", type=int, default=100)
+    w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
+    w.add_argument("--id", type=int, default=-1, help="worker id (-1: assigned by the server)")
+    w.add_argument("--model", default="efficientnet_b0", help="gradient size: " + MODEL_HELP)
+    w.add_argument("--iterations", type=int, default=100, help="iterations (rounds) to run")
     w.add_argument("--norms", default=None, help="CSV iteration,grad_norm to replay (default: synthetic)")
-    w.add_argument("--seed", type=int, default=0)
-    w.add_argument("--rate", type=_rate, default=0.0, help="pacing rate, e.g. 900M (0 = unlimited)")
-    w.add_argument("--compute-ms", type=float, default=0.0, help="simulated compute time per step")
-    w.add_argument("--peer-timeout", type=float, default=120.0,
-                   help="seconds of silence before the server is declared dead")
+    w.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradients and norms")
+    w.add_argument("--pace", type=rate_arg(), default="0",
+                   help="pacing rate, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
+    w.add_argument("--compute", type=duration_arg(), default="0",
+                   help="simulated compute time per iteration, e.g. 5ms; a bare number is seconds")
+    w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="120s",
+                   help="silence before the server is declared dead")
     w.add_argument("--records", default=None, help="JSONL file for per-round records")
-    w.add_argument("--source", default="loopback")
+    w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     w.add_argument("--progress", action="store_true", help="print one line per round")
     return ap
@@ -125,10 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["hosts"]:  # the real-host launcher has its own parser
-        from .hosts import main as hosts_main
-
-        return hosts_main(argv[1:])
+    if argv[:1] == ["hosts"]:  # moved above dblp (it drives the emulation): say where
+        print("dblp: the real-host launcher is `python -m emulation.hosts` (docs/hosts.md)", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -136,21 +107,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "loopback":
             from .loopback import loopback_rounds
 
-            elements = model_elements(args.elements)
-            res = loopback_rounds(elements, workers=args.workers, rounds=args.rounds, warmup=args.warmup, p=args.p,
+            elements = model_elements(args.model)
+            res = loopback_rounds(elements, workers=args.workers, rounds=args.iterations, warmup=args.warmup, p=args.p,
                                   mtu=args.mtu, order=args.order, fast=False if args.plain else None)
             if args.json:
                 print(json.dumps(res.to_dict()))
             else:
-                print(f"{elements} float32 elements, {args.workers} workers, {args.rounds} rounds on 127.0.0.1: "
+                print(f"{elements} float32 elements, {args.workers} workers, {args.iterations} rounds on 127.0.0.1: "
                       f"median {res.median_s * 1e3:.1f} ms per round")
                 for i, (r, u, d) in enumerate(zip(res.round_s, res.up_s, res.down_s)):
                     print(f"  round {i}: {r * 1e3:8.1f} ms  (up {u * 1e3:.1f} ms, down {d * 1e3:.1f} ms)")
         elif args.cmd == "server":
             policy = make_policy(args.policy, p=args.p, p_low=args.p_low, p_high=args.p_high, eta=args.eta, freq=args.freq)
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
-                               order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.rate,
-                               rounds=args.rounds, peer_timeout=args.peer_timeout,
+                               order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
+                               rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None)
             srv = ParameterServer(cfg)
@@ -159,15 +130,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dblp server: served {n} rounds", flush=True)
         else:
             elements = model_elements(args.model)
-            norms = read_norms(args.norms) if args.norms else synthetic_norms(max(args.rounds, 1), args.seed)
+            norms = read_norms(args.norms) if args.norms else synthetic_norms(max(args.iterations, 1), args.seed)
             with Worker(args.server[0], args.server[1], elements=elements, worker_id=args.id,
-                        send_rate_bps=args.rate, peer_timeout=args.peer_timeout, records=args.records,
+                        send_rate_bps=args.pace, peer_timeout=args.peer_timeout, records=args.records,
                         source=args.source, fast=False if args.plain else None) as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, args.seed)
-                for r in range(args.rounds):
-                    g = grads(r)  # made first: --compute-ms alone stands for the compute time
-                    if args.compute_ms:
-                        time.sleep(args.compute_ms / 1000)
+                for r in range(args.iterations):
+                    g = grads(r)  # made first: --compute alone stands for the compute time
+                    if args.compute:
+                        time.sleep(args.compute)
                     wk.allreduce(g)
                     rec = wk.last_record
                     if args.progress and rec is not None:

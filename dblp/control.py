@@ -19,7 +19,12 @@ type    name       body
 5       BITMAP     round u32, direction u8, received u32, packed bits
 6       STOP       round u32, direction u8, received u32
 7       BYE        UTF-8 reason
+8       HELD       round u32, packed bits: the broadcast chunks a worker kept
+9       COMMON     round u32, packed bits: the chunks every worker kept
 ======  =========  ==========================================================
+
+HELD and COMMON exist only in the ``intersect`` consistency mode
+(:mod:`dblp.session`, rule S7), beyond the paper.
 
 ``direction`` is 0 for worker-to-server ("up") and 1 for the broadcast
 ("down"). ROUND announces a round and its loss tolerance; the server always
@@ -39,6 +44,9 @@ UP = 0
 DOWN = 1
 MAX_FRAME = 64 * 1024 * 1024  # a bitmap of 500M chunks; anything larger is garbage
 PROTOCOL_VERSION = 1
+# The server's TCP control port (its UDP data port has the same number) unless told otherwise:
+# away from torch.distributed's 29500, so a torchrun job and its DBLP server can share a host.
+DEFAULT_PORT = 29600
 MAX_HELLO = 4 * 1024 * 1024  # tensor names and shapes of the largest models fit in far less
 MAX_ELEMENTS = (1 << 32) * 362  # the wire's u32 chunk index at the largest payload
 
@@ -83,10 +91,7 @@ class Bitmap:
     bits: bytes  # np.packbits of the received-chunk mask
 
     def mask(self, chunks: int) -> np.ndarray:
-        bits = np.frombuffer(self.bits, dtype=np.uint8)
-        if bits.size * 8 < chunks:
-            raise ControlError(f"bitmap has {bits.size * 8} bits for {chunks} chunks")
-        return np.unpackbits(bits, count=chunks).astype(bool)
+        return _unpack(self.bits, chunks)
 
 
 @dataclass(frozen=True)
@@ -101,13 +106,43 @@ class Bye:
     reason: str
 
 
-Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye]
+@dataclass(frozen=True)
+class Held:
+    """Worker -> server: the chunks of round ``round``'s broadcast this worker received."""
+
+    round: int
+    bits: bytes
+
+    def mask(self, chunks: int) -> np.ndarray:
+        return _unpack(self.bits, chunks)
+
+
+@dataclass(frozen=True)
+class Common:
+    """Server -> workers: the chunks of round ``round``'s broadcast every live worker received."""
+
+    round: int
+    bits: bytes
+
+    def mask(self, chunks: int) -> np.ndarray:
+        return _unpack(self.bits, chunks)
+
+
+def _unpack(bits: bytes, chunks: int) -> np.ndarray:
+    b = np.frombuffer(bits, dtype=np.uint8)
+    if b.size * 8 < chunks:
+        raise ControlError(f"bitmap has {b.size * 8} bits for {chunks} chunks")
+    return np.unpackbits(b, count=chunks).astype(bool)
+
+
+Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common]
 
 _ROUND = struct.Struct("!IBBd")
 _PROBE = struct.Struct("!IBI")
 _BITMAP = struct.Struct("!IBI")
 _STOP = struct.Struct("!IBI")
 _FRAME = struct.Struct("!IB")
+_ROUND_NO = struct.Struct("!I")
 
 
 def encode(msg: Message) -> bytes:
@@ -127,6 +162,10 @@ def encode(msg: Message) -> bytes:
         t, body = 6, _STOP.pack(msg.round, msg.direction, msg.received)
     elif isinstance(msg, Bye):
         t, body = 7, msg.reason.encode()
+    elif isinstance(msg, Held):
+        t, body = 8, _ROUND_NO.pack(msg.round) + msg.bits
+    elif isinstance(msg, Common):
+        t, body = 9, _ROUND_NO.pack(msg.round) + msg.bits
     else:  # pragma: no cover - programming error
         raise TypeError(f"not a control message: {msg!r}")
     return _FRAME.pack(len(body) + 1, t) + body
@@ -155,6 +194,9 @@ def _decode_body(t: int, body: bytes) -> Message:
             return Stop(*_STOP.unpack(body))
         if t == 7:
             return Bye(body.decode(errors="replace"))
+        if t in (8, 9):
+            (r,) = _ROUND_NO.unpack_from(body)
+            return (Held if t == 8 else Common)(r, bytes(body[_ROUND_NO.size :]))
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ControlError(f"malformed control message of type {t}: {exc}") from exc
     raise ControlError(f"unknown control message type {t}")

@@ -62,9 +62,9 @@ from .wire import (
     crc_placed,
     crc_rows,
     encode_headers,
-    flat_padded_view,
     parse_headers,
     scatter_payloads,
+    zero_chunks,
 )
 
 BACKOFF_START_S = 0.001
@@ -725,17 +725,8 @@ class Receiver:
 
     def _zero_fill(self) -> None:
         """R7: unreceived chunks become zeros."""
-        if self.out is None:
-            return
-        missing = np.flatnonzero(~self.mask)
-        if missing.size == 0:
-            return
-        cf = self.layout.chunk_floats
-        last = self.layout.chunks - 1
-        body = missing[missing < last] if self.layout.last_chunk_floats != cf else missing
-        flat_padded_view(self.out, self.layout)[body] = 0.0
-        if self.layout.last_chunk_floats != cf and missing[-1] == last:
-            self.out[last * cf :] = 0.0
+        if self.out is not None:
+            zero_chunks(self.out, self.layout, np.flatnonzero(~self.mask))
 
     # -- control -------------------------------------------------------------
     def handle_control(self, msg: ctl.Message, now: float) -> None:

@@ -14,29 +14,49 @@ from pathlib import Path
 
 import numpy as np
 
+from traces.units import UnitError, parse_size
+
 from .wire import ParameterError
 
-# Parameter counts the paper gives (Table I).
+# Parameter counts the paper gives (Table I), under dblp.train's workload names.
 MODEL_SIZES = {
-    "efficientnetb0": 5_000_000,
+    "efficientnet_b0": 5_000_000,
     "resnet50": 25_000_000,
     "alexnet": 61_000_000,
-    "gpt2s": 125_000_000,
+    "gpt2_s": 125_000_000,
 }
+#: Other spellings of a model's name, accepted everywhere a model is named
+#: (``--model`` of every command, dblp.train's workloads, host inventories).
+MODEL_ALIASES = {
+    "efficientnetb0": "efficientnet_b0",
+    "efficientnet": "efficientnet_b0",
+    "gpt2": "gpt2_s",
+    "gpt_2_s": "gpt2_s",
+    "gpt2s": "gpt2_s",
+    "cnn": "small_cnn",
+    "digits": "small_cnn",
+    "transformer": "small_transformer",
+}
+MODEL_HELP = "efficientnet_b0 (5M), resnet50 (25M), alexnet (61M), gpt2_s (125M) or an element count (1e6, 25M)"
+
+
+def model_name(name: str) -> str:
+    """The one spelling of a model's name: ``"EfficientNetB0"`` -> ``"efficientnet_b0"``."""
+    key = name.strip().lower().replace("-", "_")
+    return MODEL_ALIASES.get(key, key)
 
 
 def model_elements(name_or_count: str | int) -> int:
-    """``"resnet50"`` -> 25_000_000; ``"1e6"``, ``"1M"`` or ``1000000`` -> 1_000_000."""
+    """``"resnet50"`` -> 25_000_000; ``"1e6"``, ``"1M"`` or ``1000000`` -> 1_000_000
+    (counts: :func:`traces.units.parse_size`, ``M`` = 10**6)."""
     if isinstance(name_or_count, int):
         n = name_or_count
-    elif name_or_count.lower() in MODEL_SIZES:
-        n = MODEL_SIZES[name_or_count.lower()]
+    elif model_name(name_or_count) in MODEL_SIZES:
+        n = MODEL_SIZES[model_name(name_or_count)]
     else:
-        s = name_or_count.strip().lower()
-        scale = {"k": 1e3, "m": 1e6, "g": 1e9}.get(s[-1:], 1)
         try:
-            n = int(float(s[:-1] if scale != 1 else s) * scale)
-        except ValueError:
+            n = parse_size(name_or_count, allow_zero=True)
+        except UnitError:
             raise ParameterError(
                 f"model must be one of {sorted(MODEL_SIZES)} or an element count, got {name_or_count!r}"
             ) from None

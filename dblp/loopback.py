@@ -8,7 +8,7 @@ authors' prototype)::
     res = loopback_rounds(25_000_000, workers=3, rounds=5)
     print(res.median_s, res.round_s)
 
-    python -m dblp loopback --elements 25M --workers 3 --rounds 5
+    python -m dblp loopback --model 25M --workers 3 --iterations 5
 
 A server and ``workers`` workers start as separate processes - the same
 ``python -m dblp server`` / ``worker`` commands a deployment runs - and
@@ -20,7 +20,6 @@ untimed rounds (the first touches fresh memory).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import statistics
@@ -31,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core import DEFAULT_ORDER, ORDERS
+from .policy import run_policy
+from .records import read_records
 from .wire import ChunkLayout, ParameterError
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -84,19 +85,19 @@ def loopback_rounds(
     total = warmup + rounds
     port = _free_port()
     env = dict(os.environ, PYTHONPATH=f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    policy = ["--policy", "reliable"] if p == 0 else ["--policy", "fixed", "--p", f"{p:g}"]
+    policy = run_policy("reliable" if p == 0 else "fixed", p_low=p).flags()
     plain = ["--plain"] if fast is False else []
     with tempfile.TemporaryDirectory(prefix="dblp-loopback-") as tmp:
         d = Path(tmp)
         procs = [subprocess.Popen(
             [sys.executable, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers), "--rounds", str(total), "--mtu", str(mtu), "--order", order,
+             "--workers", str(workers), "--iterations", str(total), "--mtu", str(mtu), "--order", order,
              "--peer-timeout", f"{timeout:g}", *policy, *plain],
             stdout=subprocess.DEVNULL, stderr=open(d / "server.err", "w"), env=env)]
         for i in range(workers):
             procs.append(subprocess.Popen(
                 [sys.executable, "-m", "dblp", "worker", "--server", f"127.0.0.1:{port}", "--id", str(i),
-                 "--model", str(elements), "--rounds", str(total), "--records", str(d / f"w{i}.jsonl"),
+                 "--model", str(elements), "--iterations", str(total), "--records", str(d / f"w{i}.jsonl"),
                  "--peer-timeout", f"{timeout:g}", *plain],
                 stdout=subprocess.DEVNULL, stderr=open(d / f"w{i}.err", "w"), env=env))
         try:
@@ -116,9 +117,8 @@ def loopback_rounds(
                 raise RuntimeError(f"loopback {name} exited with {proc.returncode}:\n{tail}")
         per_round: dict[int, list[dict]] = {}
         for i in range(workers):
-            for line in (d / f"w{i}.jsonl").read_text().splitlines():
-                rec = json.loads(line)
-                per_round.setdefault(rec["round"], []).append(rec)
+            for rec in read_records(d / f"w{i}.jsonl"):  # null -> NaN, as written
+                per_round.setdefault(rec.round, []).append(vars(rec))
     res = LoopbackResult(elements, workers)
     for r in range(warmup, total):
         recs = per_round[r]

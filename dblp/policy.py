@@ -7,12 +7,20 @@ round to the receiver of each direction. Three policies:
 * ``fixed``: a constant p, MLT's bounded-loss baseline (paper Table I);
 * ``dblp``: critical-learning-regime (CLR) switching between ``P_low`` and
   ``P_high`` (paper section III-B, equation 1).
+
+Experiments name their *runs* ``reliable``, ``baseline`` (fixed p = P_low,
+the paper's MLT baseline) and ``dblp``. :func:`run_policy` is the one
+translation of such a name (or a policy name) into a :class:`PolicySpec`,
+which gives the server's flags, a simulator config's fields and the policy
+object. :func:`passes_needed` is the one form of the tolerance arithmetic
+(passes until ``1 - loss**k >= 1 - p``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from .wire import ParameterError
 
@@ -148,3 +156,101 @@ def needed_chunks(chunks: int, tolerance: float) -> int:
     needs 6 chunks, not 7.
     """
     return max(1, math.ceil(round((1.0 - tolerance) * chunks, 9)))
+
+
+# -- names of runs and policies ---------------------------------------------------------------
+#: The server's policies (``--policy``).
+POLICIES: tuple[str, ...] = ("reliable", "fixed", "dblp")
+#: An experiment's named runs (``--policies``): ``baseline`` is the fixed policy at P_low.
+RUNS: tuple[str, ...] = ("reliable", "baseline", "dblp")
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """A tolerance policy by name and parameters, in the form every driver needs:
+    :meth:`flags` (``python -m dblp server``), :meth:`config` (``SimConfig`` fields)
+    and :meth:`build` (the policy object)."""
+
+    policy: str  # one of POLICIES
+    p: float = 0.0  # the fixed tolerance (fixed), P_low (dblp)
+    p_low: float | None = None
+    p_high: float | None = None
+    eta: float = DEFAULT_ETA
+    freq: int = DEFAULT_FREQ
+
+    def build(self) -> Policy:
+        return make_policy(self.policy, p=self.p, p_low=self.p_low, p_high=self.p_high, eta=self.eta, freq=self.freq)
+
+    def flags(self) -> list[str]:
+        """The server's command-line flags of this policy."""
+        if self.policy == "reliable":
+            return ["--policy", "reliable"]
+        if self.policy == "fixed":
+            return ["--policy", "fixed", "--p", repr(float(self.p))]
+        a = ["--policy", "dblp", "--p-low", repr(float(self.p if self.p_low is None else self.p_low)),
+             "--eta", repr(float(self.eta)), "--freq", str(int(self.freq))]
+        return a + (["--p-high", repr(float(self.p_high))] if self.p_high is not None else [])
+
+    def config(self) -> dict[str, Any]:
+        """Fields of a ``dblp.sim.config.SimConfig`` (``cfg.with_(**spec.config())``)."""
+        return {"policy": self.policy, "p": self.p, "p_low": self.p_low, "p_high": self.p_high,
+                "eta": self.eta, "freq": self.freq}
+
+
+def run_policy(
+    name: str,
+    p_low: float = DEFAULT_P_LOW,
+    p_high: float | None = None,
+    eta: float = DEFAULT_ETA,
+    freq: int = DEFAULT_FREQ,
+) -> PolicySpec:
+    """The policy of a named run or policy: ``reliable`` (p = 0), ``baseline`` or
+    ``fixed`` (p = ``p_low``), ``dblp`` (``p_low`` in the CLR, ``p_high`` outside,
+    default P_low + k). Parameters a policy does not use are left at their defaults,
+    so equal policies compare equal. Checks every value (ParameterError)."""
+    if name == "reliable":
+        spec = PolicySpec("reliable")
+    elif name in ("baseline", "fixed"):
+        spec = PolicySpec("fixed", p=p_low)
+    elif name == "dblp":
+        spec = PolicySpec("dblp", p=p_low, p_low=p_low, p_high=p_low + DEFAULT_K if p_high is None else p_high,
+                          eta=eta, freq=freq)
+    else:
+        raise ParameterError(f"policy must be one of {', '.join(RUNS + ('fixed',))}, got {name!r}")
+    spec.build()  # refuse bad values here, by name
+    return spec
+
+
+def parse_runs(text: str) -> list[str]:
+    """``"reliable,baseline,dblp"`` -> the list, each checked against :data:`RUNS`."""
+    runs = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [r for r in runs if r not in RUNS]
+    if bad:
+        raise ParameterError(f"unknown run {bad[0]!r}: use a comma list of {', '.join(RUNS)}")
+    if not runs:
+        raise ParameterError("no run named: use a comma list of " + ", ".join(RUNS))
+    return runs
+
+
+# -- pass arithmetic ---------------------------------------------------------------------------
+def passes_needed(loss: float, tolerance: float, chunks: int | None = None, max_passes: int = 1000) -> int:
+    """Passes a sender needs when every pass loses ``loss`` of what it sends:
+    the smallest k with ``1 - loss**k >= 1 - tolerance`` (paper V-B arithmetic:
+    at 70% loss, 0.8% needs 14 passes and 40.8% needs 3).
+
+    With ``chunks`` given, the chunk count rounds the allowance: the expected
+    missing count ``chunks * loss**k`` must fall to the chunks the receiver may
+    miss (:func:`needed_chunks`) plus half a chunk, so p = 0 needs a finite
+    number of passes. Without it, p = 0 needs ``max_passes``.
+    """
+    if loss <= 0:
+        return 1
+    if loss >= 1:
+        return max_passes
+    q = (chunks - needed_chunks(chunks, tolerance) + 0.5) / chunks if chunks else tolerance
+    if q >= 1:
+        return 1
+    if q <= 0:
+        return max_passes
+    # 1e-9: 0.7**k at exactly p (a tolerance written as a power) needs k, not k + 1
+    return min(max_passes, max(1, math.ceil(math.log(q) / math.log(loss) - 1e-9)))

@@ -5,15 +5,47 @@ write this same schema as JSONL, so one analysis and one plotting code serve
 them all. "up" is the worker-to-server direction (the worker's DBLP_SEND of
 its gradient, the paper's "send latency"); "down" is the server's broadcast
 of the averaged gradient.
+
+Every line is strict JSON (any JSON reader, ``jq``, pandas): a value that is
+not a number (NaN, an unmeasured latency) is written ``null`` and read back
+as NaN for the float fields, so analysis code keeps its NaN arithmetic. Each
+line opens with ``schema`` (:data:`SCHEMA_VERSION`, bumped when a field
+changes meaning) and ``run`` (the label of the run the row belongs to, e.g.
+``dblp`` or ``baseline`` in a merged results file; empty when a file holds
+one run). Version-0 lines (no ``schema``; the label, if any, in
+``extra["run"]``) are still read.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO, Any, Iterable, Iterator, Mapping
+
+#: Version of the JSONL line format written by :meth:`RoundRecord.to_dict`.
+#: 1: strict JSON (null for NaN), ``schema`` and ``run`` at the top level.
+SCHEMA_VERSION = 1
+
+
+def json_safe(v: Any) -> Any:
+    """``v`` with every non-finite float replaced by ``None`` (and numpy scalars
+    made Python numbers), so ``json.dumps(..., allow_nan=False)`` accepts it:
+    ``NaN`` is not JSON and strict readers (``jq``, browsers, Go) reject it."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, Mapping):
+        return {str(k): json_safe(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [json_safe(x) for x in v]
+    if hasattr(v, "item") and callable(v.item) and not isinstance(v, (str, bytes)):
+        try:
+            return json_safe(v.item())
+        except (TypeError, ValueError):
+            return v
+    return v
 
 
 @dataclass
@@ -50,6 +82,7 @@ class RoundRecord:
     out_of_range: int = 0
     wrong_length: int = 0
     extra: dict = field(default_factory=dict)  # view-specific extras (burst flag, compute time...)
+    run: str = ""  # label of the run this row belongs to ("dblp", "baseline"...; "" = the file's only run)
 
     @property
     def up_frac(self) -> float:
@@ -60,18 +93,37 @@ class RoundRecord:
         return self.down_received / self.chunks if self.chunks else float("nan")
 
     def to_dict(self) -> dict:
+        """The record as a dict in line order (``schema`` and ``run`` first), NaN kept as NaN."""
         d = asdict(self)
         d["up_frac"] = self.up_frac
         d["down_frac"] = self.down_frac
-        return d
+        return {"schema": SCHEMA_VERSION, "run": d.pop("run"), **d}
+
+    def to_json(self) -> str:
+        """The JSONL line (without newline): strict JSON, ``null`` where a value is not a number."""
+        return json.dumps(json_safe(self.to_dict()), allow_nan=False)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RoundRecord":
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        """A record from a line of any schema up to :data:`SCHEMA_VERSION` (null -> NaN for floats)."""
+        version = d.get("schema", 0)
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise ValueError(f"record schema {version!r} is newer than this dblp reads ({SCHEMA_VERSION}); "
+                             "upgrade dblp")
+        kw = {k: v for k, v in d.items() if k in _FIELDS}
+        for k in _FLOAT_FIELDS:
+            if k in kw and kw[k] is None:
+                kw[k] = math.nan
+        if not kw.get("run") and isinstance(kw.get("extra"), dict) and "run" in kw["extra"]:  # schema 0
+            kw["extra"] = dict(kw["extra"])
+            kw["run"] = str(kw["extra"].pop("run"))
+        return cls(**kw)
 
 
-COLUMNS = [f.name for f in fields(RoundRecord)] + ["up_frac", "down_frac"]
+_FIELDS = {f.name for f in fields(RoundRecord)}
+_FLOAT_FIELDS = {f.name for f in fields(RoundRecord) if f.type in (float, "float")}
+
+COLUMNS = ["schema", "run"] + [f.name for f in fields(RoundRecord) if f.name != "run"] + ["up_frac", "down_frac"]
 
 
 class RecordWriter:
@@ -86,7 +138,7 @@ class RecordWriter:
 
     def write(self, rec: RoundRecord) -> None:
         if self._fh:
-            self._fh.write(json.dumps(rec.to_dict(), allow_nan=True) + "\n")
+            self._fh.write(rec.to_json() + "\n")
             self._fh.flush()
 
     def close(self) -> None:
@@ -109,7 +161,7 @@ def read_records(path: str | os.PathLike) -> Iterator[RoundRecord]:
                 continue
             try:
                 yield RoundRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError) as exc:
+            except (json.JSONDecodeError, TypeError, ValueError) as exc:
                 raise ValueError(f"{path}:{lineno}: not a round record: {exc}") from exc
 
 
@@ -117,3 +169,15 @@ def write_records(path: str | os.PathLike, recs: Iterable[RoundRecord]) -> None:
     with RecordWriter(path) as w:
         for r in recs:
             w.write(r)
+
+
+def merge_runs(runs: Mapping[str, Iterable[RoundRecord]], path: str | os.PathLike) -> None:
+    """Write several runs' records into one file (replacing it), each row labelled with its
+    run in ``run`` and sorted by (run, round, role, worker): a scenario's ``rounds.jsonl``."""
+    Path(path).unlink(missing_ok=True)
+    tagged = []
+    for name, recs in runs.items():
+        for r in recs:
+            r.run = name
+            tagged.append(r)
+    write_records(path, sorted(tagged, key=lambda r: (r.run, r.round, r.role, r.worker)))

@@ -25,7 +25,7 @@ from .core import DEFAULT_ORDER
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
-from .session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession
+from .session import CONSISTENCY, ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
 from .wire import ChunkLayout, ParameterError
@@ -36,7 +36,7 @@ log = logging.getLogger("dblp.server")
 @dataclass
 class ServerConfig:
     host: str = "0.0.0.0"
-    port: int = 29500
+    port: int = ctl.DEFAULT_PORT
     workers: int = 3
     policy: Policy = field(default_factory=ReliablePolicy)
     mtu: int = 1500
@@ -50,6 +50,7 @@ class ServerConfig:
     handshake_timeout: float = 10.0  # a connection must say HELLO within this many seconds
     elements: int | None = None  # the tensor size this server serves (None: the first valid HELLO's)
     max_memory_bytes: int | None = None  # a first HELLO may not need more (None: half the available memory)
+    consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
     on_worker_loss: str = "exit"  # "exit" | "continue"
     records: str | None = None
     source: str = "loopback"
@@ -60,6 +61,8 @@ class ServerConfig:
             raise ParameterError(f"workers must be >= 1, got {self.workers}")
         if self.reduce not in MODES:
             raise ParameterError(f"reduce must be one of {MODES}, got {self.reduce!r}")
+        if self.consistency not in CONSISTENCY:
+            raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
         if self.on_worker_loss not in ("exit", "continue"):
             raise ParameterError(f"on_worker_loss must be exit or continue, got {self.on_worker_loss!r}")
         for name in ("peer_timeout", "accept_timeout", "handshake_timeout"):
@@ -202,6 +205,7 @@ class ParameterServer:
         self.session = ServerSession(
             self.layout, peers, policy=self.cfg.policy, run_id=self.run_id, order=self.cfg.order,
             seed=self.cfg.seed, rounds=self.cfg.rounds, peer_addrs={w: p.udp_addr for w, p in peers.items()},
+            consistency=self.cfg.consistency,
             context=RecordContext(source=self.cfg.source, policy=self.cfg.policy.name, order=self.cfg.order,
                                   send_rate_bps=self.cfg.send_rate_bps,
                                   clock_offset=time.time() - time.monotonic()),
@@ -225,6 +229,7 @@ class ParameterServer:
                         "seed": self.cfg.seed,
                         "policy": self.cfg.policy.name,
                         "gso": w.peer.udp.gso,
+                        "consistency": self.cfg.consistency,
                     }
                 )
             )
@@ -257,6 +262,11 @@ class ParameterServer:
     def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
         if isinstance(msg, ctl.Bye):
             log.info("%s left: %s", peer.name, msg.reason)
+        elif self.session is not None:
+            w = next((w.wid for w in self.workers if w.peer is peer), None)
+            if w is not None:
+                self.session.handle_control(w, msg, time.monotonic())
+                self._dispatch()
 
     # -- the session's events ------------------------------------------------------
     def _peer(self, wid: int) -> Peer | None:
@@ -344,8 +354,8 @@ class ParameterServer:
         self._dispatch()
         finished = s.round
         while s.round == finished:
-            self._pump(lambda: s.wants_poll() or any(w.peer.closed and not s.broadcast_done(w.wid)
-                                                     for w in self.workers))
+            self._pump(lambda: s.round != finished or s.wants_poll()
+                       or any(w.peer.closed and not s.broadcast_done(w.wid) for w in self.workers))
             s.poll(time.monotonic())
             self._dispatch()
             for w in [w for w in self.workers if w.peer.closed and not s.broadcast_done(w.wid)]:

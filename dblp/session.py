@@ -28,6 +28,13 @@ S5  A worker sends round ``k`` only after ROUND(k, up) arrived; it sends with
     whose tolerance arrives with ROUND(k, down) (Alg. 4).
 S6  Records (:class:`dblp.records.RoundRecord`) are built here and only here; each
     counts every datagram its receiver dropped since the previous record.
+S7  Consistency mode ``intersect`` (beyond the paper, whose bounded-loss
+    broadcast lets replicas drift: each worker loses its own chunks): a worker
+    whose broadcast is complete reports the chunks it holds (HELD); once every
+    live worker has, the server announces their intersection (COMMON) and
+    every worker applies exactly those chunks, zeroing the rest - so all
+    replicas apply the same update. Cost: one control round trip after the
+    slowest worker's broadcast.
 
 A session never reads a clock: every call takes ``now`` in the driver's
 seconds (monotonic or simulated); ``clock_offset`` turns it into the
@@ -50,7 +57,10 @@ from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Recei
                    send_order)
 from .pacing import TokenBucket
 from .records import RoundRecord
-from .wire import SERVER_ID, ChunkLayout
+from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
+
+
+CONSISTENCY = ("none", "intersect")  # S7
 
 
 def up_stream(worker: int) -> int:
@@ -177,7 +187,14 @@ class ServerSession:
         pacer: Callable[[int], TokenBucket] | None = None,
         max_batch: int = 256,
         peer_addrs: dict[int, tuple[str, int]] | None = None,
+        consistency: str = "none",
     ) -> None:
+        if consistency not in CONSISTENCY:
+            raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+        self.consistency = consistency
+        self._held: dict[int, dict[int, np.ndarray]] = {}  # S7: round -> worker -> chunks it holds
+        self.common: dict[int, int] = {}  # S7: round -> chunks every worker applied
+        self._t_last = 0.0  # when the last HELD arrived
         self.layout = layout
         self.policy = policy
         self.run_id = run_id
@@ -296,8 +313,32 @@ class ServerSession:
     def remove(self, w: int, now: float) -> None:
         """Worker ``w`` left or died: the round goes on with the others."""
         self.peers.pop(w, None)
-        if self.phase is Phase.BROADCAST:
-            self._maybe_end(now)
+        self._t_last = now
+        for k in sorted(self._held):
+            self._maybe_common(k)
+        self._maybe_end(now)
+
+    def handle_control(self, w: int, msg: ctl.Message, now: float) -> None:
+        """A round-logic message from worker ``w`` (S7's HELD); the core's own go to the core objects."""
+        if not isinstance(msg, ctl.Held) or self.consistency != "intersect" or w not in self.peers:
+            return
+        if not (self.round - 1 <= msg.round <= self.round) or msg.round in self.common:
+            return  # not a broadcast in flight: stale or forged, ignored
+        self._held.setdefault(msg.round, {})[w] = msg.mask(self.layout.chunks)
+        self._t_last = now
+        self._maybe_common(msg.round)
+
+    def _maybe_common(self, k: int) -> None:
+        held = self._held.get(k, {})
+        if not self.peers or not all(w in held for w in self.peers):
+            return
+        common = np.logical_and.reduce([held[w] for w in self.peers])
+        self.common[k] = int(common.sum())
+        bits = np.packbits(common).tobytes()
+        for w in self.peers:
+            self._events.append(ControlToSend(w, ctl.Common(k, bits)))
+        del self._held[k]
+        self._maybe_end(self._t_last)
 
     # -- inside ---------------------------------------------------------------------------------
     def _open_upstream(self, w: int, k: int, now: float) -> None:
@@ -316,7 +357,11 @@ class ServerSession:
             self._open_upstream(w, self.round + 1, now)
 
     def _maybe_end(self, now: float) -> None:
-        if all(p.recorded for p in self.peers.values()):
+        """The round ends when every broadcast is stopped and, under S7, its COMMON is out."""
+        if self.phase is not Phase.BROADCAST:
+            return
+        if all(p.recorded for p in self.peers.values()) and (self.consistency != "intersect"
+                                                              or self.round in self.common or not self.peers):
             self._events.append(RoundEnded(self.round))
             self.round += 1
             self._t0 = now
@@ -355,7 +400,14 @@ class WorkerSession:
         pacer: TokenBucket | None = None,
         max_batch: int = 256,
         peer_addr: tuple[str, int] | None = None,
+        consistency: str = "none",
     ) -> None:
+        if consistency not in CONSISTENCY:
+            raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+        self.consistency = consistency
+        self._common: dict[int, ctl.Common] = {}
+        self._out: np.ndarray | None = None
+        self._t_complete = 0.0
         self.layout = layout
         self.worker = worker
         self.run_id = run_id
@@ -374,7 +426,12 @@ class WorkerSession:
         self._t0 = self._t_send = self._t_sent = 0.0
 
     def handle_control(self, msg: ctl.Message, now: float) -> None:
-        """ROUND announcements: kept until their round; a broadcast's tolerance goes to the open receiver."""
+        """ROUND announcements: kept until their round; a broadcast's tolerance goes to the open receiver.
+        COMMON (S7): kept until the round finishes."""
+        if isinstance(msg, ctl.Common):
+            if self.consistency == "intersect" and msg.round == self.round:
+                self._common[msg.round] = msg
+            return
         if not isinstance(msg, ctl.RoundStart):
             return
         self._announced[(msg.round, msg.direction)] = (msg, now)
@@ -409,6 +466,7 @@ class WorkerSession:
         self.sender = RoundSender(enc, direction=ctl.UP, now=now, order=order, pacer=self.pacer,
                                   max_batch=self.max_batch)
         r = self.receiver
+        self._out = out
         r.begin_round(k, out, now)  # tolerance arrives with ROUND(k, down)
         if out is not None:
             r.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM))  # R10
@@ -421,10 +479,30 @@ class WorkerSession:
         """The upstream sender is done (STOP received)."""
         self._t_sent = now
 
+    def held(self, now: float) -> ctl.Held | None:
+        """S7: the broadcast is complete - the HELD message to send the server (None outside ``intersect``)."""
+        self._t_complete = now
+        if self.consistency != "intersect":
+            return None
+        return ctl.Held(self.round, np.packbits(self.receiver.mask).tobytes())
+
+    def can_finish(self) -> bool:
+        """The broadcast is complete and, under S7, the server's COMMON of this round has arrived."""
+        return self.receiver.complete and (self.consistency != "intersect" or self.round in self._common)
+
     def finish_round(self, now: float, extra: dict | None = None) -> RoundRecord:
         """The broadcast is complete: close the round (R9) and build its record (S6)."""
         k, r, s, c = self.round, self.receiver, self.sender, self.context
         assert s is not None
+        extra = dict(extra or {})
+        common = self._common.pop(k, None)
+        if common is not None:  # S7: apply only the chunks every worker holds
+            keep = common.mask(self.layout.chunks)
+            if self._out is not None:
+                zero_chunks(self._out.reshape(-1), self.layout, np.flatnonzero(~keep))
+            extra["common"] = c.count(int(keep.sum()))
+            extra["wait_common_s"] = now - self._t_complete
+        self._out = None
         r.finish_round()
         up_msg, _ = self._announced.pop((k, ctl.UP))
         down_msg, t_down = self._announced.pop((k, ctl.DOWN))
@@ -438,5 +516,5 @@ class WorkerSession:
             early_stop_up=s.stats.early_stop, send_rate_bps=self.pacer.rate_bps, order=c.order,
             **_drops(c, r, self._reported),
             extra={"wait_start_s": self._t_send - self._t0, "wait_server_s": t_down - self._t_sent,
-                   "up_wait_reply_s": s.stats.wait_s, **(extra or {})},
+                   "up_wait_reply_s": s.stats.wait_s, **extra},
         )

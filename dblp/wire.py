@@ -292,6 +292,17 @@ def flat_padded_view(flat: np.ndarray, layout: ChunkLayout) -> np.ndarray:
     return flat[: full * layout.chunk_floats].reshape(full, layout.chunk_floats)
 
 
+def zero_chunks(flat: np.ndarray, layout: ChunkLayout, chunks: np.ndarray) -> None:
+    """Set the values of the given chunks (sorted indices) of a flat tensor to zero, in place."""
+    if chunks.size == 0:
+        return
+    last = layout.chunks - 1
+    short = layout.last_chunk_floats != layout.chunk_floats
+    flat_padded_view(flat, layout)[chunks[chunks < last] if short else chunks] = 0.0
+    if short and chunks[-1] == last:
+        flat[last * layout.chunk_floats :] = 0.0
+
+
 def parse_headers(rows: np.ndarray) -> np.ndarray:
     """Structured header view of a (k, size>=24) uint8 batch."""
     return rows[:, :HEADER_SIZE].view(HEADER_DTYPE).reshape(rows.shape[0])

@@ -98,7 +98,7 @@ class Worker:
         order = str(m.get("order", DEFAULT_ORDER))
         self.session = WorkerSession(
             self.layout, self.worker_id, run_id=int(m["run_id"]), order=order, seed=int(m.get("seed", 0)),
-            pacer=self.pacer, peer_addr=self.peer.udp_addr,
+            pacer=self.pacer, peer_addr=self.peer.udp_addr, consistency=str(m.get("consistency", "none")),
             context=RecordContext(source=self.source, policy=str(m.get("policy", "")), order=order,
                                   send_rate_bps=self.pacer.rate_bps, clock_offset=time.time() - time.monotonic()),
         )
@@ -114,7 +114,7 @@ class Worker:
         now = time.monotonic()
         if isinstance(msg, ctl.Meta):
             self.meta = msg.info
-        elif isinstance(msg, ctl.RoundStart):
+        elif isinstance(msg, (ctl.RoundStart, ctl.Common)):
             if self.session is None:
                 self._early.append((msg, now))
             else:
@@ -153,6 +153,10 @@ class Worker:
         self._pump(lambda: sender.done, f"the server's STOP of round {k}")
         s.sent(time.monotonic())
         self._pump(lambda: recv.complete, f"the averaged gradient of round {k}")
+        held = s.held(time.monotonic())
+        if held is not None:  # consistency mode: apply only what every worker holds (session S7)
+            self.peer.send_control(held)
+            self._pump(s.can_finish, f"the common chunks of round {k}")
         rec = s.finish_round(time.monotonic())
         self.last_record = rec
         self._writer.write(rec)

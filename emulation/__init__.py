@@ -8,6 +8,12 @@ Public entry points (see each module's docstring for why it is built this way):
   host link end, changed atomically while the run goes on;
 - ``emulation.bursts.BurstInjector`` and burst kinds: scripted microbursts,
   random and congestion (cross-traffic) bursts, logged as JSONL;
+- ``emulation.launch.Launch`` / ``emulation.watch.RoundWatcher``: a server
+  and its workers on local, namespace, Mininet or ssh hosts, and the
+  iteration clock of their run;
+- ``emulation.nft`` / ``emulation.shaping``: the only writers of nft rule
+  text and of tc commands;
+- ``emulation.hosts``: the real-host launcher (``python -m emulation.hosts``);
 - ``emulation.recorder.RunRecorder``: one results folder per run;
 - ``python -m emulation.cleanup``: remove leftovers of a killed run;
 - ``emulation.netem.has_netem``: probe the kernel for netem.

@@ -7,6 +7,9 @@ Kinds of burst (mix freely in one schedule):
   ``injector.on_iteration(k)`` at the start of every iteration.
 - ``TimedBurst(at_s=t, loss=r, duration_ms=d)``: wall-clock burst, ``t``
   seconds after ``injector.start()``, driven by a timer thread.
+- ``bursts_from_spec(spec, rounds=...)``: the iteration bursts of a loss spec
+  of the project's vocabulary (``traces.processes``: ``iteration_bursts``,
+  ``random_bursts``), the same iterations the simulator hits;
 - ``random_bursts(...)`` / ``poisson_bursts(...)``: seeded random schedules of
   the two kinds above.
 - ``CongestionBurst(src, dst, rate_mbps, duration_s, at_iteration|at_s)``:
@@ -31,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Iterable, Sequence, Union
+
+from traces.processes import burst_iterations, burst_windows, check_spec
 
 from .loss import LossController, LossTarget
 
@@ -90,20 +95,24 @@ class CongestionBurst:
 Burst = Union[IterationBurst, TimedBurst, CongestionBurst]
 
 
+def bursts_from_spec(spec: dict, *, rounds: int, seed: int = 0, index: int = 0,
+                     targets: tuple[LossTarget, ...] | None = None) -> list[IterationBurst]:
+    """The bursts of an iteration-keyed loss spec of the project's one vocabulary
+    (:mod:`traces.processes`: ``iteration_bursts`` / ``random_bursts``), so the
+    emulation injects exactly the iterations the simulator and the host launcher
+    hit for the same spec, seed and spec index. Consecutive iterations at one
+    loss become one burst."""
+    check_spec(spec)
+    level = burst_iterations(spec, index, seed, rounds)
+    return [IterationBurst(k, loss, n, targets) for k, n, loss in burst_windows(level)]
+
+
 def random_bursts(n_iterations: int, rate: float, *, loss: float = 0.7, seed: int = 0,
                   iterations: int = 1, first: int = 1) -> list[IterationBurst]:
-    """Seeded Bernoulli schedule: each iteration in [first, n_iterations) starts a burst
-    with probability ``rate`` (bursts never overlap)."""
-    rng = random.Random(seed)
-    out: list[IterationBurst] = []
-    k = first
-    while k < n_iterations:
-        if rng.random() < rate:
-            out.append(IterationBurst(iteration=k, loss=loss, iterations=iterations))
-            k += iterations
-        else:
-            k += 1
-    return out
+    """Seeded schedule: each iteration in [first, n_iterations) starts a burst with
+    probability ``rate`` (the ``random_bursts`` spec of :mod:`traces.processes`)."""
+    spec = {"kind": "random_bursts", "rate": rate, "loss": loss, "length": iterations}
+    return [b for b in bursts_from_spec(spec, rounds=n_iterations, seed=seed) if b.iteration >= first]
 
 
 def poisson_bursts(duration_s: float, rate_hz: float, *, loss: float = 0.7,

@@ -32,6 +32,8 @@ import re
 import sys
 from pathlib import Path
 
+from traces.units import HelpFormatter
+
 from .runstate import STATE_DIR, RunLock, pid_alive, read_states
 from .sysutil import (BRIDGE_ALIAS, RUN_ENV, kill_pids, links, netns_inode, pids_in_netns,
                       pids_with_cmdline_prefix, root_netns_inode, run, sysctl_get, sysctl_set)
@@ -215,16 +217,18 @@ def _probe_alive(name: str) -> bool:
     return bool(m) and pid_alive(int(m.group(1)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m emulation.cleanup", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m emulation.cleanup", description=__doc__, formatter_class=HelpFormatter)
     ap.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     ap.add_argument("--all-dblp", action="store_true",
                     help="also remove dblp-* netns and dblp* nft tables of other testbed tools")
     ap.add_argument("--force", action="store_true", help="also clean runs whose process is still alive")
-    ap.add_argument("-q", "--quiet", action="store_true")
-    a = ap.parse_args(argv)
+    ap.add_argument("-q", "--quiet", action="store_true", help="print nothing about what is removed")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if os.geteuid() != 0:
         print("emulation.cleanup: must run as root", file=sys.stderr)
         return 1

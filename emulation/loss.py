@@ -14,7 +14,8 @@ Each chain holds two rules: one that counts every matching packet (``seen``)
 and one that drops ``rate`` of them (``numgen random mod 10000 < N``), both
 feeding *named* counters, which survive rule replacement. Changing the rate is
 one ``nft -f -`` transaction (flush chain + add rules), a few milliseconds, so
-a burst can start and end at iteration boundaries.
+a burst can start and end at iteration boundaries. The rule text and the
+counter parsing are :mod:`emulation.nft`'s; this module keeps the state.
 
 Caveat: the hooks see socket buffers, not wire frames. A UDP GSO send (or a
 GRO-merged receive) is one buffer holding many datagrams, dropped or kept as
@@ -25,18 +26,14 @@ targets (losing the first fragment still loses the datagram).
 
 from __future__ import annotations
 
-import json
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from .sysutil import run
+from . import nft
 
 TABLE = "dblp_loss"
-#: netdev hook priority: before anything else that might be attached
-PRIORITY = -500
 
 
 @dataclass(frozen=True)
@@ -61,8 +58,7 @@ class LossTarget:
             raise ValueError(f"direction must be ingress or egress, not {self.direction!r}")
         if self.proto not in ("udp", "all"):
             raise ValueError(f"proto must be udp or all, not {self.proto!r}")
-        if self.proto == "all" and self.dports:
-            raise ValueError("dports only applies to proto='udp'")
+        nft.match(self.proto, self.dports)  # refuses dports with 'all'
         if self.dports:
             lo, hi = self.dports
             if not 0 < lo <= hi < 65536:
@@ -73,24 +69,16 @@ class LossTarget:
 
     def match(self) -> str:
         """The nft match expression for this target's packets."""
-        if self.proto == "all":
-            return "meta protocol { ip, ip6 }"
-        if self.dports:
-            lo, hi = self.dports
-            return f"udp dport {lo}" if lo == hi else f"udp dport {lo}-{hi}"
-        return "meta l4proto udp"
+        return nft.match(self.proto, self.dports)
+
+    def chain(self, default_intf: str) -> str:
+        """The nft chain of this target (one per link end, direction and packets)."""
+        return nft.chain_name(self.direction, self.device(default_intf), self.proto, self.dports)
 
     def label(self) -> str:
         """A short human label, e.g. ``srv:ingress:udp:5000-5999``."""
         ports = f":{self.dports[0]}-{self.dports[1]}" if self.dports else ""
         return f"{self.host}:{self.direction}:{self.proto}{ports}"
-
-
-def rate_to_threshold(rate: float) -> int:
-    """Loss fraction in [0, 1] -> numgen threshold out of 10000 (0.01% resolution)."""
-    if not 0.0 <= rate <= 1.0:
-        raise ValueError(f"loss rate must be in [0, 1], got {rate}")
-    return round(rate * 10000)
 
 
 class LossController:
@@ -100,7 +88,9 @@ class LossController:
     ``close()`` (or leaving the ``with`` block) deletes the tables it made.
     """
 
-    def __init__(self, net, table: str = TABLE) -> None:  # net: emulation.net.EmuNet
+    def __init__(self, net, table: str = TABLE) -> None:
+        # net: anything with cmd(host, argv, input=, check=, timeout=) -> stdout and host_intf(host):
+        # emulation.net.EmuNet, emulation.nshosts.NsNet, emulation.hosts' transport adapter
         self.net = net
         self.table = table
         self._lock = threading.Lock()
@@ -117,10 +107,7 @@ class LossController:
 
     # ------------------------------------------------------------ names
     def _chain(self, target: LossTarget) -> str:
-        dev = target.device(self.net.host_intf(target.host))
-        ports = f"_{target.dports[0]}_{target.dports[1]}" if target.dports else ""
-        name = f"{target.direction}_{dev}_{target.proto}{ports}"
-        return re.sub(r"[^A-Za-z0-9_]", "_", name)
+        return target.chain(self.net.host_intf(target.host))
 
     def _nft(self, host: str, script: str) -> None:
         self.net.cmd(host, ["nft", "-f", "-"], input=script)
@@ -132,7 +119,7 @@ class LossController:
         The first call for a target creates its chain and counters; later calls
         swap the rules atomically (one nft transaction).
         """
-        n = rate_to_threshold(rate)
+        n = nft.threshold(rate)
         chain = self._chain(target)
         dev = target.device(self.net.host_intf(target.host))
         key = (target.host, chain)
@@ -142,29 +129,14 @@ class LossController:
             if existing is not None and existing != target:
                 raise ValueError(f"{target} collides with {existing} on chain {chain}")
             if existing is None:
-                lines += [
-                    f"add table netdev {self.table}",
-                    f"add counter netdev {self.table} seen_{chain}",
-                    f"add counter netdev {self.table} drop_{chain}",
-                    f"add chain netdev {self.table} {chain} {{ type filter hook "
-                    f"{target.direction} device \"{dev}\" priority {PRIORITY}; policy accept; }}",
-                ]
-            match = target.match()
-            lines += [
-                f"flush chain netdev {self.table} {chain}",
-                f"add rule netdev {self.table} {chain} {match} counter name \"seen_{chain}\"",
-            ]
-            if n > 0:
-                # numgen's threshold must stay below the modulus: total loss drops outright
-                coin = "" if n >= 10000 else f"numgen random mod 10000 < {n} "
-                lines.append(f"add rule netdev {self.table} {chain} {match} "
-                             f"{coin}counter name \"drop_{chain}\" drop")
-            self._nft(target.host, "\n".join(lines) + "\n")
+                lines += nft.chain_lines(self.table, chain, target.direction, dev)
+            lines += nft.drop_lines(self.table, chain, target.match(), rate)
+            self._nft(target.host, nft.script(lines))
             t = time.time()
             self._installed[key] = target
-            self._rates[target] = n / 10000
+            self._rates[target] = n / nft.MOD
             self._hosts.add(target.host)
-            self.log.append({"t": t, "target": target.label(), "rate": n / 10000})
+            self.log.append({"t": t, "target": target.label(), "rate": n / nft.MOD})
             return t
 
     def clear(self, target: LossTarget) -> float:
@@ -179,27 +151,19 @@ class LossController:
         """Per target label: packets seen / dropped (bytes too) since the target was first set."""
         with self._lock:
             targets = dict(self._installed)
-        raw: dict[str, dict[str, dict]] = {}
-        for host in {h for h, _ in targets}:
-            raw[host] = read_counters(self.net.pid(host), self.table)
-        out: dict[str, dict] = {}
-        for (host, chain), target in targets.items():
-            seen = raw[host].get(f"seen_{chain}", {})
-            drop = raw[host].get(f"drop_{chain}", {})
-            out[target.label()] = {
-                "host": host, "chain": chain, "rate": self._rates.get(target, 0.0),
-                "seen_packets": seen.get("packets", 0), "seen_bytes": seen.get("bytes", 0),
-                "dropped_packets": drop.get("packets", 0), "dropped_bytes": drop.get("bytes", 0),
-            }
-        return out
+        raw = {host: nft.parse_counters(self.net.cmd(host, nft.list_counters_args(self.table), check=False,
+                                                     timeout=10))
+               for host in {h for h, _ in targets}}
+        return {target.label(): {"host": host, "chain": chain, "rate": self._rates.get(target, 0.0),
+                                 **nft.chain_counters(raw[host], chain)}
+                for (host, chain), target in targets.items()}
 
     def close(self) -> None:
         """Delete this controller's table from every host it touched (ignores dead hosts)."""
         with self._lock:
             for host in self._hosts:
                 try:
-                    self.net.cmd(host, ["nft", "delete", "table", "netdev", self.table],
-                                 check=False, timeout=5)
+                    self.net.cmd(host, nft.delete_table_args(self.table), check=False, timeout=5)
                 except Exception:  # noqa: BLE001 - host may be gone already
                     pass
             self._hosts.clear()
@@ -210,17 +174,3 @@ class LossController:
         """The installed targets and their rates (for the run recorder)."""
         return [dict(asdict(t), rate=r, label=t.label()) for t, r in self._rates.items()]
 
-
-def read_counters(pid: int | None, table: str = TABLE) -> dict[str, dict]:
-    """Named counters of a netdev table in the netns of ``pid``: name -> {packets, bytes}."""
-    out = run(["nft", "-j", "list", "counters", "table", "netdev", table], pid=pid, check=False)
-    try:
-        items = json.loads(out).get("nftables", []) if out.strip() else []
-    except json.JSONDecodeError:
-        return {}
-    res: dict[str, dict] = {}
-    for item in items:
-        c = item.get("counter")
-        if c:
-            res[c["name"]] = {"packets": c.get("packets", 0), "bytes": c.get("bytes", 0)}
-    return res

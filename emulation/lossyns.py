@@ -14,12 +14,14 @@ from __future__ import annotations
 import subprocess
 import uuid
 
-from .loss import rate_to_threshold
+from . import nft
+
+TABLE = "dblp_lossy"
 
 
 class LossyLoopback:
     def __init__(self, loss: float, prefix: str = "dblp-lossy") -> None:
-        self.threshold = rate_to_threshold(loss)
+        self.threshold = nft.threshold(loss)
         self.loss = loss
         self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
 
@@ -27,14 +29,8 @@ class LossyLoopback:
         subprocess.run(["ip", "netns", "add", self.name], check=True)
         try:
             self.run(["ip", "link", "set", "lo", "up"])
-            rules = (
-                "table inet dblp_lossy {\n"
-                "  chain in {\n"
-                "    type filter hook input priority 0; policy accept;\n"
-                f"    meta l4proto udp numgen random mod 10000 < {self.threshold} counter drop\n"
-                "  }\n"
-                "}\n"
-            )
+            rules = nft.script(nft.chain_lines(TABLE, "in", "input", family="inet", priority=0)
+                               + nft.drop_lines(TABLE, "in", nft.match("udp"), self.loss, family="inet"))
             subprocess.run(self.prefix() + ["nft", "-f", "-"], input=rules, text=True, check=True)
         except BaseException:
             self.__exit__()

@@ -299,6 +299,10 @@ class EmuNet:
         """A host's IPv4 address."""
         return self.host(name).IP()
 
+    def address(self, name: str) -> str:
+        """Where other hosts reach ``name`` (:class:`emulation.launch.Runner`)."""
+        return self.ip(name)
+
     def host_intf(self, name: str) -> str:
         """Name of a host's (first) interface, e.g. ``srv-eth0``."""
         return self.host(name).defaultIntf().name

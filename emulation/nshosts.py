@@ -37,7 +37,6 @@ import argparse
 import atexit
 import ipaddress
 import itertools
-import json
 import os
 import re
 import shlex
@@ -47,8 +46,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
+
+from traces.units import HelpFormatter
+
+from . import nft
+from .shaping import Shape, shape_commands, unshape_commands
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -129,26 +132,21 @@ def nft_apply(host: "NsHost", proto: str, loss: float, hooks=("ingress", "egress
 
     The netdev family hooks the device, as a lossy link would: a drop at the
     inet ``output`` hook instead would fail the sender's ``sendto`` with
-    EPERM, which no network does.
+    EPERM, which no network does. Rule text: :mod:`emulation.nft`.
     """
-    n = int(round(loss * 10000))
-    chains = "".join(
-        f'  chain {h} {{\n    type filter hook {h} device "{host.intf}" priority 0; policy accept;\n'
-        f"    meta protocol ip ip protocol {proto} numgen random mod 10000 < {n} counter drop\n  }}\n"
-        for h in hooks)
-    host.run(["nft", "-f", "-"], input=f"table netdev {DROP_TABLE} {{\n{chains}}}\n")
+    lines: list[str] = []
+    for h in hooks:
+        chain = nft.chain_name(h, host.intf, proto)
+        lines += nft.chain_lines(DROP_TABLE, chain, h, host.intf) + nft.drop_lines(DROP_TABLE, chain,
+                                                                                   nft.match(proto), loss)
+    host.run(["nft", "-f", "-"], input=nft.script(lines))
 
 
 def nft_remove(host: "NsHost") -> int:
     """Remove the loss table; returns the packets it dropped."""
-    dropped = 0
-    r = host.run(["nft", "-j", "list", "table", "netdev", DROP_TABLE], check=False)
-    if r.returncode == 0:
-        for item in json.loads(r.stdout).get("nftables", []):
-            for e in item.get("rule", {}).get("expr", []):
-                if "counter" in e:
-                    dropped += int(e["counter"].get("packets", 0))
-    host.run(["nft", "delete", "table", "netdev", DROP_TABLE], check=False)
+    r = host.run(nft.list_counters_args(DROP_TABLE), check=False)
+    dropped = nft.dropped_total(nft.parse_counters(r.stdout)) if r.returncode == 0 else 0
+    host.run(nft.delete_table_args(DROP_TABLE), check=False)
     return dropped
 
 
@@ -164,40 +162,6 @@ def cleanup_stale(all_: bool = False) -> list[str]:
             delete_namespace(ns)
             gone.append(ns)
     return gone
-
-
-def _rate_bps(rate: str | float | int) -> float:
-    """'1gbit' / '500mbit' / '100M' / 1e9 -> bits per second."""
-    if isinstance(rate, (int, float)):
-        return float(rate)
-    s = rate.strip().lower().removesuffix("ps").removesuffix("bit").removesuffix("b")
-    mult = {"k": 1e3, "m": 1e6, "g": 1e9}
-    try:
-        return float(s[:-1]) * mult[s[-1]] if s and s[-1] in mult else float(s)
-    except (ValueError, KeyError):
-        raise ValueError(f"bad rate {rate!r}: use e.g. 1gbit, 500mbit, 100M or bits/s") from None
-
-
-@dataclass(frozen=True)
-class Shape:
-    """TBF shaping of one host link, applied in both directions.
-
-    ``rate`` in bits/s (or a string like ``'1gbit'``); ``burst`` bytes the
-    bucket holds (default: max(64 KiB, 4 ms of rate) so that GSO/TSO
-    super-packets of 64 KiB pass unsplit); ``queue`` bytes of drop-tail
-    buffer behind the bucket (TBF ``limit``, default 1 MiB).
-    """
-
-    rate: float | str
-    burst: int | None = None
-    queue: int = 1 << 20
-
-    def tc_args(self) -> list[str]:
-        bps = _rate_bps(self.rate)
-        if bps <= 0:
-            raise ValueError(f"rate must be positive, got {self.rate!r}")
-        burst = self.burst or max(65536 + 1514, int(bps / 8 * 0.004))
-        return ["tbf", "rate", f"{int(bps)}bit", "burst", str(burst), "limit", str(max(self.queue, burst))]
 
 
 class NsHost:
@@ -250,11 +214,11 @@ class NsHost:
         for ns, dev in ((self.ns, self.intf), (self.net.bridge_ns, self.port)):
             if shape is None:
                 _ip(["-n", ns, "link", "show", dev])  # fails loudly if the link is gone
-                subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "del", "dev", dev, "root"],
-                               capture_output=True, text=True)
-            else:
-                proc = subprocess.run(["ip", "netns", "exec", ns, "tc", "qdisc", "replace", "dev", dev, "root",
-                                       *shape.tc_args()], capture_output=True, text=True)
+                for cmd in unshape_commands(dev):
+                    subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True)
+                continue
+            for cmd in shape_commands(dev, shape):
+                proc = subprocess.run(["ip", "netns", "exec", ns, *cmd], capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise NsError(f"tc on {self.name}/{dev}: {proc.stderr.strip()}")
 
@@ -265,7 +229,7 @@ class NsNet:
     ``hosts``: names (lower-case letters/digits, up to 10 characters) or a
     count (``h1..hN``). Addresses are given in order from 10.77.0.1.
     ``rate`` / ``shape``: TBF shaping for every host link, or per host via a
-    mapping ``{name: Shape | rate | None}``.
+    mapping ``{name: Shape | rate | None}`` (a rate becomes :meth:`Shape.tbf`).
     """
 
     def __init__(
@@ -305,13 +269,13 @@ class NsNet:
         if rate is not None and shape is not None:
             raise ValueError("give rate= or shape=, not both")
         if rate is not None:
-            return {n: Shape(rate) for n in names}
+            return {n: Shape.tbf(rate) for n in names}
         if isinstance(shape, Shape) or shape is None:
             return {n: shape for n in names}
         unknown = set(shape) - set(names)
         if unknown:
             raise ValueError(f"shape for unknown hosts {sorted(unknown)}")
-        return {n: (s if isinstance(s, Shape) or s is None else Shape(s)) for n, s in
+        return {n: (s if isinstance(s, Shape) or s is None else Shape.tbf(s)) for n, s in
                 ((n, shape.get(n)) for n in names)}
 
     # -- life cycle ----------------------------------------------------------------
@@ -410,6 +374,25 @@ class NsNet:
     def __iter__(self):
         return iter(self.hosts)
 
+    def popen(self, host: str, argv: Sequence[str], *, env: dict | None = None, **kw) -> subprocess.Popen:
+        """Start ``argv`` on host ``host`` (:class:`emulation.launch.Runner`); ``env`` adds to ours."""
+        if env is not None:
+            kw["env"] = {**os.environ, **env}
+        return self[host].popen(list(argv), **kw)
+
+    def address(self, host: str) -> str:
+        """Where other hosts reach ``host`` (:class:`emulation.launch.Runner`)."""
+        return self[host].ip
+
+    def cmd(self, host: str, args: Sequence[str], *, input: str | None = None, check: bool = True,
+            timeout: float = 60.0) -> str:
+        """Run ``args`` on ``host``, return its stdout (the net interface of
+        :class:`emulation.loss.LossController`)."""
+        return self[host].run(list(args), input=input, check=check, timeout=timeout).stdout
+
+    def host_intf(self, host: str) -> str:
+        return self[host].intf
+
     def namespaces(self) -> list[str]:
         """Every namespace this network made (hosts and bridge)."""
         return list(self._made)
@@ -484,15 +467,19 @@ def _sigterm_to_interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv: Iterable[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m emulation.nshosts",
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m emulation.nshosts", formatter_class=HelpFormatter,
                                  description="Namespace hosts on one bridge: list or clean up leftovers, or a quick self-check.")
     ap.add_argument("--cleanup", action="store_true",
                     help="delete dblpns- namespaces whose creating process is gone")
     ap.add_argument("--all", action="store_true", help="with --cleanup: delete every dblpns- namespace")
     ap.add_argument("--list", action="store_true", help="list dblpns- namespaces")
     ap.add_argument("--check", type=int, metavar="N", help="create N hosts, ping all pairs, tear down")
-    args = ap.parse_args(list(argv) if argv is not None else None)
+    return ap
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
     if os.geteuid() != 0:
         print("nshosts: needs root", file=sys.stderr)
         return 2

@@ -67,7 +67,6 @@ import itertools
 import json
 import math
 import os
-import re
 import threading
 import time
 from pathlib import Path
@@ -77,7 +76,8 @@ import numpy as np
 
 from traces import Change, PacketTrace, SegmentTrace, TraceMeta, read_trace, write_trace
 
-from .loss import PRIORITY, LossController, LossTarget, read_counters
+from . import nft
+from .loss import LossController, LossTarget
 from .shaping import FRAME_BYTES, Shape, default_burst
 from .sysutil import run
 
@@ -86,13 +86,11 @@ __all__ = ["TraceReplayer", "NftBackend", "LibNftBackend", "CliNftBackend", "hav
 
 TABLE_PREFIX = "dblp_loss_replay"
 #: ``numgen random`` modulus: drop probabilities in steps of 1e-6
-RANDOM_MOD = 1_000_000
+RANDOM_MOD = nft.FINE_MOD
 #: ``numgen inc`` modulus of a non-looping packet trace (never wraps within a run)
 INC_MOD_ONCE = 0xFFFFFFFF
 #: default smallest step between two rule swaps, by backend (microseconds)
 DEFAULT_STEP_US = {"libnftables": 1_000, "nft": 20_000}
-#: set elements per ``add element`` line
-_ELEMS_PER_LINE = 2000
 _table_seq = itertools.count(1)
 
 
@@ -382,9 +380,7 @@ class TraceReplayer:
         return self.net.pid(host)
 
     def _chain(self, t: LossTarget) -> str:
-        dev = t.device(self.net.host_intf(t.host))
-        ports = f"_{t.dports[0]}_{t.dports[1]}" if t.dports else ""
-        return re.sub(r"[^A-Za-z0-9_]", "_", f"{t.direction}_{dev}_{t.proto}{ports}")
+        return t.chain(self.net.host_intf(t.host))
 
     def _by_host(self) -> dict[str, list[LossTarget]]:
         out: dict[str, list[LossTarget]] = {}
@@ -393,47 +389,26 @@ class TraceReplayer:
         return out
 
     def _setup_script(self, targets: list[LossTarget]) -> str:
-        T = self.table
-        lines = [f"add table netdev {T}"]
+        lines: list[str] = []
         for t in targets:
             c, dev = self._chain(t), t.device(self.net.host_intf(t.host))
-            lines += [f"add counter netdev {T} seen_{c}", f"add counter netdev {T} drop_{c}",
-                      f"add chain netdev {T} {c} {{ type filter hook {t.direction} device \"{dev}\" "
-                      f"priority {PRIORITY}; policy accept; }}"]
+            lines += nft.chain_lines(self.table, c, t.direction, dev)
             if self.mode == "packets":
                 lines += self._packet_rules(t, c)
             else:
                 lines += self._segment_rules(t, c, 0.0)
-        return "\n".join(lines) + "\n"
+        return nft.script(lines)
 
     def _segment_rules(self, t: LossTarget, c: str, loss: float) -> list[str]:
-        T, m = self.table, t.match()
-        n = int(round(loss * RANDOM_MOD))
-        lines = [f"flush chain netdev {T} {c}",
-                 f"add rule netdev {T} {c} {m} counter name \"seen_{c}\""]
-        if n >= RANDOM_MOD:
-            lines.append(f"add rule netdev {T} {c} {m} counter name \"drop_{c}\" drop")
-        elif n > 0:
-            lines.append(f"add rule netdev {T} {c} {m} numgen random mod {RANDOM_MOD} < {n} "
-                         f"counter name \"drop_{c}\" drop")
-        return lines
+        return nft.drop_lines(self.table, c, t.match(), loss, mod=RANDOM_MOD)
 
     def _packet_rules(self, t: LossTarget, c: str) -> list[str]:
         assert isinstance(self.trace, PacketTrace)
-        T, m = self.table, t.match()
         n = len(self.trace)
-        mod = n if self.trace.loop else INC_MOD_ONCE
         if n > INC_MOD_ONCE:
             raise ValueError(f"packet trace too long for numgen ({n} packets)")
-        elems = _drop_intervals(self.trace.drops)
-        lines = [f"add set netdev {T} drops_{c} {{ typeof numgen inc mod 2; flags interval; }}"]
-        for i in range(0, len(elems), _ELEMS_PER_LINE):
-            lines.append(f"add element netdev {T} drops_{c} {{ {', '.join(elems[i:i + _ELEMS_PER_LINE])} }}")
-        lines += [f"add rule netdev {T} {c} {m} counter name \"seen_{c}\""]
-        if elems:
-            lines.append(f"add rule netdev {T} {c} {m} numgen inc mod {mod} @drops_{c} "
-                         f"counter name \"drop_{c}\" drop")
-        return lines
+        return nft.packet_drop_lines(self.table, c, t.match(), _drop_intervals(self.trace.drops),
+                                     n if self.trace.loop else INC_MOD_ONCE)
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> "TraceReplayer":
@@ -493,8 +468,7 @@ class TraceReplayer:
                 self._counters_end = {"error": str(exc)}
             for host in self._by_host():
                 try:
-                    self.net.cmd(host, ["nft", "delete", "table", "netdev", self.table], check=False,
-                                 timeout=5)
+                    self.net.cmd(host, nft.delete_table_args(self.table), check=False, timeout=5)
                 except Exception:  # noqa: BLE001 - host may be gone already
                     pass
             self._installed = False
@@ -538,7 +512,7 @@ class TraceReplayer:
                 try:
                     self._counters_end = self.counters()
                     for host in self._by_host():
-                        self.backend.run(self._host_pid(host), f"delete table netdev {self.table}\n")
+                        self.backend.run(self._host_pid(host), nft.script([f"delete table netdev {self.table}"]))
                     self._installed = False
                 except Exception:  # noqa: BLE001 - stop() retries with the nft command
                     pass
@@ -617,7 +591,7 @@ class TraceReplayer:
             lines: list[str] = []
             for t in ts:
                 lines += self._segment_rules(t, self._chain(t), loss)
-            self.backend.run(self._host_pid(host), "\n".join(lines) + "\n")
+            self.backend.run(self._host_pid(host), nft.script(lines))
         t = time.time()
         if self._base_shapes:
             self._apply_shapes(ch)
@@ -704,11 +678,11 @@ class TraceReplayer:
         """Per target label: packets seen / dropped by this replayer's rules so far."""
         out: dict[str, dict] = {}
         for host, ts in self._by_host().items():
-            raw = read_counters(self._host_pid(host), self.table)
+            raw = nft.parse_counters(self.net.cmd(host, nft.list_counters_args(self.table), check=False,
+                                                  timeout=10))
             for t in ts:
-                c = self._chain(t)
-                seen = raw.get(f"seen_{c}", {}).get("packets", 0)
-                dropped = raw.get(f"drop_{c}", {}).get("packets", 0)
+                cc = nft.chain_counters(raw, self._chain(t))
+                seen, dropped = cc["seen_packets"], cc["dropped_packets"]
                 out[t.label()] = {"seen_packets": seen, "dropped_packets": dropped,
                                   "fraction": dropped / seen if seen else None}
         return out

@@ -1,5 +1,12 @@
 """Link shaping with TBF (and netem delay where the kernel has it), plus qdisc counters.
 
+The one place for ``tc`` text (as Mininet's ``link.py`` is for its links):
+the Mininet builder (:mod:`emulation.net`), the namespace hosts
+(:mod:`emulation.nshosts`), the trace replayer's rate/queue columns and the
+host launcher's ``[network]`` all describe a link with :class:`Shape` and
+install it with :func:`shape_commands` (remove it with
+:func:`unshape_commands`); only *where* the commands run differs.
+
 Why TBF and not TCLink: TCLink's buffer (``max_queue_size``) and delay are
 netem options, and this kernel has no netem, so TCLink leaves links unshaped
 without a word. TBF is built in: ``rate`` gives the bandwidth and ``limit``
@@ -12,12 +19,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from traces.units import FRAME_BYTES, parse_rate  # FRAME_BYTES: a packet of a queue (1500 IP + 14 Ethernet)
+
 from .netem import NetemUnavailable, has_netem
 from .sysutil import run
-
-#: Bytes a full-MTU Ethernet frame occupies in a qdisc (1500 IP + 14 Ethernet);
-#: the unit in which a buffer given in packets is turned into TBF's byte limit.
-FRAME_BYTES = 1514
 
 
 @dataclass(frozen=True)
@@ -26,14 +31,29 @@ class Shape:
 
     bw_mbps: rate in Mbit/s (None = unshaped).
     buffer_bytes: drop-tail queue in bytes (TBF ``limit``).
-    burst_bytes: token bucket depth; small so the rate holds at millisecond scale.
+    burst_bytes: token bucket depth (0: :func:`default_burst`, small so the
+    rate holds at millisecond scale).
     delay: netem delay such as ``"5ms"`` (only where netem exists).
     """
 
     bw_mbps: float | None
-    buffer_bytes: int
-    burst_bytes: int
+    buffer_bytes: int = 100 * FRAME_BYTES
+    burst_bytes: int = 0
     delay: str | None = None
+
+    @classmethod
+    def tbf(cls, rate: str | float, *, queue_bytes: int = 1 << 20, burst_bytes: int | None = None) -> "Shape":
+        """A namespace host's link (:mod:`emulation.nshosts`): ``rate`` in bit/s or as text.
+
+        The bucket holds max(64 KiB + a frame, 4 ms of rate) by default, so
+        GSO/TSO super-packets of 64 KiB pass unsplit; the queue is at least
+        the bucket.
+        """
+        bps = parse_rate(rate)  # text: tc's units ('1gbit', '500M'); a bare number: bit/s
+        if not bps > 0:
+            raise ValueError(f"rate must be positive, got {rate!r}")
+        burst = burst_bytes or gso_burst(bps / 1e6)
+        return cls(bw_mbps=bps / 1e6, buffer_bytes=max(int(queue_bytes), burst), burst_bytes=burst)
 
     @classmethod
     def from_link_opts(cls, opts: dict) -> "Shape | None":
@@ -62,6 +82,11 @@ def default_burst(bw_mbps: float) -> int:
     return max(int(bw_mbps * 1e6 / 8 * 0.001), 4 * FRAME_BYTES)
 
 
+def gso_burst(bw_mbps: float) -> int:
+    """Token bucket depth for links carrying GSO super-packets: 64 KiB + a frame, or 4 ms of rate."""
+    return max(65536 + FRAME_BYTES, int(bw_mbps * 1e6 / 8 * 0.004))
+
+
 def shape_commands(dev: str, shape: Shape) -> list[list[str]]:
     """The ``tc`` commands that install ``shape`` on ``dev`` (root egress qdisc)."""
     if shape.delay and not has_netem():
@@ -79,9 +104,15 @@ def shape_commands(dev: str, shape: Shape) -> list[list[str]]:
         parent = ["parent", "1:1"]
     if shape.bw_mbps:
         cmds.append(["tc", "qdisc", "replace", "dev", dev, *parent, "handle", "10:",
-                     "tbf", "rate", f"{shape.bw_mbps}mbit",
-                     "burst", str(shape.burst_bytes), "limit", str(shape.buffer_bytes)])
+                     "tbf", "rate", f"{int(round(shape.bw_mbps * 1e6))}bit",
+                     "burst", str(shape.burst_bytes or default_burst(shape.bw_mbps)),
+                     "limit", str(shape.buffer_bytes)])
     return cmds
+
+
+def unshape_commands(dev: str) -> list[list[str]]:
+    """The ``tc`` commands that remove any shaping from ``dev`` (back to the default qdisc)."""
+    return [["tc", "qdisc", "del", "dev", dev, "root"]]
 
 
 def apply_shape(dev: str, shape: Shape, pid: int | None = None) -> None:

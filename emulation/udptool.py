@@ -5,7 +5,7 @@ but we want exact counts of numbered datagrams (which ones arrived, how many
 duplicates) at a pace we choose, in a few lines with no parsing of free text.
 
     python -m emulation.udptool recv --port 9000 --idle 1.0     # prints JSON
-    python -m emulation.udptool send --dst 10.0.0.1 --port 9000 --count 2000 --rate-mbps 20
+    python -m emulation.udptool send --dst 10.0.0.1 --port 9000 --count 2000 --pace 20M
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import socket
 import struct
 import sys
 import time
+
+from traces.units import duration_arg, rate_arg, size_arg, use_help_formatter
 
 HDR = struct.Struct("!IQ")  # magic, sequence number
 MAGIC = 0xDB1BE31
@@ -71,23 +73,27 @@ def recv(port: int, idle: float, deadline: float, ready_file: str | None = None)
             "max_seq": max(seen) if seen else -1}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m emulation.udptool", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send", help="send numbered datagrams")
-    s.add_argument("--dst", required=True)
-    s.add_argument("--port", type=int, required=True)
-    s.add_argument("--count", type=int, default=2000)
-    s.add_argument("--size", type=int, default=1000, help="payload bytes")
-    s.add_argument("--rate-mbps", type=float, default=20.0, help="pacing; 0 = as fast as possible")
+    s.add_argument("--dst", required=True, help="destination address")
+    s.add_argument("--port", type=int, required=True, help="destination UDP port")
+    s.add_argument("--count", type=int, default=2000, help="datagrams to send")
+    s.add_argument("--size", type=size_arg(), default="1000", help="payload bytes")
+    s.add_argument("--pace", type=rate_arg(), default="20M", help="pacing rate; a bare number is Mbit/s (0 = unpaced)")
     r = sub.add_parser("recv", help="count numbered datagrams, print JSON")
-    r.add_argument("--port", type=int, required=True)
-    r.add_argument("--idle", type=float, default=1.0, help="stop after this many idle seconds")
-    r.add_argument("--deadline", type=float, default=30.0, help="stop after this many seconds")
+    r.add_argument("--port", type=int, required=True, help="UDP port to bind")
+    r.add_argument("--idle", type=duration_arg(), default="1s", help="stop after this long without a datagram")
+    r.add_argument("--deadline", type=duration_arg(), default="30s", help="stop after this long in any case")
     r.add_argument("--ready-file", help="touch this file once bound")
-    a = ap.parse_args(argv)
+    return use_help_formatter(ap)
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
     if a.cmd == "send":
-        res = send(a.dst, a.port, a.count, a.size, a.rate_mbps)
+        res = send(a.dst, a.port, a.count, a.size, a.pace / 1e6)
     else:
         res = recv(a.port, a.idle, a.deadline, a.ready_file)
     json.dump(res, sys.stdout)

@@ -24,7 +24,6 @@ CPU time is the one to compare with targets "on one core").
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -125,7 +124,7 @@ def main() -> int:
     p.add_argument("--sweep-group", type=int, default=None, help="group of the sweep runs (default: the last of --groups)")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
-    p.add_argument("--json", default=None, help="also write the numbers as JSON to this file")
+    p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
     if a.quick:
         a.iterations, a.packet_model, a.packet_iterations = 100, 200_000, 8
@@ -135,8 +134,8 @@ def main() -> int:
     res = {"round": bench_round(a.iterations, groups),
            "packet": bench_packet(a.packet_model, a.packet_iterations),
            "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs)}
-    if a.json:
-        Path(a.json).write_text(json.dumps(res, indent=2, default=float) + "\n")
+    if a.output:
+        Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
     return 0
 
 

@@ -66,7 +66,7 @@ Output: a table with the ratios (DBLP round / gloo all-reduce, DBLP goodput
 Run as root::
 
     python scenarios/benchmark.py                      # 5M, 25M, 61M; GSO and plain
-    python scenarios/benchmark.py --models 200000 --iterations 3 --iperf-seconds 1   # smoke test
+    python scenarios/benchmark.py --models 200000 --iterations 3 --iperf-duration 1s   # smoke test
     python scenarios/benchmark.py --models 25M --plain --bandwidth 10G
 """
 
@@ -90,9 +90,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from dblp.cliargs import add_quiet, parser  # noqa: E402
+from dblp.control import DEFAULT_PORT  # noqa: E402
 from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
 from dblp.passcost import median, summarize_run  # noqa: E402
 from dblp.policy import run_policy  # noqa: E402
+from dblp.records import read_records  # noqa: E402
 from dblp.wire import ParameterError  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from emulation.launch import Launch, LaunchError, RunArgs  # noqa: E402
@@ -100,7 +102,7 @@ from emulation.watch import Tail  # noqa: E402
 from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3
-DBLP_PORT = 29500
+DBLP_PORT = DEFAULT_PORT
 GLOO_PORT = 29600
 IPERF_PORT = 5201
 
@@ -274,7 +276,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         if active is not None:
             nft_remove(srv)
         launch.stop()
-    run.server = [json.loads(line) for line in (outdir / "server.jsonl").read_text().splitlines() if line.strip()]
+    run.server = [vars(r) for r in read_records(outdir / "server.jsonl")]  # null -> NaN, as written
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
 
@@ -404,7 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", dest="sizes", nargs="+", default=["5M", "25M", "61M"],
                     help="gradient sizes, each " + MODEL_HELP + " (e.g. 200000 5M 25M, or 5M,25M)")
     ap.add_argument("--iterations", dest="rounds", type=int, default=5,
-                    help="timed lossless rounds (DBLP) / all-reduces (gloo)")
+                    help="timed iterations: lossless DBLP rounds / gloo all-reduces")
     ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
@@ -422,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="times the calibration rounds and the burst round are run (interleaved; medians reported)")
     ap.add_argument("--gap", type=duration_arg(), default="300ms",
                     help="workers' pause between rounds (room to add/remove the loss rule); a bare number is seconds")
-    ap.add_argument("--iperf-seconds", type=float, default=3.0, help="duration of each iperf3 test (0: skip)")
+    ap.add_argument("--iperf-duration", dest="iperf_seconds", type=duration_arg(), default="3s",
+                    help="duration of each iperf3 test; a bare number is seconds (0: skip)")
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
     ap.add_argument("--no-solo", dest="solo", action="store_false",
                     help="skip the one-worker DBLP run (its goodput is the one compared with iperf3's single flow)")

@@ -24,11 +24,13 @@ Standalone use on one machine, e.g. three ranks on loopback::
 
     for r in 0 1 2; do
       (echo '{"cmd":"run","tag":"a","elements":25000000,"start":0}'; echo '{"cmd":"quit"}') |
-        python scenarios/gloo_allreduce.py --rank $r --world 3 --init tcp://127.0.0.1:29600 --iface lo &
+        python scenarios/gloo_allreduce.py --rank $r --world-size 3 --init tcp://127.0.0.1:29600 --iface lo &
     done; wait
 """
 
 from __future__ import annotations
+
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv; the repository on sys.path)
 
 import argparse
 import json
@@ -36,6 +38,8 @@ import os
 import sys
 import time
 from datetime import timedelta
+
+from traces.units import HelpFormatter, duration_arg
 
 
 def emit(**kw) -> None:
@@ -51,14 +55,16 @@ def wait_until(t: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description="One gloo all-reduce rank, commanded by JSON lines on stdin.")
-    ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--world", type=int, required=True)
+    ap = argparse.ArgumentParser(description="One gloo all-reduce rank, commanded by JSON lines on stdin.",
+                                 formatter_class=HelpFormatter)
+    ap.add_argument("--rank", type=int, required=True, help="this process's rank, 0..world-size-1")
+    ap.add_argument("--world-size", type=int, required=True, help="number of ranks")
     ap.add_argument("--init", required=True, help="tcp://HOST:PORT of rank 0")
     ap.add_argument("--iface", default=None, help="network interface gloo binds to (sets GLOO_SOCKET_IFNAME)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a collective fails (%(default)s)")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (%(default)s)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="120s",
+                    help="time before a collective fails; a bare number is seconds")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the tensors")
     args = ap.parse_args(argv)
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
@@ -67,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     torch.set_num_threads(max(1, args.threads))
-    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world,
+    dist.init_process_group("gloo", init_method=args.init, rank=args.rank, world_size=args.world_size,
                             timeout=timedelta(seconds=args.timeout))
     emit(event="ready", rank=args.rank, pid=os.getpid())
 
@@ -95,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_until(start)
             t_start = time.time()
             dist.all_reduce(buf, op=dist.ReduceOp.SUM)
-            buf.div_(args.world)
+            buf.div_(args.world_size)
             t_end = time.time()
             emit(event="done", rank=args.rank, tag=tag, elements=n, t_start=t_start, t_end=t_end,
                  elapsed_s=t_end - max(start, 0.0) if start > 0 else t_end - t_start)

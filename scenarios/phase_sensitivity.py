@@ -57,6 +57,8 @@ if __name__ == "__main__":
 sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
+
+from traces.units import HelpFormatter  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -84,19 +86,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Paper Fig. 1: drop gradient chunks only in the early or only in the late "
         "training phase and compare test accuracy (small CNN on digits, CPU).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     p.add_argument("--epochs", type=int, default=9, help="total epochs")
     p.add_argument("--early-epochs", type=int, default=3, help="length of the early phase; the rest is 'late'")
     p.add_argument("--drops", type=float, nargs="+", default=[0.4, 0.8], help="fractions of chunks zeroed")
     p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (the small CNN's default)")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     p.add_argument("--batch-size", type=int, default=32, help="per-worker mini-batch")
     p.add_argument("--workers", type=int, default=1, help="simulated data-parallel workers")
     p.add_argument("--chunk-floats", type=int, default=None, help="floats per chunk (default: one 1500-byte datagram)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this tiny model on a shared CPU)")
-    p.add_argument("--out", default=str(ROOT / "results" / "phase_sensitivity"), help="output folder")
+    p.add_argument("--out", default=str(ROOT / "results" / "phase_sensitivity"), help="folder of this run's files")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     a = p.parse_args(argv)
     if not 0 < a.early_epochs < a.epochs:

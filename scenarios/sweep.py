@@ -4,7 +4,7 @@
 Same options as ``python -m dblp.sim sweep`` (see ``--help``), e.g.::
 
     python scenarios/sweep.py --p-high 0.1,0.2,0.4,0.6 --eta 0.3,0.5,0.7 \
-        --burst-rate 0.005,0.01,0.02 --rounds 300 --out results/sweep
+        --burst-rate 0.005,0.01,0.02 --iterations 300 --out results/sweep
 
 Writes ``sweep.csv``, ``sweep.json`` and ``heatmap_*.png`` into ``--out``.
 """

@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     from emulation.net import EmuNet
     from emulation.recorder import RunRecorder
     from emulation.replay import TraceReplayer, datagram_loss
-    from dblp.records import write_records
+    from dblp.records import merge_runs
     from emulation.launch import run_scenario_policy
     from topologies.star import StarTopo
     from traces import SegmentTrace, summarize
@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name} done in {time.time() - t:.0f} s; loss over the run: {loss_line(summ)}", flush=True)
         rec.finish(net=net, loss=lc, extra={"replay": losses})
     # the recorder merges <run>/records/, the runs write <run>/<policy>/records/: merge those
-    (out / "rounds.jsonl").unlink(missing_ok=True)
-    write_records(out / "rounds.jsonl", [r for k in runs for r in sorted(
-        runs[k], key=lambda r: (r.round, r.role, r.worker))])
+    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
     report(a, trace, runs, losses, exposure, out)
     return 0
 

@@ -26,36 +26,42 @@ import sys
 import time
 from pathlib import Path
 
-from dblp.cli import policy_flags
-from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW
+from dblp.cliargs import parser
+from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
+from dblp.policy import run_policy as named_policy
+from dblp.wire import ParameterError
 
 PY = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description="Train a model over DBLP: baseline vs DBLP, accuracy and time.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    ap = parser(description="Train a model over DBLP: baseline vs DBLP, accuracy and time.")
     ap.add_argument("--workload", default="small_cnn",
                     help="small_cnn (digits, bundled) | small_transformer (bundled text) | efficientnet_b0 | "
                          "resnet50 | alexnet (CIFAR, --data-root) | gpt2_s (WikiText-2, --data-root)")
-    ap.add_argument("--data-root", default=None)
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--epochs", type=int, default=20)
-    ap.add_argument("--policies", default="baseline,dblp")
-    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW)
-    ap.add_argument("--p-high", type=float, default=None, help=f"default P_low + {DEFAULT_K}")
-    ap.add_argument("--eta", type=float, default=DEFAULT_ETA)
-    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ)
+    ap.add_argument("--data-root", default=None, help="folder of the data set (paper workloads; default: $DBLP_DATA_ROOT)")
+    ap.add_argument("--workers", type=int, default=3, help="number of workers")
+    ap.add_argument("--epochs", type=int, default=20, help="training epochs of each run")
+    ap.add_argument("--policies", default="baseline,dblp", help=f"runs to make, in order ({', '.join(RUNS)})")
+    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
+    ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
+    ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="CLR detection threshold")
+    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ, help="CLR check period in iterations")
     ap.add_argument("--loss", type=float, default=0.0,
-                    help="random UDP loss inside a network namespace (root; 0 = plain loopback)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--max-iters-per-epoch", type=int, default=None)
-    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"))
+                    help="random UDP loss probability inside a network namespace (root; 0 = plain loopback)")
+    ap.add_argument("--seed", type=int, default=0, help="random seed of every process")
+    ap.add_argument("--max-iters-per-epoch", type=int, default=None, help="cap on iterations per epoch (default: all)")
+    ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = build_parser()
     a = ap.parse_args(argv)
-    a.policy_list = [p.strip() for p in a.policies.split(",") if p.strip()]
-    for p in a.policy_list:
-        if p not in ("reliable", "baseline", "dblp"):
-            ap.error(f"--policies: unknown policy {p!r}")
+    try:
+        a.policy_list = parse_runs(a.policies)
+    except ParameterError as exc:
+        ap.error(f"--policies: {exc}")
     if not 0 <= a.loss < 1:
         ap.error(f"--loss must be in [0, 1), got {a.loss}")
     if a.loss and os.geteuid() != 0:
@@ -66,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def policy_args(name: str, a: argparse.Namespace) -> list[str]:
-    return policy_flags(name, a.p_low, a.p_high, a.eta, a.freq)
+    return named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
 
 
 def free_port() -> int:

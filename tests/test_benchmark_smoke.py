@@ -90,7 +90,7 @@ def test_smallest_benchmark_end_to_end(tmp_path):
     t0 = time.monotonic()
     columns = dry_run()["csv_columns"]
     p = subprocess.Popen([*BENCH, "--models", "200000",
-                          "--iterations", "3", "--iperf-seconds", "1", "--gloo-timeout", "20", "--out", str(out)],
+                          "--iterations", "3", "--iperf-duration", "1s", "--gloo-timeout", "20s", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         stdout, stderr = p.communicate(timeout=180)

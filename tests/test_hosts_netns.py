@@ -1,4 +1,4 @@
-"""The real-host launcher (dblp/hosts.py) end to end, with hosts that are network namespaces.
+"""The real-host launcher (emulation/hosts/) end to end, with hosts that are network namespaces.
 
 The netns tests run 1 server + 3 worker namespace hosts (emulation/nshosts,
 veth on one bridge, TBF-shaped, no Mininet) through the same path as ssh
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dblp import hosts
+from emulation import hosts
 from dblp.records import read_records
 
 needs_netns = pytest.mark.skipif(
@@ -112,8 +112,11 @@ gpu = true
     (lambda s: s.replace('gpu = true', 'gpus = 1'), "hosts[1].gpus"),
     (lambda s: s.replace('transport = "ssh"', 'transport = "rsh"'), "run.transport"),
     (lambda s: s.replace('[run]', '[run]\npolicies = ["dblp", "mlt"]'), "run.policies[1]"),
-    (lambda s: s.replace('gpu = true', 'loss = [{rate = 1.5}]'), "hosts[1].loss[0].rate"),
-    (lambda s: s.replace('gpu = true', 'loss = [{rate = 0.1, direction = "in"}]'), "hosts[1].loss[0].direction"),
+    (lambda s: s.replace('gpu = true', 'loss = [{kind = "bernoulli", p = 1.5}]'), "hosts[1].loss[0].p"),
+    (lambda s: s.replace('gpu = true', 'loss = [{kind = "bernoulli", p = 0.1, direction = "in"}]'),
+     "hosts[1].loss[0].direction"),
+    (lambda s: s.replace('gpu = true', 'loss = [{rate = 0.1}]'), "hosts[1].loss[0]"),
+    (lambda s: s.replace('gpu = true', 'loss = [{kind = "gilbert_elliott", p = 0.1}]'), "hosts[1].loss[0].kind"),
     (lambda s: s.replace('name = "gpu1"', 'name = "ps"'), "hosts[1].name"),
     (lambda s: s.replace('role = "worker"', 'role = "server"'), "hosts"),
 ])
@@ -189,7 +192,8 @@ def test_netns_hosts_end_to_end(tmp_path):
         [[hosts]]
         name = "srv"
         role = "server"
-        loss = [{{direction = "ingress", rate = 0.5, rounds = [3]}}, {{direction = "egress", rate = 0.5, rounds = [3]}}]
+        loss = [{{kind = "iteration_bursts", at = [3], loss = 0.5, direction = "ingress"}},
+                {{kind = "iteration_bursts", at = [3], loss = 0.5, direction = "egress"}}]
         [[hosts]]
         name = "w1"
         role = "worker"
@@ -234,7 +238,7 @@ def test_netns_failure_cleans_up(tmp_path):
         [[hosts]]
         name = "srv"
         role = "server"
-        loss = [{{direction = "ingress", rate = 0.1}}]
+        loss = [{{kind = "bernoulli", p = 0.1, direction = "ingress"}}]
         [[hosts]]
         name = "w1"
         role = "worker"
@@ -300,7 +304,7 @@ def test_torchrun_command_and_compute_term(tmp_path):
     argv = hosts.worker_argv(inv, w, 0, "/tmp/x/run-gpu1", "10.0.0.10", 29600, "10.0.0.11")
     assert argv[:3] == [w.python, "-m", "torch.distributed.run"]
     assert "--node-rank=0" in argv and "--master-addr=10.0.0.11" in argv and "--nnodes=1" in argv
-    i = argv.index("dblp.hosts")
+    i = argv.index("emulation.hosts")
     assert argv[i - 1] == "-m" and argv[i + 1] == "worker" and "--id" not in argv  # the id is torchrun's RANK
     assert argv[argv.index("--server") + 1] == "10.0.0.10:29600"
     assert inv.rounds == 5
@@ -352,7 +356,8 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
                 net[h].popen([SSHD, "-D", "-e", "-f", str(conf)], stderr=subprocess.DEVNULL)
             hosts_toml = "\n".join(
                 f'[[hosts]]\nname = "{h}"\nrole = "{"server" if h == "srv" else "worker"}"\naddress = "{net[h].ip}"\n'
-                + ('loss = [{direction = "ingress", rate = 0.5, rounds = [2]}]\n' if h == "srv" else "")
+                + ('loss = [{kind = "iteration_bursts", at = [2], loss = 0.5, direction = "ingress"}]\n'
+                   if h == "srv" else "")
                 for h in names)
             inv = inventory(tmp_path, f"""
                 [run]
@@ -368,7 +373,7 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
                 identity = "{keys / 'user'}"
                 ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
                 python = "{sys.executable}"
-                workdir = "{Path(hosts.__file__).resolve().parents[1]}"
+                workdir = "{Path(hosts.__file__).resolve().parents[2]}"
                 """) 
             inv.write_text(inv.read_text() + hosts_toml)
             for _ in range(50):  # sshd up?
@@ -377,7 +382,7 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
                 import time
 
                 time.sleep(0.1)
-            r = net["ctl"].run([sys.executable, "-m", "dblp.hosts", "run", str(inv), "--results",
+            r = net["ctl"].run([sys.executable, "-m", "emulation.hosts", "run", str(inv), "--results",
                                 str(tmp_path / "results")], check=False, timeout=240)
             assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
             (out,) = (tmp_path / "results").iterdir()

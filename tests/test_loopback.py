@@ -31,8 +31,8 @@ def test_bad_parameters_are_refused_by_name(kw, what):
 
 
 def test_cli_prints_json():
-    out = subprocess.run([sys.executable, "-m", "dblp", "loopback", "--elements", "100k", "--workers", "2",
-                          "--rounds", "2", "--json"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-m", "dblp", "loopback", "--model", "100k", "--workers", "2",
+                          "--iterations", "2", "--json"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     res = json.loads(out.stdout)
     assert res["elements"] == 100_000 and len(res["round_s"]) == 2

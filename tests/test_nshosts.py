@@ -139,6 +139,6 @@ def test_bad_arguments():
     with pytest.raises(ValueError):
         NsNet(["a", "a"])
     with pytest.raises(ValueError):
-        NsNet(["a"], shape={"zz": Shape("1gbit")})
+        NsNet(["a"], shape={"zz": Shape.tbf("1gbit")})
     with pytest.raises(ValueError):
-        Shape("fast").tc_args()
+        Shape.tbf("fast")

@@ -18,7 +18,6 @@ scripted norm sequence to the policy.
 from __future__ import annotations
 
 import threading
-import zlib
 
 import numpy as np
 import pytest
@@ -32,6 +31,7 @@ from dblp.sim.model import Simulation
 from dblp.sim.packet import PacketFlow
 from dblp.worker import Worker
 from procs import free_port
+from scripted_loss import ScriptedLoss, lossy
 
 ELEMENTS = 40_000  # 111 chunks of 362 floats
 WORKERS = 3
@@ -51,44 +51,13 @@ def make_policy() -> ScriptedNormPolicy:
     return ScriptedNormPolicy(p_low=0.05, p_high=0.30, eta=0.5, freq=2)
 
 
-class ScriptedLoss:
-    """Drops a fixed 35% of first transmissions and 50% of second ones; later ones arrive.
-
-    The verdict is a hash of (direction, worker, round, chunk, attempt), so
-    both drivers lose exactly the same datagrams whatever their timing.
-    """
-
-    def __init__(self) -> None:
-        self.attempts: dict[tuple[int, int, int, int], int] = {}
-
-    def drops(self, direction: int, worker: int, rnd: int, seqs: np.ndarray) -> np.ndarray:
-        out = np.zeros(seqs.size, bool)
-        for i, s in enumerate(seqs.tolist()):
-            key = (direction, worker, rnd, s)
-            a = self.attempts[key] = self.attempts.get(key, 0) + 1
-            h = zlib.crc32(repr((*key, a)).encode()) % 100
-            out[i] = (a == 1 and h < 35) or (a == 2 and h < 50)
-        return out
-
-
-def lossy(udp, loss: ScriptedLoss, direction: int, worker: int, peer) -> None:
-    """Make ``udp.send_chunks`` lose what the script says (the datagram never reaches the receiver)."""
-    send = udp.send_chunks
-
-    def send_chunks(headers, values, seqs, lengths, layout, addr):
-        keep = ~loss.drops(direction, worker, peer.sender.round_no, seqs)
-        if keep.any():
-            send(headers[keep], values, seqs[keep], lengths[keep], layout, addr)
-
-    udp.send_chunks = send_chunks
-
-
-def real_records(monkeypatch) -> list:
+def real_records(monkeypatch, consistency: str) -> list:
     monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as per-datagram delivery
     loss = ScriptedLoss()
     port = free_port()
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=WORKERS, policy=make_policy(),
-                                       seed=SEED, rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30))
+                                       seed=SEED, rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30,
+                                       consistency=consistency))
     records: list = []
     srv._writer.write = records.append  # keep the server's records in memory
     errors: list[BaseException] = []
@@ -122,7 +91,7 @@ def real_records(monkeypatch) -> list:
     return records
 
 
-def sim_records(monkeypatch) -> list:
+def sim_records(monkeypatch, consistency: str) -> list:
     loss = ScriptedLoss()
     arrive = PacketFlow._arrive
 
@@ -132,7 +101,7 @@ def sim_records(monkeypatch) -> list:
 
     monkeypatch.setattr(PacketFlow, "_arrive", scripted_arrive)
     cfg = SimConfig(model=ELEMENTS, workers=WORKERS, rounds=ROUNDS, policy="dblp", seed=SEED, fidelity="packet",
-                    bandwidth_bps=10e9, queue_bytes=1 << 30, max_batch=256)  # no queue drops: only the script loses
+                    bandwidth_bps=10e9, queue_bytes=1 << 30, max_batch=256, consistency=consistency)  # no queue drops: only the script loses
     sim = Simulation(cfg)
     sim.policy = sim.server.policy = make_policy()
     return sim.run().records
@@ -143,15 +112,18 @@ KEYS = ("tolerance_up", "tolerance_down", "clr", "chunks", "up_passes", "up_rece
 
 
 def table(records: list) -> dict:
-    return {(r.role, r.worker, r.round): {k: getattr(r, k) for k in KEYS} for r in records}
+    return {(r.role, r.worker, r.round): {**{k: getattr(r, k) for k in KEYS}, "common": r.extra.get("common")}
+            for r in records}
 
 
-def test_transport_and_simulator_agree_round_by_round(monkeypatch):
-    real = table(real_records(monkeypatch))
-    sim = table(sim_records(monkeypatch))
+@pytest.mark.parametrize("consistency", ["none", "intersect"])
+def test_transport_and_simulator_agree_round_by_round(monkeypatch, consistency):
+    real = table(real_records(monkeypatch, consistency))
+    sim = table(sim_records(monkeypatch, consistency))
     assert sorted(real) == sorted(sim)
     assert len(real) == 2 * WORKERS * ROUNDS
-    diff = {k: {f: (real[k][f], sim[k][f]) for f in KEYS if real[k][f] != sim[k][f]} for k in real if real[k] != sim[k]}
+    diff = {k: {f: (real[k][f], sim[k][f]) for f in real[k] if real[k][f] != sim[k][f]} for k in real
+            if real[k] != sim[k]}
     assert not diff, f"(role, worker, round): {{field: (transport, simulator)}}: {diff}"
     # the configuration exercises what it should: both tolerances, retransmissions, early stops
     tol = [real[("server", 0, k)]["tolerance_down"] for k in range(ROUNDS)]
@@ -160,3 +132,8 @@ def test_transport_and_simulator_agree_round_by_round(monkeypatch):
     assert max(v["down_passes"] for v in real.values()) >= 2
     ups = [v["up_received"] for (role, _, _), v in real.items() if role == "server"]
     assert min(ups) < 111 and all(u >= 78 for u in ups)  # ceil(0.7 * 111) = 78
+    commons = [v["common"] for (role, _, _), v in real.items() if role == "worker"]
+    if consistency == "intersect":
+        assert all(c is not None and c <= 111 for c in commons) and min(commons) < 78
+    else:
+        assert commons == [None] * len(commons)

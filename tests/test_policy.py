@@ -83,3 +83,47 @@ def test_reduce_zero_fill_and_unbiased():
     a2 = np.zeros_like(a)
     assert reduce_mean_norm([a2, a2], [none, none], lay, out, "unbiased") == 0.0
     assert (out == 0).all()
+
+
+# -- names and pass arithmetic (dblp.policy: one home each) -------------------------------------------
+def test_named_runs_translate_to_one_policy_everywhere():
+    from dblp.policy import parse_runs, run_policy
+
+    assert run_policy("reliable").flags() == ["--policy", "reliable"]
+    base = run_policy("baseline", 0.008)
+    assert base.flags() == ["--policy", "fixed", "--p", "0.008"] and isinstance(base.build(), FixedPolicy)
+    assert base.config() == run_policy("fixed", 0.008).config()  # the baseline is the fixed policy at P_low
+    d = run_policy("dblp", 0.008, None, 0.5, 10)
+    assert d.p_high == pytest.approx(0.408) and isinstance(d.build(), DblpPolicy)
+    assert d.flags()[:2] == ["--policy", "dblp"] and "--p-high" in d.flags()
+    assert isinstance(run_policy("reliable").build(), ReliablePolicy)
+    assert parse_runs("reliable, baseline,dblp") == ["reliable", "baseline", "dblp"]
+    for bad in (lambda: run_policy("mlt"), lambda: run_policy("dblp", 0.5, 0.1), lambda: parse_runs("dblp,x"),
+                lambda: parse_runs(" , ")):
+        with pytest.raises(ParameterError):
+            bad()
+
+
+def test_server_flags_of_a_named_run_parse_back_to_the_same_policy():
+    from dblp.cli import build_parser
+    from dblp.policy import run_policy
+
+    for name in ("reliable", "baseline", "dblp"):
+        spec = run_policy(name, 0.01, 0.3, 0.4, 7)
+        a = build_parser().parse_args(["server", *spec.flags()])
+        got = make_policy(a.policy, p=a.p, p_low=a.p_low, p_high=a.p_high, eta=a.eta, freq=a.freq)
+        assert got == spec.build()
+
+
+def test_passes_needed_is_the_papers_arithmetic():
+    from dblp.policy import passes_needed
+
+    assert passes_needed(0.7, 0.008) == 14 and passes_needed(0.7, 0.408) == 3  # paper V-B
+    assert passes_needed(0.0, 0.0) == 1 and passes_needed(1.0, 0.5) == 1000 and passes_needed(0.7, 0.0) == 1000
+    for loss in (0.1, 0.5, 0.7, 0.9):
+        for tol in (0.001, 0.008, 0.1, 0.408):
+            k = passes_needed(loss, tol)
+            assert 1 - loss**k >= 1 - tol - 1e-12 and (k == 1 or 1 - loss ** (k - 1) < 1 - tol)
+    # with a chunk count, p = 0 needs the expected missing count below half a chunk
+    k = passes_needed(0.7, 0.0, chunks=680)
+    assert 680 * 0.7**k <= 0.5 < 680 * 0.7 ** (k - 1)

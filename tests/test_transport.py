@@ -27,7 +27,7 @@ is_root = os.geteuid() == 0 and shutil.which("nft") is not None
 
 def test_lossless_5m_three_worker_processes_exact_mean(tmp_path):
     port = free_port()
-    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--rounds", str(ROUNDS),
+    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--iterations", str(ROUNDS),
                        records=str(tmp_path / "server.jsonl"))
     try:
         reps = reports(start_verify_workers(port, 3, ELEMENTS, ROUNDS), timeout=240)
@@ -59,7 +59,7 @@ def test_lossy_rounds_zero_fill_and_threshold(lossy_netns, tmp_path):
     """25% loss, fixed tolerance 10%: every chunk is exact or zero, >= 90% arrive each round."""
     port = free_port()
     rounds = 20
-    srv = start_server(port, "--workers", "3", "--policy", "fixed", "--p", "0.1", "--rounds", str(rounds),
+    srv = start_server(port, "--workers", "3", "--policy", "fixed", "--p", "0.1", "--iterations", str(rounds),
                        "--plain", netns=lossy_netns, records=str(tmp_path / "server.jsonl"))
     try:
         reps = reports(start_verify_workers(port, 3, ELEMENTS, rounds, "--plain", netns=lossy_netns), timeout=400)
@@ -226,7 +226,7 @@ def test_vanished_server_host_is_detected_by_keepalive_in_bounded_time(elements)
                                       "--workers", "1", "--policy", "reliable"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
         wk = subprocess.Popen(pre + [PY, "-m", "dblp", "worker", "--server", f"127.0.0.1:{port}", "--model", str(elements),
-                                     "--rounds", "100000", "--compute-ms", "50", "--progress"],
+                                     "--iterations", "100000", "--compute", "50ms", "--progress"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(), cwd=ROOT)
         try:
             first = wk.stdout.readline()  # rounds are flowing (however slow the machine is)

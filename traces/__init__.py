@@ -22,6 +22,11 @@ since the replay started on the link)::
 
     # packets form
     cur = pkt.cursor(); cur.next(n); cur.next1()       # exact per-packet verdicts (NFQUEUE)
+
+The loss-process vocabulary every layer shares - specs such as
+``{"kind": "iteration_bursts", "at": [50], "loss": 0.7}`` or
+``{"kind": "gilbert_elliott", "p": 0.01, "r": 0.25}``, their checker and
+text form, the one Gilbert-Elliott chain - is :mod:`traces.processes`.
 """
 
 from .errors import NotMappableError, TraceError, TraceFormatError

@@ -3,7 +3,7 @@
 Every command has ``--help``. Probabilities are accepted as fractions
 (``0.7``) or percentages (``70%``). Examples::
 
-    python -m traces generate onoff --duration-us 10000000 --seed 1 -o burst.loss.csv
+    python -m traces generate onoff --duration 10s --seed 1 -o burst.loss.csv
     python -m traces generate gilbert-elliott --good-to-bad 1% --bad-to-good 25% --packets 100000 -o ge.pkts
     python -m traces show burst.loss.csv            # summary + burst.loss.png
     python -m traces import-tcp sender.pcap -o tcp.pkts
@@ -26,7 +26,7 @@ from .errors import TraceError
 from .io import read_trace, write_trace
 from .model import PacketTrace, SegmentTrace
 from .stats import summarize
-from .units import HelpFormatter, use_help_formatter
+from .units import HelpFormatter, UnitError, parse_duration, use_help_formatter
 
 
 def prob(text: str) -> float:
@@ -50,6 +50,31 @@ def pos_int(text: str) -> int:
     return v
 
 
+def micros(text: str, *, allow_zero: bool = False) -> int:
+    """argparse type: a duration (``10s``, ``100ms``, ``250us``; a bare number is seconds) in whole
+    microseconds, the unit of the trace format."""
+    try:
+        us = round(parse_duration(text, allow_zero=allow_zero) * 1e6)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if us <= 0 and not allow_zero:
+        raise argparse.ArgumentTypeError(f"{text!r} is shorter than a microsecond")
+    return us
+
+
+def micros_float(text: str) -> float:
+    """argparse type: a duration (``1.2us``) in microseconds, fractions kept."""
+    try:
+        return parse_duration(text, allow_zero=False) * 1e6
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def micros_list(text: str) -> list[int]:
+    """argparse type: comma-separated durations (``0,100ms,250ms``) in microseconds."""
+    return [micros(x, allow_zero=True) for x in text.split(",") if x.strip()]
+
+
 def int_list(text: str) -> list[int]:
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -68,7 +93,8 @@ def _span(p: argparse.ArgumentParser, packets: bool = True) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     if packets:
         g.add_argument("--packets", type=pos_int, help="per-packet form with this many packets")
-    g.add_argument("--duration-us", type=pos_int, help="segments form lasting this many microseconds")
+    g.add_argument("--duration", dest="duration_us", type=micros,
+                   help="segments form lasting this long, e.g. 10s or 500ms; a bare number is seconds")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     b = kinds.add_parser("bernoulli", help="independent loss per packet", description="Independent loss per packet.")
     b.add_argument("--loss", type=prob, required=True, help="loss probability")
     _span(b)
-    b.add_argument("--packet-interval-us", type=float, help="packet spacing to record (packets form)")
+    b.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
+                   help="packet spacing to record (packets form), e.g. 1.2us")
     _common_out(b)
 
     ge = kinds.add_parser(
@@ -99,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     ge.add_argument("--one-minus-h", "--bad-loss", dest="bad_loss", type=prob, default=1.0, help="loss probability in the bad state (netem 1-h)")
     ge.add_argument("--one-minus-k", "--good-loss", dest="good_loss", type=prob, default=0.0, help="loss probability in the good state (netem 1-k)")
     _span(ge)
-    ge.add_argument("--packet-interval-us", type=float, help="packet spacing; required for the segments form")
+    ge.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
+                    help="packet spacing, e.g. 1.2us; required for the segments form")
     _common_out(ge)
 
     oo = kinds.add_parser(
@@ -109,8 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         "hundreds of us per Zhang et al. IMC'17). Defaults are illustrative, not fitted.",
     )
     _span(oo, packets=False)
-    oo.add_argument("--on-mean-us", type=float, default=100.0, help="mean burst (ON) duration [us] (default 100)")
-    oo.add_argument("--off-mean-us", type=float, default=10_000.0, help="mean gap (OFF) duration [us] (default 10000)")
+    oo.add_argument("--on-mean", dest="on_mean_us", type=micros_float, default="100us", help="mean burst (ON) duration")
+    oo.add_argument("--off-mean", dest="off_mean_us", type=micros_float, default="10ms", help="mean gap (OFF) duration")
     oo.add_argument("--on-loss", type=prob, default=0.7, help="loss during a burst (default 0.7)")
     oo.add_argument("--off-loss", type=prob, default=0.0, help="loss between bursts (default 0)")
     oo.add_argument("--dist", choices=gen.DISTRIBUTIONS, default="lognormal", help="duration distribution")
@@ -127,13 +155,16 @@ def build_parser() -> argparse.ArgumentParser:
     ib.add_argument("--burst-loss", dest="loss", type=prob, default=0.7, help="loss during a burst iteration (default 0.7)")
     ib.add_argument("--base-loss", type=prob, default=0.0, help="loss in other iterations (default 0)")
     w = ib.add_mutually_exclusive_group(required=True)
-    w.add_argument("--iteration-us", type=float, help="nominal iteration period [us]")
-    w.add_argument("--boundaries-us", type=int_list, help="iteration start times, comma-separated, first 0, last = end")
+    w.add_argument("--iteration-period", dest="iteration_us", type=micros_float,
+                   help="nominal iteration period, e.g. 100ms")
+    w.add_argument("--boundaries", dest="boundaries_us", type=micros_list,
+                   help="iteration start times, comma-separated durations, first 0, last = end (e.g. 0,95ms,210ms)")
     c = ib.add_mutually_exclusive_group(required=True)
     c.add_argument("--bursts", dest="iterations", type=int_list, help="burst iteration indices, e.g. 279,651")
     c.add_argument("--count", type=pos_int, help="choose this many burst iterations at random (seeded)")
     ib.add_argument("--iterations", dest="total_iterations", type=pos_int, help="iterations in the run (e.g. 930)")
-    ib.add_argument("--duration-us", type=pos_int, help="trace length (default: end of the last iteration)")
+    ib.add_argument("--duration", dest="duration_us", type=micros,
+                    help="trace length, e.g. 90s (default: end of the last iteration)")
     _common_out(ib)
 
     s = sub.add_parser("show", help="summary and PNG plot of a trace", description="Print a trace's summary (mean loss, bursts, burst lengths) and write a PNG plot.")
@@ -155,12 +186,13 @@ def build_parser() -> argparse.ArgumentParser:
             m.add_argument("--direction", choices=("uplink", "downlink"), default="uplink",
                            help="which mm-loss direction to sample")
         _span(m)
-        m.add_argument("--packet-interval-us", type=float, help="packet spacing (Gilbert-Elliott segments, ON/OFF packets)")
+        m.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
+                       help="packet spacing, e.g. 1.2us (Gilbert-Elliott segments, ON/OFF packets)")
         _common_out(m)
 
     r = sub.add_parser("resample", help="coarsen a segments trace to fixed bins", description="Average a segments trace over fixed bins (mean loss kept), for replayers that cannot switch faster.")
     r.add_argument("file", help="segments trace to coarsen")
-    r.add_argument("--bin-us", type=pos_int, required=True, help="bin width in microseconds")
+    r.add_argument("--bin", dest="bin_us", type=micros, required=True, help="bin width, e.g. 1ms")
     r.add_argument("-o", "--output", required=True, help="trace file to write")
     return use_help_formatter(ap)
 
@@ -168,7 +200,8 @@ def build_parser() -> argparse.ArgumentParser:
 def add_capture_output_args(p: argparse.ArgumentParser) -> None:
     """Output flags of a capture importer (here and in :mod:`dblp.traceimport`)."""
     p.add_argument("-o", "--output", required=True, help="trace file to write")
-    p.add_argument("--bin-us", type=pos_int, help="write the segments form with this bin width instead of per-packet")
+    p.add_argument("--bin", dest="bin_us", type=micros,
+                   help="write the segments form with this bin width (e.g. 1ms) instead of per-packet")
     p.add_argument("--provenance", choices=("measured", "generated"), default="measured",
                    help="'generated' when the capture came from an emulated/generated loss")
     p.add_argument("--description", default="", help="description recorded in the trace's metadata")
@@ -202,7 +235,7 @@ def _generate(a: argparse.Namespace) -> SegmentTrace | PacketTrace:
             return gen.gilbert_elliott_packets(a.p, a.r, a.bad_loss, a.good_loss, n_packets=a.packets, seed=a.seed,
                                                packet_interval_us=a.packet_interval_us)
         if not a.packet_interval_us:
-            raise TraceError("the segments form of gilbert-elliott needs --packet-interval-us")
+            raise TraceError("the segments form of gilbert-elliott needs --packet-interval")
         return gen.gilbert_elliott_segments(a.p, a.r, a.bad_loss, a.good_loss, duration_us=a.duration_us,
                                             packet_interval_us=a.packet_interval_us, seed=a.seed)
     if a.kind == "onoff":

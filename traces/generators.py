@@ -17,7 +17,8 @@ Models
   state, ``1-k`` = loss probability in the good state. Defaults follow
   iproute2: ``r = 1 - p``, ``1-h = 1``, ``1-k = 0``. Each packet's fate uses
   the state it arrives in; the state then moves (netem's order). The chain
-  starts in the good state, as netem's does. Stationary P(bad) =
+  starts in the good state, as netem's does (the chain is
+  :class:`traces.processes.GilbertElliottChain`, the simulator's too). Stationary P(bad) =
   p / (p + r); with 1-h = 1 and 1-k = 0 the mean loss run is 1/r packets.
 * **ON/OFF microbursts** - alternating OFF (loss ``off_loss``) and ON
   (loss ``on_loss``) periods with heavy-tailed durations. Benson et al.,
@@ -54,6 +55,11 @@ import numpy as np
 from .errors import TraceError
 from .meta import TraceMeta
 from .model import PacketTrace, SegmentTrace
+from .processes import GilbertElliottChain, gilbert_elliott_mean_loss
+
+__all__ = ["bernoulli_packets", "bernoulli_segments", "gilbert_elliott_mean_loss", "gilbert_elliott_packets",
+           "gilbert_elliott_segments", "draw_durations", "onoff_mean_loss", "onoff_segments",
+           "iteration_burst_segments"]
 
 DISTRIBUTIONS = ("lognormal", "pareto", "exponential", "fixed")
 
@@ -110,38 +116,6 @@ def bernoulli_segments(loss: float, duration_us: int, *, seed: int | None = None
 
 
 # -- Gilbert-Elliott -------------------------------------------------------------
-def gilbert_elliott_mean_loss(p: float, r: float, bad_loss: float = 1.0, good_loss: float = 0.0) -> float:
-    """Stationary loss of the chain: pi_bad (1-h) + pi_good (1-k), pi_bad = p/(p+r)."""
-    if p + r == 0:
-        return good_loss
-    pb = p / (p + r)
-    return pb * bad_loss + (1 - pb) * good_loss
-
-
-def _alternating_runs(p: float, r: float, total: int, rng: np.random.Generator) -> np.ndarray:
-    """Run lengths good, bad, good, ... (geometric: leave a state with p resp. r) summing to ``total``."""
-    if p == 0.0:
-        return np.array([total], dtype=np.int64)
-    chunks: list[np.ndarray] = []
-    got = 0
-    cycle = 1.0 / p + (1.0 / r if r > 0 else float(total))
-    while got < total:
-        k = int(min((total - got) / cycle * 1.1 + 16, 5_000_000))
-        g = rng.geometric(p, k)
-        b = rng.geometric(r, k) if r > 0 else np.full(k, total, dtype=np.int64)
-        pair = np.empty(2 * k, dtype=np.int64)
-        pair[0::2] = g
-        pair[1::2] = b
-        chunks.append(pair)
-        got += int(pair.sum())
-    lengths = np.concatenate(chunks)
-    cum = np.cumsum(lengths)
-    last = int(np.searchsorted(cum, total))  # first run reaching the total
-    lengths = lengths[: last + 1].copy()
-    lengths[-1] -= int(cum[last]) - total
-    return lengths
-
-
 def _ge_params(p: float, r: float | None, bad_loss: float, good_loss: float) -> tuple[float, float, float, float]:
     p = _prob("p", p)
     r = 1.0 - p if r is None else _prob("r", r)
@@ -163,9 +137,8 @@ def gilbert_elliott_packets(
     if n_packets <= 0:
         raise TraceError("n_packets must be positive")
     rng = np.random.default_rng(seed)
-    lengths = _alternating_runs(p, r, int(n_packets), rng)
-    level = np.where(np.arange(lengths.size) % 2 == 0, good_loss, bad_loss)
-    prob = np.repeat(level, lengths)
+    lengths, bad = GilbertElliottChain(p, r, rng).runs(int(n_packets))
+    prob = np.repeat(np.where(bad, bad_loss, good_loss), lengths)
     drops = rng.random(prob.size) < prob
     params = {"p": p, "r": r, "one_minus_h": bad_loss, "one_minus_k": good_loss, "n_packets": int(n_packets)}
     desc = (
@@ -198,10 +171,10 @@ def gilbert_elliott_segments(
     iv = _positive("packet_interval_us", packet_interval_us)
     rng = np.random.default_rng(seed)
     n = int(np.ceil(duration_us / iv))
-    lengths = _alternating_runs(p, r, n, rng)
+    lengths, bad = GilbertElliottChain(p, r, rng).runs(n)
     ends = np.rint(np.cumsum(lengths) * iv).astype(np.int64)
     starts = np.concatenate(([0], ends[:-1]))
-    level = np.where(np.arange(lengths.size) % 2 == 0, good_loss, bad_loss)
+    level = np.where(bad, bad_loss, good_loss)
     keep = (starts < duration_us) & (np.append(starts[1:], duration_us + 1) > starts)
     params = {
         "p": p,

@@ -50,29 +50,10 @@ from .generators import (
     gilbert_elliott_segments,
     onoff_segments,
 )
+from . import units
 from .meta import TraceMeta
 from .model import PacketTrace, SegmentTrace
 
-_RATE_UNITS = {
-    "bit": 1.0,
-    "kbit": 1e3,
-    "mbit": 1e6,
-    "gbit": 1e9,
-    "tbit": 1e12,
-    "kibit": 1024.0,
-    "mibit": 1024.0**2,
-    "gibit": 1024.0**3,
-    "tibit": 1024.0**4,
-    "bps": 8.0,
-    "kbps": 8e3,
-    "mbps": 8e6,
-    "gbps": 8e9,
-    "tbps": 8e12,
-    "kibps": 8 * 1024.0,
-    "mibps": 8 * 1024.0**2,
-    "gibps": 8 * 1024.0**3,
-    "tibps": 8 * 1024.0**4,
-}
 _NETEM_KEYWORDS = {
     "limit",
     "delay",
@@ -104,17 +85,12 @@ def parse_percent(tok: str) -> float:
 
 
 def parse_rate(tok: str) -> float:
-    """A tc rate (``100mbit``, ``1gbit``, ``125mbps`` = bytes/s, bare number = bit/s) in bit/s."""
-    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)([a-zA-Z]*)", tok)
-    if not m:
-        raise TraceError(f"{tok!r} is not a rate")
-    unit = m.group(2).lower() or "bit"
-    if unit not in _RATE_UNITS:
-        raise TraceError(f"unknown rate unit {m.group(2)!r} in {tok!r}")
-    v = float(m.group(1)) * _RATE_UNITS[unit]
-    if v <= 0:
-        raise TraceError(f"rate {tok!r} must be positive")
-    return v
+    """A tc rate (``100mbit``, ``1gbit``, ``125mbps`` = bytes/s, bare number = bit/s) in bit/s
+    (:func:`traces.units.parse_rate`, tc's meaning of every suffix)."""
+    try:
+        return units.parse_rate(tok, "bit", allow_zero=False)
+    except units.UnitError as exc:
+        raise TraceError(str(exc)) from None
 
 
 def _is_number(tok: str) -> bool:

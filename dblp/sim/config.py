@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from traces.units import FRAME_BYTES
+
 from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
@@ -65,7 +67,7 @@ class SimConfig:
     bandwidth_bps: float = 10e9  # each worker's link
     server_bandwidth_bps: float | None = None  # the server's link (default: bandwidth_bps)
     delay_s: float = 50e-6  # one-way propagation delay of each link
-    queue_bytes: int = 100 * 1514  # drop-tail buffer of each switch egress port
+    queue_bytes: int = 100 * FRAME_BYTES  # drop-tail buffer of each switch egress port (100 full frames)
     frame_overhead_bytes: int = IP_UDP_OVERHEAD + ETHERNET_HEADER  # on-wire bytes beyond the DBLP datagram
     # -- hosts -----------------------------------------------------------------------
     send_pps: float = 200_000.0  # datagrams/s a worker's sender can push (per-host send cost)
@@ -80,6 +82,7 @@ class SimConfig:
     group: int = 1  # round level: datagrams simulated as one unit (1 = every datagram; see below)
     host_slice: int = 1024  # datagrams a host sends for one peer before the next (transport.pump)
     max_batch: int = 64  # packet level: datagrams per core call (RoundSender.max_batch)
+    consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
 
     def __post_init__(self) -> None:
         self.validate()

@@ -58,6 +58,7 @@ class _Worker:
     up_ep: Endpoint  # server side: receives this worker's gradient
     down_ep: Endpoint  # worker side: receives the broadcast
     up_wait: Any = None  # event fired when ROUND(k, up) arrives
+    finish_wait: Any = None  # event fired when COMMON(k) arrives (session S7)
 
 
 @dataclass
@@ -122,11 +123,12 @@ class Simulation:
         self.server = ServerSession(
             self.core_layout, range(self.n), policy=self.policy, run_id=RUN_ID, context=ctx, order=core_order,
             seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
-            pacer=lambda w: self.engine.pacer(ctl.DOWN, w))
+            pacer=lambda w: self.engine.pacer(ctl.DOWN, w), consistency=cfg.consistency)
         self.workers = []
         for i in range(self.n):
             ws = WorkerSession(self.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
-                               pacer=self.engine.pacer(ctl.UP, i), max_batch=cfg.max_batch)
+                               pacer=self.engine.pacer(ctl.UP, i), max_batch=cfg.max_batch,
+                               consistency=cfg.consistency)
             self.workers.append(_Worker(i, ws, Endpoint(self, self.server.receiver(i)), Endpoint(self, ws.receiver)))
         self.env.process(self._server())
         for w in self.workers:
@@ -175,7 +177,7 @@ class Simulation:
                 if isinstance(ev.message, ctl.RoundStart) and ev.message.direction == ctl.UP:
                     w.up_ep.opened(t)  # the session opened this worker's next upstream (S1)
                 self.engine.send_ctrl(self.down_paths[w.wid], ev.message, t,
-                                      lambda m, tt, w=w: self._on_round_start(w, m, tt), None)
+                                      lambda m, tt, w=w: self._on_control(w, m, tt), None)
             elif isinstance(ev, SenderStarted):
                 w = self.workers[ev.worker]
                 flow = self.engine.start_flow(ev.sender, w.down_ep, self.down_paths[w.wid], self.up_paths[w.wid],
@@ -184,6 +186,10 @@ class Simulation:
                 self._dones.append(flow.done)
             elif isinstance(ev, RecordWritten):
                 self._write(ev.record)
+
+    def _on_held(self, w: _Worker, msg: ctl.Message, t: float) -> None:
+        self.server.handle_control(w.wid, msg, t)
+        self._dispatch_server(t)
 
     def _down_done(self, w: _Worker, t: float) -> None:
         w.up_ep.before_open(t)
@@ -226,7 +232,13 @@ class Simulation:
             yield env.all_of(self._dones)
 
     # -- the worker: dblp.session.WorkerSession over SimPy --------------------------------------
-    def _on_round_start(self, w: _Worker, msg: ctl.RoundStart, t: float) -> None:
+    def _on_control(self, w: _Worker, msg: ctl.Message, t: float) -> None:
+        if isinstance(msg, ctl.Common):  # S7
+            w.session.handle_control(msg, t)
+            if w.finish_wait is not None and w.session.can_finish():
+                ev, w.finish_wait = w.finish_wait, None
+                ev.succeed(t)
+            return
         r = w.down_ep.receiver
         flow = w.down_ep.flow
         mine = msg.direction == ctl.DOWN and r.round_no == msg.round and r.active
@@ -261,6 +273,13 @@ class Simulation:
             ws.sent(env.now)
             if not w.down_ep.completed.triggered:
                 yield w.down_ep.completed
+            held = ws.held(env.now)
+            if held is not None:  # S7: report what we hold, apply what all hold
+                self.engine.send_ctrl(self.up_paths[w.wid], held, env.now,
+                                      lambda m, t, w=w: self._on_held(w, m, t), None)
+                if not ws.can_finish():
+                    w.finish_wait = env.event()
+                    yield w.finish_wait
             self._write(ws.finish_round(env.now, extra={"compute_s": c, "fidelity": self.cfg.fidelity,
                                                         "burst": self.burst(k), **self._extra}))
 

@@ -13,7 +13,7 @@ import argparse
 from dataclasses import fields
 from typing import Any
 
-from traces.units import HelpFormatter, duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
+from traces.units import duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
 
 from ..gradients import MODEL_HELP
 from ..policy import run_policy
@@ -34,11 +34,20 @@ def parse_loss(s: str) -> dict:
     ``kind:key=value:key=value`` with lists as ``a,b,c``, e.g.
     ``iteration_bursts:at=279,651:loss=0.7``, ``bernoulli:p=0.01``,
     ``gilbert_elliott:p=0.01:r=0.3``, ``random_bursts:rate=0.005:loss=0.7``,
-    ``time_bursts:at_s=1.5:loss=0.7:duration_s=0.05``, ``trace:path=traces/samples/x.loss.csv``."""
+    ``time_bursts:at_s=1.5:loss=0.7:duration_s=0.05``, ``trace:path=traces/samples/x.loss.csv``;
+    a bare probability (``0.05`` or ``5%``) is Bernoulli loss, as ``--loss`` means in
+    ``python -m traces generate bernoulli`` and ``scenarios/train.py``."""
     from traces.processes import LossSpecError, parse_spec  # the one spec vocabulary
 
+    t = s.strip()
     try:
-        return parse_spec(s)
+        p = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        p = None
+    if p is not None:
+        t = f"bernoulli:p={p!r}"
+    try:
+        return parse_spec(t)
     except LossSpecError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -104,7 +113,8 @@ def add_config_args(p: argparse.ArgumentParser, *, skip: tuple[str, ...] = ()) -
     if "--loss" not in skip:
         g.add_argument("--loss", action="append", type=parse_loss, default=None,
                        help="a loss process (repeatable), JSON or kind:key=value:..., e.g. "
-                            "iteration_bursts:at=279,651:loss=0.7 (replaces the params' loss list)")
+                            "iteration_bursts:at=279,651:loss=0.7, or a bare probability (0.01: Bernoulli) "
+                            "(replaces the params' loss list)")
 
 
 def config_from_args(args: argparse.Namespace, **overrides: Any) -> SimConfig:

@@ -178,12 +178,15 @@ def write_csv(rows: list[dict], path: Path) -> None:
             w.writerow({k: (repr(v) if isinstance(v, float) else v) for k, v in r.items()})
 
 
+_AXIS_HELP = {"model": "gradient sizes: model names or element counts",
+              "bandwidth_bps": "worker link rates; a bare number is Mbit/s"}
+
+
 def add_sweep_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("grid (comma-separated values; the product is swept)")
     for name, (flag, _, default, _f) in AXES.items():
         g.add_argument(flag, dest=f"axis_{name}", default=None,
-                       help=f"{name} values{' (rates: a bare number is Mbit/s)' if flag == '--bandwidth' else ''} "
-                            f"(default {','.join(str(v) for v in default)})")
+                       help=f"{_AXIS_HELP.get(name, name + ' values')} (default {','.join(str(v) for v in default)})")
     add_config_args(p, skip=tuple(a[0] for a in AXES.values()))
     p.set_defaults(rounds=None)
     o = p.add_argument_group("sweep")

@@ -8,8 +8,11 @@ Typical use::
 
 Any object with ``exchange(flat_grad) -> averaged`` (and optionally
 ``last_info()``) plugs in as the exchange; see :mod:`dblp.train.exchange`.
+A ``DistributedDataParallel`` script switches to DBLP with
+``DBLPComm(ddp_model)`` (:mod:`dblp.train.comm`: hook, worker and server).
 """
 
+from dblp.train.comm import DBLPComm, DBLPCommError
 from dblp.train.data import ArrayDataset, DatasetMissingError
 from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import (
@@ -36,6 +39,8 @@ from dblp.train.loop import (
 from dblp.train.models import PAPER_WORKLOADS, WORKLOADS, Workload, get_workload
 
 __all__ = [
+    "DBLPComm",
+    "DBLPCommError",
     "ExchangeHookState",
     "exchange_hook",
     "ArrayDataset",

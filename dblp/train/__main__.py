@@ -12,34 +12,41 @@ import argparse
 import json
 import sys
 
-from dblp.cli import _hostport
+from dblp.cliargs import hostport, parser
 from dblp.worker import Worker, WorkerError
+from traces.units import HelpFormatter, duration_arg
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m dblp.train", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    ap = parser("python -m dblp.train", __doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    w = sub.add_parser("worker", help="train one worker over DBLP",
+    w = sub.add_parser("worker", help="train one worker over DBLP", formatter_class=HelpFormatter,
                        description="Train one worker's shard, exchanging gradients with a DBLP server.")
-    w.add_argument("--server", type=_hostport, required=True, help="server HOST:PORT")
+    w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
     w.add_argument("--id", type=int, required=True, help="worker index (data shard)")
     w.add_argument("--workers", type=int, required=True, help="number of workers (shards)")
     w.add_argument("--workload", default="small_cnn",
                    help="small_cnn|small_transformer|efficientnet_b0|resnet50|alexnet|gpt2_s")
     w.add_argument("--data-root", default=None, help="folder with the data set (CIFAR/WikiText-2)")
-    w.add_argument("--epochs", type=int, default=10)
-    w.add_argument("--lr", type=float, default=None)
-    w.add_argument("--batch-size", type=int, default=None)
-    w.add_argument("--max-iters-per-epoch", type=int, default=None)
+    w.add_argument("--epochs", type=int, default=10, help="training epochs")
+    w.add_argument("--lr", type=float, default=None, help="learning rate (default: the workload's)")
+    w.add_argument("--batch-size", type=int, default=None, help="per-worker mini-batch (default: the workload's)")
+    w.add_argument("--max-iters-per-epoch", type=int, default=None, help="cap on iterations per epoch (default: all)")
     w.add_argument("--seed", type=int, default=0, help="model init and data order (same on every worker)")
     w.add_argument("--device", default=None, help="cpu|cuda (default: cuda when present)")
     w.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     w.add_argument("--out", required=True, help="folder for iterations/epochs records and summary.json")
     w.add_argument("--records", default=None, help="JSONL file for the transport's per-round records")
-    w.add_argument("--source", default="loopback")
+    w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
-    w.add_argument("--peer-timeout", type=float, default=60.0)
-    w.add_argument("--progress", action="store_true")
+    w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
+                   help="silence before the server is declared dead")
+    w.add_argument("--progress", action="store_true", help="print one line per iteration")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
     a = ap.parse_args(argv)
 
     from dblp.train import AllreduceExchange, TrainConfig, get_workload, train

@@ -6,8 +6,9 @@ the user gives, in the layout their official archives unpack to, and a missing
 file is reported by name instead of triggering a download.  Two small real
 data sets need no path at all and serve the tests and the default CPU runs:
 
-* scikit-learn's bundled *digits* (1797 8x8 grey images, 10 classes), shipped
-  inside scikit-learn itself;
+* the UCI/scikit-learn *digits* (1797 8x8 grey images, 10 classes, CC BY 4.0),
+  shipped as ``dblp/train/data/digits.npz`` (49 KB, written once from
+  ``sklearn.datasets.load_digits``; scikit-learn is not needed to read it);
 * ``dblp/train/data/tiny_corpus.txt``: about 13 KB of plain English prose
   written for this project and dedicated to the public domain (CC0), read with
   a character-level tokenizer.
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 TINY_CORPUS_PATH = Path(__file__).with_name("data") / "tiny_corpus.txt"
+DIGITS_PATH = Path(__file__).with_name("data") / "digits.npz"
 
 CIFAR10_FILES = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
 CIFAR100_FILES = ["train", "test"]
@@ -320,22 +322,41 @@ def load_wikitext2(
 
 
 def load_digits(*, test_fraction: float = 0.2, seed: int = 0) -> tuple[ArrayDataset, ArrayDataset]:
-    """scikit-learn's bundled 8x8 digits as float ``(N, 1, 8, 8)`` in [0, 1], stratified split.
+    """The 8x8 digits (``DIGITS_PATH``) as float ``(N, 1, 8, 8)`` in [0, 1], stratified split.
 
     The split is fixed by ``seed`` so that runs compared side by side (baseline
-    vs DBLP, phase-sensitivity settings) see the same test set.
+    vs DBLP, phase-sensitivity settings) see the same test set. The default
+    (``seed=0``, 20%) is the split the file stores - the one
+    ``sklearn.model_selection.train_test_split(..., random_state=0, stratify=y)``
+    made, so results recorded before the file existed still reproduce; other
+    settings draw a stratified split with numpy.
     """
-    from sklearn.datasets import load_digits as _sk_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = _sk_digits()
-    x = (bunch.data.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
-    y = bunch.target.astype(np.int64)
-    xtr, xte, ytr, yte = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not DIGITS_PATH.is_file():
+        raise DatasetMissingError(f"digits not found: expected the file {DIGITS_PATH}")
+    with np.load(DIGITS_PATH) as f:
+        images, y = f["images"], f["labels"].astype(np.int64)
+        tr, te = (f["train_idx"], f["test_idx"]) if (seed, test_fraction) == (0, 0.2) else (None, None)
+    if tr is None:
+        tr, te = _stratified_split(y, test_fraction, seed)
+    x = (images.astype(np.float32) / 16.0).reshape(-1, 1, 8, 8)
     return (
-        ArrayDataset(torch.from_numpy(xtr), torch.from_numpy(ytr)),
-        ArrayDataset(torch.from_numpy(xte), torch.from_numpy(yte)),
+        ArrayDataset(torch.from_numpy(x[tr]), torch.from_numpy(y[tr])),
+        ArrayDataset(torch.from_numpy(x[te]), torch.from_numpy(y[te])),
     )
+
+
+def _stratified_split(y: np.ndarray, test_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(train, test) indices with each class's share ``test_fraction`` in the test part (rounded)."""
+    rng = np.random.default_rng(seed)
+    test = []
+    for c in np.unique(y):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        test.append(idx[: int(round(len(idx) * test_fraction))])
+    te = rng.permutation(np.concatenate(test))
+    tr = rng.permutation(np.setdiff1d(np.arange(len(y)), te))
+    return tr, te
 
 
 def load_tiny_corpus(

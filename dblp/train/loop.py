@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 import torch.nn as nn
 
+from dblp.records import json_safe
 from dblp.train.data import iterate_batches
 from dblp.train.exchange import Exchange, LocalExchange, exchange_group, last_info
 from dblp.train.models import Workload
@@ -220,7 +221,7 @@ class _Jsonl:
 
     def write(self, rec: Mapping[str, Any]) -> None:
         if self.fh:
-            self.fh.write(json.dumps(_plain(rec), allow_nan=True) + "\n")
+            self.fh.write(json.dumps(json_safe(_plain(rec)), allow_nan=False) + "\n")  # NaN -> null
             self.fh.flush()
 
     def close(self) -> None:
@@ -266,7 +267,8 @@ def export_grad_norms(
         for i, r in enumerate(rows):
             if column not in r:
                 raise KeyError(f"iteration record {i} has no {column!r} column")
-            w.writerow([int(r.get("iteration", i)), repr(float(r[column]))])
+            v = r[column]
+            w.writerow([int(r.get("iteration", i)), repr(float("nan") if v is None else float(v))])  # null = NaN
     return out
 
 
@@ -482,5 +484,5 @@ def train(
         _write_csv(out / "epochs.csv", ep_records)
         export_grad_norms(it_records, out / "grad_norms.csv")
         with open(out / "summary.json", "w", encoding="utf-8") as fh:
-            json.dump(_plain({**summary.to_dict(), "config": asdict(cfg)}), fh, indent=2, allow_nan=True)
+            json.dump(json_safe(_plain({**summary.to_dict(), "config": asdict(cfg)})), fh, indent=2, allow_nan=False)
     return summary

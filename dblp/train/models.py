@@ -46,6 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from dblp.gradients import MODEL_ALIASES
 from dblp.train.data import (
     ArrayDataset,
     load_cifar10,
@@ -391,13 +392,4 @@ WORKLOADS: tuple[str, ...] = (
     "small_transformer",
 )
 PAPER_WORKLOADS: tuple[str, ...] = WORKLOADS[:4]
-_ALIASES = {
-    "efficientnetb0": "efficientnet_b0",
-    "efficientnet": "efficientnet_b0",
-    "gpt2": "gpt2_s",
-    "gpt_2_s": "gpt2_s",
-    "gpt2s": "gpt2_s",
-    "cnn": "small_cnn",
-    "digits": "small_cnn",
-    "transformer": "small_transformer",
-}
+_ALIASES = MODEL_ALIASES  # one table of spellings: dblp.gradients

@@ -26,7 +26,7 @@ def udp_transfer(net, src: str, dst: str, port: int, ready_file: str, count: int
         time.sleep(0.01)
     sent = json.loads(net.cmd(src, [PY, "-m", "emulation.udptool", "send", "--dst", net.ip(dst),
                                     "--port", str(port), "--count", str(count), "--size",
-                                    str(size), "--rate-mbps", str(rate_mbps)]))
+                                    str(size), "--pace", f"{rate_mbps}M"]))
     out, _ = rx.communicate(timeout=30)
     res = json.loads(out)
     res["sent"] = sent["sent"]

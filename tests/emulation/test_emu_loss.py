@@ -7,7 +7,8 @@ import time
 import pytest
 
 from emu_helpers import udp_transfer
-from emulation.loss import LossTarget, rate_to_threshold
+from emulation.loss import LossTarget
+from emulation.nft import threshold as rate_to_threshold
 
 
 def test_target_validation():

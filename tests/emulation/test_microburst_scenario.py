@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import load, predicted_passes
+from dblp.analysis import load
+from dblp.policy import passes_needed
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.mark.mininet
 def test_small_microburst_run_shows_the_burst(tmp_path):
     cmd = [sys.executable, str(ROOT / "scenarios" / "microburst.py"), "--model", "2e5", "--iterations", "24",
-           "--bursts", "16", "--policies", "baseline,dblp", "--bw", "200", "--results", str(tmp_path), "--quiet"]
+           "--bursts", "16", "--policies", "baseline,dblp", "--bandwidth", "200", "--results", str(tmp_path), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "Table II" in out.stdout
@@ -26,9 +27,9 @@ def test_small_microburst_run_shows_the_burst(tmp_path):
     base, dblp = s["baseline"], s["dblp"]
     # the burst shows in the baseline's latency and its retransmission passes
     assert base["at_bursts"][0] >= 2 * base["p50"]
-    assert base["passes_at_bursts"][0] >= predicted_passes(0.7, 0.008) - 4
+    assert base["passes_at_bursts"][0] >= passes_needed(0.7, 0.008) - 4
     # DBLP, outside its critical regime (P_high), needs ~3 passes and is faster
-    assert dblp["passes_at_bursts"][0] <= predicted_passes(0.7, 0.408) + 1
+    assert dblp["passes_at_bursts"][0] <= passes_needed(0.7, 0.408) + 1
     assert dblp["at_bursts"][0] < base["at_bursts"][0]
     recs = load(run / "dblp" / "records")
     at_burst = [r for r in recs if r.role == "server" and r.round == 16]

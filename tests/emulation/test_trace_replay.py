@@ -55,7 +55,7 @@ def test_replayed_trace_loss_from_reliable_run_records(tmp_path):
     tr = type(tr)(tr.start_us, tr.loss, tr.duration_us, meta=tr.meta.with_(loop=True))
     path = write_trace(tr, tmp_path / "onoff.loss.csv")
     cmd = [PY, str(ROOT / "scenarios" / "trace_replay.py"), "--trace", str(path), "--policies", "reliable",
-           "--model", "2e5", "--iterations", "40", "--workers", "2", "--bw", "200",
+           "--model", "2e5", "--iterations", "40", "--workers", "2", "--bandwidth", "200",
            "--results", str(tmp_path), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -103,7 +103,7 @@ def _transfer(net, tmp_path: Path, count: int, port: int = 9100) -> set[int]:
         assert time.monotonic() < t_end, "receiver did not bind"
         time.sleep(0.01)
     sent = json.loads(net.cmd("w1", [PY, "-m", "emulation.udptool", "send", "--dst", net.ip("srv"), "--port",
-                                     str(port), "--count", str(count), "--size", "200", "--rate-mbps", "10"]))
+                                     str(port), "--count", str(count), "--size", "200", "--pace", "10M"]))
     assert sent["errors"] == 0
     rx.wait(timeout=30)
     return set(json.loads(res.read_text()))

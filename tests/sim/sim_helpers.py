@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from dblp import control as ctl
-from dblp.policy import needed_chunks
+from dblp.policy import needed_chunks, passes_needed
 from dblp.sim import SimConfig
 from dblp.sim.net import ctrl_wire_bytes
 
@@ -53,5 +51,5 @@ def analytic_round_s(cfg: SimConfig, tolerance: float) -> float:
 
 
 def passes_for(p: float, burst: float) -> int:
-    """Passes until 1 - burst^k >= 1 - p: each pass loses `burst` of what it carries."""
-    return math.ceil(math.log(p) / math.log(burst) - 1e-12)
+    """Passes until 1 - burst^k >= 1 - p (dblp.policy.passes_needed, the one form)."""
+    return passes_needed(burst, p)

@@ -28,7 +28,7 @@ def test_help_of_every_entry_point():
 
 
 def test_run_writes_records_summary_and_plots(tmp_path, capsys):
-    rc = cli_main(["run", "--model", "200000", "--rounds", "12", "--loss", "iteration_bursts:at=3,8:loss=0.7",
+    rc = cli_main(["run", "--model", "200000", "--iterations", "12", "--loss", "iteration_bursts:at=3,8:loss=0.7",
                    "--baseline", "--out", str(tmp_path)])
     assert rc == 0
     names = {p.name for p in tmp_path.iterdir()}
@@ -44,15 +44,15 @@ def test_run_writes_records_summary_and_plots(tmp_path, capsys):
 
 
 def test_bad_parameters_exit_2_with_the_name(capsys):
-    assert cli_main(["run", "--rounds", "2", "--p-high", "1.5"]) == 2
+    assert cli_main(["run", "--iterations", "2", "--p-high", "1.5"]) == 2
     assert "p_high" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         cli_main(["run", "--loss", "bernoulli:p"])
 
 
 def test_sweep_is_parallel_reproducible_and_plots(tmp_path):
-    args = ["--model", "200000", "--rounds", "30", "--p-high", "0.2,0.4", "--eta", "0.3,0.7",
-            "--burst-rate", "0.1", "--no-progress"]
+    args = ["--model", "200000", "--iterations", "30", "--p-high", "0.2,0.4", "--eta", "0.3,0.7",
+            "--burst-rate", "0.1", "--quiet"]
     assert sweep_main(args + ["--jobs", "2", "--out", str(tmp_path / "a")]) == 0
     assert sweep_main(args + ["--jobs", "1", "--out", str(tmp_path / "b")]) == 0
     a = (tmp_path / "a" / "sweep.csv").read_text()
@@ -105,7 +105,7 @@ def test_calibrate_round_trip(tmp_path, capsys):
     out = tmp_path / "params.json"
     assert cli_main(["calibrate", str(run), "-o", str(out)]) == 0
     assert "_calibration" in json.loads(out.read_text())
-    assert cli_main(["run", "--params", str(out), "--rounds", "3"]) == 0
+    assert cli_main(["run", "--params", str(out), "--iterations", "3"]) == 0
 
 
 def test_calibrate_reads_the_run_config_above_a_policy_folder(tmp_path):
@@ -121,3 +121,21 @@ def test_calibrate_reads_the_run_config_above_a_policy_folder(tmp_path):
 def test_calibrate_refuses_an_empty_folder(tmp_path, capsys):
     assert cli_main(["calibrate", str(tmp_path), "-o", str(tmp_path / "p.json")]) == 2
     assert "no round records" in capsys.readouterr().err
+
+
+def test_bare_bandwidth_is_mbit_and_bad_units_name_the_flag(capsys):
+    from dblp.sim.cli import build_parser
+
+    a = build_parser().parse_args(["run", "--bandwidth", "500", "--pace", "900M", "--compute", "5ms", "--queue", "100pkt"])
+    assert a.bandwidth_bps == 500e6  # not 500 bit/s
+    assert a.send_rate_bps == 900e6 and a.compute_s == pytest.approx(0.005) and a.queue_bytes == 100 * 1514
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--bandwidth", "5parsecs"])
+    assert "argument --bandwidth" in capsys.readouterr().err
+
+
+def test_a_bare_loss_probability_is_bernoulli():
+    from dblp.sim.cli import build_parser
+
+    a = build_parser().parse_args(["run", "--loss", "0.05", "--loss", "iteration_bursts:at=3:loss=0.7"])
+    assert a.loss[0] == {"kind": "bernoulli", "p": 0.05} and a.loss[1]["kind"] == "iteration_bursts"

@@ -21,7 +21,7 @@ def test_module_generate_and_show(tmp_path):
     png = tmp_path / "b.png"
     env_py = [sys.executable, "-m", "traces"]
     r = subprocess.run(
-        env_py + ["generate", "onoff", "--duration-us", "5000000", "--seed", "3", "-o", str(out)],
+        env_py + ["generate", "onoff", "--duration", "5s", "--seed", "3", "-o", str(out)],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert r.returncode == 0, r.stderr
@@ -35,14 +35,14 @@ def test_module_generate_and_show(tmp_path):
     "args,form",
     [
         (["generate", "bernoulli", "--loss", "5%", "--packets", "20000"], "packets"),
-        (["generate", "bernoulli", "--loss", "0.05", "--duration-us", "1000"], "segments"),
+        (["generate", "bernoulli", "--loss", "0.05", "--duration", "1ms"], "segments"),
         (["generate", "ge", "--good-to-bad", "1%", "--bad-to-good", "20%", "--packets", "5000"], "packets"),
-        (["generate", "gilbert-elliott", "--good-to-bad", "1%", "--duration-us", "100000", "--packet-interval-us", "1.2"], "segments"),
-        (["generate", "onoff", "--duration-us", "1000000", "--dist", "pareto", "--alpha", "2"], "segments"),
-        (["generate", "iteration-burst", "--iteration-us", "1000", "--bursts", "3,7", "--iterations", "10"], "segments"),
-        (["generate", "iteration-burst", "--iteration-us", "1000", "--count", "2", "--iterations", "50"], "segments"),
+        (["generate", "gilbert-elliott", "--good-to-bad", "1%", "--duration", "100ms", "--packet-interval", "1.2us"], "segments"),
+        (["generate", "onoff", "--duration", "1s", "--dist", "pareto", "--alpha", "2"], "segments"),
+        (["generate", "iteration-burst", "--iteration-period", "1ms", "--bursts", "3,7", "--iterations", "10"], "segments"),
+        (["generate", "iteration-burst", "--iteration-period", "1ms", "--count", "2", "--iterations", "50"], "segments"),
         (["import-netem", "loss gemodel 1% 25%", "--packets", "3000"], "packets"),
-        (["import-mahimahi", "mm-loss downlink 0.02", "--direction", "downlink", "--duration-us", "5000"], "segments"),
+        (["import-mahimahi", "mm-loss downlink 0.02", "--direction", "downlink", "--duration", "5ms"], "segments"),
     ],
 )
 def test_generate_and_show_in_process(tmp_path, capsys, args, form):
@@ -59,7 +59,7 @@ def test_generate_and_show_in_process(tmp_path, capsys, args, form):
 
 def test_show_json_and_default_png(tmp_path, capsys):
     out = tmp_path / "x.loss.csv"
-    main(["generate", "iteration-burst", "--iteration-us", "1000", "--bursts", "2", "--iterations", "5", "-o", str(out)])
+    main(["generate", "iteration-burst", "--iteration-period", "1ms", "--bursts", "2", "--iterations", "5", "-o", str(out)])
     capsys.readouterr()
     assert main(["show", str(out), "--json"]) == 0
     import json
@@ -71,7 +71,7 @@ def test_show_json_and_default_png(tmp_path, capsys):
 
 def test_show_refuses_malformed_trace(tmp_path, capsys):
     bad = tmp_path / "bad.loss.csv"
-    main(["generate", "bernoulli", "--loss", "0.1", "--duration-us", "100", "-o", str(bad)])
+    main(["generate", "bernoulli", "--loss", "0.1", "--duration", "100us", "-o", str(bad)])
     bad.write_text(bad.read_text().replace("0,0.1", "0,1.1"))
     capsys.readouterr()
     assert main(["show", str(bad), "--no-plot"]) == 2
@@ -81,9 +81,9 @@ def test_show_refuses_malformed_trace(tmp_path, capsys):
 
 def test_resample_and_loop(tmp_path, capsys):
     src = tmp_path / "o.loss.csv"
-    main(["generate", "onoff", "--duration-us", "2000000", "--seed", "2", "--loop", "-o", str(src)])
+    main(["generate", "onoff", "--duration", "2s", "--seed", "2", "--loop", "-o", str(src)])
     dst = tmp_path / "r.loss.csv"
-    assert main(["resample", str(src), "--bin-us", "1000", "-o", str(dst)]) == 0
+    assert main(["resample", str(src), "--bin", "1ms", "-o", str(dst)]) == 0
     a, b = read_trace(src), read_trace(dst)
     assert a.loop and b.loop
     assert b.mean_loss() == pytest.approx(a.mean_loss(), rel=1e-9)
@@ -110,7 +110,7 @@ def test_import_commands(tmp_path, capsys):
     assert dblp_import(["--sent", str(tmp_path / "s.pcap"), "--received", str(tmp_path / "r.pcap"), "-o", str(out)]) == 0
     assert set(np.flatnonzero(read_trace(out).drops)) == drop
     out2 = tmp_path / "d.loss.csv"
-    assert dblp_import(["--received", str(tmp_path / "r.pcap"), "--expected-chunks", "30", "-o", str(out2), "--bin-us", "50"]) == 2
+    assert dblp_import(["--received", str(tmp_path / "r.pcap"), "--expected-chunks", "30", "-o", str(out2), "--bin", "50us"]) == 2
     assert dblp_import(["--received", str(tmp_path / "r.pcap"), "--expected-chunks", "30", "-o", str(out)]) == 0
     assert set(np.flatnonzero(read_trace(out).drops)) == drop
     assert main(["import-tcp", str(tmp_path / "s.pcap"), "-o", str(out)]) == 2  # no TCP in there: clean error

@@ -77,7 +77,7 @@ def _rank(rank: int, world: int, pg_port: int, dblp_ports: dict, out: dict) -> N
 def _server(port: int, *policy: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
-                             "--workers", "2", "--rounds", str(STEPS), *policy],
+                             "--workers", "2", "--iterations", str(STEPS), *policy],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -1,0 +1,206 @@
+"""DDP over DBLP in one line: the communication hook, this rank's worker, and the server.
+
+A ``DistributedDataParallel`` script launched with ``torchrun`` changes two lines::
+
+    from dblp.train import DBLPComm                          # 1
+    model = DistributedDataParallel(model)
+    comm = DBLPComm(model, policy="dblp", records="runs/ddp")  # 2 (closed at exit, or `with DBLPComm(...)`)
+
+:class:`DBLPComm` registers :func:`dblp.train.ddp.exchange_hook` on the model,
+so each iteration's gradient goes through one DBLP round instead of DDP's
+all-reduce; on rank 0 it also starts the DBLP parameter server (``python -m
+dblp server`` as a child process: its own interpreter, so its datagram loop
+never competes with training for the GIL) for the world size the process
+group knows. Every rank learns the server's address from rank 0 over the
+process group (a broadcast), so a server that failed to start is reported on
+every rank at once instead of as a connect timeout.
+
+Why a context manager: the server ends cleanly only when every worker says
+goodbye. A worker that just exits resets its connection and the server
+stops with "control connection failed: Connection reset by peer" (exit
+code 2). :meth:`DBLPComm.close` (called by ``with``, and at interpreter exit
+as a fallback) says goodbye and, on rank 0, waits for the server and checks
+that it exited 0.
+
+The server listens on :data:`dblp.control.DEFAULT_PORT` (29600: torch's
+rendezvous uses 29500) of rank 0's host; workers reach it at ``MASTER_ADDR``,
+which torchrun sets to rank 0's node. ``port=0`` picks a free port.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch.distributed as dist
+
+from dblp.control import DEFAULT_PORT
+from dblp.policy import POLICIES
+from dblp.train.ddp import ExchangeHookState, exchange_hook
+from dblp.train.exchange import AllreduceExchange
+
+__all__ = ["DBLPComm", "DBLPCommError"]
+
+_ROOT = Path(__file__).resolve().parents[2]  # the folder holding the dblp package
+_POLICY_FLAGS = ("p", "p_low", "p_high", "eta", "freq")
+
+
+class DBLPCommError(RuntimeError):
+    """The DBLP server could not start, or did not end cleanly."""
+
+
+class DBLPComm:
+    """DBLP as DDP's gradient exchange: hook, worker and (on rank 0) server, closed together.
+
+    ``model``: a ``DistributedDataParallel`` module (its process group must be initialized).
+    ``policy`` and ``p``/``p_low``/``p_high``/``eta``/``freq``: the server's tolerance policy
+    (as ``python -m dblp server``). ``records``: a folder for ``server.jsonl`` (the server's
+    round records), ``worker<rank>.jsonl`` and ``server.log``; None writes no records.
+    ``server_host``: where the workers reach rank 0 (default ``MASTER_ADDR``, else
+    127.0.0.1). ``server_args``: further ``python -m dblp server`` flags (e.g.
+    ``["--pace", "900M"]``). ``timeout``: seconds to wait for the server to start and to end.
+    """
+
+    def __init__(self, model: Any, *, policy: str = "dblp", records: str | os.PathLike | None = None,
+                 port: int = DEFAULT_PORT, server_host: str | None = None, server_args: Sequence[str] = (),
+                 timeout: float = 60.0, **policy_kw: float) -> None:
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        unknown = set(policy_kw) - set(_POLICY_FLAGS)
+        if unknown:
+            raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_FLAGS)}")
+        if not 0 <= port < 65536:
+            raise ValueError(f"port must be in [0, 65535], got {port}")
+        if not dist.is_available() or not dist.is_initialized():
+            raise RuntimeError("DBLPComm needs an initialized torch.distributed process group "
+                               "(dist.init_process_group, as DistributedDataParallel does)")
+        from dblp.worker import Worker  # numpy-only, but keep `import dblp.train` light
+
+        self.rank, self.world = dist.get_rank(), dist.get_world_size()
+        self.records_dir = Path(records) if records is not None else None
+        self.timeout = timeout
+        self.server: subprocess.Popen | None = None
+        self._log: Path | None = None
+        self._closed = False
+        host = server_host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
+        if self.records_dir is not None:
+            self.records_dir.mkdir(parents=True, exist_ok=True)
+        status: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                status[0] = ("ok", self._start_server(port, policy, policy_kw, server_args))
+            except DBLPCommError as exc:
+                status[0] = ("error", str(exc))
+        dist.broadcast_object_list(status, src=0)
+        kind, value = status[0]
+        if kind != "ok":
+            raise DBLPCommError(f"rank {self.rank}: the DBLP server on rank 0 did not start: {value}")
+        self.server_addr = (host, int(value))
+        elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        wrec = str(self.records_dir / f"worker{self.rank}.jsonl") if self.records_dir is not None else None
+        try:
+            self.worker = Worker(host, int(value), elements=elements, worker_id=self.rank, records=wrec,
+                                 connect_timeout=timeout).connect()
+        except Exception:
+            self._stop_server()
+            raise
+        self.state = ExchangeHookState(AllreduceExchange(self.worker))
+        model.register_comm_hook(self.state, exchange_hook)
+        atexit.register(self._close_at_exit)
+
+    # -- the server (rank 0) -------------------------------------------------------------------
+    def _start_server(self, port: int, policy: str, policy_kw: dict, extra: Sequence[str]) -> int:
+        if port == 0:
+            with socket.socket() as s:  # a free port (TCP; the server's UDP socket takes the same number)
+                s.bind(("", 0))
+                port = s.getsockname()[1]
+        argv = [sys.executable, "-m", "dblp", "server", "--port", str(port), "--workers", str(self.world),
+                "--policy", policy]
+        for k, v in policy_kw.items():
+            argv += [f"--{k.replace('_', '-')}", str(v)]
+        if self.records_dir is not None:
+            argv += ["--records", str(self.records_dir / "server.jsonl")]
+            self._log = self.records_dir / "server.log"
+        else:
+            fd, name = tempfile.mkstemp(prefix="dblp-server-", suffix=".log")
+            os.close(fd)
+            self._log = Path(name)
+        argv += list(extra)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+        with open(self._log, "w", encoding="utf-8") as log:
+            self.server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           env=env, start_new_session=True)
+        deadline = time.monotonic() + self.timeout
+        while "listening on" not in self._log_tail():
+            if self.server.poll() is not None:
+                raise DBLPCommError(f"`{' '.join(argv[1:])}` exited with {self.server.returncode}: "
+                                    f"{self._log_tail().strip()[-1000:]}")
+            if time.monotonic() > deadline:
+                self._stop_server()
+                raise DBLPCommError(f"`{' '.join(argv[1:])}` did not listen within {self.timeout:g} s")
+            time.sleep(0.05)
+        return port
+
+    def _log_tail(self) -> str:
+        try:
+            return self._log.read_text(encoding="utf-8", errors="replace")[-4000:] if self._log else ""
+        except OSError:
+            return ""
+
+    def _stop_server(self) -> None:
+        if self.server is not None and self.server.poll() is None:
+            self.server.terminate()
+            try:
+                self.server.wait(5)
+            except subprocess.TimeoutExpired:
+                self.server.kill()
+                self.server.wait()
+
+    # -- closing -------------------------------------------------------------------------------
+    def close(self, reason: str = "training done") -> None:
+        """Say goodbye to the server; on rank 0 wait for it to end and check it exited 0."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self._close_at_exit)
+        self.worker.close(reason)
+        if self.server is None:
+            return
+        try:
+            rc = self.server.wait(self.timeout)
+        except subprocess.TimeoutExpired:
+            self._stop_server()
+            raise DBLPCommError(f"the DBLP server did not end within {self.timeout:g} s of the workers "
+                                f"leaving; log: {self._log}") from None
+        if rc != 0:
+            raise DBLPCommError(f"the DBLP server exited with {rc}: {self._log_tail().strip()[-1000:]}")
+
+    def _close_at_exit(self) -> None:
+        try:
+            self.close("process exiting")
+        except Exception as exc:  # noqa: BLE001 - at exit, report instead of a traceback
+            print(f"dblp: {exc}", file=sys.stderr)
+
+    def __enter__(self) -> "DBLPComm":
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        self._closed = True  # training failed: leave, stop the server, let the error through
+        atexit.unregister(self._close_at_exit)
+        self.worker.close("training failed")
+        self._stop_server()
+
+    @property
+    def round_records(self) -> list[dict[str, Any]]:
+        """Per-iteration records of the hook (round, buckets, latency, tolerance...)."""
+        return self.state.records

@@ -1,0 +1,100 @@
+"""``python -m emulation.hosts``: check an inventory, run it, or (on a host) the agent's commands."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from traces.units import HelpFormatter
+
+from .agent import add_worker_args, host_facts, worker_main
+from .commands import host_script, server_argv, worker_argv
+from .inventory import ROOT, HostsError, HostSpec, Inventory, InventoryError, load_inventory
+from .launcher import launch
+from .rules import loss_targets
+from .transport import SshTransport, Transport
+
+
+def describe(inv: Inventory) -> str:
+    """The commands each host would run (addresses of netns/local hosts shown as <ip of NAME>)."""
+
+    class _Dry(Transport):
+        name = inv.run.transport
+
+        def data_address(self, host: HostSpec) -> str:
+            if inv.run.transport == "ssh":
+                return host.data_address or host.address
+            return "127.0.0.1" if inv.run.transport == "local" else f"<ip of {host.name}>"
+
+    tr: Transport = SshTransport(inv) if inv.run.transport == "ssh" else _Dry(inv)
+    srv = inv.server
+    rdir = f"{inv.run.remote_dir.rstrip('/')}/<run>-<policy>-"
+    lines = [f"transport {inv.run.transport}; {len(inv.workers)} workers; {inv.rounds} iterations; "
+             f"policies {', '.join(inv.run.policies)}; mode {inv.run.mode}"]
+    for policy in inv.run.policies:
+        lines.append(f"[{policy}]")
+        sa = server_argv(inv, policy, rdir + srv.name, tr.bind_address(srv), inv.run.port)
+        lines.append(f"  {srv.name} (server): {shlex.join(tr.argv(srv, host_script(srv, rdir + srv.name, 'server', sa)))}"
+                     if inv.run.transport == "ssh" else f"  {srv.name} (server): {shlex.join(sa)}")
+        for wid, h in enumerate(inv.workers):
+            wa = worker_argv(inv, h, wid, rdir + h.name, tr.data_address(srv), inv.run.port,
+                             tr.data_address(inv.workers[0]))
+            lines.append(f"  {h.name} (worker {wid}{', gpu' if h.gpu else ''}): "
+                         + (shlex.join(tr.argv(h, host_script(h, rdir + h.name, 'worker', wa)))
+                            if inv.run.transport == "ssh" else shlex.join(wa)))
+    static, bursts = loss_targets(inv)
+    for t, rate in static:
+        lines.append(f"loss: {t.label()} {rate:.2%} for the whole run")
+    for b in bursts:
+        lines.append(f"loss: {', '.join(t.label() for t in b.targets)} {b.loss:.2%} at iteration {b.iteration} "
+                     f"for {b.iterations}")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m emulation.hosts",
+                                 description="Run the real DBLP server and workers on the machines of an inventory file.",
+                                 formatter_class=HelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("check", help="validate an inventory and print the commands each host would run",
+                       formatter_class=HelpFormatter)
+    c.add_argument("inventory", help="inventory TOML (docs/hosts.md)")
+    r = sub.add_parser("run", help="run the inventory's server and workers, gather the records",
+                       formatter_class=HelpFormatter)
+    r.add_argument("inventory", help="inventory TOML (docs/hosts.md)")
+    r.add_argument("--results", default=str(ROOT / "results"), help="parent folder of the run folder")
+    f = sub.add_parser("facts", help="(on a host) print this host's facts as JSON", formatter_class=HelpFormatter)
+    f.add_argument("--torch", action="store_true", help="import torch for CUDA device names")
+    w = sub.add_parser("worker", help="(on a host) the worker program the launcher starts",
+                       formatter_class=HelpFormatter)
+    add_worker_args(w)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        if a.cmd == "facts":
+            print(json.dumps(host_facts(a.torch)))
+            return 0
+        if a.cmd == "worker":
+            return worker_main(a)
+        inv = load_inventory(a.inventory)
+        if a.cmd == "check":
+            print(describe(inv))
+            return 0
+        out = launch(inv, a.results)
+        print(f"hosts: done; results in {out}")
+        return 0
+    except (InventoryError, HostsError) as exc:
+        print(f"emulation.hosts: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("emulation.hosts: interrupted; processes ended, remote folders removed", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The one round watcher: follows a server's records and says when each iteration starts.
+
+Iteration k starts once the server has written its records of round k-1
+for every worker (one JSONL line per worker and round), so counting lines
+of the server's ``records.jsonl`` is a clock of the run that needs no
+hook in the server: loss bursts keyed by iteration (``BurstInjector``)
+and progress lines hang on it. The records are either a local file (the
+Mininet and namespace hosts share this machine's file system) or a stream
+of lines from a process (``tail -F`` on a remote host, through ssh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+__all__ = ["RoundWatcher", "Tail", "follow", "end_process_group"]
+
+
+class Tail:
+    """The complete lines appended to a file since the last call (the file may not exist yet).
+
+    Reads only what was added, so following a long run costs the same per
+    line at its end as at its start; a partial last line waits for its newline.
+    """
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path)
+        self.pos = 0
+        self._buf = b""
+
+    def lines(self) -> list[bytes]:
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.pos)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        if not data:
+            return []
+        self.pos += len(data)
+        *lines, self._buf = (self._buf + data).split(b"\n")
+        return lines
+
+    def records(self) -> list[dict]:
+        """The new lines as JSON objects (records files)."""
+        return [json.loads(x) for x in self.lines() if x.strip()]
+
+
+def follow(path: str | os.PathLike, stop: threading.Event, poll_s: float = 0.001) -> Iterator[bytes]:
+    """Complete lines appended to ``path``, as they come, until ``stop`` is set."""
+    t = Tail(path)
+    while not stop.is_set():
+        got = t.lines()
+        if got:
+            yield from got
+        else:
+            stop.wait(poll_s)
+
+
+def end_process_group(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            proc.kill()
+        proc.wait(5)
+
+
+class RoundWatcher(threading.Thread):
+    """Calls ``on_round(k)`` when iteration k starts (all ``workers`` rows of round k-1 written).
+
+    ``source``: the server's records file (followed by polling every
+    ``poll_s``), or a process whose stdout streams its lines (ended by
+    :meth:`stop`). When several iterations pass between two looks,
+    ``on_round`` gets the latest only (the burst injector logs what it
+    missed). A failing hook is reported and the watch goes on.
+    """
+
+    def __init__(self, source: str | os.PathLike | subprocess.Popen, workers: int,
+                 on_round: Callable[[int], None], *, poll_s: float = 0.001) -> None:
+        super().__init__(daemon=True, name="round-watcher")
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.source, self.workers, self.on_round, self.poll_s = source, workers, on_round, poll_s
+        self.rounds = 0
+        self._halt = threading.Event()
+
+    def _lines(self) -> Iterator[bytes]:
+        if isinstance(self.source, subprocess.Popen):
+            assert self.source.stdout is not None
+            return iter(self.source.stdout)
+        return follow(self.source, self._halt, self.poll_s)
+
+    def run(self) -> None:
+        lines = 0
+        for _ in self._lines():
+            lines += 1
+            r = lines // self.workers
+            if r != self.rounds:
+                self.rounds = r
+                try:
+                    self.on_round(r)
+                except Exception as exc:  # noqa: BLE001 - a hook must not end the watch
+                    print(f"round watcher: hook failed at iteration {r}: {exc}", file=sys.stderr)
+
+    def stop(self) -> None:
+        """Stop following (and end the streaming process); waits for the thread."""
+        self._halt.set()
+        if isinstance(self.source, subprocess.Popen):
+            end_process_group(self.source, 5.0)
+        if self.is_alive():
+            self.join(timeout=5)
+
+    def __enter__(self) -> "RoundWatcher":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,167 @@
+"""Every command speaks one flag vocabulary (issue 12 item 5).
+
+Walks the parser of every command - the library CLIs through their
+``build_parser()``, the scenarios as subprocesses (tests never import a
+scenario: the child runs the script with argparse patched to print its
+parser instead of parsing) - and checks that every visible option has help,
+that a default worth showing is shown, that a rate flag says the unit of a
+bare number, and that no command names a concept of
+:data:`dblp.cliargs.VOCABULARY` by another name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dblp.cliargs import MEANINGS, UNIT_SUFFIXES, VOCABULARY
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.py") if not p.name.startswith("_"))
+
+# Runs in a child process: patch argparse so that parsing prints the parser tree and exits,
+# then run the scenario as ``python scenarios/X.py`` would (its folder first on the search path:
+# PYTHONPATH below, as Python puts a script's own folder).
+_DUMP = r'''
+import argparse, json, runpy, sys
+
+def walk(p, path):
+    out = []
+    fmt = p._get_formatter()
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                out += walk(sp, path + [name])
+            continue
+        if isinstance(a, argparse._HelpAction):
+            continue
+        shown = a.help != argparse.SUPPRESS
+        out.append({"cmd": " ".join(path), "opts": list(a.option_strings), "help": a.help if shown else None,
+                    "hidden": not shown, "text": fmt._expand_help(a) if shown and a.help else "",
+                    "default": None if a.default is None or a.default is False or a.default == argparse.SUPPRESS
+                    else repr(a.default), "type": getattr(a.type, "__name__", None), "nargs0": a.nargs == 0})
+    return out
+
+def dump(self, *a, **k):
+    print("ARGDUMP" + json.dumps(walk(self, [self.prog])))
+    raise SystemExit(0)
+
+argparse.ArgumentParser.parse_args = dump
+argparse.ArgumentParser.parse_known_args = dump
+path = sys.argv[1]
+sys.argv = [path]
+runpy.run_path(path, run_name="__main__")
+'''
+
+
+def _walk(p: argparse.ArgumentParser, path: list[str]) -> list[dict]:
+    out: list[dict] = []
+    fmt = p._get_formatter()
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for name, sp in a.choices.items():
+                out += _walk(sp, path + [name])
+            continue
+        if isinstance(a, argparse._HelpAction):
+            continue
+        shown = a.help != argparse.SUPPRESS
+        out.append({"cmd": " ".join(path), "opts": list(a.option_strings), "help": a.help if shown else None,
+                    "hidden": not shown, "text": fmt._expand_help(a) if shown and a.help else "",
+                    "default": None if a.default is None or a.default is False or a.default == argparse.SUPPRESS
+                    else repr(a.default), "type": getattr(a.type, "__name__", None), "nargs0": a.nargs == 0})
+    return out
+
+
+def _library_parsers() -> dict[str, argparse.ArgumentParser]:
+    from dblp.analysis import build_parser as analysis_parser
+    from dblp.cli import build_parser as dblp_parser
+    from dblp.sim.cli import build_parser as sim_parser
+    from dblp.train.__main__ import build_parser as train_parser
+    from dblp.traceimport import build_parser as traceimport_parser
+    from emulation.cleanup import build_parser as cleanup_parser
+    from emulation.hosts.cli import build_parser as hosts_parser
+    from emulation.nshosts import build_parser as nshosts_parser
+    from emulation.udptool import build_parser as udptool_parser
+    from traces.cli import build_parser as traces_parser
+
+    return {"python -m dblp": dblp_parser(), "python -m dblp.sim": sim_parser(), "python -m dblp.analysis": analysis_parser(),
+            "python -m dblp.train": train_parser(), "python -m dblp.traceimport": traceimport_parser(),
+            "python -m emulation.cleanup": cleanup_parser(), "python -m emulation.hosts": hosts_parser(),
+            "python -m emulation.nshosts": nshosts_parser(), "python -m emulation.udptool": udptool_parser(),
+            "python -m traces": traces_parser()}
+
+
+def _scenario_options(script: Path) -> list[dict]:
+    r = subprocess.run([sys.executable, "-c", _DUMP, str(script)], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT, env={"PATH": "/usr/bin:/bin", "DBLP_NO_REEXEC": "1",
+                                      "PYTHONPATH": f"{script.parent}:{ROOT}"})
+    line = next((x for x in r.stdout.splitlines() if x.startswith("ARGDUMP")), None)
+    assert line, f"{script.name}: no parser dumped\n{r.stderr[-2000:]}"
+    return json.loads(line[len("ARGDUMP"):])
+
+
+@pytest.fixture(scope="module")
+def options() -> list[dict]:
+    opts = []
+    for name, p in _library_parsers().items():
+        opts += [dict(o, command=name) for o in _walk(p, [name])]
+    for script in SCENARIOS:
+        opts += [dict(o, command=f"scenarios/{script.name}") for o in _scenario_options(script)]
+    return opts
+
+
+def _visible(options: list[dict]) -> list[dict]:
+    return [o for o in options if o["opts"] and not o["hidden"]]
+
+
+def test_every_scenario_has_help():
+    for script in SCENARIOS:
+        r = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120,
+                           cwd=ROOT)
+        assert r.returncode == 0 and "usage:" in r.stdout, f"{script.name}: {r.stderr[-1000:]}"
+
+
+def test_every_option_has_help_and_shows_its_default(options):
+    no_help = [f"{o['cmd']} {o['opts'][0]}" for o in options if not o["hidden"] and not (o["help"] or "").strip()]
+    assert not no_help, f"options without help: {no_help}"
+    hidden_default = [f"{o['cmd']} {o['opts'][0]}" for o in _visible(options)
+                      if o["default"] is not None and not o["nargs0"] and "default" not in o["text"].lower()]
+    assert not hidden_default, f"options whose --help does not show the default: {hidden_default}"
+
+
+def test_rate_flags_say_the_unit_of_a_bare_number(options):
+    bad = [f"{o['cmd']} {o['opts'][0]}" for o in _visible(options) if o["type"] == "rate" and "Mbit/s" not in o["text"]]
+    assert not bad, f"rate flags that do not say a bare number is Mbit/s: {bad}"
+
+
+def test_one_name_per_concept(options):
+    names = {n: o for o in _visible(options) for n in o["opts"]}
+    wrong = [f"{o['cmd']} uses {n} for {concept!r}: say {one}"
+             for concept, (one, banned) in VOCABULARY.items() for n in banned if n in names
+             for o in [names[n]]]
+    assert not wrong, "\n".join(wrong)
+    # --results is always the parent folder of a run's own folder; --out the folder itself
+    results = [f"{o['cmd']}: {o['help']}" for o in _visible(options) if "--results" in o["opts"]
+               and "parent" not in o["help"]]
+    assert not results, f"--results must be the parent folder: {results}"
+
+
+def test_a_quiet_switch_is_always_spelt_quiet(options):
+    bad = [f"{o['cmd']} {o['opts']}" for o in _visible(options) if "-q" in o["opts"] and "--quiet" not in o["opts"]]
+    assert not bad, bad
+
+
+def test_one_meaning_per_name(options):
+    bad = [f"{o['cmd']} {flag}: {o['help']!r} (should say {word!r})" for o in _visible(options)
+           for flag, word in MEANINGS.items() if flag in o["opts"] and word.lower() not in o["help"].lower()]
+    assert not bad, "\n".join(bad)
+
+
+def test_units_go_in_values_not_in_names(options):
+    bad = sorted({n for o in _visible(options) for n in o["opts"] if n.endswith(UNIT_SUFFIXES)})
+    assert not bad, f"flags with a unit in the name (give it in the value: --compute 5ms): {bad}"

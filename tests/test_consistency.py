@@ -1,0 +1,114 @@
+"""Replica consistency (dblp.session S7): with ``intersect`` every worker applies the same chunks.
+
+Real server and workers on loopback, with the deterministic scripted loss
+of the parity test, so each worker's bounded-loss broadcast loses its own
+chunks. Without the mode the workers' results differ (the paper's
+behaviour: replicas drift); with it they are bit-identical every round,
+and each is exactly the server's mean where the common mask holds and zero
+elsewhere.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from dblp import control as ctl
+from dblp.policy import FixedPolicy
+from dblp.server import ParameterServer, ServerConfig
+from dblp.worker import Worker
+from procs import free_port
+from scripted_loss import ScriptedLoss, lossy
+
+ELEMENTS = 362 * 120 + 17  # a short last chunk
+WORKERS = 3
+ROUNDS = 4
+
+
+def run(consistency: str) -> tuple[list[list[np.ndarray]], list, list]:
+    loss = ScriptedLoss()
+    port = free_port()
+    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=WORKERS, policy=FixedPolicy(0.2),
+                                       rounds=ROUNDS, consistency=consistency, accept_timeout=30, peer_timeout=30))
+    server_records: list = []
+    srv._writer.write = server_records.append
+    outs: list[list[np.ndarray]] = [[] for _ in range(WORKERS)]
+    records: list = []
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            srv.accept_workers()
+            for w in srv.workers:
+                lossy(w.peer.udp, loss, ctl.DOWN, w.wid, w.peer)
+            srv.serve()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def work(i: int) -> None:
+        try:
+            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=i, peer_timeout=30) as w:
+                rng = np.random.default_rng(i)
+                for _ in range(ROUNDS):
+                    outs[i].append(w.allreduce(rng.integers(-50, 50, ELEMENTS).astype(np.float32)).copy())
+                    records.append(w.last_record)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return outs, records, server_records
+
+
+def test_without_consistency_the_replicas_differ():
+    outs, records, _ = run("none")
+    assert any(not np.array_equal(outs[0][k], outs[i][k]) for k in range(ROUNDS) for i in range(1, WORKERS))
+    assert all("common" not in r.extra for r in records)
+
+
+def test_intersect_makes_every_worker_apply_the_same_chunks():
+    outs, records, _ = run("intersect")
+    chunks = records[0].chunks
+    pad = np.zeros(chunks * 362, np.float32)
+    for k in range(ROUNDS):
+        for i in range(1, WORKERS):
+            assert np.array_equal(outs[0][k], outs[i][k]), f"round {k}: worker {i} differs from worker 0"
+        common = {r.extra["common"] for r in records if r.round == k}
+        assert len(common) == 1  # every worker applied the same number of chunks
+        (n_common,) = common
+        assert n_common <= min(r.down_received for r in records if r.round == k) and n_common < chunks
+        pad[: ELEMENTS] = outs[0][k]
+        carrying = int(np.count_nonzero(pad.reshape(chunks, 362).any(axis=1)))
+        # only common chunks carry values (a common chunk is zero where no upload of it reached the server)
+        assert n_common - 5 <= carrying <= n_common
+    assert all(r.extra["wait_common_s"] >= 0 for r in records)
+
+
+def test_server_ignores_held_messages_outside_the_mode_and_for_other_rounds():
+    from dblp.session import RecordContext, ServerSession
+    from dblp.wire import ChunkLayout
+
+    lay = ChunkLayout(362 * 8)
+    ctx = RecordContext(source="test", policy="fixed", order="blocks")
+    s = ServerSession(lay, range(2), policy=FixedPolicy(0.0), run_id=1, context=ctx, consistency="intersect")
+    s.start(0.0)
+    s.events()
+    bits = np.packbits(np.ones(lay.chunks, bool)).tobytes()
+    s.handle_control(0, ctl.Held(5, bits), 0.0)  # a round not in flight
+    s.handle_control(7, ctl.Held(0, bits), 0.0)  # not a worker of this run
+    s.handle_control(0, ctl.Held(0, bits), 0.0)
+    assert s.events() == []  # worker 1 has not reported: nothing announced
+    half = np.zeros(lay.chunks, bool)
+    half[::2] = True
+    s.handle_control(1, ctl.Held(0, np.packbits(half).tobytes()), 0.0)
+    ev = s.events()
+    assert len(ev) == 2 and all(isinstance(e.message, ctl.Common) for e in ev)
+    assert np.array_equal(ev[0].message.mask(lay.chunks), half) and s.common[0] == 4
+    with pytest.raises(Exception, match="consistency must be one of"):
+        ServerSession(lay, range(2), policy=FixedPolicy(0.0), run_id=1, context=ctx, consistency="always")
