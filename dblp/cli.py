@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--records", default=None, help="JSONL file for per-round records")
     s.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     s.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    s.add_argument("--model", default=None,
+                   help="the tensor this server serves: " + MODEL_HELP + "; workers with another size are "
+                        "refused (default: the first valid worker's, bounded by half the free memory)")
+    s.add_argument("--handshake-timeout", type=duration_arg(allow_zero=False), default="10s",
+                   help="a connection that says no HELLO within this time is closed")
+    s.add_argument("--consistency", choices=["none", "intersect"], default="none",
+                   help="none: each worker applies what it received (the paper; replicas drift); intersect: "
+                        "every worker applies only the chunks all received (identical replicas, one more "
+                        "control round trip)")
     add_policy_args(s)
 
     lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
@@ -123,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
-                               fast=False if args.plain else None)
+                               fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
+                               elements=model_elements(args.model) if args.model else None,
+                               consistency=args.consistency)
             srv = ParameterServer(cfg)
             print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers", flush=True)
             n = srv.serve()

@@ -10,8 +10,9 @@ authors' prototype)::
 
     python -m dblp loopback --model 25M --workers 3 --iterations 5
 
-A server and ``workers`` workers start as separate processes - the same
-``python -m dblp server`` / ``worker`` commands a deployment runs - and
+A server and ``workers`` workers start as separate processes through
+:mod:`dblp.launch` - the same ``python -m dblp server`` / ``worker``
+commands every launcher of the testbed writes - and
 exchange synthetic gradients. A round's time is the span from the first
 worker's start of the round to the last worker's averaged result, from the
 workers' own per-round records (:mod:`dblp.records`), after ``warmup``
@@ -21,15 +22,13 @@ untimed rounds (the first touches fresh memory).
 from __future__ import annotations
 
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .core import DEFAULT_ORDER, ORDERS
+from .launch import Launch, LaunchError, LocalRunner, RunArgs
 from .policy import run_policy
 from .records import read_records
 from .wire import ChunkLayout, ParameterError
@@ -52,12 +51,6 @@ class LoopbackResult:
     def to_dict(self) -> dict:
         return {"elements": self.elements, "workers": self.workers, "median_s": self.median_s,
                 "round_s": self.round_s, "up_s": self.up_s, "down_s": self.down_s}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loopback_rounds(
@@ -83,41 +76,21 @@ def loopback_rounds(
     if order not in ORDERS:
         raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
     total = warmup + rounds
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
-    policy = run_policy("reliable" if p == 0 else "fixed", p_low=p).flags()
-    plain = ["--plain"] if fast is False else []
+    env = {"PYTHONPATH": f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
+                   policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
+                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order])
     with tempfile.TemporaryDirectory(prefix="dblp-loopback-") as tmp:
         d = Path(tmp)
-        procs = [subprocess.Popen(
-            [sys.executable, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
-             "--workers", str(workers), "--iterations", str(total), "--mtu", str(mtu), "--order", order,
-             "--peer-timeout", f"{timeout:g}", *policy, *plain],
-            stdout=subprocess.DEVNULL, stderr=open(d / "server.err", "w"), env=env)]
-        for i in range(workers):
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "dblp", "worker", "--server", f"127.0.0.1:{port}", "--id", str(i),
-                 "--model", str(elements), "--iterations", str(total), "--records", str(d / f"w{i}.jsonl"),
-                 "--peer-timeout", f"{timeout:g}", *plain],
-                stdout=subprocess.DEVNULL, stderr=open(d / f"w{i}.err", "w"), env=env))
         try:
-            for proc in procs:
-                proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise TimeoutError(f"loopback rounds did not finish within {timeout:g} s") from None
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-        names = ["server"] + [f"w{i}" for i in range(workers)]
-        for name, proc in zip(names, procs):
-            if proc.returncode != 0:
-                tail = (d / f"{name}.err").read_text()[-2000:]
-                raise RuntimeError(f"loopback {name} exited with {proc.returncode}:\n{tail}")
+            with Launch(LocalRunner(), "local", ["local"] * workers, args, records_dir=d, log_dir=d, env=env,
+                        bind="127.0.0.1") as run:
+                run.wait(timeout)
+        except LaunchError as exc:
+            raise RuntimeError(f"loopback rounds: {exc}") from None
         per_round: dict[int, list[dict]] = {}
         for i in range(workers):
-            for rec in read_records(d / f"w{i}.jsonl"):  # null -> NaN, as written
+            for rec in read_records(d / f"worker{i}.jsonl"):  # null -> NaN, as written
                 per_round.setdefault(rec.round, []).append(vars(rec))
     res = LoopbackResult(elements, workers)
     for r in range(warmup, total):

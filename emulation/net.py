@@ -300,7 +300,7 @@ class EmuNet:
         return self.host(name).IP()
 
     def address(self, name: str) -> str:
-        """Where other hosts reach ``name`` (:class:`emulation.launch.Runner`)."""
+        """Where other hosts reach ``name`` (:class:`dblp.launch.Runner`)."""
         return self.ip(name)
 
     def host_intf(self, name: str) -> str:

@@ -97,8 +97,8 @@ from dblp.policy import run_policy  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.wire import ParameterError  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
-from emulation.launch import Launch, LaunchError, RunArgs  # noqa: E402
-from emulation.watch import Tail  # noqa: E402
+from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
+from dblp.watch import Tail  # noqa: E402
 from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3

@@ -20,15 +20,15 @@ import argparse
 import csv
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from dblp.cliargs import parser
+from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
 from dblp.policy import run_policy as named_policy
+from dblp.watch import Tail
 from dblp.wire import ParameterError
 
 PY = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
@@ -75,47 +75,32 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
     return named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -> dict:
+    """One policy: the server and the training workers through the one launcher (dblp.launch)."""
     d = out / name
-    d.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(_bootstrap.ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    log = open(d / "processes.log", "w")
-    srv = subprocess.Popen(prefix + [PY, "-m", "dblp", "server", "--host", "127.0.0.1", "--port", str(port),
-                                     "--workers", str(a.workers), "--records", str(d / "server.jsonl"),
-                                     "--seed", str(a.seed), "--peer-timeout", "120", *policy_args(name, a)],
-                           env=env, stdout=log, stderr=log)
     extra = ["--max-iters-per-epoch", str(a.max_iters_per_epoch)] if a.max_iters_per_epoch else []
     if a.data_root:
         extra += ["--data-root", a.data_root]
+
+    def train_worker(i: int, server: str, records: Path) -> list[str]:
+        return [PY, "-m", "dblp.train", "worker", "--server", server, "--id", str(i), "--workers", str(a.workers),
+                "--workload", a.workload, "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", str(d / f"w{i}"),
+                "--records", str(records), *extra] + (["--progress"] if i == 0 else [])
+
+    args = RunArgs(workers=a.workers, iterations=None, model=0, policy=policy_args(name, a), source="loopback",
+                   seed=a.seed, peer_timeout_s=120, plain=False, port=0, python=PY)
+    env = {"PYTHONPATH": str(_bootstrap.ROOT), "OMP_NUM_THREADS": "1"}
+    progress = Tail(d / "worker0.log")
     t0 = time.time()
-    workers = [subprocess.Popen(prefix + [PY, "-m", "dblp.train", "worker", "--server", f"127.0.0.1:{port}",
-                                          "--id", str(i), "--workers", str(a.workers), "--workload", a.workload,
-                                          "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", str(d / f"w{i}"),
-                                          "--records", str(d / f"worker{i}.jsonl"), *extra]
-                                + (["--progress"] if i == 0 else []),
-                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE if i else None, text=True)
-               for i in range(a.workers)]
-    summaries = []
     try:
-        for i, p in enumerate(workers):
-            stdout, stderr = p.communicate(timeout=3600)
-            if p.returncode != 0:
-                raise RuntimeError(f"{name}: worker {i} failed:\n{(stderr or '')[-2000:]}")
-            summaries.append(json.loads(stdout.strip().splitlines()[-1]))
-        srv.wait(timeout=60)
-    finally:
-        for p in workers + [srv]:
-            if p.poll() is None:
-                p.kill()
-        log.close()
+        with Launch(LocalRunner(prefix), "local", ["local"] * a.workers, args, records_dir=d, log_dir=d, env=env,
+                    bind="127.0.0.1", worker_program=train_worker) as run:
+            run.wait(3600, on_poll=lambda: [print("  " + ln.decode(errors="replace"), flush=True)
+                                            for ln in progress.lines() if not ln.startswith(b"{")])
+    except LaunchError as exc:
+        raise SystemExit(f"train: {name}: {exc}") from None
     wall = time.time() - t0
+    summaries = [json.loads((d / f"w{i}" / "summary.json").read_text()) for i in range(a.workers)]
     epochs = [json.loads(line) for line in open(d / "w0" / "epochs.jsonl")]
     return {"name": name, "wall_s": wall, "summaries": summaries, "epochs": epochs}
 

@@ -1,6 +1,6 @@
 """The command lines a run starts on its hosts: the server, the workers (or torchrun), the shell around them.
 
-The programs' flags are written by :mod:`emulation.launch` (the one place
+The programs' flags are written by :mod:`dblp.launch` (the one place
 for ``python -m dblp server``/``worker`` command lines); here they get the
 inventory's values, the remote run folder and, for training, torchrun.
 """
@@ -13,7 +13,7 @@ from typing import Sequence
 from dblp.policy import run_policy
 from traces.units import parse_rate
 
-from ..launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
+from dblp.launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
 from .inventory import HostSpec, Inventory, RunSpec
 
 #: the program every worker host runs (its flags: emulation.hosts.agent)
@@ -39,7 +39,7 @@ def host_script(host: HostSpec, rdir: str, tag: str, argv: Sequence[str]) -> str
 
 
 def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
-    """The inventory's run as :class:`emulation.launch.RunArgs`."""
+    """The inventory's run as :class:`dblp.launch.RunArgs`."""
     r = inv.run
     return RunArgs(workers=len(inv.workers), iterations=inv.rounds, model=r.model, policy=policy_args(policy, r),
                    source="hosts", pace_bps=parse_rate(r.rate), seed=r.seed, compute_s=r.compute_ms / 1e3,

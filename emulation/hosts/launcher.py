@@ -4,7 +4,7 @@ One run, per policy of ``[run].policies`` (in order), makes on every host a
 fresh folder ``<remote_dir>/<run id>-<policy>-<host>``, starts the server
 (waiting for it to listen) and the workers, switches iteration-keyed loss
 rules as the server's records show iterations start
-(:class:`emulation.watch.RoundWatcher` over ``tail -F`` through the
+(:class:`dblp.watch.RoundWatcher` over ``tail -F`` through the
 transport), waits for every process, then gathers each host's folder and
 removes it and the nft table - on success, failure and Ctrl-C alike.
 """
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..bursts import BurstInjector
-from ..launch import LISTENING_RE
-from ..watch import RoundWatcher
+from dblp.launch import LISTENING_RE
+from dblp.watch import RoundWatcher
 from .commands import server_argv, worker_argv
 from .gather import collect_policy, gather_dir, remove_dir, sim_compute_params, write_compute
 from .inventory import ROOT, HostsError, HostSpec, Inventory
