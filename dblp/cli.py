@@ -16,7 +16,9 @@ import time
 
 from traces.units import HelpFormatter, duration_arg, rate_arg
 
-from .cliargs import add_policy_args, hostport, parser
+from traces.argtypes import count_arg, host_arg, int_arg, port_arg
+
+from .cliargs import add_policy_args, hostport, model_arg, mtu_arg, parser, policy_error, tolerance_arg
 from .control import DEFAULT_PORT
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
@@ -38,14 +40,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("server", parents=[common], help="run the parameter server", formatter_class=HelpFormatter,
                        description="Run the DBLP parameter server (Algorithm 3).")
-    s.add_argument("--host", default="0.0.0.0", help="address to listen on")
-    s.add_argument("--port", type=int, default=DEFAULT_PORT, help="TCP control port (UDP data uses the same number)")
-    s.add_argument("--workers", type=int, default=3, help="number of workers to wait for")
-    s.add_argument("--iterations", type=int, default=None,
+    s.add_argument("--host", type=host_arg, default="0.0.0.0", help="address to listen on")
+    s.add_argument("--port", type=port_arg(allow_any=True), default=DEFAULT_PORT,
+                   help="TCP control port (UDP data uses the same number; 0 = any free port)")
+    s.add_argument("--workers", type=count_arg(1), default=3, help="number of workers to wait for")
+    s.add_argument("--iterations", type=count_arg(1), default=None,
                    help="stop after this many iterations (rounds) (default: until the workers leave)")
-    s.add_argument("--mtu", type=int, default=1500, help="MTU in bytes (sets the chunk size)")
+    s.add_argument("--mtu", type=mtu_arg, default=1500, help="MTU in bytes (sets the chunk size)")
     s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
-    s.add_argument("--seed", type=int, default=0, help="seed of the send orders")
+    s.add_argument("--seed", type=int_arg(0), default=0, help="seed of the send orders")
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")
     s.add_argument("--pace", type=rate_arg(), default="0",
                    help="pacing rate of the broadcast, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
@@ -57,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--records", default=None, help="JSONL file for per-round records")
     s.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     s.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
-    s.add_argument("--model", default=None,
+    s.add_argument("--model", type=model_arg, default=None,
                    help="the tensor this server serves: " + MODEL_HELP + "; workers with another size are "
                         "refused (default: the first valid worker's, bounded by half the free memory)")
     s.add_argument("--handshake-timeout", type=duration_arg(allow_zero=False), default="10s",
@@ -66,18 +69,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="none: each worker applies what it received (the paper; replicas drift); intersect: "
                         "every worker applies only the chunks all received (identical replicas, one more "
                         "control round trip)")
+    s.add_argument("--round-hook", default=None, metavar="PATH",
+                   help="Unix socket told each round's number before the round opens; the server waits for "
+                        "its answer (the emulation's burst clock, dblp.watch.RoundHookServer)")
     add_policy_args(s)
 
     lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
                         formatter_class=HelpFormatter,
                         description="Start a server and N workers as processes on 127.0.0.1, run lossless rounds "
                                     "of synthetic gradients and print each round's time (dblp.loopback).")
-    lb.add_argument("--model", default="25M", help="gradient size: " + MODEL_HELP)
-    lb.add_argument("--workers", type=int, default=3, help="number of workers")
-    lb.add_argument("--iterations", type=int, default=5, help="timed iterations (rounds)")
-    lb.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
-    lb.add_argument("--p", type=float, default=0.0, help="the fixed policy's tolerance (0: reliable)")
-    lb.add_argument("--mtu", type=int, default=1500, help="MTU in bytes")
+    lb.add_argument("--model", type=model_arg, default="25M", help="gradient size: " + MODEL_HELP)
+    lb.add_argument("--workers", type=count_arg(1), default=3, help="number of workers")
+    lb.add_argument("--iterations", type=count_arg(1), default=5, help="timed iterations (rounds)")
+    lb.add_argument("--warmup", type=int_arg(0), default=1, help="untimed iterations first")
+    lb.add_argument("--p", type=tolerance_arg, default=0.0, help="the fixed policy's tolerance (0: reliable)")
+    lb.add_argument("--mtu", type=mtu_arg, default=1500, help="MTU in bytes")
     lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -86,11 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=HelpFormatter,
                        description="Run a DBLP worker that exchanges synthetic gradients of a model's size.")
     w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
-    w.add_argument("--id", type=int, default=-1, help="worker id (-1: assigned by the server)")
-    w.add_argument("--model", default="efficientnet_b0", help="gradient size: " + MODEL_HELP)
-    w.add_argument("--iterations", type=int, default=100, help="iterations (rounds) to run")
+    w.add_argument("--id", type=int_arg(-1), default=-1, help="worker id (-1: assigned by the server)")
+    w.add_argument("--model", type=model_arg, default="efficientnet_b0", help="gradient size: " + MODEL_HELP)
+    w.add_argument("--iterations", type=count_arg(1), default=100, help="iterations (rounds) to run")
     w.add_argument("--norms", default=None, help="CSV iteration,grad_norm to replay (default: synthetic)")
-    w.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradients and norms")
+    w.add_argument("--seed", type=int_arg(0), default=0, help="seed of the synthetic gradients and norms")
     w.add_argument("--pace", type=rate_arg(), default="0",
                    help="pacing rate, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
     w.add_argument("--compute", type=duration_arg(), default="0",
@@ -109,7 +115,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["hosts"]:  # moved above dblp (it drives the emulation): say where
         print("dblp: the real-host launcher is `python -m emulation.hosts` (docs/hosts.md)", file=sys.stderr)
         return 2
-    args = build_parser().parse_args(argv)
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    policy = None
+    if args.cmd == "server":  # the policy objects' own checks (P_high >= P_low...), by flag, before any socket
+        try:
+            policy = make_policy(args.policy, p=args.p, p_low=args.p_low, p_high=args.p_high, eta=args.eta,
+                                 freq=args.freq)
+        except ParameterError as exc:
+            print(f"dblp server: error: {policy_error(exc)}", file=sys.stderr)
+            return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -127,15 +142,19 @@ def main(argv: list[str] | None = None) -> int:
                 for i, (r, u, d) in enumerate(zip(res.round_s, res.up_s, res.down_s)):
                     print(f"  round {i}: {r * 1e3:8.1f} ms  (up {u * 1e3:.1f} ms, down {d * 1e3:.1f} ms)")
         elif args.cmd == "server":
-            policy = make_policy(args.policy, p=args.p, p_low=args.p_low, p_high=args.p_high, eta=args.eta, freq=args.freq)
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
                                elements=model_elements(args.model) if args.model else None,
-                               consistency=args.consistency)
-            srv = ParameterServer(cfg)
+                               consistency=args.consistency, round_hook=args.round_hook)
+            try:
+                srv = ParameterServer(cfg)
+            except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve
+                print(f"dblp server: error: cannot listen on --host {args.host} --port {args.port}: "
+                      f"{exc.strerror or exc}", file=sys.stderr)
+                return 2
             print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers", flush=True)
             n = srv.serve()
             print(f"dblp server: served {n} rounds", flush=True)

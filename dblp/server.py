@@ -25,7 +25,9 @@ from .core import DEFAULT_ORDER
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
-from .session import CONSISTENCY, ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession
+from .session import (CONSISTENCY, ControlToSend, RecordContext, RecordWritten, RoundEnded, RoundOpening,
+                      SenderStarted, ServerSession)
+from .watch import RoundHookClient
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
 from .wire import ChunkLayout, ParameterError
@@ -51,6 +53,7 @@ class ServerConfig:
     elements: int | None = None  # the tensor size this server serves (None: the first valid HELLO's)
     max_memory_bytes: int | None = None  # a first HELLO may not need more (None: half the available memory)
     consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
+    round_hook: str | None = None  # Unix socket told each round before it opens (dblp.watch.RoundHookServer)
     on_worker_loss: str = "exit"  # "exit" | "continue"
     records: str | None = None
     source: str = "loopback"
@@ -100,6 +103,8 @@ class ParameterServer:
         self.session: ServerSession | None = None
         self.mean: np.ndarray | None = None
         self._writer = RecordWriter(cfg.records)
+        self._hook = RoundHookClient(cfg.round_hook) if cfg.round_hook else None
+        self._bursts: dict[int, bool] = {}  # round -> the hook said a burst is active
 
     @property
     def round(self) -> int:
@@ -290,6 +295,16 @@ class ParameterServer:
                     peer.sender = ev.sender
             elif isinstance(ev, RecordWritten):
                 self._writer.write(ev.record)
+            elif isinstance(ev, RoundEnded) and self._hook is not None:
+                try:
+                    self._hook.ended(ev.round)
+                except OSError as exc:
+                    raise ServerError(str(exc)) from None
+            elif isinstance(ev, RoundOpening) and self._hook is not None:
+                try:  # nothing of this round leaves before the hook answered
+                    self._bursts[ev.round] = self._hook.opening(ev.round)
+                except OSError as exc:
+                    raise ServerError(str(exc)) from None
 
     def _remove(self, w: _WorkerState) -> None:
         assert self.session is not None
@@ -350,7 +365,10 @@ class ParameterServer:
         live = s.live
         norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
                                 self.layout, self.mean, self.cfg.reduce)
-        s.broadcast(norm, time.monotonic(), self.mean, extra={"reduce": self.cfg.reduce})
+        extra: dict = {"reduce": self.cfg.reduce}
+        if self._hook is not None:
+            extra["burst"] = self._bursts.pop(s.round, False)
+        s.broadcast(norm, time.monotonic(), self.mean, extra=extra)
         self._dispatch()
         finished = s.round
         while s.round == finished:
@@ -385,6 +403,8 @@ class ParameterServer:
         self.workers = []
         self.listener.close()
         self._writer.close()
+        if self._hook is not None:
+            self._hook.close()
 
 
 def _close_peer(peer: Peer, reason: str | None = None) -> None:

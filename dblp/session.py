@@ -88,6 +88,14 @@ class SenderStarted:
 
 
 @dataclass(frozen=True)
+class RoundOpening:
+    """Round ``round`` is about to open (before its first ROUND(up) leaves): a clock for
+    what must happen exactly at a round's start (the emulation's loss bursts)."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class ReduceRequested:
     """Every live worker's upstream of ``round`` is in: reduce, then call ``broadcast``."""
 
@@ -109,7 +117,7 @@ class RoundEnded:
     round: int
 
 
-Event = ControlToSend | SenderStarted | ReduceRequested | RecordWritten | RoundEnded
+Event = ControlToSend | SenderStarted | RoundOpening | ReduceRequested | RecordWritten | RoundEnded
 
 
 class Phase(enum.Enum):
@@ -212,6 +220,7 @@ class ServerSession:
             for w in workers
         }
         self.round = 0
+        self._opened = -1  # the last round announced as opening
         self.phase = Phase.UPSTREAM
         self.norms: list[float] = []
         self._events: deque[Event] = deque()
@@ -342,6 +351,9 @@ class ServerSession:
 
     # -- inside ---------------------------------------------------------------------------------
     def _open_upstream(self, w: int, k: int, now: float) -> None:
+        if k > self._opened:
+            self._opened = k
+            self._events.append(RoundOpening(k))
         p = self.peers[w]
         p.tolerance = float(self.policy.tolerance)
         p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)

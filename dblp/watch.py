@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
 
-__all__ = ["RoundWatcher", "Tail", "follow", "end_process_group"]
+__all__ = ["RoundWatcher", "RoundHookServer", "RoundHookClient", "Tail", "follow", "end_process_group"]
 
 
 class Tail:
@@ -133,3 +134,114 @@ class RoundWatcher(threading.Thread):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class RoundHookServer(threading.Thread):
+    """The other end of the server's ``--round-hook``: the exact clock of a run.
+
+    The parameter server connects to this Unix socket and sends ``open k``
+    before it announces round k to any worker, and ``end k`` once round k's
+    broadcast is stopped at every worker, waiting for the reply each time.
+    ``on_rounds(first, last)`` runs in between with the rounds now in flight
+    (a round opens for the fastest worker while the slowest still receives
+    the one before) and returns whether something is active for round
+    ``last`` (the server writes that into its records as ``extra["burst"]``).
+    Unlike :class:`RoundWatcher`, which learns of a round from records
+    already written, nothing of round k is sent before its hook returned, so
+    a burst named for round k hits round k from its first datagram to its
+    last. A path-based Unix socket reaches across network namespaces
+    (Mininet hosts share the file system).
+    """
+
+    def __init__(self, path: str | os.PathLike, on_rounds: Callable[[int, int], bool | None]) -> None:
+        super().__init__(daemon=True, name="round-hook")
+        self.path = str(path)
+        self.on_rounds = on_rounds
+        self.opened = -1  # the last round opened
+        self.ended = -1  # the last round ended
+        self._halt = threading.Event()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        self._sock.listen(1)
+        self._sock.settimeout(0.2)
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                return
+            with conn, conn.makefile("rwb", buffering=0) as fh:
+                for line in fh:
+                    try:
+                        what, k = line.split()
+                        k = int(k)
+                    except ValueError:
+                        break
+                    if what == b"open":
+                        self.opened = max(self.opened, k)
+                    else:
+                        self.ended = max(self.ended, k)
+                    try:
+                        active = self.on_rounds(self.ended + 1, self.opened)
+                    except Exception as exc:  # noqa: BLE001 - a hook must not stall the server
+                        print(f"round hook: failed at {line.decode().strip()}: {exc}", file=sys.stderr)
+                        active = None
+                    fh.write(b"1\n" if active else b"0\n")
+
+    def stop(self) -> None:
+        self._halt.set()
+        self._sock.close()
+        if self.is_alive():
+            self.join(timeout=5)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+    def __enter__(self) -> "RoundHookServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class RoundHookClient:
+    """The server's side of ``--round-hook``: say a round opens or ended, wait for the reply."""
+
+    def __init__(self, path: str, timeout_s: float = 30.0) -> None:
+        self.path, self.timeout_s = path, timeout_s
+        self._fh = None
+
+    def _say(self, what: str, k: int) -> bool:
+        try:
+            if self._fh is None:
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                sock.settimeout(self.timeout_s)
+                sock.connect(self.path)
+                self._fh = sock.makefile("rwb", buffering=0)
+            self._fh.write(f"{what} {k}\n".encode())
+            reply = self._fh.readline()
+        except OSError as exc:
+            raise OSError(f"round hook {self.path}: {exc}") from exc
+        if not reply:
+            raise OSError(f"round hook {self.path}: closed before answering '{what} {k}'")
+        return reply.strip() == b"1"
+
+    def opening(self, k: int) -> bool:
+        """Round ``k`` is about to open; True if the hook says a burst is on for it."""
+        return self._say("open", k)
+
+    def ended(self, k: int) -> None:
+        self._say("end", k)
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None

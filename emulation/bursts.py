@@ -240,13 +240,20 @@ class BurstInjector:
     # ------------------------------------------------------------ iteration hook
     def on_iteration(self, k: int) -> None:
         """Call at the start of iteration ``k``: ends and starts iteration-keyed bursts."""
+        self.on_rounds(k, k)
+
+    def on_rounds(self, first: int, last: int) -> bool:
+        """Rounds ``first..last`` are in flight (the server's round hook: the fastest worker's
+        round opens while the slowest still receives the one before): a burst is on while any
+        of its iterations is in flight. Returns whether one is on for round ``last``."""
         if self._t0 is None:
             raise RuntimeError("call start() (or use the injector as a context manager) first")
+        k = last
         with self._lock:
             self._iteration = k
             for i, b in enumerate(self.schedule):
                 if isinstance(b, IterationBurst):
-                    want = b.iteration <= k < b.iteration + b.iterations
+                    want = b.iteration <= last and first < b.iteration + b.iterations
                     if i in self._active and not want:
                         self._end(i, reason="iteration")
                     elif want and i not in self._active and i not in self._done:
@@ -257,6 +264,8 @@ class BurstInjector:
                                     "iteration": k, **burst_to_dict(b)})
                 elif isinstance(b, CongestionBurst) and b.at_iteration == k and i not in self._done:
                     self._congest(i)
+            return any(isinstance(b, IterationBurst) and b.iteration <= k < b.iteration + b.iterations
+                       for b in self.schedule)
 
     # ------------------------------------------------------------ internals
     def _targets_of(self, b: Burst) -> tuple[LossTarget, ...]:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -31,32 +34,46 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
                     targets: Sequence[Any] | None = None, label: str = "", marks: Sequence[int] = (),
                     quiet: bool = False, env: dict | None = None, timeout_s: float | None = None) -> Path:
     """One run on a star (server ``srv``, workers ``w1..wN``) with a burst schedule switched at
-    iteration starts (:class:`emulation.bursts.BurstInjector` on ``lc``, clocked by the
-    :class:`~dblp.watch.RoundWatcher`). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
+    round boundaries (:class:`emulation.bursts.BurstInjector` on ``lc``, clocked by the server's
+    round hook, :class:`~dblp.watch.RoundHookServer`: a burst is on from its round's first
+    datagram to its last). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
     returns ``d``. ``targets``: the schedule's default loss targets (the server's link, UDP, both
     directions). ``marks``: iterations whose start is printed (with every 10th) unless ``quiet``.
     """
+    from dblp.watch import RoundHookServer
+
     from .bursts import BurstInjector
     from .loss import LossTarget
-    from dblp.watch import RoundWatcher
 
     d = Path(d)
     if targets is None:
         targets = [LossTarget("srv", "ingress", "udp"), LossTarget("srv", "egress", "udp")]
     workers = [f"w{i + 1}" for i in range(args.workers)]
-    with BurstInjector(lc, schedule, targets, log_path=d / "bursts.jsonl") as inj:
-        inj.on_iteration(0)
-        with Launch(net, "srv", workers, args, records_dir=d / "records", log_dir=d / "logs", env=env) as run:
+    # The server tells each round before it opens (and waits): bursts hit the round they name.
+    hook_dir = tempfile.mkdtemp(prefix="dblp-hook-")  # a short path: Unix socket names have 108 bytes
+    hook = os.path.join(hook_dir, "rounds.sock")
+    args = replace(args, server_extra=[*args.server_extra, "--round-hook", hook])
+    try:
+        with BurstInjector(lc, schedule, targets, log_path=d / "bursts.jsonl") as inj:
             t0 = time.time()
+            shown = [-1]
 
-            def on_round(r: int) -> None:
-                inj.on_iteration(r)
-                if not quiet and (r % 10 == 0 or r in marks or r - 1 in marks or r == args.iterations):
-                    print(f"  {label:9s} iteration {r:5d}/{args.iterations}  "
-                          f"({r / max(1e-9, time.time() - t0):.1f} it/s)", flush=True)
+            def on_rounds(first: int, last: int) -> bool:
+                on = inj.on_rounds(first, last)
+                r = last
+                if r > shown[0] and not quiet and (r % 10 == 0 or r in marks or r - 1 in marks):
+                    shown[0] = r
+                    el = time.time() - t0
+                    eta = el / r * (args.iterations - r) if r else float("nan")
+                    print(f"  {label:9s} iteration {r:5d}/{args.iterations}  ({r / max(1e-9, el):.1f} it/s, "
+                          f"ETA {eta:.0f} s)", flush=True)
+                return on
 
-            with RoundWatcher(run.server_records, args.workers, on_round):
+            with RoundHookServer(hook, on_rounds), \
+                    Launch(net, "srv", workers, args, records_dir=d / "records", log_dir=d / "logs", env=env) as run:
                 run.wait(timeout_s if timeout_s is not None else 60 + args.iterations * 30)
+    finally:
+        shutil.rmtree(hook_dir, ignore_errors=True)
     return d
 
 

@@ -35,6 +35,19 @@ def test_small_microburst_run_shows_the_burst(tmp_path):
     at_burst = [r for r in recs if r.role == "server" and r.round == 16]
     assert at_burst and all(abs(r.tolerance_up - 0.408) < 1e-9 for r in at_burst)
     assert all(0.59 <= r.up_frac < 0.75 for r in at_burst)  # stopped at the bound, not delivered in full
+    # the burst hit the round it names, in both directions, and only that round (the server's round hook)
+    for policy in ("baseline", "dblp"):
+        recs = load(run / policy / "records")
+        srv = {(r.worker, r.round): r for r in recs if r.role == "server"}
+        wrk = {(r.worker, r.round): r for r in recs if r.role == "worker"}
+        assert {k for (w, k), r in srv.items() if r.extra.get("burst")} == {16}, policy
+        for w in range(3):
+            assert wrk[(w, 16)].up_passes > 1 and srv[(w, 16)].down_passes > 1, (policy, w)
+        if policy == "baseline":  # 70% loss at p = 0.8% takes ~14 passes; queue drops alone a few at most
+            for w in range(3):
+                assert wrk[(w, 16)].up_passes >= 8 and srv[(w, 16)].down_passes >= 8, w
+                for k in (15, 17):  # the rounds either side of it were not hit
+                    assert wrk[(w, k)].up_passes < 5 and srv[(w, k)].down_passes < 5, (w, k)
     bursts = [json.loads(l) for l in open(run / "dblp" / "bursts.jsonl")]
     assert any(e.get("event") == "apply" for e in bursts) and any(e.get("event") == "remove" for e in bursts)
     for f in ("latency.png", "cdf.png", "table_ii.csv", "rounds.jsonl"):
