@@ -105,6 +105,10 @@ def format_cell(v: object, spec: str = ".4f") -> str:
     return format(float(v), spec)
 
 
+#: one colour per run in every figure of the project (tab10 colours)
+RUN_COLORS: dict[str, str] = {"dblp": "#1f77b4", "baseline": "#d62728", "reliable": "#7f7f7f", "fixed": "#d62728"}
+
+
 def format_table(rows: Sequence[Sequence[object]], spec: str = ".4f") -> str:
     """Aligned text of ``rows`` (the first is the header); numeric cells formatted with ``spec``."""
     rows = [[format_cell(c, spec) for c in r] for r in rows]
@@ -125,7 +129,7 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bur
     fig, ax = plt.subplots(figsize=(9, 4))
     for label, recs in series.items():
         r, v = per_round(recs, field)
-        ax.plot(r, v * 1e3, lw=1.0, label=label)
+        ax.plot(r, v * 1e3, lw=1.0, label=label, color=RUN_COLORS.get(label))
     for i, b in enumerate(bursts):
         ax.axvline(b, color="red", ls=":", lw=1, label="burst" if i == 0 else None)
     ax.set_xlabel("iteration")
@@ -153,7 +157,8 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
         _, v = per_round(recs, field)
         v = np.sort(v[np.isfinite(v)])
         if v.size:
-            ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label)
+            ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label,
+                    color=RUN_COLORS.get(label))
     ax.set_xscale("log")
     ax.set_xlabel("latency (ms, slowest worker)")
     ax.set_ylabel("fraction of iterations")
@@ -203,7 +208,7 @@ def load_run(path: str | Path) -> list[RoundRecord]:
     out: list[RoundRecord] = []
     for f in sorted(p.rglob("*.jsonl")):
         try:
-            out.extend(_label(r, f) for r in read_records(f))
+            out.extend(_label(r, f, p) for r in read_records(f))
         except ValueError:
             continue  # not a records file
     if not out:
@@ -211,13 +216,13 @@ def load_run(path: str | Path) -> list[RoundRecord]:
     return out
 
 
-def _label(r: RoundRecord, f: Path) -> RoundRecord:
-    """Fill an unlabelled record's ``run`` from where it was found (see :func:`load_run`)."""
+def _label(r: RoundRecord, f: Path, root: Path | None = None) -> RoundRecord:
+    """Fill an unlabelled record's ``run`` from where it was found (see :func:`load_run`):
+    ``records-<label>.jsonl``, or ``<label>/records/*.jsonl`` below the folder loaded."""
     if not r.run:
-        stem = f.stem
-        if stem.startswith("records-"):
-            r.run = stem[len("records-"):]
-        elif f.parent.name == "records" and f.parent.parent.name not in ("", "."):
+        if f.stem.startswith("records-"):
+            r.run = f.stem[len("records-"):]
+        elif f.parent.name == "records" and root is not None and f.parent.parent != root:
             r.run = f.parent.parent.name
     return r
 

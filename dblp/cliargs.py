@@ -19,10 +19,14 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+import re
+
+from traces.argtypes import check_host, count_arg, float_arg, int_arg, int_list_arg
 from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 
 from .gradients import MODEL_HELP, model_elements
-from .policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, parse_runs
+from .policy import (DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, PolicySpec, check_tolerance,
+                     parse_runs, run_policy)
 from .wire import ParameterError
 
 __all__ = [
@@ -34,9 +38,16 @@ __all__ = [
     "add_policy_args",
     "add_quiet",
     "add_run_args",
+    "add_workload_args",
+    "check_workload_args",
     "check_burst_args",
+    "check_policy_args",
     "check_run_args",
+    "policy_error",
+    "tolerance_arg",
     "hostport",
+    "model_arg",
+    "mtu_arg",
     "pace_rate",
     "parser",
 ]
@@ -82,11 +93,48 @@ MEANINGS: dict[str, str] = {
 
 
 def hostport(s: str) -> tuple[str, int]:
-    """``type=`` for ``--server HOST:PORT``."""
+    """``type=`` for ``--server HOST:PORT`` (host checked for form, port 1..65535)."""
     host, _, port = s.rpartition(":")
     if not host or not port.isdigit():
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {s!r}")
-    return host, int(port)
+    if not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} of {s!r} is outside 1..65535")
+    try:
+        return check_host(host), int(port)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{s!r}: {exc}") from None
+
+
+def tolerance_arg(text: str) -> float:
+    """``type=`` for a loss tolerance: :func:`dblp.policy.check_tolerance`'s rule, [0, 1)."""
+    try:
+        return check_tolerance("tolerance", float(text))
+    except (ValueError, ParameterError):
+        raise argparse.ArgumentTypeError(f"{text!r}: a tolerance must be a number in [0, 1)") from None
+
+
+tolerance_arg.__name__ = "tolerance"
+#: the policy fields' flags, for naming them in errors (dblp.policy names the fields)
+POLICY_FLAGS: dict[str, str] = {"p_low": "--p-low", "p_high": "--p-high", "eta": "--eta", "freq": "--freq",
+                                "p": "--p"}
+_ETA = float_arg(0.0)
+_FREQ = count_arg(1)
+
+
+def policy_error(exc: Exception) -> str:
+    """A policy's ParameterError with its field names replaced by their flags."""
+    return re.sub(r"\b(p_low|p_high|eta|freq|p)\b", lambda m: POLICY_FLAGS[m.group(1)], str(exc))
+
+
+def check_policy_args(ap: argparse.ArgumentParser, a: argparse.Namespace, runs: list[str]) -> list[PolicySpec]:
+    """Build every named run's :class:`~dblp.policy.PolicySpec` from ``--p-low``,
+    ``--p-high``, ``--eta``, ``--freq`` (the policy objects' own checks: P_high >= P_low,
+    P_low + k < 1...) and refuse a bad combination by flag, before anything starts."""
+    try:
+        return [run_policy(r, a.p_low, a.p_high, a.eta, a.freq) for r in runs]
+    except ParameterError as exc:
+        ap.error(policy_error(exc) + (f" (--p-high defaults to --p-low + {DEFAULT_K})" if a.p_high is None else ""))
+    raise AssertionError  # ap.error exits
 
 
 def parser(prog: str | None = None, description: str | None = None, **kw: Any) -> argparse.ArgumentParser:
@@ -104,36 +152,36 @@ def add_policy_args(p: argparse.ArgumentParser, *, defaults: bool = True) -> Non
     d = (lambda v: v) if defaults else (lambda v: None)
     g = p.add_argument_group("tolerance policy")
     g.add_argument("--policy", choices=list(POLICIES), default=d("dblp"), help="tolerance policy")
-    g.add_argument("--p", type=float, default=d(DEFAULT_P_LOW),
+    g.add_argument("--p", type=tolerance_arg, default=d(DEFAULT_P_LOW),
                    help="the fixed policy's tolerance, and P_low's default")
-    g.add_argument("--p-low", type=float, default=None, help="DBLP's tolerance in the CLR (default: --p)")
-    g.add_argument("--p-high", type=float, default=None,
+    g.add_argument("--p-low", type=tolerance_arg, default=None, help="DBLP's tolerance in the CLR (default: --p)")
+    g.add_argument("--p-high", type=tolerance_arg, default=None,
                    help=f"DBLP's tolerance outside the CLR (default: P_low + {DEFAULT_K})")
-    g.add_argument("--eta", type=float, default=d(DEFAULT_ETA), help="CLR detection threshold")
-    g.add_argument("--freq", type=int, default=d(DEFAULT_FREQ), help="CLR check period in iterations")
+    g.add_argument("--eta", type=_ETA, default=d(DEFAULT_ETA), help="CLR detection threshold")
+    g.add_argument("--freq", type=_FREQ, default=d(DEFAULT_FREQ), help="CLR check period in iterations")
 
 
 def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str, results: Path) -> None:
     """Flags every emulation scenario shares: gradient size, runs, tolerances, links, processes."""
     ap.add_argument("--model", default="1e6", help="gradient size: " + MODEL_HELP)
-    ap.add_argument("--iterations", type=int, default=iterations, help="iterations (rounds) of each run")
+    ap.add_argument("--iterations", type=count_arg(2), default=iterations, help="iterations (rounds) of each run")
     ap.add_argument("--policies", default=policies, help=f"runs to make, in order ({', '.join(RUNS)})")
-    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
-    ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
-    ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="CLR detection threshold")
-    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ, help="CLR check period in iterations")
-    ap.add_argument("--workers", type=int, default=3, help="number of workers")
+    ap.add_argument("--p-low", type=tolerance_arg, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
+    ap.add_argument("--p-high", type=tolerance_arg, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
+    ap.add_argument("--eta", type=_ETA, default=DEFAULT_ETA, help="CLR detection threshold")
+    ap.add_argument("--freq", type=_FREQ, default=DEFAULT_FREQ, help="CLR check period in iterations")
+    ap.add_argument("--workers", type=count_arg(1), default=3, help="number of workers")
     ap.add_argument("--bandwidth", type=rate_arg(allow_zero=False), default="500M",
                     help="link rate (TBF) of every link; a bare number is Mbit/s")
     ap.add_argument("--queue", type=queue_arg(), default="100pkt",
                     help="drop-tail queue (TBF limit) of every link end: bytes (150kB) or full-size packets (100pkt)")
-    ap.add_argument("--pace-share", type=float, default=0.9,
+    ap.add_argument("--pace-share", type=float_arg(0.0), default=0.9,
                     help="senders pace at this fraction of their share of the server link (0 = unpaced)")
     ap.add_argument("--compute", type=duration_arg(), default="5ms",
                     help="per-iteration compute time of the workers; a bare number is seconds")
     ap.add_argument("--gso", action="store_true",
                     help="use UDP GSO/GRO (off in emulation: a drop rule would drop 44-datagram super-packets)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed of every process")
+    ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
     ap.add_argument("--results", default=str(results), help="parent folder of the run folder")
     add_quiet(ap, "per-iteration progress")
 
@@ -146,15 +194,12 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.policy_list = parse_runs(a.policies)
     except ParameterError as exc:
         ap.error(f"--policies: {exc}")
-    if a.iterations < 2:
-        ap.error("--iterations must be at least 2")
-    if a.workers < 1:
-        ap.error("--workers must be at least 1")
     try:
         a.elements = model_elements(a.model)
     except ValueError as exc:
         ap.error(f"--model: {exc}")
-    if a.p_high is None:
+    check_policy_args(ap, a, a.policy_list)
+    if a.p_high is None:  # what run_policy defaults it to
         a.p_high = a.p_low + DEFAULT_K
     a.bw_mbps = a.bandwidth / 1e6
     a.queue_bytes = a.queue
@@ -162,25 +207,93 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 def add_burst_args(ap: argparse.ArgumentParser, *, bursts: str = "50,110") -> None:
     """Iteration bursts of the microburst experiments (paper V-B)."""
-    ap.add_argument("--bursts", default=bursts, help="iterations hit by a burst (comma list)")
-    ap.add_argument("--burst-loss", type=float, default=0.7, help="loss fraction during a burst")
+    ap.add_argument("--bursts", default=bursts, help="iterations hit by a burst (comma list, or 'none')")
+    ap.add_argument("--burst-loss", type=float_arg(0.0, 1.0), default=0.7, help="loss fraction during a burst")
     ap.add_argument("--burst-kind", choices=["drop", "congestion"], default="drop",
                     help="drop: nftables random drop of UDP; congestion: iperf3 UDP cross-traffic into the bottleneck")
 
 
 def check_burst_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Validate :func:`add_burst_args` (after :func:`check_run_args`); derives ``bursts_list``."""
+    if a.bursts.strip().lower() == "none":  # the no-burst rows of Table V
+        a.bursts_list = []
+        return
     try:
-        a.bursts_list = [int(x) for x in a.bursts.split(",") if x.strip()]
-    except ValueError:
-        ap.error(f"--bursts: expected a comma list of iterations, got {a.bursts!r}")
-    if any(not 0 <= b < a.iterations for b in a.bursts_list):
-        ap.error(f"--bursts must lie in [0, {a.iterations})")
-    if not 0 <= a.burst_loss <= 1:
-        ap.error(f"--burst-loss must be in [0, 1], got {a.burst_loss}")
+        a.bursts_list = int_list_arg(0, a.iterations - 1, nonempty=False)(a.bursts)
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --bursts: {exc} (iterations of a run of --iterations {a.iterations})")
+
+
+def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> None:
+    """Real training workers in the emulated hosts (``--workload``), or a replayed gradient."""
+    ap.add_argument("--workload", default=default if default is not None else "none",
+                    help="train this dblp.train workload in the worker hosts (digits_mlp: ~1M parameters on the "
+                         "bundled digits; small_cnn, small_transformer; efficientnet_b0, resnet50, alexnet, gpt2_s "
+                         "with --data-root), or 'none' to replay a synthetic gradient of --model's size")
+    ap.add_argument("--data-root", default=None,
+                    help="folder of the paper workloads' data sets (default: $DBLP_DATA_ROOT)")
+    ap.add_argument("--no-weights", action="store_true",
+                    help="do not snapshot the workers' weights per epoch (no replica divergence table)")
+
+
+def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Validate ``--workload`` before anything starts (unknown name, missing data set) and
+    derive ``train`` (None for a replayed gradient): the workload's gradient size becomes
+    ``elements``, and ``--iterations`` is rounded up to whole epochs of a worker's shard."""
+    a.train = None
+    if a.workload == "none":
+        return
+    try:
+        from .train import get_workload
+        from .train.data import DatasetMissingError
+    except ImportError as exc:
+        ap.error(f"--workload {a.workload}: training needs the [train] extra ({exc})")
+    try:
+        wl = get_workload(a.workload, a.data_root, seed=a.seed)
+    except (KeyError, ValueError, ImportError, DatasetMissingError) as exc:
+        ap.error(f"--workload {a.workload}: {exc.args[0] if isinstance(exc, KeyError) else exc}")
+    batch = int(wl.defaults.get("batch_size", 32))
+    per_epoch = (len(wl.train_set) // a.workers) // batch
+    if per_epoch < 1:
+        ap.error(f"--workload {a.workload}: a worker's shard ({len(wl.train_set) // a.workers} samples of "
+                 f"{len(wl.train_set)} over {a.workers} workers) is smaller than one batch of {batch}")
+    epochs = -(-a.iterations // per_epoch)
+    a.iterations = epochs * per_epoch
+    a.elements = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
+    a.train = {"workload": wl.name, "epochs": epochs, "iterations_per_epoch": per_epoch, "batch_size": batch,
+               "metric": wl.metric, "data_root": a.data_root, "save_weights": not a.no_weights}
 
 
 def pace_rate(a: argparse.Namespace) -> float:
     """Each sender's pacing rate in bit/s from ``--pace-share`` (0 = unpaced): that
     fraction of a worker's share of the server link."""
     return a.pace_share * a.bandwidth / a.workers if a.pace_share > 0 else 0.0
+
+
+def mtu_arg(text: str) -> int:
+    """``type=`` for ``--mtu``: the range :class:`dblp.wire.ChunkLayout` accepts."""
+    from .wire import ChunkLayout
+
+    try:
+        mtu = int(text)
+        ChunkLayout(1, mtu)
+    except (ValueError, ParameterError) as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}" if isinstance(exc, ParameterError)
+                                         else f"{text!r} is not an integer") from None
+    return mtu
+
+
+mtu_arg.__name__ = "mtu"
+
+
+def model_arg(text: str) -> str:
+    """``type=`` for ``--model``: a model name or an element count (:func:`dblp.gradients.model_elements`);
+    returns the text as given (commands record it)."""
+    try:
+        model_elements(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+model_arg.__name__ = "model"

@@ -43,7 +43,7 @@ from typing import IO, Any, Callable, Protocol, Sequence
 from .control import DEFAULT_PORT
 from .watch import end_process_group
 
-__all__ = ["RunArgs", "server_argv", "worker_argv", "Runner", "LocalRunner", "Launch", "LaunchError",
+__all__ = ["RunArgs", "server_argv", "worker_argv", "train_worker_argv", "Runner", "LocalRunner", "Launch", "LaunchError",
            "LISTENING_RE", "tail"]
 
 #: what ``python -m dblp server`` prints once it accepts workers (group 1: the port)
@@ -106,6 +106,22 @@ def worker_argv(a: RunArgs, wid: int, server: str, records: str | os.PathLike | 
     if records is not None:
         argv += ["--records", str(records)]
     return argv + a.worker_extra
+
+
+def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: str | os.PathLike,
+                      out: str | os.PathLike) -> list[str]:
+    """A real training worker (``python -m dblp.train worker``) of a run: ``train`` holds the
+    workload, epochs and options (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
+    argv = [a.python, "-m", "dblp.train", "worker", "--server", server, "--id", str(wid), "--workers", str(a.workers),
+            "--workload", train["workload"], "--epochs", str(train["epochs"]),
+            "--max-iters-per-epoch", str(train["iterations_per_epoch"]), "--seed", str(a.seed), "--out", str(out),
+            "--records", str(records), "--source", a.source, "--peer-timeout", f"{a.peer_timeout_s:g}s",
+            "--pace", f"{a.pace_bps:.0f}bit", "--threads", "1"]
+    if train.get("data_root"):
+        argv += ["--data-root", str(train["data_root"])]
+    if train.get("save_weights"):
+        argv.append("--save-weights")
+    return argv + (["--plain"] if a.plain else []) + a.worker_extra
 
 
 class Runner(Protocol):

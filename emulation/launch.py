@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dblp.control import DEFAULT_PORT
-from dblp.launch import Launch, RunArgs, Runner
+from dblp.launch import Launch, RunArgs, Runner, train_worker_argv
 
 __all__ = ["run_with_bursts", "run_scenario_policy", "scenario_run_args", "SCENARIO_PORT"]
 
@@ -25,19 +25,22 @@ def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable
     """:class:`RunArgs` from the emulation scenarios' shared flags (``dblp.cliargs.add_run_args``)."""
     from dblp.cliargs import pace_rate
 
+    extra = ["--consistency", a.consistency] if getattr(a, "consistency", "none") != "none" else []
     return RunArgs(workers=a.workers, iterations=a.iterations, model=a.elements, policy=list(policy),
                    source="emulation", pace_bps=pace_rate(a), seed=a.seed, compute_s=a.compute,
-                   peer_timeout_s=60.0, plain=not a.gso, port=SCENARIO_PORT, python=python)
+                   peer_timeout_s=60.0, plain=not a.gso, port=SCENARIO_PORT, python=python, server_extra=extra)
 
 
 def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, schedule: Sequence[Any], *,
                     targets: Sequence[Any] | None = None, label: str = "", marks: Sequence[int] = (),
-                    quiet: bool = False, env: dict | None = None, timeout_s: float | None = None) -> Path:
+                    quiet: bool = False, env: dict | None = None, timeout_s: float | None = None,
+                    train: dict | None = None) -> Path:
     """One run on a star (server ``srv``, workers ``w1..wN``) with a burst schedule switched at
     round boundaries (:class:`emulation.bursts.BurstInjector` on ``lc``, clocked by the server's
     round hook, :class:`~dblp.watch.RoundHookServer`: a burst is on from its round's first
     datagram to its last). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
-    returns ``d``. ``targets``: the schedule's default loss targets (the server's link, UDP, both
+    returns ``d``. ``train``: real training workers (:func:`dblp.launch.train_worker_argv`, each
+    in ``d/w<i>/``) instead of replayed gradients. ``targets``: the schedule's default loss targets (the server's link, UDP, both
     directions). ``marks``: iterations whose start is printed (with every 10th) unless ``quiet``.
     """
     from dblp.watch import RoundHookServer
@@ -69,8 +72,13 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
                           f"ETA {eta:.0f} s)", flush=True)
                 return on
 
+            program = None
+            if train is not None:
+                def program(i: int, server: str, records: Path) -> list[str]:
+                    return train_worker_argv(args, train, i, server, records, d / f"w{i}")
             with RoundHookServer(hook, on_rounds), \
-                    Launch(net, "srv", workers, args, records_dir=d / "records", log_dir=d / "logs", env=env) as run:
+                    Launch(net, "srv", workers, args, records_dir=d / "records", log_dir=d / "logs", env=env,
+                           worker_program=program) as run:
                 run.wait(timeout_s if timeout_s is not None else 60 + args.iterations * 30)
     finally:
         shutil.rmtree(hook_dir, ignore_errors=True)
@@ -85,4 +93,5 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
 
     flags = run_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
     return run_with_bursts(net, lc, scenario_run_args(a, flags, python=python), Path(out) / name, schedule,
-                           label=name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env)
+                           label=name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env,
+                           train=getattr(a, "train", None))

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from dblp import analysis
 from dblp.control import DEFAULT_PORT
-from dblp.cliargs import add_burst_args, add_run_args, check_burst_args, check_run_args, parser
+from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
+                          check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.records import merge_runs
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     a = ap.parse_args(argv)
     check_run_args(ap, a)
+    check_workload_args(ap, a)  # before the bursts: it rounds --iterations up to whole epochs
     check_burst_args(ap, a)
     return a
 
@@ -53,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags (dblp.cliargs: the emulation scenarios' shared vocabulary, plus bursts)."""
     ap = parser(description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in Mininet.")
     add_run_args(ap, iterations=150, policies="reliable,baseline,dblp", results=_bootstrap.ROOT / "results")
+    add_workload_args(ap, default="digits_mlp")
+    ap.add_argument("--consistency", choices=["none", "intersect"], default="none",
+                    help="the server's replica consistency mode (none: the paper's; intersect: every worker "
+                         "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
     return ap
 
@@ -86,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     rec = RunRecorder("microburst", config, root=a.results)
     out = rec.path
     lay = ChunkLayout(a.elements)
-    print(f"microburst: {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
+    t = a.train
+    what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
+            if t else "replayed synthetic gradient")
+    print(f"microburst: {what}, {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
           f"{a.workers} workers, {a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations, "
           f"{a.burst_loss:.0%} bursts at {a.bursts_list}\n  results: {out}", flush=True)
     if a.burst_kind == "drop":
@@ -109,7 +118,38 @@ def main(argv: list[str] | None = None) -> int:
         rec.finish(net=net, loss=lc)
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
     report(a, runs, out)
+    if a.train:
+        report_training(a, out)
     return 0
+
+
+def report_training(a: argparse.Namespace, out: Path) -> None:
+    """Tables IV and V, replica divergence, Figs. 5 and 6 of the training runs."""
+    from dblp import trainreport as tr
+
+    runs = {name: tr.load_training(out / name, a.workers) for name in a.policy_list}
+    label = "with bursts" if a.bursts_list else "no bursts"
+    setup = (f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, "
+             f"{label}{' at ' + ','.join(map(str, a.bursts_list)) if a.bursts_list else ''}")
+    t4, t5 = tr.table_iv(runs), tr.table_v(runs, f" ({label})")
+    print(f"\nTable IV (this run): final test {runs[a.policy_list[0]]['metric']}")
+    print(analysis.format_table(t4))
+    print(f"\nTable V (this run): training time, {label}, normalised to DBLP")
+    print(analysis.format_table(t5, ".2f"))
+    div_rows = [["run", "epoch", "divergence", "identical"] + [f"worker {i}" for i in range(a.workers)]]
+    if a.train["save_weights"]:
+        for name in a.policy_list:
+            for r in tr.replica_divergence(out / name, a.workers):
+                div_rows.append([name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
+        last = {row[0]: row for row in div_rows[1:]}
+        print("\nReplica divergence after the last epoch (max over worker pairs of |w_i - w_j| / |w|):")
+        print(analysis.format_table([div_rows[0]] + list(last.values()), ".3g"))
+    for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5), ("divergence.csv", div_rows)):
+        with open(out / fname, "w", newline="") as fh:
+            csv.writer(fh).writerows(rows)
+    tr.plot_training_time(runs, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}")
+    tr.plot_curves(runs, out / "accuracy.png", f"Test {runs[a.policy_list[0]]['metric']} ({setup})")
+    print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, training_time.png, accuracy.png")
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:

@@ -14,7 +14,8 @@ import sys
 
 from dblp.cliargs import hostport, parser
 from dblp.worker import Worker, WorkerError
-from traces.units import HelpFormatter, duration_arg
+from traces.argtypes import count_arg, float_arg, int_arg
+from traces.units import HelpFormatter, duration_arg, rate_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,38 +24,44 @@ def build_parser() -> argparse.ArgumentParser:
     w = sub.add_parser("worker", help="train one worker over DBLP", formatter_class=HelpFormatter,
                        description="Train one worker's shard, exchanging gradients with a DBLP server.")
     w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
-    w.add_argument("--id", type=int, required=True, help="worker index (data shard)")
-    w.add_argument("--workers", type=int, required=True, help="number of workers (shards)")
+    w.add_argument("--id", type=int_arg(0), required=True, help="worker index (data shard)")
+    w.add_argument("--workers", type=count_arg(1), required=True, help="number of workers (shards)")
     w.add_argument("--workload", default="small_cnn",
                    help="small_cnn|small_transformer|efficientnet_b0|resnet50|alexnet|gpt2_s")
     w.add_argument("--data-root", default=None, help="folder with the data set (CIFAR/WikiText-2)")
-    w.add_argument("--epochs", type=int, default=10, help="training epochs")
-    w.add_argument("--lr", type=float, default=None, help="learning rate (default: the workload's)")
-    w.add_argument("--batch-size", type=int, default=None, help="per-worker mini-batch (default: the workload's)")
-    w.add_argument("--max-iters-per-epoch", type=int, default=None, help="cap on iterations per epoch (default: all)")
-    w.add_argument("--seed", type=int, default=0, help="model init and data order (same on every worker)")
+    w.add_argument("--epochs", type=count_arg(1), default=10, help="training epochs")
+    w.add_argument("--lr", type=float_arg(0.0, lo_open=True), default=None, help="learning rate (default: the workload's)")
+    w.add_argument("--batch-size", type=count_arg(1), default=None, help="per-worker mini-batch (default: the workload's)")
+    w.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None, help="cap on iterations per epoch (default: all)")
+    w.add_argument("--seed", type=int_arg(0), default=0, help="model init and data order (same on every worker)")
     w.add_argument("--device", default=None, help="cpu|cuda (default: cuda when present)")
-    w.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    w.add_argument("--threads", type=count_arg(1), default=1, help="torch CPU threads")
     w.add_argument("--out", required=True, help="folder for iterations/epochs records and summary.json")
     w.add_argument("--records", default=None, help="JSONL file for the transport's per-round records")
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    w.add_argument("--pace", type=rate_arg(), default="0",
+                   help="pacing rate of this worker's sends, e.g. 150M; a bare number is Mbit/s (0 = unlimited)")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
     w.add_argument("--progress", action="store_true", help="print one line per iteration")
+    w.add_argument("--save-weights", action="store_true",
+                   help="write the flat weights after every epoch to OUT/weights/ (replica divergence)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = build_parser()
     a = ap.parse_args(argv)
+    if a.id >= a.workers:
+        ap.error(f"argument --id: {a.id} is not a worker index of --workers {a.workers} (0..{a.workers - 1})")
 
     from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
     from dblp.train.data import DatasetMissingError
 
     try:
         wl = get_workload(a.workload, a.data_root, seed=a.seed)
-    except (DatasetMissingError, KeyError, ValueError) as exc:
+    except (DatasetMissingError, KeyError, ValueError, ImportError) as exc:  # ImportError: an optional dependency
         print(f"dblp.train worker: error: {exc}", file=sys.stderr)
         return 2
     params = [p for p in wl.model.parameters() if p.requires_grad]
@@ -62,10 +69,12 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: v for k, v in {"lr": a.lr, "batch_size": a.batch_size,
                                "max_iters_per_epoch": a.max_iters_per_epoch}.items() if v is not None}
     cfg = TrainConfig.for_workload(wl, epochs=a.epochs, rank=a.id, world_size=a.workers, seed=a.seed,
-                                   out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress, **over)
+                                   out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress,
+                                   save_weights=a.save_weights, **over)
     try:
         with Worker(a.server[0], a.server[1], elements=elements, worker_id=a.id, records=a.records,
-                    source=a.source, fast=False if a.plain else None, peer_timeout=a.peer_timeout) as wk:
+                    source=a.source, fast=False if a.plain else None, peer_timeout=a.peer_timeout,
+                    send_rate_bps=a.pace) as wk:
             summary = train(wl, AllreduceExchange(wk), cfg)
     except WorkerError as exc:
         print(f"dblp.train worker {a.id}: error: {exc}", file=sys.stderr)

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -55,6 +56,7 @@ __all__ = [
     "train",
     "resolve_device",
     "iterations_per_epoch",
+    "epoch_iterations",
     "flatten_grads",
     "assign_flat_grad",
     "export_grad_norms",
@@ -85,9 +87,10 @@ class TrainConfig:
     max_iters_per_epoch: int | None = None
     augment: bool = True
     eval_batch_size: int = 256
-    eval_max_batches: int | None = None
+    eval_max_batches: int | None = None  # None: the whole test set (a number limits it, for smoke runs)
     eval_at_start: bool = False  # also record the metric before any training (epoch 0)
     out_dir: str | None = None
+    save_weights: bool = False  # write out_dir/weights/epochNNN.npy (flat float32) after every epoch
     progress: bool = False  # one line per epoch on stderr
     threads: int | None = None  # torch.set_num_threads, for shared CPUs
 
@@ -166,13 +169,14 @@ def assign_flat_grad(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None
         offset += n
 
 
+def epoch_iterations(samples: int, batch_size: int, world_size: int = 1, sim_workers: int = 1) -> int:
+    """Full batches per epoch of one worker: its equal shard of ``samples`` (remainder rows unused)."""
+    return samples // world_size // sim_workers // batch_size
+
+
 def iterations_per_epoch(workload: Workload, cfg: TrainConfig) -> int:
     """Iterations (= exchange rounds) per epoch that :func:`train` will run for ``cfg``."""
-    n = len(workload.train_set)
-    if cfg.world_size > 1:
-        n //= cfg.world_size
-    shard = n // cfg.sim_workers
-    iters = shard // cfg.batch_size
+    iters = epoch_iterations(len(workload.train_set), cfg.batch_size, cfg.world_size, cfg.sim_workers)
     if cfg.max_iters_per_epoch is not None:
         iters = min(iters, cfg.max_iters_per_epoch)
     return iters
@@ -384,7 +388,9 @@ def train(
                     opt.zero_grad(set_to_none=False)
                     loss = workload.loss(model(x), y)
                     loss.backward()
-                    grads.append(flatten_grads(params).detach().to("cpu", torch.float32))
+                    # stays on the model's device: the exchange decides how it reaches the host
+                    # (the DBLP worker: one pinned non-blocking copy each way, dblp.staging)
+                    grads.append(flatten_grads(params).detach().to(torch.float32))
                     losses.append(float(loss.detach()))
                 local = grads[0] if len(grads) == 1 else torch.stack(grads).mean(dim=0)
                 g_norm = float(local.norm())
@@ -451,6 +457,10 @@ def train(
                 erec["clr_fraction"] = sum(ep_clr) / len(ep_clr)
             ep_records.append(erec)
             ep_log.write(erec)
+            if cfg.save_weights and out:  # replica divergence is measured from these (exact, after the run)
+                (out / "weights").mkdir(exist_ok=True)
+                flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in params])
+                np.save(out / "weights" / f"epoch{epoch + 1:03d}.npy", flat.numpy())
             if on_epoch:
                 on_epoch(erec)
             log(

@@ -46,7 +46,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dblp.gradients import MODEL_ALIASES
+from dblp.gradients import MODEL_ALIASES, model_name
 from dblp.train.data import (
     ArrayDataset,
     load_cifar10,
@@ -61,6 +61,9 @@ __all__ = [
     "WORKLOADS",
     "PAPER_WORKLOADS",
     "get_workload",
+    "WORKLOAD_DEFAULTS",
+    "workload_key",
+    "train_samples",
     "SmallCNN",
     "SmallTransformer",
     "GPT2Logits",
@@ -108,6 +111,19 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
+class DigitsMLP(nn.Module):
+    """A ~1M-parameter MLP on the 8x8 digits: a gradient large enough (2,746 datagrams a
+    direction) that a burst costs real time, compute small enough for 2 cores."""
+
+    def __init__(self, num_classes: int = 10, hidden: tuple[int, int] = (1024, 896)) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden[0]), nn.ReLU(), nn.Linear(hidden[0], hidden[1]),
+                                 nn.ReLU(), nn.Linear(hidden[1], num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
 class SmallTransformer(nn.Module):
     """A small causal (GPT-style, pre-norm) transformer language model."""
 
@@ -148,7 +164,12 @@ class GPT2Logits(nn.Module):
 
     def __init__(self, vocab_size: int, n_positions: int = 1024, **config: Any) -> None:
         super().__init__()
-        from transformers import GPT2Config, GPT2LMHeadModel
+        try:  # an optional dependency: only this workload needs it
+            from transformers import GPT2Config, GPT2LMHeadModel
+        except ImportError as exc:
+            raise ImportError("the gpt2_s workload needs Hugging Face transformers (for GPT-2's model "
+                              "definition only; no download): pip install 'dblp-testbed[gpt2]' "
+                              f"or pip install transformers ({exc})") from exc
 
         # GPT-2's bos/eos id 50256 does not exist in a smaller vocabulary; training needs neither.
         config.setdefault("bos_token_id", None)
@@ -186,6 +207,8 @@ def build_model(name: str, *, num_classes: int | None = None, vocab_size: int | 
         return GPT2Logits(vocab_size, n_positions=int(kw.get("n_positions", 1024)))
     if name == "small_cnn":
         return SmallCNN(num_classes or 10)
+    if name == "digits_mlp":
+        return DigitsMLP(num_classes or 10)
     if name == "small_transformer":
         if vocab_size is None:
             raise ValueError("small_transformer needs vocab_size")
@@ -336,22 +359,19 @@ def get_workload(
     ``vocab_size``: GPT-2 vocabulary for synthetic runs (default 50257).
     ``model_kw``: e.g. ``alexnet_input=224``, ``cifar_stem=True``.
     """
-    key = name.lower().replace("-", "_")
-    key = _ALIASES.get(key, key)
-    if key not in WORKLOADS:
-        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    key = workload_key(name)
     if synthetic and key not in PAPER_WORKLOADS:
         raise ValueError(f"{key} uses its shipped real data set; synthetic=True is for paper workloads")
 
     if key == "efficientnet_b0":
         return _cifar_workload(key, load_cifar10, 10, data_root, synthetic, synthetic_size, seed,
-                               dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
     if key == "resnet50":
         return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
-                               dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
     if key == "alexnet":
         return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
-                               dict(batch_size=128, lr=0.01, momentum=0.9, weight_decay=5e-4), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
     if key == "gpt2_s":
         sl = seq_len or 128
         gen = torch.Generator().manual_seed(seed)
@@ -367,19 +387,23 @@ def get_workload(
         info["vocab_size"] = v
         model = _seeded_build(seed, "gpt2_s", vocab_size=v, **model_kw)
         return Workload(key, model, train, test, "lm", "perplexity", synthetic=synthetic, info=info,
-                        defaults=dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0,
-                                      warmup_iters=200, eval_batch_size=8))
+                        defaults=dict(WORKLOAD_DEFAULTS[key]))
+    if key == "digits_mlp":
+        train, test = load_digits(seed=0)
+        model = _seeded_build(seed, "digits_mlp", num_classes=10)
+        return Workload(key, model, train, test, "classification", "accuracy",
+                        defaults=dict(batch_size=32, lr=0.05, momentum=0.9, epochs=10), info={"num_classes": 10})
     if key == "small_cnn":
         train, test = load_digits(seed=0)
         model = _seeded_build(seed, "small_cnn", num_classes=10)
         return Workload(key, model, train, test, "classification", "accuracy",
-                        defaults=dict(batch_size=32, lr=0.05, momentum=0.9, epochs=5), info={"num_classes": 10})
+                        defaults=dict(WORKLOAD_DEFAULTS[key]), info={"num_classes": 10})
     # small_transformer
     sl = seq_len or 64
     train, test, tok = load_tiny_corpus(seq_len=sl)
     model = _seeded_build(seed, "small_transformer", vocab_size=tok.vocab_size, max_len=max(sl, 64))
     return Workload(key, model, train, test, "lm", "perplexity",
-                    defaults=dict(batch_size=16, lr=3e-3, optimizer="adamw", epochs=10, clip_grad_norm=1.0),
+                    defaults=dict(WORKLOAD_DEFAULTS[key]),
                     info={"seq_len": sl, "vocab_size": tok.vocab_size, "tokenizer": "char"})
 
 
@@ -390,6 +414,47 @@ WORKLOADS: tuple[str, ...] = (
     "gpt2_s",
     "small_cnn",
     "small_transformer",
+    "digits_mlp",
 )
 PAPER_WORKLOADS: tuple[str, ...] = WORKLOADS[:4]
+
+def workload_key(name: str) -> str:
+    """The canonical workload name of ``name`` (spellings: :func:`dblp.gradients.model_name`); KeyError if unknown."""
+    key = model_name(name)
+    if key not in WORKLOADS:
+        raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return key
+
+
+#: Each workload's :class:`~dblp.train.loop.TrainConfig` defaults (``batch_size`` is per worker),
+#: readable without building the model or loading the data (the hosts inventory checks with them).
+WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "efficientnet_b0": dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4),
+    "resnet50": dict(batch_size=128, lr=0.05, momentum=0.9, weight_decay=5e-4),
+    "alexnet": dict(batch_size=128, lr=0.01, momentum=0.9, weight_decay=5e-4),
+    "gpt2_s": dict(batch_size=8, lr=2.5e-4, optimizer="adamw", weight_decay=0.01, clip_grad_norm=1.0,
+                   warmup_iters=200, eval_batch_size=8),
+    "small_cnn": dict(batch_size=32, lr=0.05, momentum=0.9, epochs=5),
+    "small_transformer": dict(batch_size=16, lr=3e-3, optimizer="adamw", epochs=10, clip_grad_norm=1.0),
+}
+
+#: Training-set sizes fixed by the data set itself (CIFAR-10/100: 50,000 images), known without it.
+_FIXED_TRAIN_SAMPLES = {"efficientnet_b0": 50_000, "resnet50": 50_000, "alexnet": 50_000}
+
+
+def train_samples(name: str) -> int | None:
+    """Samples in workload ``name``'s training set before sharding, without building the model.
+
+    CIFAR's size is fixed; the bundled digits and tiny corpus are read (small
+    files, shipped); ``None`` for WikiText-2, whose block count depends on the
+    tokenizer and the data on the host.
+    """
+    key = workload_key(name)
+    if key in _FIXED_TRAIN_SAMPLES:
+        return _FIXED_TRAIN_SAMPLES[key]
+    if key == "small_cnn":
+        return len(load_digits(seed=0)[0])
+    if key == "small_transformer":
+        return len(load_tiny_corpus(seq_len=64)[0])
+    return None
 _ALIASES = MODEL_ALIASES  # one table of spellings: dblp.gradients
