@@ -20,6 +20,7 @@ emulation scenarios, real-host runs and tests share it:
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import math
@@ -31,7 +32,8 @@ import numpy as np
 
 from .analysis import RUN_COLORS
 
-__all__ = ["load_training", "replica_divergence", "table_iv", "table_v", "plot_training_time", "plot_curves"]
+__all__ = ["load_training", "replica_divergence", "table_iv", "table_v", "plot_training_time", "plot_curves",
+           "report"]
 
 
 def load_training(d: str | Path, workers: int) -> dict[str, Any]:
@@ -157,3 +159,36 @@ def plot_curves(runs: dict[str, dict[str, Any]], path: str | Path, title: str,
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, condition: str, *,
+           divergence: bool = True) -> None:
+    """Print Tables IV and V and the replica divergence of the training runs ``out/<policy>/``,
+    write them as CSV and Figs. 5 and 6 as PNG into ``out``. ``condition``: e.g. "with bursts at
+    50,110" or "no bursts" (the rows of Table V)."""
+    from .analysis import format_table
+
+    out = Path(out)
+    runs = {name: load_training(out / name, workers) for name in policies}
+    metric = runs[policies[0]]["metric"]
+    t4, t5 = table_iv(runs), table_v(runs, f" ({condition})")
+    print(f"\nTable IV (this run): final test {metric}")
+    print(format_table(t4))
+    print(f"\nTable V (this run): training time, {condition}, normalised to DBLP")
+    print(format_table(t5, ".2f"))
+    div_rows: list[list[object]] = [["run", "epoch", "divergence", "identical"]
+                                    + [f"worker {i}" for i in range(workers)]]
+    if divergence:
+        for name in policies:
+            for r in replica_divergence(out / name, workers):
+                div_rows.append([name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
+        last = {row[0]: row for row in div_rows[1:]}
+        print(f"\nReplica divergence after the last epoch (max over worker pairs of |w_i - w_j| / |w|; "
+              f"per-worker {metric}):")
+        print(format_table([div_rows[0]] + list(last.values()), ".3g"))
+    for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5), ("divergence.csv", div_rows)):
+        with open(out / fname, "w", newline="") as fh:
+            csv.writer(fh).writerows(rows)
+    plot_training_time(runs, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}, {condition}")
+    plot_curves(runs, out / "accuracy.png", f"Test {metric} ({setup}, {condition})")
+    print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, training_time.png, accuracy.png")

@@ -119,37 +119,12 @@ def main(argv: list[str] | None = None) -> int:
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
     report(a, runs, out)
     if a.train:
-        report_training(a, out)
+        from dblp.trainreport import report
+
+        bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
+        report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s",
+               bursts, divergence=a.train["save_weights"])
     return 0
-
-
-def report_training(a: argparse.Namespace, out: Path) -> None:
-    """Tables IV and V, replica divergence, Figs. 5 and 6 of the training runs."""
-    from dblp import trainreport as tr
-
-    runs = {name: tr.load_training(out / name, a.workers) for name in a.policy_list}
-    label = "with bursts" if a.bursts_list else "no bursts"
-    setup = (f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, "
-             f"{label}{' at ' + ','.join(map(str, a.bursts_list)) if a.bursts_list else ''}")
-    t4, t5 = tr.table_iv(runs), tr.table_v(runs, f" ({label})")
-    print(f"\nTable IV (this run): final test {runs[a.policy_list[0]]['metric']}")
-    print(analysis.format_table(t4))
-    print(f"\nTable V (this run): training time, {label}, normalised to DBLP")
-    print(analysis.format_table(t5, ".2f"))
-    div_rows = [["run", "epoch", "divergence", "identical"] + [f"worker {i}" for i in range(a.workers)]]
-    if a.train["save_weights"]:
-        for name in a.policy_list:
-            for r in tr.replica_divergence(out / name, a.workers):
-                div_rows.append([name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
-        last = {row[0]: row for row in div_rows[1:]}
-        print("\nReplica divergence after the last epoch (max over worker pairs of |w_i - w_j| / |w|):")
-        print(analysis.format_table([div_rows[0]] + list(last.values()), ".3g"))
-    for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5), ("divergence.csv", div_rows)):
-        with open(out / fname, "w", newline="") as fh:
-            csv.writer(fh).writerows(rows)
-    tr.plot_training_time(runs, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}")
-    tr.plot_curves(runs, out / "accuracy.png", f"Test {runs[a.policy_list[0]]['metric']} ({setup})")
-    print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, training_time.png, accuracy.png")
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:

@@ -51,8 +51,9 @@ from pathlib import Path
 from dblp import analysis
 from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
 from dblp.wire import ChunkLayout
-from dblp.cliargs import add_run_args, check_run_args, parser
+from dblp.cliargs import add_run_args, add_workload_args, check_run_args, check_workload_args, parser
 from dblp.policy import run_policy as named_policy
+from traces.argtypes import float_arg
 from traces.units import duration_arg
 
 DEFAULT_TRACE = _bootstrap.ROOT / "traces" / "samples" / "onoff-lognormal.loss.csv"
@@ -68,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "down = server->workers (server egress), both = each direction gets the trace")
     ap.add_argument("--once", action="store_true",
                     help="play the trace once (no loss after its end) instead of looping it")
-    ap.add_argument("--time-scale", type=float, default=1.0,
+    ap.add_argument("--time-scale", type=float_arg(0.0, lo_open=True), default=1.0,
                     help="wall seconds per trace second (segments; 2 = play twice as slowly)")
     ap.add_argument("--min-step", type=duration_arg(allow_zero=False), default=None,
                     help="shortest interval between two rule swaps, e.g. 1ms (segments; default 1ms with "
@@ -76,10 +77,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--backend", choices=["auto", "libnftables", "nft"], default="auto",
                     help="how rules are swapped (segments)")
     add_run_args(ap, iterations=100, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
+    add_workload_args(ap, default=None)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
-    if not a.time_scale > 0:
-        ap.error("--time-scale must be positive")
+    check_workload_args(ap, a)
+    from traces import TraceError, read_trace
+
+    try:  # read now: a bad file is refused before Mininet is built
+        tr = read_trace(a.trace)
+    except (OSError, TraceError, ValueError) as exc:
+        ap.error(f"argument --trace: {exc}")
+    if not a.once and len(tr) and tr.mean_loss() >= 1.0:
+        ap.error(f"argument --trace: {a.trace} drops every packet and loops: no round could ever finish "
+                 "(use --once, or a trace with some delivery)")
     a.min_step_us = None if a.min_step is None else max(1, round(a.min_step * 1e6))
     a.bursts_list = []  # run_scenario_policy's progress marks: none here
     return a
@@ -166,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     # the recorder merges <run>/records/, the runs write <run>/<policy>/records/: merge those
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
     report(a, trace, runs, losses, exposure, out)
+    if a.train:  # real training workers: accuracy and training time under the replayed loss
+        from dblp.trainreport import report as training_report
+
+        training_report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers",
+                        f"trace {Path(a.trace).name}", divergence=a.train["save_weights"])
     return 0
 
 
