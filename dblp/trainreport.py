@@ -94,7 +94,8 @@ def training_time(run: dict[str, Any]) -> float:
 
 
 def table_v(runs: dict[str, dict[str, Any]], label: str = "") -> list[list[object]]:
-    """Rows of Table V: training time and exchange time per run, normalised to ``dblp``'s."""
+    """Rows of Table V: training time and exchange time per run, normalised to ``dblp``'s
+    (``label`` is appended to each run's name)."""
     ref = training_time(runs["dblp"]) if "dblp" in runs else math.nan
     rows: list[list[object]] = [["run", "train time (s)", "exchange (s)", "time / dblp"]]
     for name, r in runs.items():
@@ -104,26 +105,39 @@ def table_v(runs: dict[str, dict[str, Any]], label: str = "") -> list[list[objec
     return rows
 
 
-def plot_training_time(runs: dict[str, dict[str, Any]], path: str | Path, title: str) -> Path:
-    """Fig. 5: training time per run, normalised to DBLP, the seconds written on each bar."""
+def plot_training_time(conditions: dict[str, dict[str, dict[str, Any]]], path: str | Path, title: str) -> Path:
+    """Fig. 5: training time per run, normalised to DBLP's under the same condition (``conditions``:
+    e.g. {"with bursts": runs, "no bursts": runs}), the seconds written on each bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = list(runs)
-    secs = [training_time(runs[n]) for n in names]
-    ref = secs[names.index("dblp")] if "dblp" in names else 1.0
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    bars = ax.bar(names, [s / ref for s in secs], color=[RUN_COLORS.get(n, "grey") for n in names])
-    for b, s in zip(bars, secs):
-        ax.annotate(f"{s:.1f} s", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
-                    fontsize=9, xytext=(0, 2), textcoords="offset points")
+    names = list(dict.fromkeys(n for runs in conditions.values() for n in runs))
+    width = 0.8 / max(1, len(names))
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    top = 1.0
+    for j, n in enumerate(names):
+        xs, ys, secs = [], [], []
+        for i, runs in enumerate(conditions.values()):
+            if n not in runs:
+                continue
+            ref = training_time(runs["dblp"]) if "dblp" in runs else 1.0
+            xs.append(i + (j - (len(names) - 1) / 2) * width)
+            secs.append(training_time(runs[n]))
+            ys.append(secs[-1] / ref)
+        bars = ax.bar(xs, ys, width * 0.95, color=RUN_COLORS.get(n, "grey"), label=n)
+        for b, sec in zip(bars, secs):
+            ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
+                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+        top = max([top, *ys])
+    ax.set_xticks(range(len(conditions)), list(conditions))
     ax.axhline(1.0, color="black", lw=0.8, ls=":")
-    ax.set_ylabel("training time / DBLP's" if "dblp" in names else "training time (s)")
-    ax.set_ylim(0, max(s / ref for s in secs) * 1.18)
+    ax.set_ylabel("training time / DBLP's")
+    ax.set_ylim(0, top * 1.2)
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -162,19 +176,24 @@ def plot_curves(runs: dict[str, dict[str, Any]], path: str | Path, title: str,
 
 
 def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, condition: str, *,
-           divergence: bool = True) -> None:
+           divergence: bool = True, calm: Sequence[str] = ()) -> None:
     """Print Tables IV and V and the replica divergence of the training runs ``out/<policy>/``,
     write them as CSV and Figs. 5 and 6 as PNG into ``out``. ``condition``: e.g. "with bursts at
-    50,110" or "no bursts" (the rows of Table V)."""
+    50,110" (the rows of Table V); ``calm``: policies also run without bursts into
+    ``out/calm/<policy>/`` (Table V's rows without bursts)."""
     from .analysis import format_table
 
     out = Path(out)
     runs = {name: load_training(out / name, workers) for name in policies}
+    conditions = {condition: runs}
+    if calm:
+        conditions["no bursts"] = {name: load_training(out / "calm" / name, workers) for name in calm}
     metric = runs[policies[0]]["metric"]
-    t4, t5 = table_iv(runs), table_v(runs, f" ({condition})")
-    print(f"\nTable IV (this run): final test {metric}")
+    t4 = table_iv(runs)
+    t5 = [["condition"] + table_v(runs)[0]] + [[c] + row for c, rs in conditions.items() for row in table_v(rs)[1:]]
+    print(f"\nTable IV (this run, {condition}): final test {metric}")
     print(format_table(t4))
-    print(f"\nTable V (this run): training time, {condition}, normalised to DBLP")
+    print("\nTable V (this run): training time, normalised to DBLP under the same condition")
     print(format_table(t5, ".2f"))
     div_rows: list[list[object]] = [["run", "epoch", "divergence", "identical"]
                                     + [f"worker {i}" for i in range(workers)]]
@@ -182,6 +201,8 @@ def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, c
         for name in policies:
             for r in replica_divergence(out / name, workers):
                 div_rows.append([name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
+        for name in calm:
+            replica_divergence(out / "calm" / name, workers)  # only to remove the snapshots
         last = {row[0]: row for row in div_rows[1:]}
         print(f"\nReplica divergence after the last epoch (max over worker pairs of |w_i - w_j| / |w|; "
               f"per-worker {metric}):")
@@ -189,6 +210,6 @@ def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, c
     for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5), ("divergence.csv", div_rows)):
         with open(out / fname, "w", newline="") as fh:
             csv.writer(fh).writerows(rows)
-    plot_training_time(runs, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}, {condition}")
+    plot_training_time(conditions, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}")
     plot_curves(runs, out / "accuracy.png", f"Test {metric} ({setup}, {condition})")
     print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, training_time.png, accuracy.png")

@@ -67,9 +67,8 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
                 if r > shown[0] and not quiet and (r % 10 == 0 or r in marks or r - 1 in marks):
                     shown[0] = r
                     el = time.time() - t0
-                    eta = el / r * (args.iterations - r) if r else float("nan")
-                    print(f"  {label:9s} iteration {r:5d}/{args.iterations}  ({r / max(1e-9, el):.1f} it/s, "
-                          f"ETA {eta:.0f} s)", flush=True)
+                    pace = f"  ({r / el:.1f} it/s, ETA {el / r * (args.iterations - r):.0f} s)" if r else ""
+                    print(f"  {label:9s} iteration {r:5d}/{args.iterations}{pace}", flush=True)
                 return on
 
             program = None

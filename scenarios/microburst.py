@@ -60,6 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the server's replica consistency mode (none: the paper's; intersect: every worker "
                          "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
+    ap.add_argument("--no-calm", action="store_true",
+                    help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
+                         "without bursts)")
     return ap
 
 
@@ -115,15 +118,22 @@ def main(argv: list[str] | None = None) -> int:
             d = run_policy(name, a, net, lc, out, schedule)
             runs[name] = analysis.load(d / "records")
             print(f"  {name} done in {time.time() - t:.0f} s", flush=True)
+        calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
+            else []
+        for name in calm:  # Table V's rows without bursts
+            t = time.time()
+            print(f"- {name} without bursts", flush=True)
+            run_policy(name, a, net, lc, out / "calm", [])
+            print(f"  {name} (no bursts) done in {time.time() - t:.0f} s", flush=True)
         rec.finish(net=net, loss=lc)
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
     report(a, runs, out)
     if a.train:
-        from dblp.trainreport import report
+        from dblp.trainreport import report as training_report
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
-        report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s",
-               bursts, divergence=a.train["save_weights"])
+        setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
+        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm)
     return 0
 
 

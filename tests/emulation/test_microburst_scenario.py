@@ -85,6 +85,10 @@ def test_training_in_mininet_with_consistent_replicas(tmp_path):
     div = list(csv.DictReader(open(run / "divergence.csv")))
     assert {d["run"] for d in div} == {"baseline", "dblp"} and len(div) == 4  # 2 epochs x 2 runs
     assert all(d["identical"] == "True" and float(d["divergence"]) == 0.0 for d in div)  # bit-identical replicas
-    for f in ("table_v.csv", "training_time.png", "accuracy.png"):
+    t5 = list(csv.reader(open(run / "table_v.csv")))
+    assert [(r[0], r[1]) for r in t5[1:]] == [("with bursts at 16", "baseline"), ("with bursts at 16", "dblp"),
+                                             ("no bursts", "baseline"), ("no bursts", "dblp")]
+    assert all(float(r[2]) > 0 for r in t5[1:]) and float(t5[2][4]) == 1.0 and float(t5[4][4]) == 1.0
+    for f in ("training_time.png", "accuracy.png"):
         assert (run / f).stat().st_size > 0
     assert not list(run.glob("*/w*/weights"))  # the weight snapshots are removed after use
