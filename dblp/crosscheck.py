@@ -29,7 +29,7 @@ import numpy as np
 
 from . import analysis
 from .policy import run_policy
-from .records import RoundRecord
+from .records import RoundRecord, json_safe
 
 if TYPE_CHECKING:  # the simulator is imported where it runs, not at import time
     from .sim.config import SimConfig
@@ -254,7 +254,7 @@ def write_report(cmp: dict, out: Path, title: str, bursts: Sequence[int], extra:
         w.writerows(rows)
     doc = {"title": title, "bursts": list(bursts), "rows": rows, "ks": cmp["ks"],
            "outside_bounds": [f"{r['term']} ({r['policy']})" for r in outside], **(extra or {})}
-    (out / "crosscheck.json").write_text(json.dumps(doc, indent=1, allow_nan=True) + "\n")
+    (out / "crosscheck.json").write_text(json.dumps(json_safe(doc), indent=1, allow_nan=False) + "\n")  # NaN -> null
     plot(cmp, out / "crosscheck.png", title, bursts)
     print(f"\nwrote {out}/crosscheck.csv, crosscheck.json, crosscheck.png")
     return out

@@ -37,12 +37,12 @@ fi
 # torch/torchvision pinned to the builds that pip takes from this machine's disk
 # (see DESIGN.md); the CUDA build also runs on CPU.
 .venv/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1
-.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -m pip install -q -e '.[dev,all]'  # all: train, gpt2, stats - the test suite uses every extra
 # The helper's build is optional (the install succeeds without it), so say here when a compiler was found
 # and the helper still did not build; tests/test_fastpath.py fails on the same condition.
 if command -v gcc >/dev/null && ! .venv/bin/python -c 'import dblp._fastpath' 2>/dev/null; then
   echo "setup.sh: gcc is installed but the C helper dblp._fastpath did not build; rerun" \
-       ".venv/bin/python -m pip install -v -e '.[dev]' and read the compiler output" >&2
+       ".venv/bin/python -m pip install -v -e '.[dev,all]' and read the compiler output" >&2
   exit 1
 fi
 echo "setup.sh: ready. Test with: .venv/bin/python -m pytest"

@@ -123,3 +123,16 @@ def test_cli_exit_codes(runs: tuple[Path, Path], tmp_path: Path) -> None:
                        capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "o" / "compare.csv").exists() and not (tmp_path / "o" / "cdf_send.png").exists()
+
+
+def test_load_run_labels_by_layout(tmp_path: Path) -> None:
+    """A recorder's folder (<run>/<policy>/records/*.jsonl, plus records/ of its own) and a bursts log."""
+    mk = lambda w, pol: RoundRecord(source="emulation", role="worker", worker=w, round=1, policy=pol)  # noqa: E731
+    write_records(tmp_path / "dblp" / "records" / "w0.jsonl", [mk(0, "dblp")])
+    write_records(tmp_path / "baseline" / "records" / "w0.jsonl", [mk(0, "fixed")])
+    write_records(tmp_path / "records" / "w1.jsonl", [mk(1, "reliable")])
+    (tmp_path / "bursts.jsonl").write_text('{"event": "burst", "t": 1.0}\n')
+    got = sorted((r.run, r.worker) for r in analysis.load_run(tmp_path))
+    assert got == [("", 1), ("baseline", 0), ("dblp", 0)]
+    assert sorted(analysis.group_runs(analysis.load_run(tmp_path))) == [
+        ("baseline", "worker"), ("dblp", "worker"), ("reliable", "worker")]

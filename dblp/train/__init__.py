@@ -12,6 +12,12 @@ A ``DistributedDataParallel`` script switches to DBLP with
 ``DBLPComm(ddp_model)`` (:mod:`dblp.train.comm`: hook, worker and server).
 """
 
+try:  # an optional dependency of the project (the [train] extra): say so instead of a bare ModuleNotFoundError
+    import torch  # noqa: F401
+except ImportError as exc:
+    raise ImportError(f"dblp.train needs PyTorch, which is not installed ({exc}): "
+                      "pip install 'dblp-testbed[train]' (scripts/setup.sh installs it)") from exc
+
 from dblp.train.comm import DBLPComm, DBLPCommError
 from dblp.train.data import ArrayDataset, DatasetMissingError
 from dblp.train.ddp import ExchangeHookState, exchange_hook

@@ -42,14 +42,17 @@ from typing import Any, Sequence
 import torch.distributed as dist
 
 from dblp.control import DEFAULT_PORT
-from dblp.policy import POLICIES
+from dblp.launch import LISTENING_RE, LocalRunner, RunArgs, server_argv, tail
+from dblp.policy import run_policy
 from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import AllreduceExchange
+from dblp.watch import end_process_group
+from dblp.wire import ParameterError
 
 __all__ = ["DBLPComm", "DBLPCommError"]
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the dblp package
-_POLICY_FLAGS = ("p", "p_low", "p_high", "eta", "freq")
+_POLICY_KW = ("p", "p_low", "p_high", "eta", "freq")
 
 
 class DBLPCommError(RuntimeError):
@@ -60,24 +63,33 @@ class DBLPComm:
     """DBLP as DDP's gradient exchange: hook, worker and (on rank 0) server, closed together.
 
     ``model``: a ``DistributedDataParallel`` module (its process group must be initialized).
-    ``policy`` and ``p``/``p_low``/``p_high``/``eta``/``freq``: the server's tolerance policy
-    (as ``python -m dblp server``). ``records``: a folder for ``server.jsonl`` (the server's
-    round records), ``worker<rank>.jsonl`` and ``server.log``; None writes no records.
-    ``server_host``: where the workers reach rank 0 (default ``MASTER_ADDR``, else
-    127.0.0.1). ``server_args``: further ``python -m dblp server`` flags (e.g.
-    ``["--pace", "900M"]``). ``timeout``: seconds to wait for the server to start and to end.
+    ``policy`` (``reliable``, ``baseline``/``fixed``, ``dblp``) and ``p`` (= ``p_low``),
+    ``p_high``, ``eta``, ``freq``: the server's tolerance policy
+    (:func:`dblp.policy.run_policy`). ``records``: a folder for ``server.jsonl`` (the
+    server's round records), ``worker<rank>.jsonl`` and ``server.log``; None writes no
+    records. ``server_host``: where the workers reach rank 0 (default ``MASTER_ADDR``, else
+    127.0.0.1). ``peer_timeout``: the longest pause between two iterations (evaluation,
+    checkpointing) before the server gives a silent rank up. ``server_args``: further
+    ``python -m dblp server`` flags (e.g. ``["--pace", "900M"]``). ``timeout``: seconds to
+    wait for the server to start and to end.
     """
 
     def __init__(self, model: Any, *, policy: str = "dblp", records: str | os.PathLike | None = None,
-                 port: int = DEFAULT_PORT, server_host: str | None = None, server_args: Sequence[str] = (),
-                 timeout: float = 60.0, **policy_kw: float) -> None:
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-        unknown = set(policy_kw) - set(_POLICY_FLAGS)
+                 port: int = DEFAULT_PORT, server_host: str | None = None, peer_timeout: float = 600.0,
+                 server_args: Sequence[str] = (), timeout: float = 60.0, **policy_kw: float) -> None:
+        unknown = set(policy_kw) - set(_POLICY_KW)
         if unknown:
-            raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_FLAGS)}")
+            raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_KW)}")
+        if "p" in policy_kw:
+            policy_kw.setdefault("p_low", policy_kw.pop("p"))
+        try:
+            flags = run_policy(policy, **policy_kw).flags()  # checks every value, by name
+        except ParameterError as exc:
+            raise ValueError(str(exc)) from None
         if not 0 <= port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {port}")
+        if not peer_timeout > 0:
+            raise ValueError(f"peer_timeout must be positive, got {peer_timeout}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DBLPComm needs an initialized torch.distributed process group "
                                "(dist.init_process_group, as DistributedDataParallel does)")
@@ -90,12 +102,15 @@ class DBLPComm:
         self._log: Path | None = None
         self._closed = False
         host = server_host or os.environ.get("MASTER_ADDR") or "127.0.0.1"
-        if self.records_dir is not None:
+        if self.records_dir is not None:  # a rerun into the same folder replaces its files (writers append)
             self.records_dir.mkdir(parents=True, exist_ok=True)
+            (self.records_dir / f"worker{self.rank}.jsonl").unlink(missing_ok=True)
+            if self.rank == 0:
+                (self.records_dir / "server.jsonl").unlink(missing_ok=True)
         status: list[Any] = [None]
         if self.rank == 0:
             try:
-                status[0] = ("ok", self._start_server(port, policy, policy_kw, server_args))
+                status[0] = ("ok", self._start_server(port, flags, peer_timeout, server_args))
             except DBLPCommError as exc:
                 status[0] = ("error", str(exc))
         dist.broadcast_object_list(status, src=0)
@@ -107,7 +122,7 @@ class DBLPComm:
         wrec = str(self.records_dir / f"worker{self.rank}.jsonl") if self.records_dir is not None else None
         try:
             self.worker = Worker(host, int(value), elements=elements, worker_id=self.rank, records=wrec,
-                                 connect_timeout=timeout).connect()
+                                 source="hosts", connect_timeout=timeout).connect()
         except Exception:
             self._stop_server()
             raise
@@ -116,52 +131,40 @@ class DBLPComm:
         atexit.register(self._close_at_exit)
 
     # -- the server (rank 0) -------------------------------------------------------------------
-    def _start_server(self, port: int, policy: str, policy_kw: dict, extra: Sequence[str]) -> int:
+    def _start_server(self, port: int, policy_flags: list[str], peer_timeout: float,
+                      extra: Sequence[str]) -> int:
         if port == 0:
             with socket.socket() as s:  # a free port (TCP; the server's UDP socket takes the same number)
                 s.bind(("", 0))
                 port = s.getsockname()[1]
-        argv = [sys.executable, "-m", "dblp", "server", "--port", str(port), "--workers", str(self.world),
-                "--policy", policy]
-        for k, v in policy_kw.items():
-            argv += [f"--{k.replace('_', '-')}", str(v)]
+        args = RunArgs(workers=self.world, iterations=None, model=0, policy=policy_flags, source="hosts",
+                       peer_timeout_s=peer_timeout, plain=False, port=port, server_extra=list(extra))
+        records = self.records_dir / "server.jsonl" if self.records_dir is not None else None
         if self.records_dir is not None:
-            argv += ["--records", str(self.records_dir / "server.jsonl")]
             self._log = self.records_dir / "server.log"
         else:
             fd, name = tempfile.mkstemp(prefix="dblp-server-", suffix=".log")
             os.close(fd)
             self._log = Path(name)
-        argv += list(extra)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+        argv = server_argv(args, records)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
         with open(self._log, "w", encoding="utf-8") as log:
-            self.server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=env, start_new_session=True)
+            self.server = LocalRunner().popen("rank0", argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                              stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + self.timeout
-        while "listening on" not in self._log_tail():
+        while not LISTENING_RE.search(self._log.read_text(encoding="utf-8", errors="replace")):
             if self.server.poll() is not None:
-                raise DBLPCommError(f"`{' '.join(argv[1:])}` exited with {self.server.returncode}: "
-                                    f"{self._log_tail().strip()[-1000:]}")
+                raise DBLPCommError(f"`{' '.join(argv[1:])}` exited with {self.server.returncode}:\n"
+                                    f"{tail(self._log)}")
             if time.monotonic() > deadline:
                 self._stop_server()
                 raise DBLPCommError(f"`{' '.join(argv[1:])}` did not listen within {self.timeout:g} s")
             time.sleep(0.05)
         return port
 
-    def _log_tail(self) -> str:
-        try:
-            return self._log.read_text(encoding="utf-8", errors="replace")[-4000:] if self._log else ""
-        except OSError:
-            return ""
-
     def _stop_server(self) -> None:
-        if self.server is not None and self.server.poll() is None:
-            self.server.terminate()
-            try:
-                self.server.wait(5)
-            except subprocess.TimeoutExpired:
-                self.server.kill()
-                self.server.wait()
+        if self.server is not None:
+            end_process_group(self.server, 5.0)
 
     # -- closing -------------------------------------------------------------------------------
     def close(self, reason: str = "training done") -> None:
@@ -180,7 +183,7 @@ class DBLPComm:
             raise DBLPCommError(f"the DBLP server did not end within {self.timeout:g} s of the workers "
                                 f"leaving; log: {self._log}") from None
         if rc != 0:
-            raise DBLPCommError(f"the DBLP server exited with {rc}: {self._log_tail().strip()[-1000:]}")
+            raise DBLPCommError(f"the DBLP server exited with {rc}; log {self._log}:\n{tail(self._log)}")
 
     def _close_at_exit(self) -> None:
         try:
