@@ -14,9 +14,8 @@ import sys
 import time
 
 
+from traces.argtypes import count_arg, host_arg, int_arg, port_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
-
-from traces.argtypes import count_arg, host_arg, int_arg, port_arg
 
 from .cliargs import add_policy_args, hostport, model_arg, mtu_arg, parser, policy_error, tolerance_arg
 from .control import DEFAULT_PORT
@@ -116,7 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         print("dblp: the real-host launcher is `python -m emulation.hosts` (docs/hosts.md)", file=sys.stderr)
         return 2
     ap = build_parser()
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad value refused by name (status 2): main() returns the status
+        return int(exc.code or 0)
     policy = None
     if args.cmd == "server":  # the policy objects' own checks (P_high >= P_low...), by flag, before any socket
         try:
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 srv = ParameterServer(cfg)
             except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve
+                if exc.filename is not None:  # --records
+                    raise
                 print(f"dblp server: error: cannot listen on --host {args.host} --port {args.port}: "
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return 2
@@ -159,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             n = srv.serve()
             print(f"dblp server: served {n} rounds", flush=True)
         else:
+            why = unresolvable(args.server[0])
+            if why:
+                print(f"dblp worker: error: --server {args.server[0]}: {why}", file=sys.stderr)
+                return 2
             elements = model_elements(args.model)
             norms = read_norms(args.norms) if args.norms else synthetic_norms(max(args.iterations, 1), args.seed)
             with Worker(args.server[0], args.server[1], elements=elements, worker_id=args.id,
@@ -176,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"({rec.up_passes} passes, {rec.up_frac:.3f} recv, p={rec.tolerance_up:g}) "
                               f"round {rec.round_latency_s * 1e3:.1f} ms", flush=True)
     except (ParameterError, ServerError, WorkerError, RuntimeError, TimeoutError) as exc:
+        print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a file of --records or --norms that cannot be opened
         print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

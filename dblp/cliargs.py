@@ -22,6 +22,7 @@ from typing import Any
 import re
 
 from traces.argtypes import check_host, count_arg, float_arg, int_arg, int_list_arg
+from traces.processes import undeliverable
 from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 
 from .gradients import MODEL_HELP, model_elements
@@ -222,6 +223,10 @@ def check_burst_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None
         a.bursts_list = int_list_arg(0, a.iterations - 1, nonempty=False)(a.bursts)
     except argparse.ArgumentTypeError as exc:
         ap.error(f"argument --bursts: {exc} (iterations of a run of --iterations {a.iterations})")
+    if a.burst_kind == "drop":  # an iteration that loses everything never ends (traces.processes)
+        why = undeliverable({"kind": "iteration_bursts", "at": a.bursts_list, "loss": a.burst_loss})
+        if why:
+            ap.error(f"argument --burst-loss: {a.burst_loss:g}: {why}")
 
 
 def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> None:

@@ -32,7 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from traces.cli import add_capture_output_args, pos_int, write_result
+from traces.argtypes import int_arg, port_arg, pos_int
+from traces.cli import add_capture_output_args, write_result
 from traces.errors import TraceError
 from traces.import_pcap import CaptureImport, match_transmissions
 from traces.meta import TraceMeta
@@ -198,9 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--received", required=True, help="receiver-side capture (pcap or pcapng)")
     ap.add_argument("--sent", default=None, help="sender-side capture (all transmissions); without it, "
                     "--expected-chunks defines what should have arrived")
-    ap.add_argument("--port", type=int, default=None, help="UDP destination port to select (default: any)")
-    ap.add_argument("--run-id", type=int, default=None, help="DBLP run_id to select (default: any)")
-    ap.add_argument("--sender", type=int, default=None, help="DBLP sender id to select (default: any)")
+    ap.add_argument("--port", type=port_arg(), default=None, help="UDP destination port to select (default: any)")
+    ap.add_argument("--run-id", type=int_arg(0), default=None, help="DBLP run_id to select (default: any)")
+    ap.add_argument("--sender", type=int_arg(0), default=None, help="DBLP sender id to select (default: any)")
     ap.add_argument("--match", choices=("count", "time"), default="count",
                     help="how copies are matched: count (no common clock needed) or time (one clock)")
     ap.add_argument("--expected-chunks", type=pos_int, default=None, help="chunks per round (receiver-only mode)")

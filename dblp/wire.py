@@ -98,6 +98,9 @@ class ChunkLayout:
             )
         if self.mtu > 65535:
             raise ParameterError(f"mtu={self.mtu} exceeds the IPv4 datagram limit 65535")
+        if self.chunks > 2**32:  # the header's seq field
+            raise ParameterError(f"elements={self.elements} needs {self.chunks} chunks at mtu={self.mtu}; "
+                                 f"the 32-bit sequence number allows {2**32}")
 
     @property
     def chunk_floats(self) -> int:

@@ -4,7 +4,9 @@
 server's averaged gradient with DBLP_RECV and returns it - zero-filled where
 chunks stayed lost within the round's tolerance. ``x`` may be a numpy array,
 a torch tensor (any device; the result comes back on the same device and
-dtype) or a list of tensors (flattened into one buffer and split back).
+dtype) or a list of tensors (flattened into one buffer and split back);
+:mod:`dblp.staging` makes the host buffer (zero-copy for CPU float32, one
+pinned non-blocking copy each way for CUDA).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .core import DEFAULT_ORDER
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
+from .staging import HostStaging
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
 from .udp import DataSocket
 from .wire import ChunkLayout, ParameterError
@@ -107,6 +110,7 @@ class Worker:
         self._early = []
         self.peer.receiver = self.session.receiver
         self._results: list[np.ndarray] = []  # result buffers; see _result_buffer
+        self.staging = HostStaging(self.layout.elements)  # host buffers of CUDA tensors, reused every round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
 
@@ -141,13 +145,13 @@ class Worker:
         if self.peer is None:
             self.connect()
         assert self.peer is not None and self.peer.receiver is not None
-        flat, restore = _flatten(x, self.layout.elements)
+        staged = self.staging.stage(x)
         s = self.session
         k = s.round
         t0 = time.monotonic()
         self._pump(s.can_send, f"round {k} to start")
-        out = self._result_buffer()
-        sender = s.begin_round(time.monotonic(), flat, out, t_ready=t0)
+        out = staged.recv if staged.recv is not None else self._result_buffer()
+        sender = s.begin_round(time.monotonic(), staged.send, out, t_ready=t0)
         self.peer.sender = sender
         recv = s.receiver
         self._pump(lambda: sender.done, f"the server's STOP of round {k}")
@@ -160,7 +164,7 @@ class Worker:
         rec = s.finish_round(time.monotonic())
         self.last_record = rec
         self._writer.write(rec)
-        return restore(out)
+        return staged.restore(out)
 
     def _result_buffer(self) -> np.ndarray:
         """A buffer for this round's result that no caller still holds.
@@ -206,33 +210,3 @@ class Worker:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-
-def _flatten(x: Any, elements: int):
-    """A flat float32 numpy view/copy of ``x`` and a function mapping the result back."""
-    # A torch tensor can only come from a process that imported torch already;
-    # importing it here would cost seconds for numpy users.
-    torch = sys.modules.get("torch")
-    if isinstance(x, np.ndarray):
-        flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
-        shape, dtype = x.shape, x.dtype
-        restore = lambda out: out.reshape(shape).astype(dtype, copy=False)  # noqa: E731
-    elif torch is not None and isinstance(x, torch.Tensor):
-        flat = x.detach().to("cpu", torch.float32).contiguous().reshape(-1).numpy()
-        shape, dtype, device = x.shape, x.dtype, x.device
-        restore = lambda out: torch.from_numpy(out).reshape(shape).to(device, dtype)  # noqa: E731
-    elif isinstance(x, (list, tuple)) and torch is not None and all(isinstance(t, torch.Tensor) for t in x):
-        flat = torch.cat([t.detach().to("cpu", torch.float32).reshape(-1) for t in x]).numpy()
-        metas = [(t.shape, t.dtype, t.device, t.numel()) for t in x]
-
-        def restore(out: np.ndarray):
-            res, off = [], 0
-            full = torch.from_numpy(out)
-            for shape, dtype, device, n in metas:
-                res.append(full[off : off + n].reshape(shape).to(device, dtype))
-                off += n
-            return res
-    else:
-        raise TypeError(f"allreduce takes a numpy array, a torch tensor or a list of tensors, not {type(x).__name__}")
-    if flat.size != elements:
-        raise ValueError(f"tensor has {flat.size} elements; this worker was set up for {elements}")
-    return flat, restore

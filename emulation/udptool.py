@@ -17,6 +17,7 @@ import struct
 import sys
 import time
 
+from traces.argtypes import count_arg, host_arg, port_arg
 from traces.units import duration_arg, rate_arg, size_arg, use_help_formatter
 
 HDR = struct.Struct("!IQ")  # magic, sequence number
@@ -77,13 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.udptool", description=__doc__)
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send", help="send numbered datagrams")
-    s.add_argument("--dst", required=True, help="destination address")
-    s.add_argument("--port", type=int, required=True, help="destination UDP port")
-    s.add_argument("--count", type=int, default=2000, help="datagrams to send")
+    s.add_argument("--dst", type=host_arg, required=True, help="destination address")
+    s.add_argument("--port", type=port_arg(), required=True, help="destination UDP port")
+    s.add_argument("--count", type=count_arg(1), default=2000, help="datagrams to send")
     s.add_argument("--size", type=size_arg(), default="1000", help="payload bytes")
     s.add_argument("--pace", type=rate_arg(), default="20M", help="pacing rate; a bare number is Mbit/s (0 = unpaced)")
     r = sub.add_parser("recv", help="count numbered datagrams, print JSON")
-    r.add_argument("--port", type=int, required=True, help="UDP port to bind")
+    r.add_argument("--port", type=port_arg(), required=True, help="UDP port to bind")
     r.add_argument("--idle", type=duration_arg(), default="1s", help="stop after this long without a datagram")
     r.add_argument("--deadline", type=duration_arg(), default="30s", help="stop after this long in any case")
     r.add_argument("--ready-file", help="touch this file once bound")
@@ -92,10 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
-    if a.cmd == "send":
-        res = send(a.dst, a.port, a.count, a.size, a.pace / 1e6)
-    else:
-        res = recv(a.port, a.idle, a.deadline, a.ready_file)
+    try:
+        if a.cmd == "send":
+            res = send(a.dst, a.port, a.count, a.size, a.pace / 1e6)
+        else:
+            res = recv(a.port, a.idle, a.deadline, a.ready_file)
+    except OSError as exc:  # a busy port, an unknown host, no route
+        what = f"--dst {a.dst} --port {a.port}" if a.cmd == "send" else f"--port {a.port}"
+        print(f"emulation.udptool {a.cmd}: error: {what}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     json.dump(res, sys.stdout)
     print()
     return 0

@@ -3,6 +3,9 @@
 
 Prints, for the same machine and moment:
 
+0. round level against the worker count (1M floats): the default star, and a
+   server link provisioned at workers x 10 Gbit/s (the cost per simulated
+   datagram, without the incast's extra passes);
 1. round level: simulated iterations per second of a 25M-parameter model
    (ResNet50, 69,061 datagrams per direction), 3 workers, random 70% bursts,
    for DBLP and the baseline, at ``--groups`` (1 = every datagram; >1 the
@@ -20,6 +23,7 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py                  # about 2-4 minutes on 2 cores
     python scenarios/bench_sim.py --quick          # a smoke run, ~20 s
     python scenarios/bench_sim.py --sweep-configs 500 --sweep-iterations 1000 --groups 1,16
+    python scenarios/bench_sim.py --only-workers --workers 64 --workers-provisioned 1024 --workers-iterations 100
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo ro
 
 from dblp.sim import SimConfig, simulate  # noqa: E402
 from dblp.cliargs import parser  # noqa: E402
+from traces.argtypes import count_arg, int_list_arg  # noqa: E402
 from dblp.sim.options import baseline_of  # noqa: E402
 from dblp.sim.sweep import run_config  # noqa: E402
 
@@ -92,6 +97,33 @@ def bench_packet(model: int, iterations: int) -> dict:
             "mean_round_rel_diff": b["mean_round_s"] / a["mean_round_s"] - 1}
 
 
+def bench_workers(workers: list[int], iterations: int, provisioned: bool) -> list[dict]:
+    """Round level against the worker count: 1M floats (2,763 datagrams per direction).
+
+    ``provisioned``: the server's link is workers x the worker link, so the
+    upstream incast does not overflow and every worker sends each chunk
+    once - the cost per simulated datagram. Otherwise the default star (one
+    10 Gbit/s server link): the incast drops most of each pass, passes grow
+    with the worker count, and so do the datagrams to simulate (printed).
+    """
+    kind = "server link = workers x 10 Gbit/s" if provisioned else "default star (one 10 Gbit/s server link)"
+    print(f"\n== round level vs workers: 1M floats, {iterations} iterations, {kind}")
+    print(f"{'workers':>7} {'wall s':>8} {'cpu s':>8} {'s/iter':>8} {'dgrams/worker/iter':>19} {'us/dgram':>9} "
+          f"{'up passes':>9} {'mean round':>11}")
+    rows = []
+    for n in workers:
+        cfg = SimConfig(model=1_000_000, workers=n, rounds=iterations,
+                        server_bandwidth_bps=(n * 10e9 if provisioned else None))
+        res, wall, cpu = timed(cfg)
+        s = res.summary()
+        per = res.datagrams / iterations / n
+        rows.append({"workers": n, "iterations": iterations, "provisioned": provisioned, "wall_s": wall, "cpu_s": cpu,
+                     "datagrams": res.datagrams, **s})
+        print(f"{n:7d} {wall:8.2f} {cpu:8.2f} {cpu / iterations:8.3f} {per:19,.0f} {cpu / res.datagrams * 1e6:9.3f} "
+              f"{s['up_passes']:9.1f} {s['mean_round_s'] * 1e3:9.1f}ms")
+    return rows
+
+
 def bench_sweep(n: int, iterations: int, group: int, jobs: int) -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
@@ -115,23 +147,38 @@ def bench_sweep(n: int, iterations: int, group: int, jobs: int) -> dict:
 
 def main() -> int:
     p = parser(description=__doc__)
-    p.add_argument("--iterations", type=int, default=1000, help="round-level iterations")
-    p.add_argument("--groups", default="1,16", help="round-level group sizes to compare")
-    p.add_argument("--packet-model", type=int, default=1_000_000, help="packet-level gradient size in elements")
-    p.add_argument("--packet-iterations", type=int, default=12, help="packet-level iterations")
-    p.add_argument("--sweep-configs", type=int, default=40, help="sweep size (the target is 500)")
-    p.add_argument("--sweep-iterations", type=int, default=1000, help="iterations per sweep run")
-    p.add_argument("--sweep-group", type=int, default=None, help="group of the sweep runs (default: the last of --groups)")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="sweep processes")
+    p.add_argument("--iterations", type=count_arg(1), default=1000, help="round-level iterations")
+    p.add_argument("--groups", type=int_list_arg(1), default="1,16", help="round-level group sizes to compare")
+    p.add_argument("--packet-model", type=count_arg(1), default=1_000_000, help="packet-level gradient size in elements")
+    p.add_argument("--packet-iterations", type=count_arg(1), default=12, help="packet-level iterations")
+    p.add_argument("--sweep-configs", type=count_arg(1), default=40, help="sweep size (the target is 500)")
+    p.add_argument("--sweep-iterations", type=count_arg(1), default=1000, help="iterations per sweep run")
+    p.add_argument("--sweep-group", type=count_arg(1), default=None,
+                   help="group of the sweep runs (default: the last of --groups)")
+    p.add_argument("--jobs", type=count_arg(1), default=os.cpu_count() or 1, help="sweep processes")
+    p.add_argument("--workers", type=int_list_arg(1), default="16,32,64",
+                   help="worker counts of the scaling runs on the default star (1M floats)")
+    p.add_argument("--workers-provisioned", type=int_list_arg(1), default="64,256,1024",
+                   help="worker counts of the scaling runs with a server link of workers x 10 Gbit/s")
+    p.add_argument("--workers-iterations", type=count_arg(1), default=3, help="iterations of the scaling runs")
+    p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the issue's targets: "
+                   "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
     if a.quick:
         a.iterations, a.packet_model, a.packet_iterations = 100, 200_000, 8
         a.sweep_configs, a.sweep_iterations = 8, 100
-    groups = [int(g) for g in a.groups.split(",")]
+        a.workers, a.workers_provisioned, a.workers_iterations = [8, 16], [64], 2
+    groups = a.groups
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
-    res = {"round": bench_round(a.iterations, groups),
+    wk, wp = a.workers, a.workers_provisioned
+    scale = bench_workers(wk, a.workers_iterations, False) + bench_workers(wp, a.workers_iterations, True)
+    if a.only_workers:
+        if a.output:
+            Path(a.output).write_text(json.dumps({"workers": scale}, indent=2, default=float) + "\n")
+        return 0
+    res = {"workers": scale, "round": bench_round(a.iterations, groups),
            "packet": bench_packet(a.packet_model, a.packet_iterations),
            "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs)}
     if a.output:

@@ -96,6 +96,7 @@ from dblp.passcost import median, summarize_run  # noqa: E402
 from dblp.policy import run_policy  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.wire import ParameterError  # noqa: E402
+from traces.argtypes import count_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
 from dblp.watch import Tail  # noqa: E402
@@ -405,9 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "side by side on network-namespace hosts (1 server, 3 workers). Needs root.")
     ap.add_argument("--models", dest="sizes", nargs="+", default=["5M", "25M", "61M"],
                     help="gradient sizes, each " + MODEL_HELP + " (e.g. 200000 5M 25M, or 5M,25M)")
-    ap.add_argument("--iterations", dest="rounds", type=int, default=5,
+    ap.add_argument("--iterations", dest="rounds", type=count_arg(1), default=5,
                     help="timed iterations: lossless DBLP rounds / gloo all-reduces")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed iterations first")
+    ap.add_argument("--warmup", type=count_arg(1), default=1, help="untimed iterations first")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
     g.add_argument("--plain", dest="paths", action="store_const", const=["plain"],
@@ -420,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calib-loss", default="0.3,0.5,0.6",
                     help="losses of the calibration rounds that measure the per-pass overhead and the sender's "
                          "share of a datagram's cost, comma-separated (0: none)")
-    ap.add_argument("--burst-repeats", type=int, default=3,
+    ap.add_argument("--burst-repeats", type=count_arg(1), default=3,
                     help="times the calibration rounds and the burst round are run (interleaved; medians reported)")
     ap.add_argument("--gap", type=duration_arg(), default="300ms",
                     help="workers' pause between rounds (room to add/remove the loss rule); a bare number is seconds")
@@ -455,10 +456,6 @@ def parse_args(argv=None):
         args.sizes = [model_elements(x) for s in args.sizes for x in s.split(",") if x.strip()]
     except ParameterError as exc:
         ap.error(f"--models: {exc}")
-    if args.rounds < 1 or args.warmup < 1:
-        ap.error("--iterations and --warmup must be at least 1")
-    if args.burst_repeats < 1:
-        ap.error(f"--burst-repeats must be at least 1, got {args.burst_repeats}")
     if not 576 <= args.mtu <= 65535:
         ap.error(f"--mtu must be in [576, 65535], got {args.mtu}")
     try:

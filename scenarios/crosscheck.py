@@ -79,6 +79,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_burst_args(ap, a)
     if a.burst_kind != "drop":
         ap.error("--burst-kind congestion: the simulator models no cross-traffic; use drop bursts")
+    if a.params and not Path(a.params).is_file():
+        ap.error(f"argument --params: no file {a.params!r}")
+    if a.from_run and not Path(a.from_run, "config.json").is_file():
+        ap.error(f"argument --from-run: {a.from_run!r} is not a crosscheck run folder (no config.json)")
+    if not a.params and not a.from_run and a.calibrate_from not in a.policy_list:
+        ap.error(f"argument --calibrate-from: {a.calibrate_from!r} is not one of the runs of --policies "
+                 f"({', '.join(a.policy_list)})")
     return a
 
 

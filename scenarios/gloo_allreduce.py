@@ -39,6 +39,8 @@ import sys
 import time
 from datetime import timedelta
 
+from dblp.cliargs import hostport
+from traces.argtypes import count_arg, int_arg
 from traces.units import HelpFormatter, duration_arg
 
 
@@ -57,15 +59,23 @@ def wait_until(t: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="One gloo all-reduce rank, commanded by JSON lines on stdin.",
                                  formatter_class=HelpFormatter)
-    ap.add_argument("--rank", type=int, required=True, help="this process's rank, 0..world-size-1")
-    ap.add_argument("--world-size", type=int, required=True, help="number of ranks")
+    ap.add_argument("--rank", type=int_arg(0), required=True, help="this process's rank, 0..world-size-1")
+    ap.add_argument("--world-size", type=count_arg(1), required=True, help="number of ranks")
     ap.add_argument("--init", required=True, help="tcp://HOST:PORT of rank 0")
     ap.add_argument("--iface", default=None, help="network interface gloo binds to (sets GLOO_SOCKET_IFNAME)")
     ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="120s",
                     help="time before a collective fails; a bare number is seconds")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    ap.add_argument("--seed", type=int, default=0, help="seed of the tensors")
+    ap.add_argument("--threads", type=count_arg(1), default=1, help="torch intra-op threads")
+    ap.add_argument("--seed", type=int_arg(0), default=0, help="seed of the tensors")
     args = ap.parse_args(argv)
+    if args.rank >= args.world_size:
+        ap.error(f"argument --rank: {args.rank} is not a rank of --world-size {args.world_size}")
+    if not args.init.startswith("tcp://"):
+        ap.error(f"argument --init: expected tcp://HOST:PORT, got {args.init!r}")
+    try:
+        hostport(args.init[len("tcp://"):])
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --init: {exc}")
     if args.iface:
         os.environ["GLOO_SOCKET_IFNAME"] = args.iface
 

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 import argparse  # noqa: E402
 
+from traces.argtypes import count_arg, float_arg  # noqa: E402
 from traces.units import HelpFormatter  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
@@ -88,25 +89,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "training phase and compare test accuracy (small CNN on digits, CPU).",
         formatter_class=HelpFormatter,
     )
-    p.add_argument("--epochs", type=int, default=9, help="total epochs")
-    p.add_argument("--early-epochs", type=int, default=3, help="length of the early phase; the rest is 'late'")
-    p.add_argument("--drops", type=float, nargs="+", default=[0.4, 0.8], help="fractions of chunks zeroed")
-    p.add_argument("--seeds", type=int, default=5, help="runs per setting (seeds 0..N-1)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (the small CNN's default)")
-    p.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    p.add_argument("--batch-size", type=int, default=32, help="per-worker mini-batch")
-    p.add_argument("--workers", type=int, default=1, help="simulated data-parallel workers")
-    p.add_argument("--chunk-floats", type=int, default=None, help="floats per chunk (default: one 1500-byte datagram)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this tiny model on a shared CPU)")
+    p.add_argument("--epochs", type=count_arg(2), default=9, help="total epochs")
+    p.add_argument("--early-epochs", type=count_arg(1), default=3, help="length of the early phase; the rest is 'late'")
+    p.add_argument("--drops", type=float_arg(0.0, 1.0), nargs="+", default=[0.4, 0.8], help="fractions of chunks zeroed")
+    p.add_argument("--seeds", type=count_arg(1), default=5, help="runs per setting (seeds 0..N-1)")
+    p.add_argument("--lr", type=float_arg(0.0, lo_open=True), default=0.05, help="SGD learning rate (the small CNN's default)")
+    p.add_argument("--momentum", type=float_arg(0.0, 1.0, hi_open=True), default=0.9, help="SGD momentum")
+    p.add_argument("--batch-size", type=count_arg(1), default=32, help="per-worker mini-batch")
+    p.add_argument("--workers", type=count_arg(1), default=1, help="simulated data-parallel workers")
+    p.add_argument("--chunk-floats", type=count_arg(1), default=None,
+                   help="floats per chunk (default: one 1500-byte datagram)")
+    p.add_argument("--threads", type=count_arg(1), default=1, help="torch CPU threads (1 is fastest for this tiny model on a shared CPU)")
     p.add_argument("--out", default=str(ROOT / "results" / "phase_sensitivity"), help="folder of this run's files")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
     a = p.parse_args(argv)
     if not 0 < a.early_epochs < a.epochs:
-        p.error("--early-epochs must be between 1 and --epochs - 1")
-    if any(not 0.0 <= d <= 1.0 for d in a.drops):
-        p.error("--drops must lie in [0, 1]")
-    if a.seeds < 1:
-        p.error("--seeds must be >= 1")
+        p.error(f"argument --early-epochs: {a.early_epochs} must be between 1 and --epochs - 1 ({a.epochs - 1})")
     return a
 
 

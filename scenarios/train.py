@@ -9,7 +9,10 @@ critical regime, P_high = P_low + 0.4 elsewhere), optionally ``reliable``
 (p = 0). ``--loss`` drops that fraction of every UDP datagram inside a
 network namespace (nftables, root only), so the tolerances really bite.
 Prints the final test metric (Table VI) and the training time normalised to
-DBLP (Table V), and writes accuracy and time curves as PNG plus CSV/JSON.
+DBLP (Table V) with what explains it - the share of DBLP's rounds in the
+critical regime (run at P_low, the baseline's p, so no faster), exchange and
+compute time per round (the same work: a compute difference is the machine's
+load) - and writes accuracy and time curves as PNG plus CSV/JSON.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from dblp.cliargs import parser
+from dblp.cliargs import check_policy_args, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
+from traces.argtypes import count_arg, float_arg, int_arg
 from dblp.policy import run_policy as named_policy
 from dblp.watch import Tail
 from dblp.wire import ParameterError
@@ -40,17 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="small_cnn (digits, bundled) | small_transformer (bundled text) | efficientnet_b0 | "
                          "resnet50 | alexnet (CIFAR, --data-root) | gpt2_s (WikiText-2, --data-root)")
     ap.add_argument("--data-root", default=None, help="folder of the data set (paper workloads; default: $DBLP_DATA_ROOT)")
-    ap.add_argument("--workers", type=int, default=3, help="number of workers")
-    ap.add_argument("--epochs", type=int, default=20, help="training epochs of each run")
+    ap.add_argument("--workers", type=count_arg(1), default=3, help="number of workers")
+    ap.add_argument("--epochs", type=count_arg(1), default=20, help="training epochs of each run")
     ap.add_argument("--policies", default="baseline,dblp", help=f"runs to make, in order ({', '.join(RUNS)})")
-    ap.add_argument("--p-low", type=float, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
-    ap.add_argument("--p-high", type=float, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
-    ap.add_argument("--eta", type=float, default=DEFAULT_ETA, help="CLR detection threshold")
-    ap.add_argument("--freq", type=int, default=DEFAULT_FREQ, help="CLR check period in iterations")
-    ap.add_argument("--loss", type=float, default=0.0,
+    ap.add_argument("--p-low", type=tolerance_arg, default=DEFAULT_P_LOW, help="baseline p and DBLP's P_low")
+    ap.add_argument("--p-high", type=tolerance_arg, default=None, help=f"DBLP's P_high (default P_low + {DEFAULT_K})")
+    ap.add_argument("--eta", type=float_arg(0.0), default=DEFAULT_ETA, help="CLR detection threshold")
+    ap.add_argument("--freq", type=count_arg(1), default=DEFAULT_FREQ, help="CLR check period in iterations")
+    ap.add_argument("--loss", type=float_arg(0.0, 1.0, hi_open=True), default=0.0,
                     help="random UDP loss probability inside a network namespace (root; 0 = plain loopback)")
-    ap.add_argument("--seed", type=int, default=0, help="random seed of every process")
-    ap.add_argument("--max-iters-per-epoch", type=int, default=None, help="cap on iterations per epoch (default: all)")
+    ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
+    ap.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None,
+                    help="cap on iterations per epoch (default: all)")
     ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
     return ap
 
@@ -62,12 +67,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.policy_list = parse_runs(a.policies)
     except ParameterError as exc:
         ap.error(f"--policies: {exc}")
-    if not 0 <= a.loss < 1:
-        ap.error(f"--loss must be in [0, 1), got {a.loss}")
     if a.loss and os.geteuid() != 0:
         ap.error("--loss needs root (an nftables rule in a network namespace)")
+    check_policy_args(ap, a, a.policy_list)  # the policy objects' own checks, before any process starts
     if a.p_high is None:
         a.p_high = a.p_low + DEFAULT_K
+    from dblp.gradients import model_name
+    from dblp.train.models import WORKLOADS
+
+    if model_name(a.workload) not in WORKLOADS:
+        ap.error(f"argument --workload: unknown workload {a.workload!r}; known: {', '.join(WORKLOADS)}")
+    if a.data_root and not os.path.isdir(a.data_root):
+        ap.error(f"argument --data-root: {a.data_root!r} is not a folder")
     return a
 
 
@@ -131,6 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def regime(d: Path) -> dict:
+    """The server's rounds of one run: how many, how many in the critical regime, the mean tolerance."""
+    from dblp.records import read_records
+
+    rounds = {r.round: r for r in read_records(d / "server.jsonl") if r.role == "server"}
+    n = max(len(rounds), 1)
+    return {"rounds": len(rounds), "clr_rounds": sum(bool(r.clr) for r in rounds.values()),
+            "clr_fraction": sum(bool(r.clr) for r in rounds.values()) / n,
+            "tolerance_mean": sum(r.tolerance_up for r in rounds.values()) / n,
+            "policy": next(iter(rounds.values())).policy if rounds else ""}
+
+
 def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
     import matplotlib
 
@@ -138,22 +161,47 @@ def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     metric = next(iter(runs.values()))["summaries"][0]["metric"]
-    # Training time: the slowest worker's training loop (process start-up and imports excluded).
-    for r in runs.values():
-        r["train_s"] = max(s["wall_s"] for s in r["summaries"])
+    # Training time: the slowest worker's training loop (process start-up, imports and evaluation excluded).
+    for name, r in runs.items():
+        r["train_s"] = max(s["train_s"] for s in r["summaries"])
+        r["regime"] = regime(out / name)
+        iters = max(r["summaries"][0]["iterations"], 1)
+        r["exchange_ms"] = 1e3 * r["summaries"][0]["exchange_s"] / iters
+        r["compute_ms"] = 1e3 * (r["summaries"][0]["train_s"] - r["summaries"][0]["exchange_s"]) / iters
     rows = [["run", f"final {metric} (worker 0)", f"final {metric} (mean of workers)", "train time (s)",
-             "exchange time (s)", "time / dblp"]]
+             "exchange time (s)", "rounds", "rounds in CLR", "mean tolerance", "exchange/round (ms)",
+             "compute/round (ms)", "time / dblp"]]
     ref = runs.get("dblp", next(iter(runs.values())))["train_s"]
     for name, r in runs.items():
         finals = [s["final_metric"] for s in r["summaries"]]
+        g = r["regime"]
+        in_clr = f"{g['clr_fraction']:.1%}" if g["policy"] == "dblp" else "- (fixed p)"
         rows.append([name, f"{finals[0]:.4f}", f"{sum(finals) / len(finals):.4f}", f"{r['train_s']:.1f}",
-                     f"{r['summaries'][0]['exchange_s']:.1f}", f"{r['train_s'] / ref:.2f}"])
+                     f"{r['summaries'][0]['exchange_s']:.1f}", str(g["rounds"]), in_clr, f"{g['tolerance_mean']:.3f}",
+                     f"{r['exchange_ms']:.1f}", f"{r['compute_ms']:.1f}", f"{r['train_s'] / ref:.2f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     print("\nTables V/VI (this run): final test metric and training time")
     for j, row in enumerate(rows):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if j == 0:
             print("  ".join("-" * w for w in widths))
+    print("\ntime / dblp: each run's training time (the slowest worker's training loop; start-up and "
+          "evaluation excluded) over DBLP's.")
+    if "dblp" in runs:
+        g = runs["dblp"]["regime"]
+        print(f"DBLP ran {g['clr_rounds']} of its {g['rounds']} rounds ({g['clr_fraction']:.1%}) in the critical "
+              f"regime at P_low = {a.p_low:g}, the baseline's own p: only the other "
+              f"{g['rounds'] - g['clr_rounds']} rounds, at P_high = {a.p_high:g}, can be faster.")
+        if not a.loss:
+            print("Without --loss every datagram arrives on loopback, so a tolerance only lets a receiver stop "
+                  "before the last few chunks of a round; the round's time is mostly per-round overhead "
+                  "(control messages, the wait for the slowest worker), the same under both policies.")
+    if len(runs) > 1:
+        cms = [r["compute_ms"] for r in runs.values()]
+        spread = max(cms) / max(min(cms), 1e-9) - 1
+        if spread > 0.05:
+            print(f"Compute per round differs by {spread:.0%} between runs although the work is identical: the "
+                  "machine's load changed between runs, and time ratios within that margin are noise.")
     if "baseline" in runs and "dblp" in runs:
         b = runs["baseline"]["summaries"][0]["final_metric"]
         d = runs["dblp"]["summaries"][0]["final_metric"]
@@ -162,7 +210,8 @@ def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
     with open(out / "summary.csv", "w", newline="") as fh:
         csv.writer(fh).writerows(rows)
     (out / "summary.json").write_text(json.dumps({k: {"wall_s": v["wall_s"], "train_s": v["train_s"],
-                                                      "summaries": v["summaries"]}
+                                                      "regime": v["regime"], "exchange_ms": v["exchange_ms"],
+                                                      "compute_ms": v["compute_ms"], "summaries": v["summaries"]}
                                                   for k, v in runs.items()}, indent=1))
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in runs.items():

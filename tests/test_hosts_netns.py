@@ -126,6 +126,20 @@ def test_inventory_errors_name_the_field(tmp_path, edit, field):
     assert f": {field}:" in str(ei.value)
 
 
+def test_train_iterations_beyond_an_epoch_are_refused_up_front(tmp_path):
+    pytest.importorskip("torch")
+    text = GOOD.replace("[run]", '[run]\nmode = "train"') + '[train]\nworkload = "resnet50"\nbatch_size = 128\n'
+    assert hosts.load_inventory(inventory(tmp_path, text + "iterations = 390\n")).rounds == 390  # 50,000 / 128
+    with pytest.raises(hosts.InventoryError) as ei:
+        hosts.load_inventory(inventory(tmp_path, text + "iterations = 391\n"))
+    msg = str(ei.value)
+    assert ": train.iterations:" in msg and "50000" in msg and "390 batches of 128" in msg
+    with pytest.raises(hosts.InventoryError, match=": train.eval_batches:"):
+        hosts.load_inventory(inventory(tmp_path, text + "eval_batches = -1\n"))
+    # synthetic data is sized by the agent to fit the run
+    assert hosts.load_inventory(inventory(tmp_path, text + "iterations = 500\nsynthetic_data = true\n")).rounds == 500
+
+
 def test_example_inventory_in_docs_parses_and_builds_ssh_commands():
     text = (Path(__file__).resolve().parents[1] / "docs" / "hosts.md").read_text()
     block = text.split("```toml\n", 1)[1].split("```", 1)[0]

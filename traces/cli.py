@@ -22,32 +22,12 @@ from pathlib import Path
 from typing import Sequence
 
 from . import generators as gen
+from .argtypes import int_arg, int_list, pos_int, prob
 from .errors import TraceError
 from .io import read_trace, write_trace
 from .model import PacketTrace, SegmentTrace
 from .stats import summarize
 from .units import HelpFormatter, UnitError, parse_duration, use_help_formatter
-
-
-def prob(text: str) -> float:
-    """argparse type: ``0.7`` or ``70%``."""
-    try:
-        v = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a probability (use 0.7 or 70%)") from None
-    if not 0.0 <= v <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r} is outside [0, 1]")
-    return v
-
-
-def pos_int(text: str) -> int:
-    try:
-        v = int(float(text))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
-    return v
 
 
 def micros(text: str, *, allow_zero: bool = False) -> int:
@@ -75,16 +55,9 @@ def micros_list(text: str) -> list[int]:
     return [micros(x, allow_zero=True) for x in text.split(",") if x.strip()]
 
 
-def int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-
-
 def _common_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, help="trace file to write (.gz compresses)")
-    p.add_argument("--seed", type=int, default=None, help="RNG seed, recorded in the metadata")
+    p.add_argument("--seed", type=int_arg(0), default=None, help="RNG seed, recorded in the metadata")
     p.add_argument("--description", default=None, help="replace the generated description")
     p.add_argument("--loop", action="store_true", help="mark the trace to repeat past its end on replay")
 
@@ -306,6 +279,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return write_result(tr.resample(a.bin_us), a)
     except TraceError as e:  # includes TraceFormatError and NotMappableError
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print("error: out of memory: ask for fewer --packets or a shorter --duration", file=sys.stderr)
         return 2
     ap.error(f"unknown command {a.cmd}")
     return 2

@@ -263,7 +263,12 @@ def _parse_int_col(
         reason = f"empty {name} (missing field)" if not v else f"{name} {v!r} is not an integer"
         raise TraceFormatError(reason, int(nums[k]), path)
     if required:
-        out = np.array(stripped, dtype=np.int64)
+        try:
+            out = np.array(stripped, dtype=np.int64)
+        except OverflowError:  # a value beyond 2**63 - 1 us (~292,000 years)
+            k = next(i for i, v in enumerate(stripped) if not -(2**63) <= int(v) < 2**63)
+            raise TraceFormatError(f"{name} {stripped[k]} is out of range (at most {2**63 - 1})", int(nums[k]),
+                                   path) from None
         bad = np.flatnonzero(out < 0)
         if bad.size:
             k = int(bad[0])

@@ -180,8 +180,8 @@ def parse_header(line: str, *, path: str | None = None) -> tuple[TraceMeta, dict
         for k in ("duration_us", "rows"):
             if k not in d:
                 raise fail(f'metadata of a segments trace must have "{k}"')
-        if not (_is_int(d["duration_us"]) and d["duration_us"] > 0):
-            raise fail('metadata "duration_us" must be a positive integer')
+        if not (_is_int(d["duration_us"]) and 0 < d["duration_us"] < 2**63):  # int64 microseconds
+            raise fail(f'metadata "duration_us" must be a positive integer below 2**63, got {d["duration_us"]!r}')
         if not (_is_int(d["rows"]) and d["rows"] > 0):
             raise fail('metadata "rows" must be a positive integer')
         if "packets" in d:

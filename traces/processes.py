@@ -147,6 +147,43 @@ def check_spec(spec: Any, index: int = 0, *, extra_keys: frozenset[str] = frozen
             raise LossSpecError(f"loss trace: key must be time or iteration, got {spec.get('key')!r}", "key")
 
 
+def undeliverable(spec: dict) -> str | None:
+    """Why a (checked) spec can never deliver a round, or None.
+
+    A round ends only when a receiver holds at least one chunk, and an
+    iteration-keyed burst lasts until its iteration ends: so a process that
+    drops every datagram from some point on, or for a whole iteration, makes
+    the sender retransmit forever (the simulator spins, the emulation hangs).
+    Refused up front: Bernoulli ``p = 1``; a Gilbert-Elliott chain that ends in
+    a state of 100% loss (bad state never left with ``bad_loss = 1``, or
+    ``good_loss = 1`` with the good state never left); iteration bursts of
+    100% loss; a looping time trace, or an iteration-keyed trace, that drops
+    everything. Time bursts end by the clock, so 100% loss in them is fine.
+    """
+    kind = spec["kind"]
+    if kind == "bernoulli" and float(spec["p"]) >= 1.0:
+        return "loss bernoulli: p=1 drops every datagram; no round could ever finish (use p < 1)"
+    if kind == "gilbert_elliott":
+        p = float(spec["p"])
+        r = float(spec.get("r", 1.0 - p))
+        bad, good = float(spec.get("bad_loss", 1.0)), float(spec.get("good_loss", 0.0))
+        if (good >= 1.0 and (p == 0.0 or bad >= 1.0)) or (bad >= 1.0 and p > 0.0 and r == 0.0):
+            return (f"loss gilbert_elliott: p={p:g} r={r:g} bad_loss={bad:g} good_loss={good:g} ends in a state "
+                    "that drops every datagram; no round could ever finish")
+    if kind in ("iteration_bursts", "random_bursts") and float(spec["loss"]) >= 1.0:
+        if kind == "iteration_bursts" or float(spec["rate"]) > 0:
+            return (f"loss {kind}: loss=1 drops every datagram of a burst iteration, which then never ends "
+                    "(use loss < 1, or time_bursts for a blackout of fixed length)")
+    if kind == "trace":
+        tr = _read_trace(str(spec["path"]))
+        if spec.get("key", "time") == "iteration":
+            if float((tr.meta.generator or {}).get("params", {}).get("loss", 0.0)) >= 1.0:
+                return f"loss trace {spec['path']}: its burst iterations lose every datagram and would never end"
+        elif getattr(tr.meta, "loop", False) and len(tr) and tr.mean_loss() >= 1.0:
+            return f"loss trace {spec['path']}: a looping trace that drops everything; no round could ever finish"
+    return None
+
+
 def _num(v: str) -> int | float | str:
     for conv in (int, float):
         try:

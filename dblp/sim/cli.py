@@ -17,7 +17,7 @@ from pathlib import Path
 from ..wire import ParameterError
 from traces.units import HelpFormatter
 
-from .options import add_config_args, baseline_of, config_from_args
+from .options import add_config_args, baseline_of, config_from_args, name_flags
 
 
 # -- run ------------------------------------------------------------------------------
@@ -89,7 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except ParameterError as exc:
+        print(f"dblp.sim {args.cmd}: error: {name_flags(str(exc))}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # --out, --records, --summary that cannot be written
         print(f"dblp.sim {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
+    except MemoryError:
+        print(f"dblp.sim {args.cmd}: error: out of memory (--model, --workers or --iterations too large "
+              "for this machine)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"dblp.sim {args.cmd}: interrupted", file=sys.stderr)

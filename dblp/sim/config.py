@@ -110,6 +110,8 @@ class SimConfig:
         if self.order not in ORDERS:
             raise ParameterError(f"order must be one of {ORDERS}, got {self.order!r}")
         _positive_int("host_slice", self.host_slice)
+        if not (isinstance(self.seed, int) and self.seed >= 0):  # numpy's generators take no negative seed
+            raise ParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
         _positive_int("group", self.group)
         if self.group > 1 and self.fidelity != "round":
             raise ParameterError(f"group={self.group} is a round-level approximation; the packet level needs group=1")
@@ -118,6 +120,9 @@ class SimConfig:
             raise ParameterError(f"critical_every must be a non-negative integer, got {self.critical_every!r}")
         if not isinstance(self.loss, list):
             raise ParameterError(f"loss must be a list of loss-process specs, got {type(self.loss).__name__}")
+        if isinstance(self.norms, str) and self.norms not in ("synthetic", "varied") and not Path(self.norms).is_file():
+            raise ParameterError(f"norms must be synthetic, varied or a CSV file (iteration,grad_norm), "
+                                 f"got {self.norms!r}: no such file")
         self.make_policy()  # validates the policy arguments
         from .loss import check_specs
 

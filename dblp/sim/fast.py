@@ -11,9 +11,21 @@ the pass holds (its *slots*). Three shared resources then place every slot:
 * the flow's **loss process** draws each slot's fate at the receiver's
   ingress (once per pass, with the arrival times known then);
 * the switch **port**'s fluid drop-tail queue (:class:`dblp.sim.net.FluidQueue`)
-  gives each slot its queueing wait and overflow drop, re-evaluated for the
-  slots still to come whenever the set of passes crossing the port changes
-  (incast: the upstream passes of all workers meet there).
+  gives each slot its queueing wait and overflow drop (each slot's own
+  uniform draw, taken once per pass), re-evaluated for the slots still to
+  come when the set of passes crossing the port changes (incast: the
+  upstream passes of all workers meet there).
+
+Cost linear in the workers: a change that only adds load at a port (a pass
+starting) can only delay or drop the other passes' datagrams, so their
+pending need-crossings stay scheduled and each re-evaluates itself when it
+falls due or when its datagrams are delivered (``ensure_fresh``); only a
+change that removes load (an early STOP) re-evaluates every pass on the
+port at once (``EAGER_PORT`` forces that for every change - the reference
+the tests hold the lazy rule to). A sender that leaves its host at its last
+datagram, after every sender before it in round-robin order, leaves the
+others' layout as it is (the round-robin continues unchanged), so a host
+of N equal passes is not re-laid out N times.
 
 Nothing of the protocol is decided here. The core is asked for the pass's
 datagrams (``RoundSender.datagrams_to_send`` with the number that have left),
@@ -49,6 +61,8 @@ keep the loss outcome drawn at the pass's start.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .. import control as ctl
@@ -57,10 +71,8 @@ from ..pacing import TokenBucket
 from .flow import Endpoint, FlowBase, pass_remaining
 from .net import FluidQueue, Host, Path
 
-import os
-_DEBUG = False
-_SKIP = os.environ.get('SKIP', '1') == '1'
-_LOG = []
+# Re-evaluate every pass on a port at every change (the lazy rule's reference; tests compare the two).
+EAGER_PORT = False
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0)
 
@@ -71,7 +83,7 @@ class RoundFlow(FlowBase):
         self.engine = engine
         self.host = engine.sched(self.path.host)
         self.queue = engine.fluid(self.path.port)
-        self.rng = engine.rng[(self.direction, self.worker)]
+        self.npass = 0  # passes started (names the stream of the port's draws)
         self.in_pass = False
         self.n = 0  # slots of the current pass
         self.limit = 0  # slots that will leave (n, or fewer once the STOP came)
@@ -80,7 +92,9 @@ class RoundFlow(FlowBase):
         self.lossdrop: np.ndarray | None = None  # the loss process's verdicts (None: none lost)
         self.wait: np.ndarray | None = None  # queueing wait at the port (None: none)
         self.ovf: np.ndarray | None = None  # dropped by the port's full buffer (None: none)
-        self.placed = False  # the port has judged this pass once
+        self.u: np.ndarray | None = None  # each slot's uniform draw for the port's overflow verdict
+        self.fresh_t = -math.inf  # port verdicts of slots reaching the port before this are final
+        self.qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
         self.seqbuf = _EMPTY_I
         self.d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
         self.d_t = _EMPTY_F  # and their arrival times
@@ -98,6 +112,7 @@ class RoundFlow(FlowBase):
         env, s = self.env, self.sender
         while not s.done:
             if self.in_pass:
+                self.host.settle(self)
                 if self.leave is None:  # the host lays the pass out at its next commit
                     self.wait_ev = env.event()
                     yield self.wait_ev
@@ -113,6 +128,7 @@ class RoundFlow(FlowBase):
                 yield env.timeout(t_end - env.now) | self.wait_ev
             elif s.ready(env.now):
                 self.n = pass_remaining(s)
+                self.npass += 1
                 if self.n <= 0:
                     raise RuntimeError(f"round {self.rnd}: the core is sending a pass of {self.n} datagrams")
                 self.limit = self.n
@@ -149,6 +165,8 @@ class RoundFlow(FlowBase):
     def before_sender_msg(self, msg: ctl.Message, t: float) -> None:
         if not (isinstance(msg, ctl.Stop) and msg.round == self.rnd and self.in_pass):
             return
+        self.host.settle(self)
+        self.ensure_fresh()
         self.in_pass = False
         if self.leave is None:
             self.host.remove(self, t)
@@ -172,8 +190,17 @@ class RoundFlow(FlowBase):
             self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
 
     def after_finish(self, t: float) -> None:
+        self.host.settle(self)
+        self.ensure_fresh()
         if self.dpos < self.d_slot.size:  # datagrams still in flight reach the receiver (stale there)
-            self.sim.at(float(self.d_t[-1]), self.deliver_until)
+            self.sim.at(float(self.d_t[-1]), self._drain)
+
+    def _drain(self, t: float) -> None:
+        """Deliver what is in flight after the transfer ended, until nothing is (the
+        port may still move arrivals later)."""
+        self.deliver_until(t)
+        if self.dpos < self.d_slot.size:
+            self.sim.at(max(t, float(self.d_t[-1])), self._drain)
 
     # -- pacing: the core's TokenBucket in closed form over a pass ----------------------------
     def bucket_start(self, t0: float) -> None:
@@ -194,7 +221,6 @@ class RoundFlow(FlowBase):
     # -- placement ----------------------------------------------------------------------------
     def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
         """The host set the leave times of slots ``a..n-1`` (all of them for a new pass)."""
-        _LOG.append(("lay", round(t, 12), self.direction, self.worker, a, round(float(leave[0]), 12), round(float(leave[-1]), 12)))
         path = self.path
         if self.leave is None:
             self.leave = leave
@@ -212,7 +238,7 @@ class RoundFlow(FlowBase):
                 if wait is not None:
                     rcv = rcv + wait
                 self.lossdrop = self.loss.drops(rcv, self.rnd)
-            self.wait, self.ovf, self.placed = None, None, False
+            self.wait, self.ovf, self.u, self.fresh_t = None, None, None, -math.inf
         else:
             self.leave[a:] = leave
         self.queue_update(t)
@@ -228,24 +254,37 @@ class RoundFlow(FlowBase):
 
     def queue_update(self, t: float) -> None:
         """Tell the port about this pass's (new) interval; re-evaluate what it changed."""
-        others = self.queue.set(self, t, self._span())
+        others, removed = self.queue.set(self, t, self._span())
         self.port_refresh(t)
-        if others:
+        if others and (removed or EAGER_PORT):  # less load: the others' crossings may come sooner - re-evaluate now
             for f in list(self.queue.entries):
                 if f is not self:
                     f.port_refresh(t)
+        # more load only delays the others: each re-checks when its crossing falls due
+
+    def ensure_fresh(self) -> None:
+        """Re-evaluate the port's verdicts if the port changed since they were computed."""
+        if self.leave is not None and self.qver != self.queue.version:
+            self.port_refresh(self.env.now)
+
+    def port_settle(self, t: float) -> None:
+        """The port forgets this pass (it is over there): take the final verdicts first."""
+        self.ensure_fresh()
 
     def port_refresh(self, t: float) -> None:
         """Re-evaluate the port's verdicts on the slots still to reach it, and the arrivals."""
         if self.leave is None:
             return
-        path, n = self.path, self.n
-        b = min(int(np.searchsorted(self.leave, t - path.d1, side="right")), self.limit) if self.placed else 0
-        self.placed = True
-        if self.queue.congested:
-            wait, ovf = self.queue.outcome(self.leave[b : self.limit] + path.d1, self.rng)
-        else:
-            wait = ovf = None
+        path, n, queue = self.path, self.n, self.queue
+        b = 0 if self.fresh_t == -math.inf else min(
+            int(np.searchsorted(self.leave, self.fresh_t - path.d1, side="right")), self.limit)
+        self.fresh_t, self.qver = self.env.now, queue.version
+        wait = ovf = None
+        if b < self.limit and not queue.quiet_after(float(self.leave[b]) + path.d1):
+            if self.u is None:  # one stream per pass: verdicts do not depend on when or how often they are taken
+                self.u = np.random.default_rng(
+                    [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(n)
+            wait, ovf = queue.outcome(self.leave[b : self.limit] + path.d1, self.u[b : self.limit])
         if wait is not None or self.wait is not None:
             if self.wait is None:
                 self.wait = np.zeros(n)
@@ -284,8 +323,10 @@ class RoundFlow(FlowBase):
 
     def dep_last(self) -> float | None:
         """When the pass's last datagram that got into the port leaves it."""
+        self.host.settle(self)
         if self.leave is None or self.limit == 0:
             return None
+        self.ensure_fresh()
         j = self.limit - 1
         if self.ovf is not None:
             inq = np.flatnonzero(~self.ovf[: self.limit])
@@ -313,10 +354,14 @@ class RoundFlow(FlowBase):
             self.sim.at(t_x, lambda t: self.deliver_until(t) if g == self.xgen else None)
 
     def tolerance_changed(self, t: float) -> None:
+        self.host.settle(self)
+        self.ensure_fresh()
         self.schedule_crossing()
 
     def deliver_until(self, t: float) -> None:
         """Give the receiver every datagram that has arrived by ``t``, at its arrival time."""
+        self.host.settle(self)
+        self.ensure_fresh()
         if self.dpos >= self.d_slot.size:
             return
         hi = int(np.searchsorted(self.d_t, t, side="right"))
@@ -355,6 +400,8 @@ class HostSched:
         self.joining: list[RoundFlow] = []
         self._commit_at: float | None = None
         self._seq = np.empty(0)
+        self._pending: dict[RoundFlow, tuple] = {}  # laid out lazily: (layout, first slot, index, due)
+        self._chain_gen = 0
 
     def _ones(self, r: int) -> np.ndarray:
         """1, 2, ..., r as floats (cached: most passes are laid out alone)."""
@@ -380,12 +427,7 @@ class HostSched:
         if f in self.active:
             natural = self._ends_first(f, t)
             self.active.remove(f)
-            if self.active and natural and _DEBUG:
-                for g, a, lv in self.layout(t):
-                    if g.leave is None or not np.allclose(g.leave[a:], lv, rtol=1e-12, atol=1e-12):
-                        print("MISMATCH", t, a, g.n, None if g.leave is None else g.leave[a:a+3], lv[:3], len(self.active))
-            _LOG.append(("rm", round(t, 12), f.direction, f.worker, natural, len(self.active)))
-            if self.active and not (natural and _SKIP):
+            if self.active and not natural:
                 self.relayout(t)
 
     def _ends_first(self, f: RoundFlow, t: float) -> bool:
@@ -397,7 +439,7 @@ class HostSched:
         one's), and skipping their re-layout keeps a host of N senders at O(N)
         work per pass instead of O(N^2).
         """
-        if self.pace or f.leave is None:
+        if self.pace or f.leave is None or f in self._pending:
             return False
         end = float(f.leave[-1])
         if abs(t - end) > self.eps:  # its last datagram must be the host's last one before t
@@ -405,61 +447,117 @@ class HostSched:
         for g in self.active:
             if g is f:
                 return True
-            if g.leave is None or float(g.leave[-1]) > t + self.eps:
+            if g.leave is None or g in self._pending or float(g.leave[-1]) > t + self.eps:
                 return False
         return False
 
     def relayout(self, t: float) -> None:
-        for f, a, leave in self.layout(t):
-            f.laid_out(a, leave, t)
+        """Lay the active senders out afresh from ``t`` (round-robin in join order).
 
-    def layout(self, t: float) -> list[tuple[RoundFlow, int, np.ndarray]]:
-        """The active senders' leave times from ``t`` on: (flow, first slot, times)."""
-        out = []
+        A sender that cannot notice the change before its next datagram
+        leaves - its pass under way, alone and uncongested at its port - is
+        laid out lazily (:meth:`settle`): at the latest half a slot before
+        the old or the new layout would send its next datagram, or when
+        anything asks for its times. With N senders and N early STOPs per
+        round that is the difference between O(N^2) and O(N) re-layouts.
+        """
+        for f, p in list(self._pending.items()):
+            # t may lie ahead (a STOP's last batch is still leaving): a layout owed by t, or one made
+            # for a later instant than t (its first slot counted as of then), is given first
+            if p[3] <= t + self.eps or p[0][0] > t:
+                self.settle(f)
+        pending, self._pending = self._pending, {}
         flows = self.active
         tt = t + self.eps  # a datagram leaving at t (to float noise) is out: ties do not hang on rounding
-        starts = [0 if f.leave is None else int(np.searchsorted(f.leave, tt, side="right")) for f in flows]
+        starts = [pending[f][1] if f in pending else
+                  (0 if f.leave is None else int(np.searchsorted(f.leave, tt, side="right"))) for f in flows]
         rem = [f.n - a for f, a in zip(flows, starts)]
-        h, q = self.h, self.q
-        equal = all(rk == rem[0] for rk in rem)
+        ctx = (t, rem, all(rk == rem[0] for rk in rem))
+        k = len(flows)
+        lazy = not self.pace and k > 1
+        if lazy:  # when each sender's first datagram of the new layout leaves
+            first = np.minimum(np.asarray(rem, dtype=np.float64), self.q)
+            first = t + self.h * (1.0 + np.cumsum(first) - first)
+        due_min = math.inf
         for i, f in enumerate(flows):
             r = rem[i]
-            if r <= 0 or (f.leave is not None and len(flows) == 1 and starts[i] > 0):
+            if r <= 0 or (f.leave is not None and k == 1 and starts[i] > 0):
+                if f in pending:  # its owed layout is the one that continues
+                    self._pending[f] = pending[f]
+                    self.settle(f)
                 continue  # alone and already laid out: nothing changes
             if f.leave is None and self.pace:
                 f.bucket_start(t)
-            if not self.pace and len(flows) == 1:
-                out.append((f, starts[i], t + h * self._ones(r)))
-                continue
-            j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
-            if self.pace:
-                # Paced senders take what their bucket allows each turn: the host is
-                # shared evenly, each sender capped by its bucket.
-                leave = t + (h * len(flows)) * (j + 1).astype(np.float64)
-                leave = np.maximum(leave, f.bucket_times(starts[i] + j))
-            elif equal:  # round-robin, equal passes: turn u, offset w
-                k = len(flows)
-                full, rest = divmod(r, q)
-                body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
-                        + np.arange(q, dtype=np.float64)[None, :]).ravel()
-                tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
-                leave = np.concatenate((body, tail)) if rest else body
-                leave *= h
-                leave += t
-            else:  # round-robin in quanta of host_slice datagrams, in join order
-                uq = j // q
-                uq *= q
-                pos = j - uq
-                pos += 1
-                for k, rk in enumerate(rem):
-                    pos += np.minimum(rk, uq)
-                    if k < i:
-                        pos += np.clip(rk - uq, 0, q)
-                leave = pos.astype(np.float64)
-                leave *= h
-                leave += t
-            out.append((f, starts[i], leave))
-        return out
+            if lazy and f.leave is not None and self._private(f):
+                due = min(float(first[i]), float(f.leave[starts[i]])) - 0.5 * self.h
+                if due > t + self.eps:
+                    self._pending[f] = (ctx, starts[i], i, due)
+                    due_min = min(due_min, due)
+                    continue
+            f.laid_out(starts[i], self._leave(ctx, i, f, starts[i]), t)
+        self._chain_gen += 1
+        if self._pending:
+            g = self._chain_gen
+            self.sim.at(due_min, lambda now: self._chain(now, g))
+
+    def _private(self, f: RoundFlow) -> bool:
+        """Whether nothing but ``f`` can notice its layout: alone on a port it cannot congest."""
+        qu = f.queue
+        ent = qu.entries
+        return (not ent or (len(ent) == 1 and f in ent)) and not qu.congested and qu.quiet_after(self.sim.env.now) \
+            and self.h >= qu.ser and not EAGER_PORT
+
+    def _chain(self, now: float, gen: int) -> None:
+        if gen != self._chain_gen:
+            return  # a newer layout took over
+        due_min = math.inf
+        for f, (_ctx, _a, _i, due) in list(self._pending.items()):
+            if due <= now + self.eps:
+                self.settle(f)
+            else:
+                due_min = min(due_min, due)
+        if self._pending:
+            self.sim.at(due_min, lambda tt: self._chain(tt, gen))
+
+    def settle(self, f: RoundFlow) -> None:
+        """Give ``f`` the layout it is owed now (no-op if it has it)."""
+        p = self._pending.pop(f, None)
+        if p is not None:
+            ctx, a, i, _due = p
+            f.laid_out(a, self._leave(ctx, i, f, a), ctx[0])
+
+    def _leave(self, ctx: tuple[float, list[int], bool], i: int, f: RoundFlow, start: int) -> np.ndarray:
+        """Leave times of sender ``i``'s slots ``start..n-1`` in the layout made at ``ctx``."""
+        t, rem, equal = ctx
+        r = rem[i]
+        h, q, k = self.h, self.q, len(rem)
+        if not self.pace and k == 1:
+            return t + h * self._ones(r)
+        j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
+        if self.pace:
+            # Paced senders take what their bucket allows each turn: the host is
+            # shared evenly, each sender capped by its bucket.
+            leave = t + (h * k) * (j + 1).astype(np.float64)
+            return np.maximum(leave, f.bucket_times(start + j))
+        if equal:  # round-robin, equal passes: turn u, offset w
+            full, rest = divmod(r, q)
+            body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
+                    + np.arange(q, dtype=np.float64)[None, :]).ravel()
+            tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
+            leave = np.concatenate((body, tail)) if rest else body
+        else:  # round-robin in quanta of host_slice datagrams, in join order
+            uq = j // q
+            uq *= q
+            pos = j - uq
+            pos += 1
+            for kk, rk in enumerate(rem):
+                pos += np.minimum(rk, uq)
+                if kk < i:
+                    pos += np.clip(rk - uq, 0, q)
+            leave = pos.astype(np.float64)
+        leave *= h
+        leave += t
+        return leave
 
 
 class RoundEngine:
@@ -474,8 +572,7 @@ class RoundEngine:
         self.pace_s = self.dgram_bytes * 8.0 / cfg.send_rate_bps if cfg.send_rate_bps else 0.0
         self.rate_Bps = cfg.send_rate_bps / 8.0
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
-        self.rng = {(d, i): np.random.default_rng([cfg.seed, 0x9047, d, i]) for d in (ctl.UP, ctl.DOWN)
-                    for i in range(cfg.workers)}
+        self.seed = cfg.seed
         self.events = 0
         self._sched: dict[int, HostSched] = {}
         self._fluid: dict[int, FluidQueue] = {}

@@ -45,11 +45,15 @@ DIRS = {name: tuple(_DIR[d] for d in dirs) for name, dirs in _p.DIRECTIONS.items
 
 
 def check_specs(specs: list) -> None:
-    """:func:`traces.processes.check_specs`, failing with a ParameterError."""
+    """:func:`traces.processes.check_specs`, and :func:`traces.processes.undeliverable`
+    (a process that never lets a round finish), failing with a ParameterError."""
     try:
         _p.check_specs(specs)
+        why = next((w for w in map(_p.undeliverable, specs) if w), None)
     except LossSpecError as exc:
         raise ParameterError(str(exc)) from None
+    if why:  # the simulator would retransmit forever
+        raise ParameterError(why)
 
 
 def check_spec(spec: Any, index: int = 0) -> None:

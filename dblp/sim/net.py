@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
@@ -82,6 +82,15 @@ class Port:
 
 
 
+class PortReader(Protocol):
+    """What a :class:`FluidQueue` asks of a pass's owner (the round level's flow)."""
+
+    fresh_t: float  # its verdicts of datagrams reaching the port before this time are final
+
+    def port_settle(self, t: float) -> None:
+        """Take final verdicts now: the queue is about to forget this pass."""
+
+
 class FluidQueue:
     """Round level: a fluid model of one port's drop-tail queue over time.
 
@@ -108,12 +117,12 @@ class FluidQueue:
         self.ser = port.ser(wire_bytes)
         self.cap = 1.0 / self.ser
         self.qcap = float(max(port.queue_bytes // wire_bytes - 1, 0))
-        self.entries: dict[object, tuple[float, float, float]] = {}  # owner -> (start, end, rate)
+        self.entries: dict[PortReader, tuple[float, float, float]] = {}  # owner -> (start, end, rate)
         # Kept as the entries change, so a port that never congests costs O(log E)
         # per change, not O(E): the sum of the entries' rates, and their ends (a heap,
         # stale items skipped) to expire the passes that are over.
         self._total = 0.0
-        self._ends: list[tuple[float, int, object, tuple[float, float, float]]] = []
+        self._ends: list[tuple[float, int, PortReader, tuple[float, float, float]]] = []
         self._tick = 0
         self.version = 0  # bumped at every change: a reader evaluated at another version is stale
         self.t_ref = 0.0
@@ -134,7 +143,7 @@ class FluidQueue:
         q = self._bq[i] + (self._ba[i] - self.cap) * (t - self._bt[i])
         return np.clip(q, 0.0, self.qcap)
 
-    def set(self, owner: Any, t: float, span: tuple[float, float, float] | None) -> tuple[bool, bool]:
+    def set(self, owner: PortReader, t: float, span: tuple[float, float, float] | None) -> tuple[bool, bool]:
         """Register (or with None remove) ``owner``'s pass at time ``t``.
 
         Returns (others affected, load removed): whether the other passes' verdicts

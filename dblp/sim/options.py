@@ -10,6 +10,7 @@ the loss vocabulary; the commands import it.
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields
 from typing import Any
 
@@ -37,7 +38,7 @@ def parse_loss(s: str) -> dict:
     ``time_bursts:at_s=1.5:loss=0.7:duration_s=0.05``, ``trace:path=traces/samples/x.loss.csv``;
     a bare probability (``0.05`` or ``5%``) is Bernoulli loss, as ``--loss`` means in
     ``python -m traces generate bernoulli`` and ``scenarios/train.py``."""
-    from traces.processes import LossSpecError, parse_spec  # the one spec vocabulary
+    from traces.processes import LossSpecError, parse_spec, undeliverable  # the one spec vocabulary
 
     t = s.strip()
     try:
@@ -47,9 +48,13 @@ def parse_loss(s: str) -> dict:
     if p is not None:
         t = f"bernoulli:p={p!r}"
     try:
-        return parse_spec(t)
+        spec = parse_spec(t)
+        why = undeliverable(spec)  # e.g. bernoulli:p=1: the run would spin forever
     except LossSpecError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if why:
+        raise argparse.ArgumentTypeError(why)
+    return spec
 
 
 # CLI flag -> (SimConfig field, converter, help); units: traces.units (bare rates Mbit/s, durations s)
@@ -88,6 +93,17 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--group", "group", int, "round level: datagrams simulated as one unit (1 = exact; 16 = ~5x faster, "
                               "<0.1%% error on mean latency, see SimConfig)"),
 ]
+
+
+#: SimConfig field -> its flag, to name flags in the config's errors
+FIELD_FLAGS: dict[str, str] = {name: flag for flag, name, _, _ in CONFIG_FLAGS} | {"elements": "--model"}
+
+
+def name_flags(message: str) -> str:
+    """A SimConfig error with each field named by its flag (``rounds must be ...`` ->
+    ``--iterations must be ...``); a loss spec's own parameters (``loss bernoulli: p``) stay."""
+    return re.sub(r"(?<![\w:-] )(?<![\w-])([a-z_]+)(?=( must|=| \())",
+                  lambda m: FIELD_FLAGS.get(m.group(1), m.group(1)), message)
 
 
 def _default_text(name: str) -> str:

@@ -18,6 +18,7 @@ wall time): for small gradients and for cross-checking the round level.
 from __future__ import annotations
 
 import numpy as np
+from simpy.events import Timeout
 
 from .. import control as ctl
 from ..core import RoundSender
@@ -31,30 +32,54 @@ class PacketFlow(FlowBase):
         super().__init__(*a, **kw)
         self.engine = engine
         self.hostproc = engine.hostproc(self.path.host)
+        self._seqs: list[int] = []  # arrivals not yet given to the core receiver (see _arrive)
+        self._last_t = 0.0
 
-    def emit(self, seq: int, t_leave: float) -> None:
-        sim, path, wire = self.sim, self.path, self.engine.wire
+    def emit_batch(self, seqs: list[int], t0: float, h: float) -> None:
+        """Datagram i of ``seqs`` leaves the host at t0 + (i+1) h; one port event each."""
+        env, d1, cb = self.env, self.path.d1, self._at_port
+        now = env.now
+        for i, seq in enumerate(seqs):
+            t_port = t0 + (i + 1) * h + d1
+            ev = Timeout(env, t_port - now, (seq, t_port))
+            ev.callbacks.append(cb)
+        self.engine.events += len(seqs)
+        self.sim.datagrams += len(seqs)
 
-        def at_port(_e: object) -> None:
-            dep = path.port.arrive(t_port, wire)
-            if dep is None:
-                return
-            t_rx = dep + path.d2
-            ev = sim.env.timeout(t_rx - sim.env.now)
-            ev.callbacks.append(lambda _e: self._arrive(seq, t_rx))
-            self.engine.events += 1
-
-        t_port = t_leave + path.d1
-        ev = sim.env.timeout(t_port - sim.env.now)
-        ev.callbacks.append(at_port)
+    def _at_port(self, ev: Timeout) -> None:
+        seq, t_port = ev.value
+        path = self.path
+        dep = path.port.arrive(t_port, self.engine.wire)
+        if dep is None:
+            return
+        t_rx = dep + path.d2
+        ev = Timeout(self.env, t_rx - self.env.now, (seq, t_rx))
+        ev.callbacks.append(self._at_rx)
         self.engine.events += 1
-        sim.datagrams += 1
+
+    def _at_rx(self, ev: Timeout) -> None:
+        self._arrive(*ev.value)
 
     def _arrive(self, seq: int, t: float) -> None:
         if self.loss.drop1(t, self.rnd):
             return
-        self.ep.receiver.receive_chunks(self.rnd, np.array([seq], np.int64), t)
-        self.ep.after(t)
+        self._seqs.append(seq)
+        self._last_t = t
+        r = self.ep.receiver
+        if (not (r.active and r.round_no == self.rnd and not r.complete) or r.received == 0
+                or (r.tolerance is not None and r.received + len(self._seqs) >= r.need)):
+            self.deliver_until(t)  # its time matters: the first one (t_first), the one meeting need, stale ones
+        # else it waits in the buffer: nothing about it depends on its time until the
+        # next control message, round change or crossing, which deliver first
+
+    def deliver_until(self, t: float) -> None:
+        """Hand the buffered arrivals to the core receiver in one call (the last one's time)."""
+        if not self._seqs:
+            return
+        seqs, self._seqs = self._seqs, []
+        when = self._last_t
+        self.ep.receiver.receive_chunks(self.rnd, np.array(seqs, np.int64), when)
+        self.ep.after(when)
 
     def wake(self) -> None:
         self.hostproc.kick()
@@ -95,9 +120,7 @@ class HostProc:
                     b = s.datagrams_to_send(env.now, limit=min(cfg.max_batch, cfg.host_slice - sent))
                     if b is None:
                         break
-                    t = env.now
-                    for i in range(len(b)):
-                        f.emit(int(b.seqs[i]), t + (i + 1) * h)
+                    f.emit_batch(b.seqs.tolist(), env.now, h)
                     sent += len(b)
                     yield env.timeout(len(b) * h)
                     f.flush_sender(env.now)  # the PROBE leaves after the pass's last datagram

@@ -13,6 +13,14 @@ lost fractions, passes, and the ratios), ``sweep.json`` (grid, base
 parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
 the parameters and the seed: the same command gives the same file.
 
+``--seeds N`` runs every point with N seeds (DBLP and baseline paired by
+seed): cells are means, ``*_ci95`` columns the half-widths of their 95%
+intervals, ``bursts_per_seed`` the bursts each seed drew
+(:mod:`dblp.sim.replicates`). Finished simulations are cached in
+``OUT/cache`` (one file per configuration hash), so an interrupted sweep
+resumes where it stopped; ``--dask tcp://host:8786`` sends the simulations
+to a Dask cluster instead of local processes (:mod:`dblp.sim.runners`).
+
 CLR detection sees the ``--norms`` sequence: the default synthetic one jumps
 2.5x at each critical point (detected at every eta < 1.5); sweep eta with
 ``--norms varied`` (mini-batch-like noise) or a real run's export (CSV).
@@ -30,14 +38,17 @@ import itertools
 import json
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Callable
 
+from traces.argtypes import count_arg, int_arg
 from traces.units import HelpFormatter, UnitError, parse_rate
 
-from .options import add_config_args, baseline_of, config_from_args
+from ..wire import ParameterError
 from .config import SimConfig
+from .options import add_config_args, baseline_of, config_from_args
+from .replicates import mean_ci95
+from .runners import ResultCache, Runner, config_key, connect_check, describe, run_tasks
 
 METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "lost_up", "lost_down",
            "lost", "up_passes", "down_passes", "clr_frac", "burst_rounds"]
@@ -95,12 +106,8 @@ def point_config(base: SimConfig, pt: dict[str, Any]) -> SimConfig:
     return base.with_(policy="dblp", loss=loss, **kw)
 
 
-def _key(cfg: SimConfig) -> str:
-    return json.dumps(cfg.to_dict(), sort_keys=True)
-
-
 def run_config(d: dict) -> dict:
-    """Simulate one configuration (a process-pool task); its summary."""
+    """Simulate one configuration (a process-pool or Dask task); its summary."""
     from .model import simulate
 
     cfg = SimConfig.from_dict(d)
@@ -113,61 +120,69 @@ def run_config(d: dict) -> dict:
 
 
 def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress: bool = True,
-              runner: Callable[[dict], dict] = run_config) -> tuple[list[dict], dict]:
-    """Rows of the table (grid order) and timing info."""
+              runner: Runner = run_config, seeds: int = 1, dask: str | None = None,
+              cache: ResultCache | None = None) -> tuple[list[dict], dict]:
+    """Rows of the table (grid order) and timing info.
+
+    Each point runs with ``seeds`` seeds (``base.seed``, ``base.seed + 1``, ...),
+    DBLP and its baseline with the same seed; a cell is the mean over seeds,
+    with a ``_ci95`` half-width column beside it when ``seeds`` > 1
+    (:mod:`dblp.sim.replicates`).
+    """
+    if not (isinstance(seeds, int) and seeds >= 1):
+        raise ParameterError(f"--seeds must be a positive integer, got {seeds!r}")
     points = grid_points(axes)
     tasks: dict[str, SimConfig] = {}
-    pairs = []
+    plan = []
     for pt in points:
-        d = point_config(base, pt)
-        b = baseline_of(d)
-        kd, kb = _key(d), _key(b)
-        tasks.setdefault(kd, d)
-        tasks.setdefault(kb, b)
-        pairs.append((pt, kd, kb))
-    jobs = jobs or os.cpu_count() or 1
+        pairs = []
+        for s in range(seeds):
+            d = point_config(base.with_(seed=base.seed + s), pt)
+            b = baseline_of(d)
+            kd, kb = config_key(d), config_key(b)
+            tasks.setdefault(kd, d)
+            tasks.setdefault(kb, b)
+            pairs.append((kd, kb))
+        plan.append((pt, pairs))
     t0 = time.perf_counter()
-    results: dict[str, dict] = {}
-    items = list(tasks.items())
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(items), desc="sweep", unit="run", smoothing=0.1)
-    try:
-        if jobs == 1:
-            for k, c in items:
-                results[k] = runner(c.to_dict())
-                if bar:
-                    bar.update()
-        else:
-            with ProcessPoolExecutor(max_workers=min(jobs, len(items))) as ex:
-                futs = {ex.submit(runner, c.to_dict()): k for k, c in items}
-                for f in as_completed(futs):
-                    results[futs[f]] = f.result()
-                    if bar:
-                        bar.update()
-    finally:
-        if bar:
-            bar.close()
+    results, cached = run_tasks(tasks, runner, jobs=jobs, dask=dask, cache=cache, progress=progress)
     wall = time.perf_counter() - t0
-    rows = []
-    for pt, kd, kb in pairs:
-        row: dict[str, Any] = dict(pt)
-        row.update(seed=base.seed, rounds=base.rounds, fidelity=base.fidelity)
-        a, b = results[kd], results[kb]
-        for m in METRICS:
-            row[f"dblp_{m}"] = a[m]
-        for m in METRICS:
-            row[f"base_{m}"] = b[m]
-        row["speedup_mean"] = b["mean_round_s"] / a["mean_round_s"]
-        row["speedup_p99"] = b["p99_round_s"] / a["p99_round_s"]
-        row["speedup_time_to_train"] = b["time_to_train_s"] / a["time_to_train_s"]
-        row["lost_extra"] = a["lost"] - b["lost"]
-        rows.append(row)
-    info = {"runs": len(items), "grid_points": len(points), "wall_s": wall, "jobs": jobs,
-            "sim_cpu_s": sum(r["_cpu_s"] for r in results.values())}
+    rows = [_row(pt, pairs, results, base, seeds) for pt, pairs in plan]
+    info = {"runs": len(tasks), "cached": cached, "grid_points": len(points), "seeds": seeds, "wall_s": wall,
+            "jobs": jobs or os.cpu_count() or 1, "dask": dask,
+            "sim_cpu_s": sum(r.get("_cpu_s", 0.0) for r in results.values())}
     return rows, info
+
+
+def _row(pt: dict[str, Any], pairs: list[tuple[str, str]], results: dict[str, dict], base: SimConfig,
+         seeds: int) -> dict[str, Any]:
+    """One grid point's table row: means over its seeds (and 95% half-widths)."""
+    row: dict[str, Any] = dict(pt)
+    row.update(seed=base.seed, seeds=seeds, rounds=base.rounds, fidelity=base.fidelity)
+    per = {"dblp": [results[kd] for kd, _ in pairs], "base": [results[kb] for _, kb in pairs]}
+
+    def put(name: str, values: list[float]) -> None:
+        m, h = mean_ci95(values)
+        row[name] = m
+        if seeds > 1:
+            row[f"{name}_ci95"] = h
+
+    for who in ("dblp", "base"):
+        for m in METRICS:
+            put(f"{who}_{m}", [r[m] for r in per[who]])
+    a, b = per["dblp"], per["base"]
+    put("speedup_mean", [_ratio(y["mean_round_s"], x["mean_round_s"]) for x, y in zip(a, b)])
+    put("speedup_p99", [_ratio(y["p99_round_s"], x["p99_round_s"]) for x, y in zip(a, b)])
+    put("speedup_time_to_train", [_ratio(y["time_to_train_s"], x["time_to_train_s"]) for x, y in zip(a, b)])
+    put("lost_extra", [x["lost"] - y["lost"] for x, y in zip(a, b)])
+    bursts = [int(r["burst_rounds"]) for r in a]  # the baseline sees the same bursts (same seed)
+    row["bursts_total"] = sum(bursts)
+    row["bursts_per_seed"] = ";".join(str(n) for n in bursts)
+    return row
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else float("nan")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -190,16 +205,28 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     add_config_args(p, skip=tuple(a[0] for a in AXES.values()))
     p.set_defaults(rounds=None)
     o = p.add_argument_group("sweep")
-    o.add_argument("--jobs", type=int, default=0, help="parallel processes (default: all cores)")
+    o.add_argument("--jobs", type=int_arg(0), default=0, help="parallel processes (default: all cores)")
     o.add_argument("--out", default="results/sweep", help="folder of the sweep's files")
     o.add_argument("--x", default=None, help="heatmap x axis (default: the first axis with several values)")
     o.add_argument("--y", default=None, help="heatmap y axis (default: the next one)")
     o.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    o.add_argument("--seeds", type=count_arg(1), default=1,
+                   help="replicates per grid point (seeds --seed, --seed+1, ...): means and 95%% confidence "
+                        "half-widths (*_ci95 columns) in the table (default 1)")
+    o.add_argument("--dask", default=None, metavar="ADDRESS",
+                   help="run the simulations on a Dask scheduler, e.g. tcp://host:8786 (needs the 'cluster' "
+                        "extra on every machine; default: local processes)")
+    o.add_argument("--cache", default=None, metavar="DIR",
+                   help="finished simulations, one file per configuration, so an interrupted sweep resumes "
+                        "(default: OUT/cache)")
+    o.add_argument("--no-cache", action="store_true", help="simulate every point again and keep nothing")
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..wire import ParameterError
-
+    if args.seeds < 1:
+        raise ParameterError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.dask:
+        connect_check(args.dask)
     axes = {}
     for name, (flag, parse, default, _f) in AXES.items():
         raw = getattr(args, f"axis_{name}")
@@ -220,15 +247,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         point_config(base, pt).validate()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet)
+    cache = None if args.no_cache else ResultCache(args.cache or out / "cache")
+    rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
+                           cache=cache)
     write_csv(rows, out / "sweep.csv")
     meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y}
     (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     from .plots import plot_sweep
 
     pngs = plot_sweep(rows, x, y, out)
-    print(f"{info['grid_points']} grid points, {info['runs']} simulations of {base.rounds} iterations in "
-          f"{info['wall_s']:.1f} s on {info['jobs']} processes -> {out / 'sweep.csv'}, "
+    print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
+          f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
+          f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "
           + ", ".join(p.name for p in pngs))
     best = max(rows, key=lambda r: r["speedup_time_to_train"])
     print("best time-to-train speedup x%.3f at %s" % (

@@ -14,7 +14,7 @@ import sys
 
 from dblp.cliargs import hostport, parser
 from dblp.worker import Worker, WorkerError
-from traces.argtypes import count_arg, float_arg, int_arg
+from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
 
 
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.id >= a.workers:
         ap.error(f"argument --id: {a.id} is not a worker index of --workers {a.workers} (0..{a.workers - 1})")
+    why = unresolvable(a.server[0])
+    if why:
+        ap.error(f"argument --server: {a.server[0]}: {why}")
 
     from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
     from dblp.train.data import DatasetMissingError

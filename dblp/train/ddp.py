@@ -56,7 +56,11 @@ class ExchangeHookState:
     def flush(self) -> None:
         """Exchange every queued bucket as one flat buffer and complete their futures."""
         pending, self._pending = self._pending, []
-        flat = torch.cat([b.detach().to("cpu", torch.float32).reshape(-1) for _, b in pending])
+        # Concatenated where the buckets are (a CUDA device under NCCL): the exchange makes the
+        # one device->host copy of the round itself (dblp.staging: pinned, non-blocking).
+        flat = torch.cat([b.detach().reshape(-1) for _, b in pending])
+        if flat.dtype != torch.float32:
+            flat = flat.to(torch.float32)
         if self.elements is None:
             self.elements = flat.numel()
         elif flat.numel() != self.elements:

@@ -4,7 +4,12 @@ Why a seam: the loop must run today (no transport yet), in tests (no
 sockets), over the real DBLP worker, over torch.distributed, and inside a DDP
 communication hook.  All of them reduce to one call::
 
-    averaged = exchange.exchange(flat_grad)   # CPU float32, same shape
+    averaged = exchange.exchange(flat_grad)   # float32, same shape
+
+The gradient may live on any device; the result is float32 on the CPU or on
+the gradient's own device (:class:`AllreduceExchange` answers on the device:
+the DBLP worker copies a CUDA gradient once each way through pinned host
+memory), so callers move it where they need it (a no-op when it is there).
 
 plus an optional ``last_info() -> dict`` whose keys (tolerance, clr, latency,
 chunks received...) the loop copies into its per-iteration record.
@@ -78,7 +83,7 @@ class Exchange(Protocol):
     """Anything that turns this worker's flat gradient into the averaged one."""
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:  # pragma: no cover - protocol
-        """Return the averaged gradient: same shape, CPU float32."""
+        """Return the averaged gradient: same shape, float32, on the CPU or on ``flat_grad``'s device."""
         ...
 
 
@@ -381,7 +386,9 @@ class AllreduceExchange:
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        res = self.worker.allreduce(flat_grad.detach().to("cpu", torch.float32).contiguous())
+        # As is, on its device: the worker stages it (dblp.staging - a view of a CPU tensor,
+        # one pinned non-blocking copy each way for a CUDA one) and answers on the same device.
+        res = self.worker.allreduce(flat_grad.detach())
         latency = time.perf_counter() - t0
         info: Any = None
         if isinstance(res, tuple):
@@ -393,8 +400,10 @@ class AllreduceExchange:
         if info is not None and hasattr(info, "to_dict"):
             info = info.to_dict()
         self._info = {"latency_s": latency, **(info or {})}
-        out = torch.as_tensor(res).to("cpu", torch.float32).reshape(flat_grad.shape)
-        return out
+        out = torch.as_tensor(res)
+        if out.dtype != torch.float32:
+            out = out.to(torch.float32)
+        return out.reshape(flat_grad.shape)
 
     def last_info(self) -> dict[str, Any]:
         return dict(self._info)

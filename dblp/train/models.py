@@ -392,7 +392,7 @@ def get_workload(
         train, test = load_digits(seed=0)
         model = _seeded_build(seed, "digits_mlp", num_classes=10)
         return Workload(key, model, train, test, "classification", "accuracy",
-                        defaults=dict(batch_size=32, lr=0.05, momentum=0.9, epochs=10), info={"num_classes": 10})
+                        defaults=dict(WORKLOAD_DEFAULTS[key]), info={"num_classes": 10})
     if key == "small_cnn":
         train, test = load_digits(seed=0)
         model = _seeded_build(seed, "small_cnn", num_classes=10)
@@ -418,6 +418,7 @@ WORKLOADS: tuple[str, ...] = (
 )
 PAPER_WORKLOADS: tuple[str, ...] = WORKLOADS[:4]
 
+
 def workload_key(name: str) -> str:
     """The canonical workload name of ``name`` (spellings: :func:`dblp.gradients.model_name`); KeyError if unknown."""
     key = model_name(name)
@@ -436,6 +437,7 @@ WORKLOAD_DEFAULTS: dict[str, dict[str, Any]] = {
                    warmup_iters=200, eval_batch_size=8),
     "small_cnn": dict(batch_size=32, lr=0.05, momentum=0.9, epochs=5),
     "small_transformer": dict(batch_size=16, lr=3e-3, optimizer="adamw", epochs=10, clip_grad_norm=1.0),
+    "digits_mlp": dict(batch_size=32, lr=0.05, momentum=0.9, epochs=10),
 }
 
 #: Training-set sizes fixed by the data set itself (CIFAR-10/100: 50,000 images), known without it.
@@ -452,9 +454,11 @@ def train_samples(name: str) -> int | None:
     key = workload_key(name)
     if key in _FIXED_TRAIN_SAMPLES:
         return _FIXED_TRAIN_SAMPLES[key]
-    if key == "small_cnn":
+    if key in ("small_cnn", "digits_mlp"):
         return len(load_digits(seed=0)[0])
     if key == "small_transformer":
         return len(load_tiny_corpus(seq_len=64)[0])
     return None
+
+
 _ALIASES = MODEL_ALIASES  # one table of spellings: dblp.gradients

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from traces.argtypes import count_arg, float_arg, int_arg
 from traces.units import duration_arg, rate_arg
 
 from .inventory import MODES
@@ -133,17 +134,20 @@ def worker_main(a: argparse.Namespace) -> int:
 
         from dblp.train.exchange import AllreduceExchange
         from dblp.train.loop import TrainConfig, iterations_per_epoch, resolve_device, train
-        from dblp.train.models import get_workload
+        from dblp.train.models import WORKLOAD_DEFAULTS, get_workload, workload_key
 
         if torch.cuda.is_available():
             torch.cuda.set_device(local_rank % torch.cuda.device_count())
             device = torch.device("cuda", local_rank % torch.cuda.device_count())
         else:
             device = resolve_device("cpu")
-        wl = get_workload(a.workload, a.data_root or None, synthetic=a.synthetic_data, seed=a.seed)
+        batch = a.batch_size or int(WORKLOAD_DEFAULTS[workload_key(a.workload)]["batch_size"])
+        # synthetic data: exactly as many random samples as the run's batches need (the default 64 would not)
+        wl = get_workload(a.workload, a.data_root or None, synthetic=a.synthetic_data, seed=a.seed,
+                          synthetic_size=max(64, a.world_size * a.train_iterations * batch))
         over: dict[str, Any] = dict(epochs=a.epochs, max_iters_per_epoch=a.train_iterations, rank=rank,
                                     world_size=a.world_size, device=str(device), out_dir=str(out / "train"),
-                                    seed=a.seed, eval_max_batches=2)
+                                    seed=a.seed, eval_max_batches=a.eval_batches or None)
         if a.batch_size:
             over["batch_size"] = a.batch_size
         if a.lr:
@@ -185,25 +189,27 @@ def worker_main(a: argparse.Namespace) -> int:
 def add_worker_args(w: argparse.ArgumentParser) -> None:
     """The agent's flags (written by :func:`emulation.hosts.commands.worker_argv`)."""
     w.add_argument("--server", required=True, help="the server's HOST:PORT")
-    w.add_argument("--id", type=int, default=-1, help="worker id (-1: $RANK under torchrun)")
+    w.add_argument("--id", type=int_arg(-1), default=-1, help="worker id (-1: $RANK under torchrun)")
     w.add_argument("--out", required=True, help="folder for records.jsonl, compute.csv, device.json")
     w.add_argument("--mode", choices=MODES, default="synthetic", help="synthetic gradients or training")
-    w.add_argument("--iterations", type=int, default=100, help="iterations (rounds) of the run")
+    w.add_argument("--iterations", type=count_arg(1), default=100, help="iterations (rounds) of the run")
     w.add_argument("--model", default="1e6", help="synthetic gradient size: a model name or an element count")
     w.add_argument("--compute", type=duration_arg(), default="0",
                    help="simulated compute per iteration (synthetic), e.g. 5ms; a bare number is seconds")
-    w.add_argument("--seed", type=int, default=0, help="seed of the synthetic gradients and the training")
+    w.add_argument("--seed", type=int_arg(0), default=0, help="seed of the synthetic gradients and the training")
     w.add_argument("--pace", type=rate_arg(), default="0", help="pacing rate, e.g. 900M; a bare number is Mbit/s")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
     w.add_argument("--source", default="hosts", help="record source tag")
     w.add_argument("--workload", default="small_cnn", help="training workload (dblp.train.models)")
-    w.add_argument("--epochs", type=int, default=1, help="training epochs")
-    w.add_argument("--train-iterations", type=int, default=20, help="training iterations per epoch")
-    w.add_argument("--world-size", type=int, default=1, help="workers in the training")
-    w.add_argument("--batch-size", type=int, default=None, help="training batch size (default: the workload's)")
-    w.add_argument("--lr", type=float, default=None, help="learning rate (default: the workload's)")
-    w.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    w.add_argument("--epochs", type=count_arg(1), default=1, help="training epochs")
+    w.add_argument("--train-iterations", type=count_arg(1), default=20, help="training iterations per epoch")
+    w.add_argument("--world-size", type=count_arg(1), default=1, help="workers in the training")
+    w.add_argument("--batch-size", type=count_arg(1), default=None, help="training batch size (default: the workload's)")
+    w.add_argument("--lr", type=float_arg(0.0, lo_open=True), default=None, help="learning rate (default: the workload's)")
+    w.add_argument("--threads", type=count_arg(1), default=None, help="torch CPU threads (default: torch's)")
     w.add_argument("--data-root", default="", help="dataset folder (default: the workload's)")
     w.add_argument("--synthetic-data", action="store_true", help="random data of the dataset's shape")
+    w.add_argument("--eval-batches", type=int, default=0,
+                   help="test batches per evaluation (default 0: the whole test set)")

@@ -65,7 +65,8 @@ def worker_argv(inv: Inventory, host: HostSpec, wid: int, rdir: str, server: str
     del agent[i:i + 2]  # under torchrun the id is its RANK
     agent += ["--workload", t.workload, "--epochs", str(t.epochs), "--train-iterations", str(t.iterations),
               "--world-size", str(len(inv.workers))]
-    for flag, v in (("--batch-size", t.batch_size), ("--lr", t.lr), ("--threads", t.threads or None)):
+    for flag, v in (("--batch-size", t.batch_size), ("--lr", t.lr), ("--threads", t.threads or None),
+                    ("--eval-batches", t.eval_batches or None)):
         if v is not None:
             agent += [flag, str(v)]
     if t.data_root:

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from dblp.control import DEFAULT_PORT
-from traces.processes import NFT_KINDS, LossSpecError, burst_iterations, burst_windows, check_spec
+from dblp.policy import run_policy
+from dblp.wire import ParameterError
+from traces.argtypes import check_host
+from traces.processes import NFT_KINDS, LossSpecError, burst_iterations, burst_windows, check_spec, undeliverable
 from traces.units import parse_rate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,6 +129,7 @@ class TrainSpec:
     launcher: str = "torchrun"
     torchrun_port: int = 29400
     threads: int = 0
+    eval_batches: int = 0  # test batches per evaluation; 0 = the whole test set
 
     @property
     def rounds(self) -> int:
@@ -256,8 +260,11 @@ def _loss_rule(d: Any, src: str, where: str) -> LossRule:
         raise _err(src, f"{where}.dirs", "on a host the link end is given by direction = 'ingress' | 'egress'")
     try:
         check_spec(spec)
+        why = undeliverable(spec)
     except LossSpecError as exc:
         raise _err(src, f"{where}.{exc.param}" if exc.param else where, str(exc)) from None
+    if why:
+        raise _err(src, where, why)
     if spec["kind"] not in NFT_KINDS:
         raise _err(src, f"{where}.kind", f"{spec['kind']!r} cannot be realised by a drop rule switched at iteration "
                                          f"starts; use one of {', '.join(NFT_KINDS)}")
@@ -304,9 +311,12 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
     for name in ("compute_ms", "timeout_s", "peer_timeout_s"):
         if not (getattr(run, name) >= 0 and math.isfinite(getattr(run, name))):
             raise _err(src, f"run.{name}", f"must be a non-negative number, got {getattr(run, name)}")
-    if not 0 <= run.p_low <= 1 or (run.p_high is not None and not run.p_low <= run.p_high <= 1):
-        raise _err(src, "run.p_high" if run.p_high is not None else "run.p_low",
-                   f"need 0 <= p_low <= p_high <= 1, got p_low={run.p_low}, p_high={run.p_high}")
+    try:  # the policy objects' own checks (tolerances in [0, 1), P_high >= P_low, eta, freq)
+        for p in run.policies:
+            run_policy(p, run.p_low, run.p_high, run.eta, run.freq)
+    except (ParameterError, TypeError) as exc:
+        field_ = next((f for f in ("p_high", "p_low", "eta", "freq") if f in str(exc)), "p_low")
+        raise _err(src, f"run.{field_}", str(exc)) from None
     try:
         from dblp.gradients import model_elements
 
@@ -336,18 +346,10 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
     for name in ("epochs", "iterations"):
         if getattr(train, name) < 1:
             raise _err(src, f"train.{name}", f"must be >= 1, got {getattr(train, name)}")
-    if run.mode == "train":
-        from importlib.util import find_spec
-
-        if find_spec("torch") is not None:  # the workload names are checked where torch is
-            try:
-                from dblp.train.models import WORKLOADS, _ALIASES  # noqa: PLC0415
-
-                key = _ALIASES.get(train.workload.lower().replace("-", "_"), train.workload.lower().replace("-", "_"))
-                if key not in WORKLOADS:
-                    raise _err(src, "train.workload", f"unknown workload {train.workload!r}; known: {', '.join(WORKLOADS)}")
-            except ImportError:
-                pass
+    if train.eval_batches < 0:
+        raise _err(src, "train.eval_batches", f"must be >= 0 (0 = the whole test set), got {train.eval_batches}")
+    if train.batch_size is not None and train.batch_size < 1:
+        raise _err(src, "train.batch_size", f"must be >= 1, got {train.batch_size}")
 
     defaults = data.get("defaults", {})
     _fill(HostSpec, defaults, src, "defaults", skip=("name", "role", "address", "data_address", "loss"))
@@ -390,6 +392,13 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
             h.workdir = h.workdir or str(ROOT)
         if run.transport == "local" and h.loss:
             raise _err(src, f"{where}.loss", "loss rules need transport 'ssh' or 'netns' (local processes share one stack)")
+        for key in ("address", "data_address"):
+            addr = getattr(h, key)
+            if addr:
+                try:
+                    check_host(addr.rpartition("@")[2])  # an ssh target may be user@host
+                except ValueError as exc:
+                    raise _err(src, f"{where}.{key}", str(exc)) from None
         if not 0 < h.ssh_port < 65536:
             raise _err(src, f"{where}.ssh_port", f"must be a TCP port, got {h.ssh_port}")
         n_rounds = train.rounds if run.mode == "train" else run.rounds
@@ -408,7 +417,45 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
         raise _err(src, "hosts", f"exactly one host needs role = 'server', found {len(servers)}")
     if len(hosts) < 2:
         raise _err(src, "hosts", "need at least one host with role = 'worker'")
+    if run.mode == "train":
+        _check_train(train, len(hosts) - 1, src)
     return Inventory(run=run, network=network, train=train, hosts=hosts, path=src)
+
+
+def _check_train(train: TrainSpec, workers: int, src: str) -> None:
+    """The workload exists and every worker's shard holds ``iterations`` batches per epoch.
+
+    Checked here, before any host starts, where torch is installed (the
+    launching machine may have none); the agent checks again on each host.
+    Synthetic data is sized by the agent to fit the run; WikiText-2's size
+    depends on the data and is checked on the hosts only.
+    """
+    from importlib.util import find_spec
+
+    if find_spec("torch") is None:
+        return
+    try:
+        from dblp.train.loop import epoch_iterations  # noqa: PLC0415
+        from dblp.train.models import WORKLOAD_DEFAULTS, train_samples, workload_key  # noqa: PLC0415
+    except ImportError:
+        return
+    try:
+        key = workload_key(train.workload)
+    except KeyError as exc:
+        raise _err(src, "train.workload", str(exc.args[0])) from None
+    if train.synthetic_data:
+        return
+    samples = train_samples(key)
+    if samples is None:
+        return
+    batch = train.batch_size or int(WORKLOAD_DEFAULTS[key]["batch_size"])
+    fit = epoch_iterations(samples, batch, workers)
+    if train.iterations > fit:
+        raise _err(src, "train.iterations",
+                   f"{train.iterations} iterations per epoch do not fit: {key}'s {samples} training samples "
+                   f"split over {workers} workers give each {samples // workers}, i.e. {fit} batches of "
+                   f"{batch} per epoch; set iterations <= {fit} or a smaller batch_size (rounds = epochs x iterations: "
+                   "raise epochs for a longer run)")
 
 
 def load_inventory(path: str | os.PathLike) -> Inventory:

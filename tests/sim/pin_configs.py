@@ -1,8 +1,10 @@
-"""Small configurations whose simulated outcome is pinned (tests/sim/data/engine_pins.json).
+"""Small configurations whose simulated outcome is pinned (tests/sim/data/engine_pins*.json).
 
-Recorded from the engines before their cost was made linear in the worker
-count (host layout and fluid queue rewritten); the pins hold every record's
-passes, counts and latencies, so a rewrite that changes a result shows up.
+``engine_pins_original.json`` was recorded from the engines before their
+cost was made linear in the worker count; ``engine_pins.json`` from the
+rewritten round level with the port re-evaluating every pass at every
+change (``dblp.sim.fast.EAGER_PORT``). The pins hold every record's passes,
+counts and latencies, so a rewrite that changes a result shows up.
 Regenerate only for an intended change of the model, and say so.
 """
 

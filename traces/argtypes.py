@@ -1,0 +1,207 @@
+"""argparse ``type=`` factories for the plain values of every command line:
+counts, bounded numbers, probabilities, integer lists, ports and host names.
+
+Why one module: a bad value must be refused while the arguments are parsed,
+before any network, namespace, process or file is made, with a message that
+names the flag and the value (argparse prefixes ``argument --flag:``), and
+never with a traceback. Quantities with units are :mod:`traces.units`; this
+module is their unitless sibling and, like it, lives in the lowest package
+(``traces``, ``dblp``, ``emulation`` and the scenarios all import it) and
+imports nothing of the project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import math
+import re
+from typing import Callable
+
+__all__ = [
+    "MAX_PORT",
+    "count_arg",
+    "float_arg",
+    "host_arg",
+    "int_arg",
+    "int_list",
+    "int_list_arg",
+    "pos_int",
+    "port_arg",
+    "prob",
+    "check_host",
+    "unresolvable",
+]
+
+MAX_PORT = 65535
+
+
+def _named(fn: Callable, name: str) -> Callable:
+    fn.__name__ = name  # argparse says "invalid <name> value" for a ValueError
+    return fn
+
+
+def _bounds(lo: float | None, hi: float | None, *, lo_open: bool = False, hi_open: bool = False) -> str:
+    a = "" if lo is None else f"{'(' if lo_open else '['}{lo:g}"
+    b = "" if hi is None else f"{hi:g}{')' if hi_open else ']'}"
+    if lo is not None and hi is not None:
+        return f"in {a}, {b}"
+    if lo is not None:
+        return f"{'>' if lo_open else '>='} {lo:g}"
+    return f"{'<' if hi_open else '<='} {hi:g}"
+
+
+def _in(v: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> bool:
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        return False
+    if hi is not None and (v > hi or (hi_open and v == hi)):
+        return False
+    return True
+
+
+def int_arg(lo: int | None = None, hi: int | None = None, *, what: str = "an integer") -> Callable[[str], int]:
+    """``type=`` for an integer in ``[lo, hi]`` (either bound optional)."""
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not _in(v, lo, hi, False, False):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {_bounds(lo, hi)}")
+        return v
+
+    return _named(conv, "integer")
+
+
+def count_arg(lo: int = 1) -> Callable[[str], int]:
+    """``type=`` for a count (workers, iterations, epochs...): an integer >= ``lo``."""
+    return int_arg(lo)
+
+
+def float_arg(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
+              hi_open: bool = False) -> Callable[[str], float]:
+    """``type=`` for a finite number in a range (open or closed at either end)."""
+
+    def conv(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(v) or not _in(v, lo, hi, lo_open, hi_open):
+            raise argparse.ArgumentTypeError(f"{text!r}: must be {_bounds(lo, hi, lo_open=lo_open, hi_open=hi_open)}")
+        return v
+
+    return _named(conv, "number")
+
+
+def prob(text: str) -> float:
+    """argparse type: a probability, ``0.7`` or ``70%``."""
+    try:
+        v = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability (use 0.7 or 70%)") from None
+    if not 0.0 <= v <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} is outside [0, 1]")
+    return v
+
+
+def pos_int(text: str) -> int:
+    """argparse type: a positive integer (``1e6`` accepted)."""
+    try:
+        f = float(text)
+        v = int(f)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v != f:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be positive")
+    return v
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type: ``279,651`` -> ``[279, 651]``."""
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+
+
+def int_list_arg(lo: int | None = 0, hi: int | None = None, *, nonempty: bool = True) -> Callable[[str], list[int]]:
+    """``type=`` for a comma list of integers, each in ``[lo, hi]``."""
+
+    def conv(text: str) -> list[int]:
+        v = int_list(text)
+        if nonempty and not v:
+            raise argparse.ArgumentTypeError(f"{text!r} names no value")
+        bad = [x for x in v if not _in(x, lo, hi, False, False)]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]} is not {_bounds(lo, hi)}")
+        return v
+
+    return _named(conv, "list")
+
+
+def port_arg(*, allow_any: bool = False) -> Callable[[str], int]:
+    """``type=`` for a TCP/UDP port, 1..65535 (0 too where the command means "any free port")."""
+    lo = 0 if allow_any else 1
+
+    def conv(text: str) -> int:
+        try:
+            v = int(text.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+        if not lo <= v <= MAX_PORT:
+            raise argparse.ArgumentTypeError(f"port {text!r} is outside {lo}..{MAX_PORT}"
+                                             + (" (0 = any free port)" if allow_any else ""))
+        return v
+
+    return _named(conv, "port")
+
+
+_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def check_host(text: str) -> str:
+    """A host name or an IPv4/IPv6 address, checked for form (not resolved: a name
+    that does not resolve is refused where it is used, by name). ValueError otherwise."""
+    h = text.strip()
+    if h.startswith("[") and h.endswith("]"):
+        h = h[1:-1]
+    try:
+        ipaddress.ip_address(h)
+        return h
+    except ValueError:
+        pass
+    if re.fullmatch(r"[0-9.]+", h):  # all digits and dots but not an address: 999.1.1.1, 10.0.0
+        raise ValueError(f"{text!r} is not an IPv4 address")
+    if not h or len(h) > 253 or not all(_LABEL.fullmatch(x) for x in h.rstrip(".").split(".")):
+        raise ValueError(f"{text!r} is not a host name or an IP address")
+    return h
+
+
+def host_arg(text: str) -> str:
+    """``type=`` for a host name or address (:func:`check_host`)."""
+    try:
+        return check_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+host_arg.__name__ = "host"
+
+
+def unresolvable(host: str) -> str | None:
+    """Why ``host`` does not resolve (the resolver's words), or None. For the
+    commands that connect out: a typo then fails at once, not after a minute of
+    retrying (a server that is not up *yet* is still waited for)."""
+    import socket
+
+    try:
+        socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        return exc.strerror or str(exc)
+    except UnicodeError as exc:
+        return str(exc)
+    return None
