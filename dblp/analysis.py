@@ -118,6 +118,18 @@ def format_table(rows: Sequence[Sequence[object]], spec: str = ".4f") -> str:
     return "\n".join(lines)
 
 
+def _plain_log_ticks(axis) -> None:
+    """Log axis with plain numbers at 1-1.5-2-3-5-7 steps (100, 150, 200, 300 ms), so every run's level
+    can be read off the axis, instead of powers of ten with unlabelled minor ticks."""
+    from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    fmt = ScalarFormatter()
+    fmt.set_scientific(False)
+    axis.set_major_formatter(fmt)
+    axis.set_minor_formatter(NullFormatter())
+
+
 def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bursts: Sequence[int] = (),
                  title: str = "Send latency per iteration", field: str = "up_latency_s") -> Path:
     """Fig. 2 style: latency per iteration for each labelled run, bursts marked."""
@@ -135,6 +147,7 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bur
     ax.set_xlabel("iteration")
     ax.set_ylabel("latency (ms, slowest worker)")
     ax.set_yscale("log")
+    _plain_log_ticks(ax.yaxis)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
@@ -160,6 +173,7 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
             ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label,
                     color=RUN_COLORS.get(label))
     ax.set_xscale("log")
+    _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("latency (ms, slowest worker)")
     ax.set_ylabel("fraction of iterations")
     ax.set_title(title)
