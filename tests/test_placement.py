@@ -203,7 +203,8 @@ def test_crcs_taken_in_recv_place_equal_the_receivers_own():
 
 def test_odd_sized_runs_are_cut_into_rows_under_placement():
     """A GRO run of another segment size lands across header/slot pairs; it is
-    gathered back and cut into rows (counted malformed), and the slots it
+    gathered back and cut into rows (counted malformed; one longer than a row,
+    wrong_length), and the slots it
     touched are fixed by the good round that follows."""
     lay = ChunkLayout(362 * 400)
     v = np.random.default_rng(7).standard_normal(lay.elements).astype(np.float32)
@@ -217,7 +218,9 @@ def test_odd_sized_runs_are_cut_into_rows_under_placement():
         raw.sendto(b"\xee" * 3000, ("127.0.0.1", rx.port))
         time.sleep(0.1)
         _drain(rx, recv)
-        assert recv.received == 0 and recv.stats.drops.malformed + recv.stats.drops.corrupt == 41
+        d = recv.stats.drops
+        assert recv.received == 0 and d.malformed + d.corrupt == 40
+        assert d.wrong_length == 1  # the 3000-byte datagram: longer than a row, so never of exact length (R4)
         _send(tx, rx, v, lay, np.arange(lay.chunks))
         _drain(rx, recv, want=lay.chunks)
     finally:

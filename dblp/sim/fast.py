@@ -12,7 +12,8 @@ the pass holds (its *slots*). Three shared resources then place every slot:
   ingress (once per pass, with the arrival times known then);
 * the switch **port**'s fluid drop-tail queue (:class:`dblp.sim.net.FluidQueue`)
   gives each slot its queueing wait and overflow drop (each slot's own
-  uniform draw, taken once per pass), re-evaluated for the slots still to
+  uniform draw, from a random stream named by seed, direction, worker,
+  round and pass), re-evaluated for the slots still to
   come when the set of passes crossing the port changes (incast: the
   upstream passes of all workers meet there).
 
@@ -25,7 +26,9 @@ port at once (``EAGER_PORT`` forces that for every change - the reference
 the tests hold the lazy rule to). A sender that leaves its host at its last
 datagram, after every sender before it in round-robin order, leaves the
 others' layout as it is (the round-robin continues unchanged), so a host
-of N equal passes is not re-laid out N times.
+of N equal passes is not re-laid out N times; and when a sender stops early,
+the others are re-laid out lazily (``HostSched.settle``), each just before
+its next datagram would leave.
 
 Nothing of the protocol is decided here. The core is asked for the pass's
 datagrams (``RoundSender.datagrams_to_send`` with the number that have left),

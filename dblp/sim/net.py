@@ -98,7 +98,7 @@ class FluidQueue:
     its interval at the port; the queue (in datagrams) grows at (offered -
     capacity) and drains at (capacity - offered), between 0 and the buffer.
     A datagram arriving while the buffer is full is dropped when its own
-    uniform draw (one per datagram, drawn once per pass) falls below
+    uniform draw (one per datagram, from a stream of its pass) falls below
     1 - capacity/offered (drop-tail's share of the excess); one arriving
     with q datagrams queued waits q/capacity. When the set of passes changes,
     the queue at that instant is kept and the future re-evaluated.

@@ -32,7 +32,7 @@ from typing import Callable, Iterable
 from ..wire import ParameterError
 from .config import SimConfig
 
-# 2: the round level's port draws one uniform per datagram (dblp.sim.net.FluidQueue)
+# 2: the round level's port draws one uniform per datagram from a stream per pass (dblp.sim.net.FluidQueue)
 CACHE_VERSION = 2
 
 Runner = Callable[[dict], dict]
