@@ -221,6 +221,7 @@ class ServerSession:
         }
         self.round = 0
         self._opened = -1  # the last round announced as opening
+        self._unrecorded = 0  # broadcasts of this round not yet recorded (S4)
         self.phase = Phase.UPSTREAM
         self.norms: list[float] = []
         self._events: deque[Event] = deque()
@@ -278,8 +279,10 @@ class ServerSession:
             return any(not p.recorded and p.sender is not None and p.sender.done for p in self.peers.values())
         return False
 
-    def poll(self, now: float) -> None:
-        """Act on what the core objects did since the last call (S2, S4)."""
+    def poll(self, now: float, worker: int | None = None) -> None:
+        """Act on what the core objects did since the last call (S2, S4). ``worker``: the driver
+        knows only this worker's broadcast can have stopped (the simulator's per-flow callback),
+        so a round of N stopping broadcasts costs N checks, not N^2."""
         if self.phase is Phase.UPSTREAM and self.peers and all(p.receiver.complete for p in self.peers.values()):
             self._t_up = now
             for p in self.peers.values():
@@ -287,7 +290,8 @@ class ServerSession:
             self.phase = Phase.REDUCE
             self._events.append(ReduceRequested(self.round, self.live))
         elif self.phase is Phase.BROADCAST:
-            for w, p in self.peers.items():
+            for w in (self.peers if worker is None else (worker,) if worker in self.peers else ()):
+                p = self.peers[w]
                 if not p.recorded and p.sender is not None and p.sender.done:
                     self._down_done(w, now)
             self._maybe_end(now)
@@ -318,10 +322,13 @@ class ServerSession:
                                    max_batch=self.max_batch)
             p.recorded = False
             self._events.append(SenderStarted(w, p.sender))
+        self._unrecorded = len(self.peers)
 
     def remove(self, w: int, now: float) -> None:
         """Worker ``w`` left or died: the round goes on with the others."""
-        self.peers.pop(w, None)
+        p = self.peers.pop(w, None)
+        if p is not None and not p.recorded:
+            self._unrecorded -= 1
         self._t_last = now
         for k in sorted(self._held):
             self._maybe_common(k)
@@ -364,6 +371,7 @@ class ServerSession:
     def _down_done(self, w: int, now: float) -> None:
         p = self.peers[w]
         p.recorded = True
+        self._unrecorded -= 1
         self._events.append(RecordWritten(self._server_record(w, p, now)))
         if self.rounds is None or self.round + 1 < self.rounds:
             self._open_upstream(w, self.round + 1, now)
@@ -372,7 +380,7 @@ class ServerSession:
         """The round ends when every broadcast is stopped and, under S7, its COMMON is out."""
         if self.phase is not Phase.BROADCAST:
             return
-        if all(p.recorded for p in self.peers.values()) and (self.consistency != "intersect"
+        if self._unrecorded == 0 and (self.consistency != "intersect"
                                                               or self.round in self.common or not self.peers):
             self._events.append(RoundEnded(self.round))
             self.round += 1

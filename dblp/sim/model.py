@@ -193,7 +193,7 @@ class Simulation:
 
     def _down_done(self, w: _Worker, t: float) -> None:
         w.up_ep.before_open(t)
-        self.server.poll(t)  # S4: the record, then this worker's next upstream
+        self.server.poll(t, w.wid)  # S4: the record, then this worker's next upstream
         self._dispatch_server(t)
 
     def _grad_norm(self, rnd: int) -> float:
