@@ -10,17 +10,14 @@ elsewhere.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 from dblp import control as ctl
 from dblp.policy import FixedPolicy
-from dblp.server import ParameterServer, ServerConfig
-from dblp.worker import Worker
+from dblp.server import ServerConfig
 from procs import free_port
-from scripted_loss import ScriptedLoss, lossy
+from scripted_loss import run_on_loopback
 
 ELEMENTS = 362 * 120 + 17  # a short last chunk
 WORKERS = 3
@@ -28,42 +25,11 @@ ROUNDS = 4
 
 
 def run(consistency: str) -> tuple[list[list[np.ndarray]], list, list]:
-    loss = ScriptedLoss()
-    port = free_port()
-    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=WORKERS, policy=FixedPolicy(0.2),
-                                       rounds=ROUNDS, consistency=consistency, accept_timeout=30, peer_timeout=30))
-    server_records: list = []
-    srv._writer.write = server_records.append
-    outs: list[list[np.ndarray]] = [[] for _ in range(WORKERS)]
-    records: list = []
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            srv.accept_workers()
-            for w in srv.workers:
-                lossy(w.peer.udp, loss, ctl.DOWN, w.wid, w.peer)
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    def work(i: int) -> None:
-        try:
-            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=i, peer_timeout=30) as w:
-                rng = np.random.default_rng(i)
-                for _ in range(ROUNDS):
-                    outs[i].append(w.allreduce(rng.integers(-50, 50, ELEMENTS).astype(np.float32)).copy())
-                    records.append(w.last_record)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not errors, errors
-    return outs, records, server_records
+    cfg = ServerConfig(host="127.0.0.1", port=free_port(), workers=WORKERS, policy=FixedPolicy(0.2), rounds=ROUNDS,
+                       consistency=consistency, accept_timeout=30, peer_timeout=30)
+    grads = {i: np.random.default_rng(i).integers(-50, 50, (ROUNDS, ELEMENTS)).astype(np.float32)
+             for i in range(WORKERS)}
+    return run_on_loopback(cfg, ELEMENTS, ROUNDS, lambda i, k: grads[i][k], up_loss=False)
 
 
 def test_without_consistency_the_replicas_differ():

@@ -17,21 +17,17 @@ scripted norm sequence to the policy.
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 
 import dblp.transport as transport
-from dblp import control as ctl
 from dblp.policy import DblpPolicy
-from dblp.server import ParameterServer, ServerConfig
+from dblp.server import ServerConfig
 from dblp.sim.config import SimConfig
 from dblp.sim.model import Simulation
 from dblp.sim.packet import PacketFlow
-from dblp.worker import Worker
 from procs import free_port
-from scripted_loss import ScriptedLoss, lossy
+from scripted_loss import ScriptedLoss, run_on_loopback
 
 ELEMENTS = 40_000  # 111 chunks of 362 floats
 WORKERS = 3
@@ -53,42 +49,11 @@ def make_policy() -> ScriptedNormPolicy:
 
 def real_records(monkeypatch, consistency: str) -> list:
     monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as per-datagram delivery
-    loss = ScriptedLoss()
-    port = free_port()
-    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=WORKERS, policy=make_policy(),
-                                       seed=SEED, rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30,
-                                       consistency=consistency))
-    records: list = []
-    srv._writer.write = records.append  # keep the server's records in memory
-    errors: list[BaseException] = []
-
-    def serve() -> None:
-        try:
-            srv.accept_workers()
-            for w in srv.workers:
-                lossy(w.peer.udp, loss, ctl.DOWN, w.wid, w.peer)
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
-
-    def work(i: int) -> None:
-        try:
-            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=i, fast=False, peer_timeout=30) as w:
-                lossy(w.peer.udp, loss, ctl.UP, i, w.peer)
-                g = np.full(ELEMENTS, float(i + 1), np.float32)
-                for _ in range(ROUNDS):
-                    w.allreduce(g)
-                    records.append(w.last_record)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
-    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(WORKERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors, errors
-    return records
+    cfg = ServerConfig(host="127.0.0.1", port=free_port(), workers=WORKERS, policy=make_policy(), seed=SEED,
+                       rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30, consistency=consistency)
+    _, records, server_records = run_on_loopback(cfg, ELEMENTS, ROUNDS,
+                                                 lambda i, k: np.full(ELEMENTS, float(i + 1), np.float32), fast=False)
+    return records + server_records
 
 
 def sim_records(monkeypatch, consistency: str) -> list:
