@@ -15,7 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 SYSCTL = "net.bridge.bridge-nf-call-iptables"
 
 CHILD = r"""
-import sys, time
+import signal, sys, time
+# Ctrl-C as in a terminal, also when the test run itself was started in the background (which
+# leaves SIGINT ignored, and a child inherits that)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from topologies.star import StarTopo
 from emulation.net import EmuNet
 from emulation.loss import LossController, LossTarget
