@@ -72,6 +72,8 @@ Run as root::
 
 from __future__ import annotations
 
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv; the repository on sys.path)
+
 import argparse
 import csv
 import json
@@ -85,9 +87,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+REPO = _bootstrap.ROOT
 
 from dblp.cliargs import add_quiet, parser  # noqa: E402
 from dblp.control import DEFAULT_PORT  # noqa: E402

@@ -37,6 +37,8 @@ Usage:  python scenarios/phase_sensitivity.py [--seeds 5] [--drops 0.4 0.8] [--l
 
 from __future__ import annotations
 
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv; the repository on sys.path)
+
 import os
 import sys
 from pathlib import Path
