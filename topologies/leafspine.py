@@ -22,6 +22,17 @@ Usage: ``mn --custom topologies/leafspine.py --topo leafspine,racks=2``.
 
 from __future__ import annotations
 
+# `mn --custom topologies/FILE.py` exec()s this file without ``__file__`` and without the
+# repository on sys.path: find the repository from the code's own file name, so the testbed's
+# pieces (the `ipbr` switch) import without PYTHONPATH.
+import inspect as _inspect
+import sys as _sys
+from pathlib import Path as _Path
+
+_ROOT = str(_Path(_inspect.currentframe().f_code.co_filename).resolve().parent.parent)
+if _ROOT not in _sys.path:
+    _sys.path.insert(0, _ROOT)
+
 from mininet.topo import Topo
 
 

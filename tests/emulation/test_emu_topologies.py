@@ -78,3 +78,31 @@ def test_twosites_and_leafspine_connectivity(ready_file):
     with EmuNet(LeafSpineTopo(racks=2, n=2)) as net:
         res = udp_transfer(net, "w1", "srv", 9201, ready_file, count=50, rate_mbps=5)
         assert res["received"] == 50
+
+
+def test_star_takes_mininets_names_and_refuses_what_it_cannot_honour():
+    from topologies.star import StarTopo
+
+    t = StarTopo(n=1, max_queue_size=50)
+    assert all(t.linkInfo(a, b).get("buffer_pkts") == 50 for a, b in t.links())
+    with pytest.raises(ValueError, match="loss=0.1: link loss needs netem"):
+        StarTopo(n=1, loss=0.1)
+
+
+@pytest.mark.mininet
+def test_mn_custom_pingall_without_pythonpath(tmp_path):
+    """The Mininet habit, as written in the topology's docstring: no PYTHONPATH, from anywhere."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    mn = shutil.which("mn")
+    if mn is None:
+        pytest.skip("Mininet's mn is not installed")
+    star = Path(__file__).resolve().parents[2] / "topologies" / "star.py"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    out = subprocess.run([mn, "--custom", str(star), "--topo", "star,n=3", "--switch", "ipbr", "--controller",
+                          "none", "--test", "pingall"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "Results: 0% dropped (12/12 received)" in out.stdout + out.stderr
