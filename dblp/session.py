@@ -173,7 +173,7 @@ class _Up:
 
 
 class ServerSession:
-    """Algorithm 3 for one run: S1-S4 and S6 over one core receiver and sender per worker.
+    """Algorithm 3 for one run: S1-S4, S6 and S7 over one core receiver and sender per worker.
 
     ``values=True`` gives each worker a receive buffer (real data);
     ``values=False`` runs the core on chunk indices alone
