@@ -153,10 +153,13 @@ def test_bad_parameters_are_refused_by_name():
 
 def test_dead_worker_gives_the_server_a_clear_error(tmp_path):
     port = free_port()
-    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--peer-timeout", "5")
+    rec = tmp_path / "server.jsonl"
+    srv = start_server(port, "--workers", "3", "--policy", "reliable", "--peer-timeout", "5", records=str(rec))
     ws = start_verify_workers(port, 3, 200_000, 10_000)
     try:
-        time.sleep(3)
+        deadline = time.monotonic() + 60  # kill once rounds flow (on a loaded machine workers start slowly)
+        while (not rec.exists() or rec.stat().st_size == 0) and time.monotonic() < deadline:
+            time.sleep(0.1)
         ws[1].send_signal(signal.SIGKILL)
         t0 = time.monotonic()
         _, err = srv.communicate(timeout=20)
