@@ -341,7 +341,7 @@ def build_parser() -> "argparse.ArgumentParser":
 
     from .cliargs import parser
 
-    ap = parser("python -m dblp.analysis", description="Tables and plots of round records.")
+    ap = parser("python -m dblp.analysis", description="Tables and plots of round records.", config=False)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
     c = sub.add_parser("compare", formatter_class=ap.formatter_class,
                        help="two runs side by side: latency, passes, received fraction, drops; overlay plots",

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     Flags follow :data:`dblp.cliargs.VOCABULARY`."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="store_true", help="log progress")
-    ap = parser("dblp", "DBLP bounded-loss gradient transport")
+    ap = parser("dblp", "DBLP bounded-loss gradient transport", config=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     order_help = ("chunk send order: a fresh permutation of 64-chunk runs (blocks) or of single chunks "
                   "(perm) each round, or index order")

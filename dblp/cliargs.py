@@ -138,9 +138,64 @@ def check_policy_args(ap: argparse.ArgumentParser, a: argparse.Namespace, runs: 
     raise AssertionError  # ap.error exits
 
 
-def parser(prog: str | None = None, description: str | None = None, **kw: Any) -> argparse.ArgumentParser:
-    """An ArgumentParser with the shared :class:`~traces.units.HelpFormatter` (defaults shown)."""
-    return argparse.ArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kw)
+class ConfigArgumentParser(argparse.ArgumentParser):
+    """An ArgumentParser whose ``--config FILE.toml`` sets its flags' defaults from a file.
+
+    Keys are the flags' names (``p-low`` or ``p_low``); values go through the same ``type=``
+    converters as on the command line (``bandwidth = "500M"``, ``bursts = [50, 110]``), and flags
+    given on the command line win. An unknown key or a file that cannot be read is refused with a
+    message naming it. A run writes its resolved flags back as ``config.json``
+    (:func:`dblp.provenance.write_config`), so an experiment is repeated from one file.
+    """
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        import sys
+
+        argv = list(sys.argv[1:] if args is None else args)
+        if any(a.dest == "config" for a in self._actions):
+            path = next((argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"), None)
+            path = path or next((a.split("=", 1)[1] for a in argv if a.startswith("--config=")), None)
+            if path:
+                self._apply_config(path)
+        return super().parse_known_args(argv, namespace)
+
+    def _apply_config(self, path: str) -> None:
+        import tomllib
+
+        try:
+            with open(path, "rb") as fh:
+                values = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            self.error(f"argument --config: cannot read {path!r}: {exc}")
+        actions = {a.dest: a for a in self._actions if a.dest not in ("help", "config")}
+        defaults: dict[str, Any] = {}
+        for key, v in values.items():
+            dest = key.replace("-", "_")
+            act = actions.get(dest)
+            if act is None:
+                self.error(f"argument --config: {path}: unknown key {key!r}; this command's flags are "
+                           + ", ".join(sorted(d.replace("_", "-") for d in actions)))
+            if isinstance(act, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+                if not isinstance(v, bool):
+                    self.error(f"argument --config: {path}: {key} must be true or false, got {v!r}")
+                defaults[dest] = v
+            elif isinstance(v, list):  # a comma list, as on the command line
+                defaults[dest] = ",".join(str(x) for x in v)
+            else:
+                defaults[dest] = str(v)
+        self.set_defaults(**defaults)
+
+
+def parser(prog: str | None = None, description: str | None = None, *, config: bool = True,
+           **kw: Any) -> argparse.ArgumentParser:
+    """An ArgumentParser with the shared :class:`~traces.units.HelpFormatter` (defaults shown) and,
+    with ``config``, ``--config FILE.toml`` (:class:`ConfigArgumentParser`)."""
+    ap = ConfigArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kw)
+    if config:
+        ap.add_argument("--config", default=None, metavar="FILE.toml",
+                        help="take the defaults of these flags from a TOML file (keys: flag names; e.g. a run's "
+                             "config.json rewritten as TOML); flags on the command line win")
+    return ap
 
 
 def add_quiet(p: argparse.ArgumentParser | Any, what: str = "progress lines") -> None:

@@ -138,11 +138,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _machine_facts(t: float) -> dict:
-    def cmd(args: list[str]) -> str:
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=5).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return ""
+    from dblp.provenance import provenance
 
     from .netem import has_netem
 
@@ -153,5 +149,5 @@ def _machine_facts(t: float) -> dict:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "netem": has_netem(),
-        "git": cmd(["git", "rev-parse", "--short", "HEAD"]),
+        **provenance(),  # commit, dirty flag, package versions
     }

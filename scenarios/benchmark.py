@@ -94,6 +94,7 @@ from dblp.control import DEFAULT_PORT  # noqa: E402
 from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
 from dblp.passcost import median, summarize_run  # noqa: E402
 from dblp.policy import run_policy  # noqa: E402
+from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.wire import ParameterError  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
@@ -527,6 +528,7 @@ def main(argv=None) -> int:
     say = Progress(args.quiet)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     shape = Shape.tbf(args.bandwidth, queue_bytes=args.queue) if args.bandwidth else None
     rows: list[dict] = []
     detail: dict = {"config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},

@@ -61,7 +61,8 @@ sys.path.insert(0, str(ROOT))
 import argparse  # noqa: E402
 
 from traces.argtypes import count_arg, float_arg  # noqa: E402
-from traces.units import HelpFormatter  # noqa: E402
+from dblp.cliargs import parser  # noqa: E402
+from dblp.provenance import write_config  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -86,11 +87,8 @@ def settings_for(drops: list[float]) -> list[Setting]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        description="Paper Fig. 1: drop gradient chunks only in the early or only in the late "
-        "training phase and compare test accuracy (small CNN on digits, CPU).",
-        formatter_class=HelpFormatter,
-    )
+    p = parser(description="Paper Fig. 1: drop gradient chunks only in the early or only in the late "
+                           "training phase and compare test accuracy (small CNN on digits, CPU).")
     p.add_argument("--epochs", type=count_arg(2), default=9, help="total epochs")
     p.add_argument("--early-epochs", type=count_arg(1), default=3, help="length of the early phase; the rest is 'late'")
     p.add_argument("--drops", type=float_arg(0.0, 1.0), nargs="+", default=[0.4, 0.8], help="fractions of chunks zeroed")
@@ -140,6 +138,7 @@ def run(args: argparse.Namespace) -> dict:
     chunk = args.chunk_floats or CHUNK_FLOATS
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     settings = settings_for(args.drops)
     rows: list[dict] = []
     curves: dict[str, list[list[float]]] = {s.name: [] for s in settings}

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from dblp.cliargs import check_policy_args, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs
+from dblp.provenance import write_config
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
 from traces.argtypes import count_arg, float_arg, int_arg
 from dblp.policy import run_policy as named_policy
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     out = Path(a.results) / f"train-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True)
-    (out / "config.json").write_text(json.dumps(vars(a), indent=1, default=str))
+    write_config(out, a)  # the resolved flags, commit and package versions (--config takes it back)
     print(f"train: {a.workload}, {a.workers} workers, {a.epochs} epochs, policies {a.policy_list}, "
           f"loss {a.loss:.1%}\n  results: {out}", flush=True)
     runs = {}

@@ -44,6 +44,7 @@ from typing import Any, Callable
 from traces.argtypes import count_arg, int_arg
 from traces.units import HelpFormatter, UnitError, parse_rate
 
+from ..provenance import write_config
 from ..wire import ParameterError
 from .config import SimConfig
 from .options import add_config_args, baseline_of, config_from_args
@@ -247,6 +248,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         point_config(base, pt).validate()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     cache = None if args.no_cache else ResultCache(args.cache or out / "cache")
     rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
                            cache=cache)
@@ -280,7 +282,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from ..wire import ParameterError
 
-    p = argparse.ArgumentParser(prog="scenarios/sweep.py", description=__doc__, formatter_class=HelpFormatter)
+    from ..cliargs import parser
+
+    p = parser(prog="scenarios/sweep.py", description=__doc__)
     add_sweep_args(p)
     args = p.parse_args(argv)
     try:

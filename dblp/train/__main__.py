@@ -19,7 +19,7 @@ from traces.units import HelpFormatter, duration_arg, rate_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = parser("python -m dblp.train", __doc__.splitlines()[0])
+    ap = parser("python -m dblp.train", __doc__.splitlines()[0], config=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="train one worker over DBLP", formatter_class=HelpFormatter,
                        description="Train one worker's shard, exchanging gradients with a DBLP server.")
