@@ -23,7 +23,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
