@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..analysis import RUN_COLORS
 from ..records import RoundRecord
 
 
@@ -16,6 +17,12 @@ def _plt():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def _colors():
+    import matplotlib.colors
+
+    return matplotlib.colors
 
 
 def _per_round(recs: list[RoundRecord], attr: str) -> tuple[np.ndarray, np.ndarray]:
@@ -36,7 +43,7 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
         for ax, attr, name in ((axes[0], "up_latency_s", "send (upstream) latency"),
                                (axes[1], "round_latency_s", "round latency")):
             x, y = _per_round(recs, attr)
-            ax.plot(x, y * 1e3, lw=0.8, label=label)
+            ax.plot(x, y * 1e3, lw=0.8, label=label, color=RUN_COLORS.get(label))
             ax.set_ylabel(f"{name} (ms)")
         bursts = sorted({r.round for r in recs if r.role == "worker" and r.extra.get("burst")})
         for b in bursts:
@@ -50,7 +57,7 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, recs in runs.items():
         v = np.sort([r.round_latency_s for r in recs if r.role == "worker"]) * 1e3
-        ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label)
+        ax.plot(v, np.arange(1, v.size + 1) / v.size, label=label, color=RUN_COLORS.get(label))
     ax.set_xlabel("round latency (ms)")
     ax.set_ylabel("CDF")
     ax.grid(alpha=0.3)
@@ -61,21 +68,32 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
 
 
 def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, title: str, ax, fmt: str = "{:.3g}",
-            cmap: str = "viridis") -> None:
-    im = ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap)
+            cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None, norm=None,
+            cbar_label: str = "") -> None:
+    """One annotated heatmap; ``vmin``/``vmax`` (or ``norm``) let panels share a colour scale."""
+    im = ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap, norm=norm,
+                   **({} if norm is not None else {"vmin": vmin, "vmax": vmax}))
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
     ax.set_yticks(range(len(ys)), [str(y) for y in ys])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
-    lo, hi = np.nanmin(grid) if np.isfinite(grid).any() else 0, np.nanmax(grid) if np.isfinite(grid).any() else 1
     for i in range(grid.shape[0]):
         for j in range(grid.shape[1]):
             if np.isfinite(grid[i, j]):
-                bright = (grid[i, j] - lo) / (hi - lo) > 0.6 if hi > lo else False
+                r, g, b, _ = im.cmap(im.norm(grid[i, j]))
+                dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # text colour by the cell's own luminance
                 ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=7,
-                        color="black" if bright else "white")
-    ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+                        color="white" if dark else "black")
+    cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if norm is not None:  # a log colour scale labelled in plain numbers (0.8, 1, 1.25), not powers of ten
+        from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+        cb.ax.yaxis.set_major_formatter(ScalarFormatter())
+        cb.ax.yaxis.set_minor_formatter(NullFormatter())
+        cb.set_ticks([t for t in (0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0) if norm.vmin <= t <= norm.vmax])
+    if cbar_label:
+        cb.set_label(cbar_label, fontsize=8)
 
 
 def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
@@ -91,7 +109,6 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
     ]
     paths = []
     for m, title, mode in metrics:
-        fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
         grids = {}
         for who in ("dblp", "base"):
             g = np.full((len(ys), len(xs)), np.nan)
@@ -101,14 +118,29 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
                     if v:
                         g[i, j] = float(np.mean(v))
             grids[who] = g
-        heatmap(grids["dblp"], xs, ys, x, y, f"DBLP: {title}", axes[0])
-        heatmap(grids["base"], xs, ys, x, y, f"baseline (fixed p = P_low): {title}", axes[1])
+        both = np.concatenate([grids["dblp"].ravel(), grids["base"].ravel()])
+        both = both[np.isfinite(both)]
+        lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+        flat = np.isfinite(grids["base"]).any() and np.nanmax(grids["base"]) - np.nanmin(grids["base"]) <= 1e-9 * max(
+            1.0, abs(np.nanmax(grids["base"])))
+        # a baseline that does not depend on these axes is one number, not a third of the figure
+        fig, axes = plt.subplots(1, 2 if flat else 3, figsize=(11 if flat else 16, 4.5))
+        panels = list(axes)
+        base_note = f" (baseline everywhere: {np.nanmax(grids['base']):.3g})" if flat else ""
+        heatmap(grids["dblp"], xs, ys, x, y, f"DBLP: {title}{base_note}", panels[0], vmin=lo, vmax=hi)
+        if not flat:
+            heatmap(grids["base"], xs, ys, x, y, f"baseline (fixed p = P_low): {title}", panels[1], vmin=lo, vmax=hi)
         if mode == "ratio":
-            heatmap(grids["base"] / grids["dblp"], xs, ys, x, y, f"baseline / DBLP: {title}", axes[2],
-                    fmt="{:.2f}", cmap="magma")
+            ratio = grids["base"] / grids["dblp"]
+            span = float(np.nanmax(np.abs(np.log(ratio[np.isfinite(ratio) & (ratio > 0)])), initial=0.05))
+            heatmap(ratio, xs, ys, x, y, f"baseline / DBLP: {title}\n(> 1, red: DBLP better; < 1, blue: worse)",
+                    panels[-1], fmt="{:.2f}", cmap="RdBu_r",
+                    norm=_colors().LogNorm(vmin=np.exp(-span), vmax=np.exp(span)), cbar_label="ratio (log scale)")
         else:
-            heatmap(grids["dblp"] - grids["base"], xs, ys, x, y, f"DBLP - baseline: {title}", axes[2],
-                    fmt="{:.3f}", cmap="magma")
+            diff = grids["dblp"] - grids["base"]
+            span = float(np.nanmax(np.abs(diff), initial=1e-3))
+            heatmap(diff, xs, ys, x, y, f"DBLP - baseline: {title}\n(> 0, red: DBLP loses more)", panels[-1],
+                    fmt="{:.3f}", cmap="RdBu_r", vmin=-span, vmax=span)
         fig.suptitle(f"{title} over {y} x {x} (mean over the other axes)", fontsize=10)
         fig.tight_layout()
         path = out / f"heatmap_{m}.png"
