@@ -111,16 +111,20 @@ def worker_argv(a: RunArgs, wid: int, server: str, records: str | os.PathLike | 
 def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: str | os.PathLike,
                       out: str | os.PathLike) -> list[str]:
     """A real training worker (``python -m dblp.train worker``) of a run: ``train`` holds the
-    workload, epochs and options (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
+    workload and epochs, optionally ``iterations_per_epoch`` (a cap), ``data_root``,
+    ``save_weights`` and ``progress`` (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
     argv = [a.python, "-m", "dblp.train", "worker", "--server", server, "--id", str(wid), "--workers", str(a.workers),
-            "--workload", train["workload"], "--epochs", str(train["epochs"]),
-            "--max-iters-per-epoch", str(train["iterations_per_epoch"]), "--seed", str(a.seed), "--out", str(out),
-            "--records", str(records), "--source", a.source, "--peer-timeout", f"{a.peer_timeout_s:g}s",
-            "--pace", f"{a.pace_bps:.0f}bit", "--threads", "1"]
+            "--workload", train["workload"], "--epochs", str(train["epochs"]), "--seed", str(a.seed),
+            "--out", str(out), "--records", str(records), "--source", a.source,
+            "--peer-timeout", f"{a.peer_timeout_s:g}s", "--pace", f"{a.pace_bps:.0f}bit", "--threads", "1"]
+    if train.get("iterations_per_epoch"):
+        argv += ["--max-iters-per-epoch", str(train["iterations_per_epoch"])]
     if train.get("data_root"):
         argv += ["--data-root", str(train["data_root"])]
     if train.get("save_weights"):
         argv.append("--save-weights")
+    if train.get("progress"):
+        argv.append("--progress")
     return argv + (["--plain"] if a.plain else []) + a.worker_extra
 
 

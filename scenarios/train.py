@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from dblp.cliargs import check_policy_args, parser, tolerance_arg
-from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs
+from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
 from traces.argtypes import count_arg, float_arg, int_arg
@@ -90,14 +90,11 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
 def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -> dict:
     """One policy: the server and the training workers through the one launcher (dblp.launch)."""
     d = out / name
-    extra = ["--max-iters-per-epoch", str(a.max_iters_per_epoch)] if a.max_iters_per_epoch else []
-    if a.data_root:
-        extra += ["--data-root", a.data_root]
+    train = {"workload": a.workload, "epochs": a.epochs, "iterations_per_epoch": a.max_iters_per_epoch,
+             "data_root": a.data_root}
 
     def train_worker(i: int, server: str, records: Path) -> list[str]:
-        return [PY, "-m", "dblp.train", "worker", "--server", server, "--id", str(i), "--workers", str(a.workers),
-                "--workload", a.workload, "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", str(d / f"w{i}"),
-                "--records", str(records), *extra] + (["--progress"] if i == 0 else [])
+        return train_worker_argv(args, {**train, "progress": i == 0}, i, server, records, d / f"w{i}")
 
     args = RunArgs(workers=a.workers, iterations=None, model=0, policy=policy_args(name, a), source="loopback",
                    seed=a.seed, peer_timeout_s=120, plain=False, port=0, python=PY)
