@@ -66,13 +66,17 @@ def follow(path: str | os.PathLike, stop: threading.Event, poll_s: float = 0.001
 
 
 def end_process_group(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the process's group, SIGKILL it after ``grace`` seconds."""
+    """SIGTERM the process's group (a process started with ``start_new_session``: its group id is
+    its pid), SIGKILL it after ``grace`` seconds; never raises for a process already gone."""
     if proc.poll() is not None:
         return
     try:
         os.killpg(proc.pid, signal.SIGTERM)
     except (ProcessLookupError, PermissionError):
-        proc.terminate()
+        try:
+            proc.terminate()
+        except ProcessLookupError:
+            return
     try:
         proc.wait(grace)
     except subprocess.TimeoutExpired:
@@ -80,7 +84,10 @@ def end_process_group(proc: subprocess.Popen, grace: float) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             proc.kill()
-        proc.wait(5)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
 
 
 class RoundWatcher(threading.Thread):

@@ -48,6 +48,7 @@ import threading
 import time
 from typing import Iterable, Mapping, Sequence
 
+from dblp.watch import end_process_group
 from traces.units import HelpFormatter
 
 from . import nft
@@ -326,7 +327,7 @@ class NsNet:
             return
         self._closed = True
         for p in self._procs:
-            _end(p)
+            end_process_group(p, 2.0)
         # host namespaces first (their veth ends take the bridge ports with them), bridge last
         for ns in sorted(reversed(self._made), key=lambda n: n == self.bridge_ns):
             try:
@@ -438,29 +439,6 @@ for seq in range(count):
         typ, _, _, rid, rseq = struct.unpack("!BBHHH", pkt[ihl:ihl + 8])
         if addr[0] == dst and typ == 0 and rid == ident and rseq == seq: break
 """
-
-
-def _end(p: subprocess.Popen, grace: float = 2.0) -> None:
-    if p.poll() is not None:
-        return
-    try:
-        os.killpg(p.pid, signal.SIGTERM)  # its own session (start_new_session): its group id is its pid
-    except (ProcessLookupError, PermissionError):
-        try:
-            p.terminate()
-        except ProcessLookupError:
-            return
-    try:
-        p.wait(grace)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            p.kill()
-        try:
-            p.wait(2.0)
-        except subprocess.TimeoutExpired:
-            pass
 
 
 def _sigterm_to_interrupt(signum, frame) -> None:
