@@ -36,5 +36,17 @@ class NetemUnavailable(RuntimeError):
     """A link asked for delay (or jitter) but the kernel has no netem."""
 
 
+def main(argv: list[str] | None = None) -> int:
+    """``python -m emulation.netem``: say whether this kernel has netem (exit 0 yes, 1 no)."""
+    from dblp.cliargs import parser
+
+    parser(prog="python -m emulation.netem", config=False,
+           description="Probe whether this kernel has the netem qdisc (tries it on the loopback of a "
+                       "throw-away network namespace; needs root). Exit status 0: available, 1: not.").parse_args(argv)
+    ok = has_netem()
+    print("netem available" if ok else "netem NOT available")
+    return 0 if ok else 1
+
+
 if __name__ == "__main__":
-    print("netem available" if has_netem() else "netem NOT available")
+    raise SystemExit(main())

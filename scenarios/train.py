@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from dblp.analysis import RUN_COLORS
 from dblp.cliargs import check_policy_args, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
@@ -214,10 +215,14 @@ def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for name, r in runs.items():
         ep = [e for e in r["epochs"] if e.get("epoch", 0) >= 1]
-        ax1.plot([e["epoch"] for e in ep], [e[metric] for e in ep], marker="o", label=name)
-        ax2.plot([e.get("wall_s", e.get("time_s", 0)) for e in ep], [e[metric] for e in ep], marker="o", label=name)
+        ax1.plot([e["epoch"] for e in ep], [e[metric] for e in ep], marker="o", label=name, color=RUN_COLORS.get(name))
+        ax2.plot([e["elapsed_s"] for e in ep], [e[metric] for e in ep], marker="o", label=name,
+                 color=RUN_COLORS.get(name))  # seconds since the worker's training began
+    from matplotlib.ticker import MaxNLocator
+
+    ax1.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax1.set_xlabel("epoch"); ax1.set_ylabel(f"test {metric}"); ax1.grid(alpha=0.3); ax1.legend()
-    ax2.set_xlabel("wall time (s)"); ax2.set_ylabel(f"test {metric}"); ax2.grid(alpha=0.3); ax2.legend()
+    ax2.set_xlabel("wall time since the start of training (s)"); ax2.set_ylabel(f"test {metric}"); ax2.grid(alpha=0.3); ax2.legend()
     fig.suptitle(f"{a.workload} over DBLP, {a.workers} workers")
     fig.tight_layout()
     fig.savefig(out / "curves.png", dpi=120)
