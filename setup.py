@@ -27,6 +27,7 @@ setup(
             optional=True,
             extra_compile_args=["-O3", "-pthread"],
             extra_link_args=["-pthread"],
+            libraries=["crypto"],  # OpenSSL's GCM for the authenticated datagram (mac.c)
         ),
     ]
 )

@@ -34,24 +34,24 @@ def use(name: str, /) -> str:
 
 def encode_rows(
     values: _In, seqs: _In, rows: _Out,
-    run_id: int, sender: int, round_no: int, chunk_floats: int, /,
+    run_id: int, sender: int, round_no: int, chunk_floats: int, key: bytes, /,
 ) -> None:
-    """Datagrams (header, payload, zero padding, CRC) of chunks seqs (int64) of float32 values into rows, as wire.encode_chunks."""
+    """Datagrams (header, payload, zero padding, CRC - or the v2 tag when key is 16 bytes) of chunks seqs (int64) of float32 values into rows, as wire.encode_chunks."""
 
 def encode_headers(
     values: _In, seqs: _In, headers: _Out,
-    run_id: int, sender: int, round_no: int, chunk_floats: int, /,
+    run_id: int, sender: int, round_no: int, chunk_floats: int, key: bytes, /,
 ) -> None:
-    """Only the 24-byte headers (CRC over header and payload included) of chunks seqs, payloads read in place."""
+    """Only the headers (24 bytes with the CRC; 40 with the tag when key is 16 bytes) of chunks seqs, payloads read in place."""
 
-def scatter_rows(rows: _In, seqs: _In, out: _Out, nbytes: int, chunk_bytes: int, /) -> None:
-    """Copy rows[i, 24:24 + nbytes] to byte seqs[i] * chunk_bytes of out: accepted payloads into the tensor."""
+def scatter_rows(rows: _In, seqs: _In, out: _Out, nbytes: int, chunk_bytes: int, offset: int, /) -> None:
+    """Copy rows[i, offset:offset + nbytes] to byte seqs[i] * chunk_bytes of out: accepted payloads into the tensor."""
 
 # sockets.c
 
 def send_chunks(
     fd: int, host: str, port: int, headers: _In, values: _In, seqs: _In,
-    chunk_floats: int, per_call: int, /,
+    chunk_floats: int, per_call: int, header_bytes: int, /,
 ) -> tuple[int, int, int, int]:
     """Send header i + chunk seqs[i] pairs (GSO runs of per_call, sendmmsg when per_call <= 1); (sent, lost, calls, errno)."""
 
@@ -65,12 +65,17 @@ def recv_rows(
 def recv_place(
     fd: int, rows: _Out, lengths: _Out, srcs: _Out, aims: _Out,
     out: _Out, mask: _In, claim: _Out, order: _In, pos: _In,
-    cursor: _Out, crcs: _Out, chunk_bytes: int, gro: int, max_calls: int, /,
+    cursor: _Out, crcs: _Out, chunk_bytes: int, gro: int, max_calls: int, key: bytes, /,
 ) -> tuple[int, int, int]:
-    """recv_rows with predicted payloads received straight into their tensor slots (R10); (k, calls, placed)."""
+    """recv_rows with predicted payloads received straight into their tensor slots (R10); (k, calls, placed). With a 16-byte key crcs[i] is 1 for a valid v2 tag, else 0."""
 
-def crc_placed(rows: _In, out: _In, aims: _In, chunk_bytes: int, res: _Out, /) -> None:
-    """res[i] = CRC-32C of rows[i, 8:24] then out's slot of chunk aims[i], for each aims[i] >= 0 (placed datagrams)."""
+def crc_placed(rows: _In, out: _In, aims: _In, chunk_bytes: int, res: _Out, key: bytes, /) -> None:
+    """res[i] = CRC-32C of rows[i, 8:24] then out's slot of chunk aims[i], for each aims[i] >= 0 (placed datagrams); with a 16-byte key, 1 when rows[i, 24:40] is their valid tag, else 0."""
+
+# mac.c
+
+def mac_rows(rows: _In, lengths: _In | None, out: _Out, key: bytes, /) -> None:
+    """out[i] (uint32) = 1 when rows[i, :lengths[i]] (a v2 datagram) carries a valid AES-GMAC tag under key, else 0."""
 
 # reduce.c
 

@@ -202,7 +202,8 @@ COMPARE_METRICS: tuple[tuple[str, str], ...] = (
     ("recv frac min", ""),
     ("drops", "datagrams this side's receiver dropped (stale, duplicate, corrupt...), all rounds"),
 )
-_DROP_FIELDS = ("stale", "duplicate", "corrupt", "foreign", "malformed", "out_of_range", "wrong_length")
+_DROP_FIELDS = ("stale", "duplicate", "corrupt", "foreign", "malformed", "out_of_range", "wrong_length",
+                "unauthenticated")
 
 
 def load_run(path: str | Path) -> list[RoundRecord]:

@@ -14,10 +14,12 @@ import sys
 import time
 
 
-from traces.argtypes import count_arg, host_arg, int_arg, port_arg, unresolvable
+from traces.argtypes import count_arg, int_arg, port_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
 
-from .cliargs import add_policy_args, hostport, model_arg, mtu_arg, parser, policy_error, tolerance_arg
+from .auth import AuthError, new_secret
+from .cliargs import (add_auth_args, add_policy_args, hostport, listen_arg, model_arg, mtu_arg, parser, policy_error,
+                      server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
@@ -39,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("server", parents=[common], help="run the parameter server", formatter_class=HelpFormatter,
                        description="Run the DBLP parameter server (Algorithm 3).")
-    s.add_argument("--host", type=host_arg, default="0.0.0.0", help="address to listen on")
+    s.add_argument("--host", type=listen_arg, default="127.0.0.1",
+                   help="address, host name or interface name (e.g. eth0) to listen on; 0.0.0.0 = every interface")
     s.add_argument("--port", type=port_arg(allow_any=True), default=DEFAULT_PORT,
                    help="TCP control port (UDP data uses the same number; 0 = any free port)")
     s.add_argument("--workers", type=count_arg(1), default=3, help="number of workers to wait for")
@@ -72,6 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="Unix socket told each round's number before the round opens; the server waits for "
                         "its answer (the emulation's burst clock, dblp.watch.RoundHookServer)")
     add_policy_args(s)
+    add_auth_args(s, "server")
+
+    sec = sub.add_parser("secret", help="print a new shared secret", formatter_class=HelpFormatter,
+                         description="Print a new secret (64 hex digits) for $DBLP_SECRET or a --secret-file "
+                                     "(write it with umask 077: the file must be readable by its owner only).")
+    del sec
 
     lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
                         formatter_class=HelpFormatter,
@@ -106,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     w.add_argument("--progress", action="store_true", help="print one line per round")
+    add_auth_args(w, "worker")
     return ap
 
 
@@ -127,6 +137,18 @@ def main(argv: list[str] | None = None) -> int:
         except ParameterError as exc:
             print(f"dblp server: error: {policy_error(exc)}", file=sys.stderr)
             return 2
+    if args.cmd == "secret":
+        print(new_secret())
+        return 0
+    secret: bytes | None = None
+    try:
+        if args.cmd == "server":
+            secret, where = server_secret(args)
+        elif args.cmd == "worker":
+            secret = worker_secret(args)
+    except (AuthError, OSError) as exc:
+        print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -150,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
                                elements=model_elements(args.model) if args.model else None,
-                               consistency=args.consistency, round_hook=args.round_hook)
+                               consistency=args.consistency, round_hook=args.round_hook,
+                               secret=secret, insecure=args.insecure)
             try:
                 srv = ParameterServer(cfg)
             except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve
@@ -159,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"dblp server: error: cannot listen on --host {args.host} --port {args.port}: "
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return 2
-            print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers", flush=True)
+            print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers; {where}", flush=True)
             n = srv.serve()
             print(f"dblp server: served {n} rounds", flush=True)
         else:
@@ -171,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
             norms = read_norms(args.norms) if args.norms else synthetic_norms(max(args.iterations, 1), args.seed)
             with Worker(args.server[0], args.server[1], elements=elements, worker_id=args.id,
                         send_rate_bps=args.pace, peer_timeout=args.peer_timeout, records=args.records,
-                        source=args.source, fast=False if args.plain else None) as wk:
+                        source=args.source, fast=False if args.plain else None, secret=secret,
+                        insecure=args.insecure) as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, args.seed)
                 for r in range(args.iterations):
                     g = grads(r)  # made first: --compute alone stands for the compute time

@@ -47,6 +47,10 @@ __all__ = [
     "policy_error",
     "tolerance_arg",
     "hostport",
+    "add_auth_args",
+    "server_secret",
+    "worker_secret",
+    "listen_arg",
     "model_arg",
     "mtu_arg",
     "pace_rate",
@@ -198,6 +202,72 @@ def parser(prog: str | None = None, description: str | None = None, *, config: b
     return ap
 
 
+def add_auth_args(p: argparse.ArgumentParser | Any, role: str) -> None:
+    """``--secret-file`` and ``--insecure`` (:mod:`dblp.auth`): how a server or worker proves it belongs to the run."""
+    made = (" (made, mode 0600, when it does not exist; without this flag or $DBLP_SECRET the server makes a "
+            "secret and prints where it wrote it)") if role == "server" else ""
+    p.add_argument("--secret-file", default=None, metavar="FILE",
+                   help="the run's shared secret, 64 hex digits readable by its owner only" + made +
+                        "; default: $DBLP_SECRET")
+    p.add_argument("--insecure", action="store_true",
+                   help="the paper's unauthenticated wire: no challenge-response, CRC-only datagrams "
+                        "(every process of the run must say it)")
+
+
+def server_secret(args: argparse.Namespace, env: dict | None = None) -> tuple[bytes | None, str]:
+    """The server's secret from its flags, and a line saying where it is (for the user and the workers).
+
+    ``--secret-file`` that does not exist yet, or neither it nor ``$DBLP_SECRET``: a new secret,
+    written 0600 (a fresh private folder when no file was named)."""
+    import os
+    import tempfile
+
+    from . import auth
+
+    if args.insecure:
+        return None, "unauthenticated (--insecure)"
+    environ = os.environ if env is None else env
+    if args.secret_file and os.path.exists(args.secret_file):
+        return auth.read_secret_file(args.secret_file), f"secret from {args.secret_file}"
+    if not args.secret_file and environ.get(auth.SECRET_ENV):
+        return auth.parse_secret(environ[auth.SECRET_ENV], f"${auth.SECRET_ENV}"), f"secret from ${auth.SECRET_ENV}"
+    path = args.secret_file or os.path.join(tempfile.mkdtemp(prefix="dblp-"), "secret")
+    text = auth.new_secret()
+    auth.write_secret_file(path, text)
+    return bytes.fromhex(text), f"new secret in {path} (give the workers --secret-file {path})"
+
+
+def worker_secret(args: argparse.Namespace) -> bytes | None:
+    """A worker's secret from ``--secret-file`` or ``$DBLP_SECRET`` (None with ``--insecure``)."""
+    from . import auth
+
+    return auth.resolve_secret(args.secret_file, args.insecure)
+
+
+def interface_address(name: str) -> str | None:
+    """The IPv4 address of the network interface ``name`` (None when there is no such interface)."""
+    import fcntl
+    import socket
+    import struct
+
+    try:
+        if name not in {n for _, n in socket.if_nameindex()}:
+            return None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = struct.pack("256s", name.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
+    except OSError:
+        return None
+
+
+def listen_arg(s: str) -> str:
+    """``type=`` for a server's ``--host``: an address, a host name, or an interface's name (its IPv4 address)."""
+    addr = interface_address(s)
+    if addr is not None:
+        return addr
+    return check_host(s)
+
+
 def add_quiet(p: argparse.ArgumentParser | Any, what: str = "progress lines") -> None:
     p.add_argument("-q", "--quiet", action="store_true", help=f"no {what}")
 
@@ -236,7 +306,8 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
     ap.add_argument("--compute", type=duration_arg(), default="5ms",
                     help="per-iteration compute time of the workers; a bare number is seconds")
     ap.add_argument("--gso", action="store_true",
-                    help="use UDP GSO/GRO (off in emulation: a drop rule would drop 44-datagram super-packets)")
+                    help="use UDP GSO/GRO; the links are then segmented so loss rules still drop single "
+                         "datagrams (emulation.loss.segment_links; not with trace replay)")
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
     ap.add_argument("--results", default=str(results), help="parent folder of the run folder")
     add_quiet(ap, "per-iteration progress")

@@ -21,7 +21,14 @@ type    name       body
 7       BYE        UTF-8 reason
 8       HELD       round u32, packed bits: the broadcast chunks a worker kept
 9       COMMON     round u32, packed bits: the chunks every worker kept
+10      CHALLENGE  server nonce (16 bytes), server proof (32 bytes)
+11      AUTH       worker proof (32 bytes)
 ======  =========  ==========================================================
+
+CHALLENGE and AUTH are the authenticated handshake (:mod:`dblp.auth`): the
+HELLO carries the worker's nonce (``nonce``, 32 hex digits; absent on the
+``--insecure`` wire), the server answers CHALLENGE, the worker AUTH, and
+only then does the server count the worker and send META.
 
 HELD and COMMON exist only in the ``intersect`` consistency mode
 (:mod:`dblp.session`, rule S7), beyond the paper.
@@ -61,6 +68,7 @@ class Hello:
     udp_port: int
     spec: dict  # {"names": [...], "shapes": [[...], ...], "elements": n}
     version: int = PROTOCOL_VERSION
+    nonce: str = ""  # the worker's challenge to the server (32 hex digits); "" on the insecure wire
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,21 @@ class Bye:
 
 
 @dataclass(frozen=True)
+class Challenge:
+    """Server -> worker: the server's nonce, and its proof of the secret (:func:`dblp.auth.proof`)."""
+
+    nonce: bytes
+    proof: bytes
+
+
+@dataclass(frozen=True)
+class AuthProof:
+    """Worker -> server: the worker's proof of the secret, bound to both nonces and its HELLO."""
+
+    proof: bytes
+
+
+@dataclass(frozen=True)
 class Held:
     """Worker -> server: the chunks of round ``round``'s broadcast this worker received."""
 
@@ -135,7 +158,9 @@ def _unpack(bits: bytes, chunks: int) -> np.ndarray:
     return np.unpackbits(b, count=chunks).astype(bool)
 
 
-Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common]
+Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common, Challenge, AuthProof]
+NONCE_BYTES = 16
+PROOF_BYTES = 32
 
 _ROUND = struct.Struct("!IBBd")
 _PROBE = struct.Struct("!IBI")
@@ -147,9 +172,10 @@ _ROUND_NO = struct.Struct("!I")
 
 def encode(msg: Message) -> bytes:
     if isinstance(msg, Hello):
-        t, body = 1, json.dumps(
-            {"worker": msg.worker, "udp_port": msg.udp_port, "spec": msg.spec, "version": msg.version}
-        ).encode()
+        d = {"worker": msg.worker, "udp_port": msg.udp_port, "spec": msg.spec, "version": msg.version}
+        if msg.nonce:
+            d["nonce"] = msg.nonce
+        t, body = 1, json.dumps(d).encode()
     elif isinstance(msg, Meta):
         t, body = 2, json.dumps(msg.info).encode()
     elif isinstance(msg, RoundStart):
@@ -166,6 +192,10 @@ def encode(msg: Message) -> bytes:
         t, body = 8, _ROUND_NO.pack(msg.round) + msg.bits
     elif isinstance(msg, Common):
         t, body = 9, _ROUND_NO.pack(msg.round) + msg.bits
+    elif isinstance(msg, Challenge):
+        t, body = 10, msg.nonce + msg.proof
+    elif isinstance(msg, AuthProof):
+        t, body = 11, msg.proof
     else:  # pragma: no cover - programming error
         raise TypeError(f"not a control message: {msg!r}")
     return _FRAME.pack(len(body) + 1, t) + body
@@ -197,6 +227,14 @@ def _decode_body(t: int, body: bytes) -> Message:
         if t in (8, 9):
             (r,) = _ROUND_NO.unpack_from(body)
             return (Held if t == 8 else Common)(r, bytes(body[_ROUND_NO.size :]))
+        if t == 10:
+            if len(body) != NONCE_BYTES + PROOF_BYTES:
+                raise ControlError(f"CHALLENGE of {len(body)} bytes, expected {NONCE_BYTES + PROOF_BYTES}")
+            return Challenge(bytes(body[:NONCE_BYTES]), bytes(body[NONCE_BYTES:]))
+        if t == 11:
+            if len(body) != PROOF_BYTES:
+                raise ControlError(f"AUTH of {len(body)} bytes, expected {PROOF_BYTES}")
+            return AuthProof(bytes(body))
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ControlError(f"malformed control message of type {t}: {exc}") from exc
     raise ControlError(f"unknown control message type {t}")
@@ -226,9 +264,20 @@ def _hello(d: object) -> Hello:
     if shapes and sum(int(np.prod(sh)) for sh in shapes) != elements:
         raise ControlError(f"HELLO spec.shapes hold {sum(int(np.prod(sh)) for sh in shapes)} elements, "
                            f"spec.elements says {elements}")
+    nonce = d.get("nonce", "")
+    if not isinstance(nonce, str) or (nonce and (len(nonce) != 2 * NONCE_BYTES
+                                                 or any(c not in "0123456789abcdef" for c in nonce))):
+        raise ControlError(f"HELLO nonce must be {2 * NONCE_BYTES} lower-case hex digits, got {nonce!r}")
     return Hello(_int(d, "worker", -1, 65534, "worker"), _int(d, "udp_port", 1, 65535, "udp_port"),
                  {"elements": elements, "names": names, "shapes": shapes},
-                 _int(d, "version", 0, 1 << 16, "version"))
+                 _int(d, "version", 0, 1 << 16, "version"), nonce)
+
+
+def canonical_hello(hello: Hello) -> bytes:
+    """The HELLO's bytes as the server reads it (its spec normalised by the strict parser): what
+    both sides bind the handshake's proofs to, whatever key order the worker's JSON had."""
+    d = json.loads(encode(hello)[_FRAME.size :].decode())
+    return encode(_hello(d))
 
 
 class ControlDecoder:

@@ -18,7 +18,9 @@ R3  A pass's order is a fresh seeded permutation per round - of runs of 64
     passes keep the round's order, restricted to the chunks the last BITMAP
     reports missing.
 R4  The receiver accepts a datagram only if it is well-formed, carries the
-    expected run id and sender, passes its CRC, belongs to the current round,
+    expected run id and sender, passes its CRC - or, on the authenticated
+    wire (the default, :mod:`dblp.auth`), carries a valid tag under the run's
+    key (else counted ``unauthenticated``) - belongs to the current round,
     names an in-range chunk, has that chunk's exact length and is not a
     duplicate. Everything else is counted by reason and dropped (III-A).
 R5  The receiver sends STOP as soon as it holds ceil((1-p) n) chunks, without
@@ -52,17 +54,16 @@ from . import control as ctl
 from .pacing import TokenBucket
 from .policy import check_tolerance, needed_chunks
 from .wire import (
-    HEADER_SIZE,
     KIND_DATA,
     MAGIC,
-    VERSION,
     ChunkLayout,
     ParameterError,
     assemble_rows,
     crc_placed,
-    crc_rows,
     encode_headers,
     parse_headers,
+    placed_ok,
+    rows_ok,
     scatter_payloads,
     zero_chunks,
 )
@@ -137,10 +138,10 @@ class EncodedRound:
         self.order = np.arange(layout.chunks, dtype=np.int64) if order is None else np.asarray(order, np.int64)
         if self.order.shape != (layout.chunks,):
             raise ValueError(f"order has {self.order.size} entries, layout has {layout.chunks} chunks")
-        shape = (layout.chunks, HEADER_SIZE)
+        shape = (layout.chunks, layout.header_size)
         self.headers = buffer if buffer is not None and buffer.shape == shape else np.empty(shape, np.uint8)
         self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)  # by chunk index
-        self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
+        self.lengths[-1] = layout.header_size + layout.last_chunk_floats * 4
         self._span_lengths = self.lengths[self.order]  # by position in send order
         self._encoded = 0  # headers[:_encoded] are encoded
         self._position: np.ndarray | None = None  # chunk index -> position, made on first use
@@ -179,7 +180,7 @@ class VirtualRound:
         self.layout = layout
         self.round_no = round_no
         self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
-        self.lengths[-1] = HEADER_SIZE + layout.last_chunk_floats * 4
+        self.lengths[-1] = layout.header_size + layout.last_chunk_floats * 4
 
     def take(self, seqs: np.ndarray) -> tuple[None, np.ndarray]:
         return None, self.lengths[seqs]
@@ -379,6 +380,7 @@ class DropCounters:
     malformed: int = 0
     out_of_range: int = 0
     wrong_length: int = 0
+    unauthenticated: int = 0  # authenticated wire: no valid tag under the run's key (R4)
 
     def total(self) -> int:
         return sum(vars(self).values())
@@ -413,6 +415,7 @@ class Placement:
     pos: np.ndarray  # its inverse
     cursor: np.ndarray  # int64[1]: position in order after the last chunk seen
     chunk_bytes: int
+    key: bytes = b""  # the run's data key on the authenticated wire (tags checked in the receive loop)
 
 
 class Receiver:
@@ -506,7 +509,7 @@ class Receiver:
         if not self.active or self._stop_sent or self.out is None or self.layout.chunks < 2:
             return None
         return Placement(self.out.view(np.uint8), self.mask, self._claim, self._order, self._pos, self._cursor,
-                         self.layout.chunk_bytes)
+                         self.layout.chunk_bytes, self.layout.key_bytes)
 
     def receive_placed(self, rows: np.ndarray, lengths: np.ndarray, aims: np.ndarray, now: float,
                        foreign: np.ndarray | None = None, crcs: np.ndarray | None = None) -> int:
@@ -522,7 +525,7 @@ class Receiver:
         if not placed.any():
             return self.receive_batch(rows, lengths, now, foreign)
         fp = None if foreign is None else np.asarray(foreign, bool)
-        got = self._receive_in_place(rows[placed, :HEADER_SIZE], aims[placed], now,
+        got = self._receive_in_place(rows[placed, : self.layout.header_size], aims[placed], now,
                                      None if fp is None else fp[placed],
                                      None if crcs is None else np.asarray(crcs)[placed])
         rest = ~placed
@@ -557,9 +560,9 @@ class Receiver:
             return 0
         if crcs is None:
             crcs = crc_placed(hdr_rows, self.out, aims, self.layout)
-        crc_ok = crcs == hdr["crc"]
+        crc_ok = placed_ok(hdr_rows, crcs, self.layout)
         if not crc_ok.all():
-            self._drop("corrupt", int((~crc_ok).sum()))
+            self._drop(self._integrity_drop, int((~crc_ok).sum()))
             hdr, aims = hdr[crc_ok], aims[crc_ok]
         mine = self._from_peer(hdr)
         if not mine.all():
@@ -567,9 +570,13 @@ class Receiver:
         return self._accept(hdr["round"].astype(np.int64), aims, now, None, 0)
 
     def _well_formed(self, hdr: np.ndarray, payload_bytes: int) -> np.ndarray:
-        """R4, first checks: magic, version, kind, and the declared payload length; drops counted."""
-        ok = (hdr["magic"] == MAGIC) & (hdr["version"] == VERSION) & (hdr["kind"] == KIND_DATA)
+        """R4, first checks: magic, version, kind, and the declared payload length; drops counted.
+        A version-1 datagram on the authenticated wire is ``unauthenticated``, not malformed."""
+        ok = (hdr["magic"] == MAGIC) & (hdr["kind"] == KIND_DATA)
         self._drop("malformed", int(ok.size - ok.sum()))
+        vers = ok & (hdr["version"] != self.layout.version)
+        self._drop("unauthenticated" if self.layout.key is not None else "malformed", int(vers.sum()))
+        ok &= ~vers
         decl = ok & (hdr["length"].astype(np.int64) != payload_bytes)
         self._drop("wrong_length", int(decl.sum()))
         return ok & ~decl
@@ -630,6 +637,11 @@ class Receiver:
                 got += self._receive_rows(rows[i : i + 1, : lengths[i]], now)
         return got
 
+    @property
+    def _integrity_drop(self) -> str:
+        """The counter of a failed integrity check: a bad CRC is ``corrupt``, a bad tag ``unauthenticated``."""
+        return "unauthenticated" if self.layout.key is not None else "corrupt"
+
     def _drop(self, reason: str, count: int) -> None:
         if count:
             setattr(self.stats.drops, reason, getattr(self.stats.drops, reason) + count)
@@ -638,18 +650,19 @@ class Receiver:
     def _receive_rows(self, rows: np.ndarray, now: float) -> int:
         """R4 over a batch of equal-length datagrams, vectorised."""
         k, size = rows.shape
-        if size < HEADER_SIZE:
+        hs = self.layout.header_size
+        if size < hs:
             self._drop("malformed", k)
             return 0
         hdr = parse_headers(rows)
-        ok = self._well_formed(hdr, size - HEADER_SIZE)
+        ok = self._well_formed(hdr, size - hs)
         if not ok.any():
             return 0
         # Copies of the batch are made only on the (rare) paths that drop rows.
         sub, h = (rows, hdr) if ok.all() else (rows[ok], hdr[ok])
-        crc_ok = crc_rows(sub) == h["crc"]
+        crc_ok = rows_ok(sub, self.layout)
         if not crc_ok.all():
-            self._drop("corrupt", int((~crc_ok).sum()))
+            self._drop(self._integrity_drop, int((~crc_ok).sum()))
             sub, h = sub[crc_ok], h[crc_ok]
         mine = self._from_peer(h)
         if not mine.all():
@@ -680,7 +693,7 @@ class Receiver:
         drop(rounds != self.round_no, "stale")
         drop(seqs >= self.layout.chunks, "out_of_range")
         if rows is not None:
-            drop(self.layout.payload_lengths(seqs) != size - HEADER_SIZE, "wrong_length")
+            drop(self.layout.payload_lengths(seqs) != size - self.layout.header_size, "wrong_length")
         if seqs.size == 0:
             return 0
         cand = np.flatnonzero(~self.mask[seqs])
@@ -710,10 +723,10 @@ class Receiver:
     def _write(self, seqs: np.ndarray, rows: np.ndarray, size: int) -> None:
         assert self.out is not None
         cf = self.layout.chunk_floats
-        if size - HEADER_SIZE == self.layout.chunk_bytes:
+        if size - self.layout.header_size == self.layout.chunk_bytes:
             scatter_payloads(rows, seqs, self.out, self.layout)
         else:  # the tensor's short last chunk
-            self.out[(self.layout.chunks - 1) * cf :] = rows[0, HEADER_SIZE:size].view("<f4")
+            self.out[(self.layout.chunks - 1) * cf :] = rows[0, self.layout.header_size : size].view("<f4")
 
     def _check_threshold(self, now: float) -> None:
         """R5: stop as soon as the threshold holds, without waiting for a probe."""

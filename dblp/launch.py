@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Callable, Protocol, Sequence
 
+from .auth import SECRET_ENV, new_secret
 from .control import DEFAULT_PORT
 from .watch import end_process_group
 
@@ -71,6 +72,7 @@ class RunArgs:
     port: int = DEFAULT_PORT
     mtu: int | None = None
     python: str = sys.executable
+    insecure: bool = False  # the paper's unauthenticated wire; else a secret per launch in $DBLP_SECRET
     server_extra: list[str] = field(default_factory=list)
     worker_extra: list[str] = field(default_factory=list)
 
@@ -78,7 +80,7 @@ class RunArgs:
 def _common(a: RunArgs) -> list[str]:
     out = ["--iterations", str(a.iterations)] if a.iterations is not None else []
     out += ["--seed", str(a.seed), "--pace", f"{a.pace_bps:.0f}bit", "--peer-timeout", f"{a.peer_timeout_s:g}s"]
-    return out + (["--plain"] if a.plain else [])
+    return out + (["--plain"] if a.plain else []) + (["--insecure"] if a.insecure else [])
 
 
 def server_argv(a: RunArgs, records: str | os.PathLike | None, *, bind: str | None = None,
@@ -125,7 +127,7 @@ def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: s
         argv.append("--save-weights")
     if train.get("progress"):
         argv.append("--progress")
-    return argv + (["--plain"] if a.plain else []) + a.worker_extra
+    return argv + (["--plain"] if a.plain else []) + (["--insecure"] if a.insecure else []) + a.worker_extra
 
 
 class Runner(Protocol):
@@ -157,6 +159,11 @@ class Launch:
 
     Records go to ``records_dir`` (``server.jsonl``, ``worker<i>.jsonl``),
     every process's output to ``log_dir`` (``server.log``, ``worker<i>.log``).
+    Each launch is authenticated with a fresh secret handed to every process
+    in ``$DBLP_SECRET`` (as torchrun hands out its rendezvous), unless
+    ``args.insecure`` or the caller's ``env`` names one; the server listens on
+    the address the workers reach it at (``bind``, else the runner's address
+    of its host), not on every interface.
     The workers start once the server has printed that it listens (or after
     ``listen_timeout_s`` a :class:`LaunchError`). Use as a context manager:
     leaving it ends every process still running.
@@ -172,6 +179,8 @@ class Launch:
         self.runner, self.server, self.workers, self.args = runner, server, list(workers), args
         self.records_dir, self.log_dir = Path(records_dir), Path(log_dir)
         self.env = {"PYTHONUNBUFFERED": "1", **(env or {})}
+        if not args.insecure and not self.env.get(SECRET_ENV):
+            self.env[SECRET_ENV] = new_secret()
         self.cwd, self.bind, self.listen_timeout_s = cwd, bind, listen_timeout_s
         self.worker_program = worker_program
         self.procs: list[tuple[str, subprocess.Popen, Path]] = []  # (name, process, log)
@@ -197,7 +206,8 @@ class Launch:
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         a = self.args
-        sp = self._start("server", self.server, server_argv(a, self.server_records, bind=self.bind))
+        bind = self.bind or self.runner.address(self.server)
+        sp = self._start("server", self.server, server_argv(a, self.server_records, bind=bind))
         log = self.log_dir / "server.log"
         deadline = time.monotonic() + self.listen_timeout_s
         while self.port is None:

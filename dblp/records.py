@@ -81,6 +81,7 @@ class RoundRecord:
     malformed: int = 0
     out_of_range: int = 0
     wrong_length: int = 0
+    unauthenticated: int = 0  # authenticated wire: datagrams without a valid tag under the run's key
     extra: dict = field(default_factory=dict)  # view-specific extras (burst flag, compute time...)
     run: str = ""  # label of the run this row belongs to ("dblp", "baseline"...; "" = the file's only run)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
 from .policy import Policy, ReliablePolicy
@@ -37,7 +38,7 @@ log = logging.getLogger("dblp.server")
 
 @dataclass
 class ServerConfig:
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"  # loopback unless told an address or interface (dblp.cli --host)
     port: int = ctl.DEFAULT_PORT
     workers: int = 3
     policy: Policy = field(default_factory=ReliablePolicy)
@@ -58,6 +59,8 @@ class ServerConfig:
     records: str | None = None
     source: str = "loopback"
     fast: bool | None = None  # GSO/GRO: None = when available
+    secret: bytes | None = None  # the run's shared secret (dblp.auth); None: $DBLP_SECRET, else a new one (.secret)
+    insecure: bool = False  # the paper's wire: no handshake proofs, CRC-only datagrams (version 1)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -76,10 +79,23 @@ class ServerConfig:
         if self.rounds is not None and self.rounds < 1:
             raise ParameterError(f"rounds must be >= 1 (or None: until the workers leave), got {self.rounds}")
         ChunkLayout(1, self.mtu)  # validates mtu
+        if self.secret is not None and len(self.secret) < 16:
+            raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
 
 
 class ServerError(RuntimeError):
     pass
+
+
+@dataclass
+class _Handshake:
+    """One connection on its way in: its HELLO, then (authenticated) its AUTH, under one deadline."""
+
+    addr: tuple
+    decoder: ctl.ControlDecoder
+    until: float
+    hello: ctl.Hello | None = None  # set once the HELLO passed its checks
+    nonce: bytes = b""  # the server's nonce of the CHALLENGE sent
 
 
 @dataclass
@@ -95,6 +111,9 @@ class ParameterServer:
     def __init__(self, cfg: ServerConfig) -> None:
         self.cfg = cfg
         self.run_id = secrets.randbits(32)
+        self.secret: bytes | None = None if cfg.insecure else (cfg.secret or _env_secret() or
+                                                               bytes.fromhex(auth.new_secret()))
+        self.refused: dict[str, int] = {}  # refused connections by reason kind (hostile-client accounting)
         self.listener = socket.create_server((cfg.host, cfg.port), reuse_port=False)
         self.listener.settimeout(cfg.accept_timeout)
         self.port = self.listener.getsockname()[1]
@@ -128,32 +147,85 @@ class ParameterServer:
         spec: dict | None = {"elements": self.cfg.elements} if self.cfg.elements else None
         taken: set[int] = set()
         pending: list[tuple[socket.socket, ctl.Hello]] = []
-        shaking: dict[socket.socket, tuple[tuple, ctl.ControlDecoder, float]] = {}
+        shaking: dict[socket.socket, _Handshake] = {}
         deadline = time.monotonic() + self.cfg.accept_timeout
         sel = selectors.DefaultSelector()
         self.listener.setblocking(False)
         sel.register(self.listener, selectors.EVENT_READ)
 
-        def refuse(conn: socket.socket, addr: tuple, why: str) -> None:
-            log.warning("connection from %s:%s refused: %s", addr[0], addr[1], why)
+        def refuse(conn: socket.socket, why: str, kind: str) -> None:
+            hs = shaking.pop(conn)
+            log.warning("connection from %s:%s refused: %s", hs.addr[0], hs.addr[1], why)
+            self.refused[kind] = self.refused.get(kind, 0) + 1
             try:
                 conn.sendall(ctl.encode(ctl.Bye(f"refused: {why}")))
             except OSError:
                 pass
             sel.unregister(conn)
-            del shaking[conn]
             conn.close()
+
+        def admit(conn: socket.socket, hello: ctl.Hello) -> None:
+            nonlocal spec
+            why = self._check_hello(hello, spec, taken)  # again: another worker may have won the id meanwhile
+            if why:
+                refuse(conn, why, "hello")
+                return
+            spec = spec or hello.spec  # only an authenticated worker fixes the tensor size
+            if hello.worker >= 0:
+                taken.add(hello.worker)
+            del shaking[conn]
+            sel.unregister(conn)
+            conn.setblocking(True)
+            pending.append((conn, hello))
+
+        def on_message(conn: socket.socket, msg: ctl.Message) -> None:
+            hs = shaking[conn]
+            if hs.hello is None:  # expecting the HELLO
+                why = self._check_hello(msg, spec, taken)
+                if why:
+                    refuse(conn, why, "hello")
+                    return
+                assert isinstance(msg, ctl.Hello)
+                if self.secret is None:
+                    if msg.nonce:
+                        refuse(conn, "this server runs --insecure (the paper's unauthenticated wire); "
+                                     "start the worker with --insecure too", "auth")
+                    else:
+                        admit(conn, msg)
+                    return
+                if not msg.nonce:
+                    refuse(conn, "this server requires authentication: give the worker the run's secret "
+                                 f"(--secret-file or ${auth.SECRET_ENV}), or run both with --insecure", "auth")
+                    return
+                hs.hello, hs.nonce = msg, auth.new_nonce()
+                proof = auth.proof(self.secret, "server", bytes.fromhex(msg.nonce), hs.nonce,
+                                   ctl.canonical_hello(msg))
+                try:
+                    conn.sendall(ctl.encode(ctl.Challenge(hs.nonce, proof)))
+                except OSError as exc:
+                    refuse(conn, f"cannot send the challenge: {exc}", "hello")
+                return
+            if not isinstance(msg, ctl.AuthProof):  # expecting AUTH
+                refuse(conn, f"expected AUTH, got {type(msg).__name__}", "auth")
+                return
+            assert self.secret is not None
+            if not auth.check_proof(self.secret, "worker", bytes.fromhex(hs.hello.nonce), hs.nonce,
+                                    ctl.canonical_hello(hs.hello), msg.proof):
+                refuse(conn, "authentication failed: the worker does not hold this run's secret", "auth")
+                return
+            admit(conn, hs.hello)
 
         try:
             while len(pending) < self.cfg.workers:
                 now = time.monotonic()
-                for conn, (addr, _, until) in list(shaking.items()):
-                    if now >= until:
-                        refuse(conn, addr, f"no HELLO within {self.cfg.handshake_timeout:g} s")
+                for conn, hs in list(shaking.items()):
+                    if now >= hs.until:
+                        refuse(conn, f"no {'HELLO' if hs.hello is None else 'AUTH'} within "
+                                     f"{self.cfg.handshake_timeout:g} s", "timeout")
                 if now >= deadline:
                     raise ServerError(f"only {len(pending)} of {self.cfg.workers} workers connected "
                                       f"within {self.cfg.accept_timeout:.0f} s")
-                wake = min([deadline, *(until for _, _, until in shaking.values())])
+                wake = min([deadline, *(hs.until for hs in shaking.values())])
                 for key, _ in sel.select(max(0.0, wake - now)):
                     if key.fileobj is self.listener:
                         try:
@@ -161,43 +233,38 @@ class ParameterServer:
                         except (BlockingIOError, InterruptedError):
                             continue
                         conn.setblocking(False)
-                        shaking[conn] = (addr, ctl.ControlDecoder(), time.monotonic() + self.cfg.handshake_timeout)
+                        shaking[conn] = _Handshake(addr, ctl.ControlDecoder(),
+                                                   time.monotonic() + self.cfg.handshake_timeout)
                         sel.register(conn, selectors.EVENT_READ)
                         continue
                     conn = key.fileobj
-                    addr, dec, _ = shaking[conn]
+                    if conn not in shaking:  # refused or admitted earlier in this batch
+                        continue
                     try:
                         data = conn.recv(1 << 16)
-                        msgs = dec.feed(data) if data else []
+                        msgs = shaking[conn].decoder.feed(data) if data else []
                     except (BlockingIOError, InterruptedError):
                         continue
                     except (OSError, ctl.ControlError) as exc:
-                        refuse(conn, addr, str(exc))
+                        refuse(conn, str(exc), "malformed")
                         continue
                     if not data:
-                        refuse(conn, addr, "closed before its HELLO")
-                    elif msgs:
-                        hello = msgs[0]
-                        why = self._check_hello(hello, spec, taken)
-                        if why:
-                            refuse(conn, addr, why)
-                            continue
-                        spec = spec or hello.spec
-                        if hello.worker >= 0:
-                            taken.add(hello.worker)
-                        sel.unregister(conn)
-                        del shaking[conn]
-                        conn.setblocking(True)
-                        pending.append((conn, hello))
+                        refuse(conn, "closed during its handshake", "closed")
+                        continue
+                    for msg in msgs:
+                        if conn not in shaking or len(pending) >= self.cfg.workers:
+                            break
+                        on_message(conn, msg)
         finally:
-            for conn, (addr, _, _) in list(shaking.items()):
-                refuse(conn, addr, "the server has its workers")
+            for conn in list(shaking):
+                refuse(conn, "the server has its workers", "late")
             sel.close()
             self.listener.setblocking(True)
         assert spec is not None
         spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers
         elements = int(spec["elements"])
-        self.layout = ChunkLayout(elements, self.cfg.mtu)
+        key = None if self.secret is None else auth.data_key(self.secret, self.run_id)
+        self.layout = ChunkLayout(elements, self.cfg.mtu, key=key)
         ids = _assign_ids([h.worker for _, h in pending], self.cfg.workers)
         peers: dict[int, Peer] = {}
         for (conn, hello), wid in zip(pending, ids):
@@ -235,6 +302,7 @@ class ParameterServer:
                         "policy": self.cfg.policy.name,
                         "gso": w.peer.udp.gso,
                         "consistency": self.cfg.consistency,
+                        "wire": self.layout.version,
                     }
                 )
             )
@@ -418,6 +486,19 @@ def _close_peer(peer: Peer, reason: str | None = None) -> None:
             s.close()
         except OSError:
             pass
+
+
+def _env_secret() -> bytes | None:
+    """``$DBLP_SECRET`` when set (how launchers hand a run its secret), else None."""
+    import os
+
+    text = os.environ.get(auth.SECRET_ENV)
+    if not text:
+        return None
+    try:
+        return auth.parse_secret(text, f"${auth.SECRET_ENV}")
+    except auth.AuthError as exc:
+        raise ParameterError(str(exc)) from None
 
 
 def _assign_ids(requested: list[int], n: int) -> list[int]:

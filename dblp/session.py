@@ -154,7 +154,8 @@ def _drops(rec: RecordContext, receiver: Receiver, reported: DropCounters) -> di
     reported.add(DropCounters(**delta))
     return {"stale": rec.count(delta["stale"]), "duplicate": rec.count(delta["duplicate"]),
             "corrupt": delta["corrupt"], "foreign": delta["foreign"], "malformed": delta["malformed"],
-            "out_of_range": delta["out_of_range"], "wrong_length": delta["wrong_length"]}
+            "out_of_range": delta["out_of_range"], "wrong_length": delta["wrong_length"],
+            "unauthenticated": delta["unauthenticated"]}
 
 
 # -- the server -------------------------------------------------------------------------------

@@ -106,7 +106,7 @@ class DataSocket:
         done, k = 0, seqs.size
         for attempt in range(1000):
             sent, lost, calls, err = _c_send_chunks(self.sock.fileno(), addr[0], addr[1], headers[done:], values,
-                                                    seqs[done:], layout.chunk_floats, per_call)
+                                                    seqs[done:], layout.chunk_floats, per_call, layout.header_size)
             self.sent_calls += calls
             self.lost_sends += lost
             done += sent + lost
@@ -182,12 +182,13 @@ class DataSocket:
         Returns ``(k, placed)``. For i < k, ``aims[i] >= 0``: header in
         ``rows[i, :24]``, payload in the slot of chunk ``aims[i]``; ``-1``: the
         whole datagram in ``rows[i, :lengths[i]]``. ``crcs[i]`` (uint32) gets a
-        placed datagram's CRC-32C (header from byte 8, then its slot), taken
-        while the bytes are in cache. ``rows`` must be 24 + chunk_bytes wide.
+        placed datagram's CRC-32C (header from byte 8, then its slot) - on the
+        authenticated wire 1 when its tag is valid, else 0 - taken while the
+        bytes are in cache. ``rows`` must be header + chunk_bytes wide.
         """
         k, calls, placed = _c_recv_place(self.sock.fileno(), rows, lengths, srcs, aims, plan.out, plan.mask,
                                          plan.claim, plan.order, plan.pos, plan.cursor, crcs, plan.chunk_bytes,
-                                         int(self.gro), max_calls)
+                                         int(self.gro), max_calls, plan.key)
         self.recv_calls += calls
         return k, placed
 

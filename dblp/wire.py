@@ -19,6 +19,13 @@ The CRC covers one contiguous span (header fields and payload), so checking
 it is one CRC call per datagram; magic, version and kind are checked by
 value.
 
+Version 2, the authenticated wire (the default; :mod:`dblp.auth`): the same
+24 bytes with version 2 and the crc field zero, then a 16-byte AES-128-GMAC
+tag at bytes 24..40 over bytes 8..24 and the payload (nonce: sender, round,
+seq; key per run), then the payload at byte 40. The tag replaces the CRC
+(it detects corruption too). A :class:`ChunkLayout` with a ``key`` is a
+version-2 layout: 1500 - 28 - 40 = 1432 payload bytes, 358 floats a chunk.
+
 With the default MTU of 1500, 1500 - 20 (IPv4) - 8 (UDP) - 24 = 1448 payload
 bytes, i.e. 362 float32 values per chunk, so each datagram fills one MTU.
 
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from crc32c import crc32c as _crc32c
@@ -46,17 +53,20 @@ try:  # the optional C helper (dblp/_fastpath_c/crc32c.c, wire.c); DBLP_NO_C=1 f
     from ._fastpath import crc_rows as _c_crc_rows
     from ._fastpath import encode_headers as _c_encode_headers
     from ._fastpath import encode_rows as _c_encode_rows
+    from ._fastpath import mac_rows as _c_mac_rows
     from ._fastpath import scatter_rows as _c_scatter_rows
 except ImportError:  # not built (no compiler at install time)
-    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = _c_mac_rows = C_CRC = None
 if os.environ.get("DBLP_NO_C"):
-    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = C_CRC = None
+    _c_crc_rows = _c_encode_rows = _c_encode_headers = _c_scatter_rows = _c_crc_placed = _c_mac_rows = C_CRC = None
 
 MAGIC = 0xDB1F
-VERSION = 1
+VERSION = 1  # the paper's CRC-only wire (--insecure)
+VERSION_AUTH = 2  # the authenticated wire: a 16-byte tag after the 24 bytes
 KIND_DATA = 1
 SERVER_ID = 0xFFFF
-HEADER_SIZE = 24
+HEADER_SIZE = 24  # the fields both versions share; a version-2 header adds TAG_SIZE
+TAG_SIZE = 16
 IP_UDP_OVERHEAD = 28  # IPv4 (20) + UDP (8)
 FLOAT_BYTES = 4
 
@@ -82,18 +92,23 @@ class ParameterError(ValueError):
 
 @dataclass(frozen=True)
 class ChunkLayout:
-    """How a flat tensor of ``elements`` float32 values is cut into datagrams."""
+    """How a flat tensor of ``elements`` float32 values is cut into datagrams,
+    and on which wire: version 1 (no ``key``) or the authenticated version 2
+    (``key``: the run's 16-byte data key, :func:`dblp.auth.data_key`)."""
 
     elements: int
     mtu: int = 1500
+    key: bytes | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.elements <= 0:
             raise ParameterError(f"elements must be positive, got {self.elements}")
-        min_mtu = IP_UDP_OVERHEAD + HEADER_SIZE + FLOAT_BYTES
+        if self.key is not None and len(self.key) != TAG_SIZE:
+            raise ParameterError(f"the data key must be {TAG_SIZE} bytes, got {len(self.key)}")
+        min_mtu = IP_UDP_OVERHEAD + self.header_size + FLOAT_BYTES
         if self.mtu < min_mtu:
             raise ParameterError(
-                f"mtu={self.mtu} is too small for the {HEADER_SIZE}-byte DBLP header "
+                f"mtu={self.mtu} is too small for the {self.header_size}-byte DBLP header "
                 f"plus IP/UDP headers and one value (minimum {min_mtu})"
             )
         if self.mtu > 65535:
@@ -103,8 +118,22 @@ class ChunkLayout:
                                  f"the 32-bit sequence number allows {2**32}")
 
     @property
+    def header_size(self) -> int:
+        """Bytes before the payload: 24, or 40 on the authenticated wire."""
+        return HEADER_SIZE + (TAG_SIZE if self.key is not None else 0)
+
+    @property
+    def version(self) -> int:
+        return VERSION if self.key is None else VERSION_AUTH
+
+    @property
+    def key_bytes(self) -> bytes:
+        """The key as the C helper takes it: empty for version 1."""
+        return b"" if self.key is None else self.key
+
+    @property
     def chunk_floats(self) -> int:
-        return (self.mtu - IP_UDP_OVERHEAD - HEADER_SIZE) // FLOAT_BYTES
+        return (self.mtu - IP_UDP_OVERHEAD - self.header_size) // FLOAT_BYTES
 
     @property
     def chunk_bytes(self) -> int:
@@ -113,7 +142,7 @@ class ChunkLayout:
     @property
     def datagram_size(self) -> int:
         """Size of a full (not last) datagram, header included."""
-        return HEADER_SIZE + self.chunk_bytes
+        return self.header_size + self.chunk_bytes
 
     @property
     def chunks(self) -> int:
@@ -160,21 +189,71 @@ def crc_rows(rows: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
 
 
 def crc_placed(headers: np.ndarray, out: np.ndarray, seqs: np.ndarray, layout: ChunkLayout) -> np.ndarray:
-    """CRC-32C of datagrams whose payload was received in place: header
-    ``headers[i, CRC_START:24]`` followed by the (full) payload slot of chunk
-    ``seqs[i]`` in the float32 tensor ``out`` - the value the sender put in
-    the header's crc field."""
+    """Integrity checks of datagrams whose payload was received in place: header
+    ``headers[i]`` and the (full) payload slot of chunk ``seqs[i]`` in the
+    float32 tensor ``out``. Version 1: the CRC-32C of header bytes 8..24 and
+    the slot - the value the sender put in the header's crc field; version 2:
+    1 where the header's tag is valid, else 0 (as ``recv_place`` reports them)."""
     headers = np.ascontiguousarray(headers)
     seqs = np.ascontiguousarray(seqs, dtype=np.int64)
     res = np.zeros(seqs.size, np.uint32)
     raw = out.reshape(-1).view(np.uint8)
     cb = layout.chunk_bytes
     if _c_crc_placed is not None:
-        _c_crc_placed(headers, raw, seqs, cb, res)
+        _c_crc_placed(headers, raw, seqs, cb, res, layout.key_bytes)
         return res
     for i, s in enumerate(seqs.tolist()):
-        res[i] = _crc32c(raw[s * cb : (s + 1) * cb], _crc32c(headers[i, CRC_START:HEADER_SIZE].tobytes()))
+        slot = raw[s * cb : (s + 1) * cb]
+        if layout.key is not None:
+            res[i] = _tag_ok(layout.key, headers[i], slot)
+        else:
+            res[i] = _crc32c(slot, _crc32c(headers[i, CRC_START:HEADER_SIZE].tobytes()))
     return res
+
+
+def placed_ok(headers: np.ndarray, checks: np.ndarray, layout: ChunkLayout) -> np.ndarray:
+    """R4's integrity verdict on placed datagrams from their :func:`crc_placed` values."""
+    if layout.key is not None:
+        return checks == 1
+    return checks == parse_headers(headers)["crc"]
+
+
+def rows_ok(rows: np.ndarray, layout: ChunkLayout, lengths: np.ndarray | None = None) -> np.ndarray:
+    """R4's integrity verdict on whole datagrams ``rows[i, :lengths[i]]``: the CRC
+    matches (version 1), or the tag is valid under the run's key (version 2)."""
+    if layout.key is None:
+        return crc_rows(rows, lengths) == parse_headers(rows)["crc"]
+    k = rows.shape[0]
+    rows = np.ascontiguousarray(rows)
+    if _c_mac_rows is not None:
+        res = np.empty(k, np.uint32)
+        _c_mac_rows(rows, None if lengths is None else np.ascontiguousarray(lengths, np.int64), res, layout.key)
+        return res == 1
+    lens = [rows.shape[1]] * k if lengths is None else np.asarray(lengths).tolist()
+    hs = layout.header_size
+    return np.array([n >= hs and _tag_ok(layout.key, rows[i], rows[i, hs:n]) for i, n in enumerate(lens)], bool)
+
+
+def _tag_ok(key: bytes, header: np.ndarray, payload: np.ndarray) -> bool:
+    """One version-2 tag checked in Python (the fallback without the C helper)."""
+    from .auth import datagram_tag  # the cryptography package: only this fallback needs it here
+    import hmac
+    return hmac.compare_digest(datagram_tag(key, header[:HEADER_SIZE].tobytes(), payload.tobytes()),
+                               header[HEADER_SIZE:HEADER_SIZE + TAG_SIZE].tobytes())
+
+
+def _seal_rows(rows: np.ndarray, lengths: np.ndarray, layout: ChunkLayout) -> None:
+    """Fill the integrity field of encoded rows in Python: CRC (v1) or tag (v2)."""
+    hdr = rows[:, :HEADER_SIZE].view(HEADER_DTYPE).reshape(rows.shape[0])
+    if layout.key is None:
+        hdr["crc"] = crc_rows(rows, lengths)
+        return
+    from .auth import datagram_tag
+    hs = layout.header_size
+    hdr["crc"] = 0
+    for i, n in enumerate(np.asarray(lengths).tolist()):
+        rows[i, HEADER_SIZE:hs] = np.frombuffer(
+            datagram_tag(layout.key, rows[i, :HEADER_SIZE].tobytes(), rows[i, hs:n].tobytes()), np.uint8)
 
 
 def encode_chunks(
@@ -205,12 +284,13 @@ def encode_chunks(
     else:
         rows = out
     plen = layout.payload_lengths(seqs)
+    hs = layout.header_size
     if _c_encode_rows is not None and flat.dtype == np.dtype("<f4"):
-        _c_encode_rows(flat, seqs, rows, run_id, sender, round_no, layout.chunk_floats)
-        return rows, plen + HEADER_SIZE
+        _c_encode_rows(flat, seqs, rows, run_id, sender, round_no, layout.chunk_floats, layout.key_bytes)
+        return rows, plen + hs
     hdr = rows[:, :HEADER_SIZE].view(HEADER_DTYPE).reshape(k)
     hdr["magic"] = MAGIC
-    hdr["version"] = VERSION
+    hdr["version"] = layout.version
     hdr["kind"] = KIND_DATA
     hdr["run_id"] = run_id
     hdr["sender"] = sender
@@ -218,8 +298,8 @@ def encode_chunks(
     hdr["round"] = round_no
     hdr["seq"] = seqs
     _fill_payloads(rows, flat, seqs, plen, layout)
-    lengths = plen + HEADER_SIZE
-    hdr["crc"] = crc_rows(rows, lengths)
+    lengths = plen + hs
+    _seal_rows(rows, lengths, layout)
     return rows, lengths
 
 
@@ -233,24 +313,26 @@ def encode_headers(
     round_no: int,
     out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Only the 24-byte headers (CRC included) of the datagrams of ``seqs``.
+    """Only the headers (24 bytes, CRC included; 40 with the tag on the
+    authenticated wire) of the datagrams of ``seqs``.
 
     The payload stays in ``values``: a sender that hands the kernel header
     and payload as two pieces (``DataSocket.send_chunks``) never copies it.
-    Same bytes as ``encode_chunks(...)[0][:, :24]``.
+    Same bytes as ``encode_chunks(...)[0][:, :layout.header_size]``.
     """
     flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
     if flat.size != layout.elements:
         raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
     seqs = np.ascontiguousarray(seqs, dtype=np.int64)
-    hdr = np.empty((seqs.size, HEADER_SIZE), np.uint8) if out is None else out
-    if hdr.shape != (seqs.size, HEADER_SIZE) or hdr.dtype != np.uint8 or not hdr.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(seqs.size, HEADER_SIZE)}")
+    hs = layout.header_size
+    hdr = np.empty((seqs.size, hs), np.uint8) if out is None else out
+    if hdr.shape != (seqs.size, hs) or hdr.dtype != np.uint8 or not hdr.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(seqs.size, hs)}")
     if _c_encode_headers is not None:
-        _c_encode_headers(flat, seqs, hdr, run_id, sender, round_no, layout.chunk_floats)
+        _c_encode_headers(flat, seqs, hdr, run_id, sender, round_no, layout.chunk_floats, layout.key_bytes)
     else:
         rows, _ = encode_chunks(flat, layout, seqs, run_id=run_id, sender=sender, round_no=round_no)
-        hdr[:] = rows[:, :HEADER_SIZE]
+        hdr[:] = rows[:, :hs]
     return hdr
 
 
@@ -260,16 +342,16 @@ def assemble_rows(headers: np.ndarray, values: np.ndarray, seqs: np.ndarray,
     :func:`encode_chunks` returns them (for senders without the C path)."""
     seqs = np.asarray(seqs, dtype=np.int64)
     rows = np.empty((seqs.size, layout.datagram_size), np.uint8)
-    rows[:, :HEADER_SIZE] = headers
+    rows[:, : layout.header_size] = headers
     plen = layout.payload_lengths(seqs)
     _fill_payloads(rows, np.asarray(values, dtype="<f4").reshape(-1), seqs, plen, layout)
-    return rows, plen + HEADER_SIZE
+    return rows, plen + layout.header_size
 
 
 def _fill_payloads(rows: np.ndarray, flat: np.ndarray, seqs: np.ndarray, plen: np.ndarray,
                    layout: ChunkLayout) -> None:
     """Chunk ``seqs[i]`` of ``flat`` into the payload of ``rows[i]``; the short tail row is zero-padded."""
-    payload = rows[:, HEADER_SIZE:].view("<f4")
+    payload = rows[:, layout.header_size :].view("<f4")
     full = plen == layout.chunk_bytes
     if full.all():
         payload[:] = flat_padded_view(flat, layout)[seqs]
@@ -283,10 +365,12 @@ def _fill_payloads(rows: np.ndarray, flat: np.ndarray, seqs: np.ndarray, plen: n
 
 def scatter_payloads(rows: np.ndarray, seqs: np.ndarray, out: np.ndarray, layout: ChunkLayout) -> None:
     """Write the payloads of full-size datagrams ``rows`` to their chunks ``seqs`` of ``out``."""
+    hs = layout.header_size
     if _c_scatter_rows is not None and rows.flags.c_contiguous and out.flags.c_contiguous:
-        _c_scatter_rows(rows, np.ascontiguousarray(seqs, dtype=np.int64), out, layout.chunk_bytes, layout.chunk_bytes)
+        _c_scatter_rows(rows, np.ascontiguousarray(seqs, dtype=np.int64), out, layout.chunk_bytes, layout.chunk_bytes,
+                        hs)
         return
-    flat_padded_view(out, layout)[seqs] = rows[:, HEADER_SIZE : HEADER_SIZE + layout.chunk_bytes].view("<f4")
+    flat_padded_view(out, layout)[seqs] = rows[:, hs : hs + layout.chunk_bytes].view("<f4")
 
 
 def flat_padded_view(flat: np.ndarray, layout: ChunkLayout) -> np.ndarray:

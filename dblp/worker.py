@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
 from .pacing import TokenBucket
@@ -55,13 +56,23 @@ class Worker:
         records: str | None = None,
         source: str = "loopback",
         fast: bool | None = None,
+        secret: bytes | None = None,
+        insecure: bool = False,
     ) -> None:
+        """``secret``: the run's shared secret (:mod:`dblp.auth`); None reads ``$DBLP_SECRET``.
+        ``insecure``: the paper's unauthenticated wire (the server must run ``--insecure`` too)."""
         if elements is None:
             elements = int(sum(int(np.prod(s)) for s in shapes)) if shapes else 0
         if elements <= 0:
             raise ParameterError(f"elements must be positive (give elements= or shapes=), got {elements}")
         if peer_timeout <= 0:
             raise ParameterError(f"peer_timeout must be positive, got {peer_timeout}")
+        try:
+            self.secret = secret if secret is not None or insecure else auth.resolve_secret(None, False)
+        except auth.AuthError as exc:
+            raise ParameterError(str(exc)) from None
+        if self.secret is not None and len(self.secret) < 16:
+            raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
         self.server = (server_host, server_port)
         self.spec = {"elements": int(elements), "names": list(names), "shapes": [list(s) for s in shapes]}
         self.requested_id = worker_id
@@ -77,6 +88,7 @@ class Worker:
         self._early: list[tuple[ctl.RoundStart, float]] = []
         self.last_record: RoundRecord | None = None
         self._bye: str | None = None
+        self._challenge: ctl.Challenge | None = None
 
     # -- connection ----------------------------------------------------------------
     def connect(self) -> "Worker":
@@ -92,11 +104,20 @@ class Worker:
         tcp.settimeout(self.peer_timeout)
         udp = DataSocket(tcp.getsockname()[0], 0, fast=self.fast)
         self.peer = Peer("server", tcp, udp, on_message=self._on_message)
-        self.peer.send_control(ctl.Hello(self.requested_id, udp.port, self.spec))
+        nonce = auth.new_nonce() if self.secret is not None else b""
+        hello = ctl.Hello(self.requested_id, udp.port, self.spec, nonce=nonce.hex())
+        self.peer.send_control(hello)
+        if self.secret is not None:
+            self._authenticate(hello, nonce)
         self._pump(lambda: bool(self.meta), "metadata")
         m = self.meta
         self.worker_id = int(m["worker"])
-        self.layout = ChunkLayout(int(m["elements"]), int(m["mtu"]))
+        wire = int(m.get("wire", 1))
+        if (wire == 2) != (self.secret is not None):
+            raise WorkerError(f"the server speaks wire version {wire}; this worker "
+                              f"{'is authenticated' if self.secret else 'runs --insecure'}")
+        key = None if self.secret is None else auth.data_key(self.secret, int(m["run_id"]))
+        self.layout = ChunkLayout(int(m["elements"]), int(m["mtu"]), key=key)
         self.peer.udp_addr = (tcp.getpeername()[0], int(m["server_udp_port"]))
         order = str(m.get("order", DEFAULT_ORDER))
         self.session = WorkerSession(
@@ -114,9 +135,26 @@ class Worker:
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
 
+    def _authenticate(self, hello: ctl.Hello, nonce: bytes) -> None:
+        """The worker's half of the challenge-response: check the server's proof, send ours."""
+        assert self.peer is not None and self.secret is not None
+        self._pump(lambda: self._challenge is not None or bool(self.meta), "the server's challenge")
+        ch = self._challenge
+        if ch is None:
+            raise WorkerError("the server sent no challenge: it runs --insecure (start this worker with "
+                              "--insecure too) or is not a DBLP server of this version")
+        canon = ctl.canonical_hello(hello)
+        if not auth.check_proof(self.secret, "server", nonce, ch.nonce, canon, ch.proof):
+            raise WorkerError(f"the server at {self.server[0]}:{self.server[1]} does not hold this run's "
+                              f"secret (its proof failed): wrong --secret-file / ${auth.SECRET_ENV}, "
+                              f"or not our server")
+        self.peer.send_control(ctl.AuthProof(auth.proof(self.secret, "worker", nonce, ch.nonce, canon)))
+
     def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
         now = time.monotonic()
-        if isinstance(msg, ctl.Meta):
+        if isinstance(msg, ctl.Challenge):
+            self._challenge = msg
+        elif isinstance(msg, ctl.Meta):
             self.meta = msg.info
         elif isinstance(msg, (ctl.RoundStart, ctl.Common)):
             if self.session is None:

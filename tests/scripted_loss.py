@@ -69,7 +69,8 @@ def run_on_loopback(cfg, elements: int, rounds: int, grad, *, up_loss: bool = Tr
 
     def work(i: int) -> None:
         try:
-            with Worker(cfg.host, srv.port, elements=elements, worker_id=i, fast=fast, peer_timeout=30) as w:
+            with Worker(cfg.host, srv.port, elements=elements, worker_id=i, fast=fast, peer_timeout=30,
+                        secret=srv.secret, insecure=cfg.insecure) as w:
                 if up_loss:
                     lossy(w.peer.udp, loss, ctl.UP, i, w.peer)
                 for k in range(rounds):

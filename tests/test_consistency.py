@@ -19,6 +19,8 @@ from dblp.server import ServerConfig
 from procs import free_port
 from scripted_loss import run_on_loopback
 
+from dblp.wire import ChunkLayout
+
 ELEMENTS = 362 * 120 + 17  # a short last chunk
 WORKERS = 3
 ROUNDS = 4
@@ -41,7 +43,9 @@ def test_without_consistency_the_replicas_differ():
 def test_intersect_makes_every_worker_apply_the_same_chunks():
     outs, records, _ = run("intersect")
     chunks = records[0].chunks
-    pad = np.zeros(chunks * 362, np.float32)
+    cf = ChunkLayout(ELEMENTS, key=bytes(16)).chunk_floats  # the authenticated wire's chunk (358 floats)
+    assert chunks == ChunkLayout(ELEMENTS, key=bytes(16)).chunks
+    pad = np.zeros(chunks * cf, np.float32)
     for k in range(ROUNDS):
         for i in range(1, WORKERS):
             assert np.array_equal(outs[0][k], outs[i][k]), f"round {k}: worker {i} differs from worker 0"
@@ -50,7 +54,7 @@ def test_intersect_makes_every_worker_apply_the_same_chunks():
         (n_common,) = common
         assert n_common <= min(r.down_received for r in records if r.round == k) and n_common < chunks
         pad[: ELEMENTS] = outs[0][k]
-        carrying = int(np.count_nonzero(pad.reshape(chunks, 362).any(axis=1)))
+        carrying = int(np.count_nonzero(pad.reshape(chunks, cf).any(axis=1)))
         # only common chunks carry values (a common chunk is zero where no upload of it reached the server)
         assert n_common - 5 <= carrying <= n_common
     assert all(r.extra["wait_common_s"] >= 0 for r in records)

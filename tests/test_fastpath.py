@@ -167,13 +167,13 @@ def test_c_encode_and_scatter_refuse_out_of_range_indices():
     v = np.zeros(lay.elements, np.float32)
     rows = np.empty((1, lay.datagram_size), np.uint8)
     with pytest.raises(ValueError, match="outside the tensor"):
-        fast.encode_rows(v, np.array([10], np.int64), rows, 1, 1, 1, lay.chunk_floats)
-    with pytest.raises(ValueError, match="24 \\+ 4"):
-        fast.encode_rows(v, np.array([0], np.int64), rows, 1, 1, 1, lay.chunk_floats + 1)
+        fast.encode_rows(v, np.array([10], np.int64), rows, 1, 1, 1, lay.chunk_floats, b"")
+    with pytest.raises(ValueError, match="rows width must be the header"):
+        fast.encode_rows(v, np.array([0], np.int64), rows, 1, 1, 1, lay.chunk_floats + 1, b"")
     with pytest.raises(ValueError, match="outside the output"):
-        fast.scatter_rows(rows, np.array([10], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
+        fast.scatter_rows(rows, np.array([10], np.int64), v, lay.chunk_bytes, lay.chunk_bytes, 24)
     with pytest.raises(ValueError, match="outside the output"):
-        fast.scatter_rows(rows, np.array([-1], np.int64), v, lay.chunk_bytes, lay.chunk_bytes)
+        fast.scatter_rows(rows, np.array([-1], np.int64), v, lay.chunk_bytes, lay.chunk_bytes, 24)
 
 
 def _receive_all(sock, count: int, width: int) -> tuple[list[bytes], set[int]]:

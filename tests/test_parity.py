@@ -50,7 +50,8 @@ def make_policy() -> ScriptedNormPolicy:
 def real_records(monkeypatch, consistency: str) -> list:
     monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as per-datagram delivery
     cfg = ServerConfig(host="127.0.0.1", port=free_port(), workers=WORKERS, policy=make_policy(), seed=SEED,
-                       rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30, consistency=consistency)
+                       rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30, consistency=consistency,
+                       insecure=True)  # the simulator models the paper's wire (362-float chunks)
     _, records, server_records = run_on_loopback(cfg, ELEMENTS, ROUNDS,
                                                  lambda i, k: np.full(ELEMENTS, float(i + 1), np.float32), fast=False)
     return records + server_records

@@ -244,11 +244,15 @@ def test_recv_place_refuses_inconsistent_arguments():
             a = {**ok, **kw}
             return recv_place(s.fileno(), a["rows"], a["lens"], a["srcs"], a["aims"], plan.out, plan.mask,
                               a.get("claim", plan.claim), plan.order, plan.pos, plan.cursor, a["crcs"],
-                              a.get("cb", plan.chunk_bytes), 0, 1)
+                              a.get("cb", plan.chunk_bytes), 0, 1, a.get("key", b""))
 
         assert call()[0] == 0  # nothing queued
-        with pytest.raises(ValueError, match="24 \\+ chunk_bytes"):
+        with pytest.raises(ValueError, match="\\+ chunk_bytes"):
             call(rows=np.empty((64, 100), np.uint8))
+        with pytest.raises(ValueError, match="\\+ chunk_bytes"):  # a key makes the header 40 bytes
+            call(key=bytes(16))
+        with pytest.raises(ValueError, match="16 bytes"):
+            call(key=b"short")
         with pytest.raises(ValueError, match="int64 per row"):
             call(aims=np.zeros(3, np.int64))
         with pytest.raises(ValueError, match="same chunks"):

@@ -138,7 +138,8 @@ def test_fuzzed_datagrams_never_crash_or_corrupt():
     th.join(timeout=10)
     assert "error" not in result
     assert drops.foreign >= 1500 * 0.9  # the stranger's half (random ones may also fail earlier checks)
-    assert drops.corrupt + drops.malformed + drops.wrong_length + drops.stale + drops.duplicate > 500
+    assert drops.unauthenticated + drops.malformed + drops.wrong_length + drops.stale + drops.duplicate > 500
+    assert drops.corrupt == 0  # the authenticated wire: a bad tag is unauthenticated, never a CRC matter
 
 
 def test_bad_parameters_are_refused_by_name():

@@ -6,6 +6,7 @@
  *   wire.c     the data datagram of dblp/wire.py: encode_rows, encode_headers, scatter_rows
  *   sockets.c  batches to and from a UDP socket: send_chunks (GSO), recv_rows (GRO / recvmmsg)
  *   place.c    receiving payloads straight into the tensor: recv_place, crc_placed
+ *   mac.c      the authenticated datagram (version 2): AES-GMAC tags, mac_rows
  *   reduce.c   the server's fused, threaded mean and norm: mean_into
  *   module.c   the method table and the module's start-up
  *   buffers.h  taking and giving back the Python buffers an entry point works on
@@ -33,6 +34,11 @@
  * then the chunk's float32 payload. */
 #define HEADER_BYTES 24
 #define CRC_START 8
+/* Wire version 2 (authenticated, dblp/auth.py): the same 24 bytes with version 2 and the CRC field
+ * zero, then a 16-byte AES-GMAC tag (mac.c); the payload follows at byte 40. An entry point that
+ * takes a key works on version 2 when the key is 16 bytes, on version 1 when it is empty. */
+#define TAG_BYTES 16
+#define AUTH_HEADER_BYTES (HEADER_BYTES + TAG_BYTES)
 #define UDP_MAX_PAYLOAD 65507
 
 static inline void put_be16(uint8_t *p, uint32_t v) { p[0] = (uint8_t)(v >> 8); p[1] = (uint8_t)v; }
@@ -59,6 +65,18 @@ extern crc_fn crc_impl;
 extern const char *crc_name;
 void crc_init(void); /* tables, then the best implementation; crc_name becomes the module's BEST */
 
+/* AES-GMAC of one datagram (mac.c): mac_open takes a 16-byte key (-1 otherwise), mac_tag writes the
+ * tag of header bytes 8..24 + payload (nonce: the header's sender, round, seq), mac_check compares
+ * it in constant time with the tag at hdr + 24. One mac_ctx per thread; mac_close wipes the key. */
+typedef struct {
+    unsigned char aes[512] __attribute__((aligned(16))); /* an AES_KEY, opaque here (mac.c asserts the size) */
+    void *gcm;
+} mac_ctx;
+int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len);
+void mac_close(mac_ctx *m);
+void mac_tag(mac_ctx *m, const uint8_t *hdr, const uint8_t *payload, size_t n, uint8_t *tag);
+int mac_check(mac_ctx *m, const uint8_t *hdr, const uint8_t *payload, size_t n);
+
 /* The entry points (METH_VARARGS), one home each; module.c lists them. */
 PyObject *fp_crc_rows(PyObject *self, PyObject *args);
 PyObject *fp_use(PyObject *self, PyObject *args);
@@ -70,6 +88,7 @@ PyObject *fp_recv_rows(PyObject *self, PyObject *args);
 PyObject *fp_recv_place(PyObject *self, PyObject *args);
 PyObject *fp_crc_placed(PyObject *self, PyObject *args);
 PyObject *fp_mean_into(PyObject *self, PyObject *args);
+PyObject *fp_mac_rows(PyObject *self, PyObject *args);
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC visibility pop

@@ -17,6 +17,7 @@ static PyMethodDef methods[] = {
      "recv_rows with payloads received in place when predicted; (k, calls, placed)."},
     {"crc_placed", fp_crc_placed, METH_VARARGS, "CRC-32C of header rows followed by their payload slots in out."},
     {"mean_into", fp_mean_into, METH_VARARGS, "out = sum(bufs) * scale in one threaded pass; returns sum(out**2)."},
+    {"mac_rows", fp_mac_rows, METH_VARARGS, "1 where rows[i, :lengths[i]] carries a valid AES-GMAC tag (wire v2), else 0."},
     {"use", fp_use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},
     {"crc_rows", fp_crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},
     {NULL, NULL, 0, NULL},

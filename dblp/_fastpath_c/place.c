@@ -2,7 +2,10 @@
  * R10): recv_place, and crc_placed for the CRC of a datagram received so.
  *
  * recv_place(fd, rows, lengths, srcs, aims, out, mask, claim, order, pos, cursor, crcs, chunk_bytes, gro,
- *            max_calls) -> (k, calls, placed)
+ *            max_calls, key) -> (k, calls, placed)
+ *
+ * key: empty for wire version 1 (rows of 24 + chunk_bytes columns), 16
+ * bytes for version 2 (40 + chunk_bytes: the header with its tag).
  *
  * recv_rows (sockets.c), but a datagram's payload is received straight into
  * its place in the tensor when it is the one expected next, saving the copy
@@ -28,9 +31,10 @@
  * aims[i]); aims[i] == -1 means the whole datagram is in rows[i, :lengths[i]]
  * (payloads that landed in a wrong slot are copied back there). `claim` is
  * all zero again on return; `cursor` is updated. crcs[i] (uint32) gets the
- * CRC-32C of a placed datagram (header from byte 8, then its slot), computed
- * right after its system call while the bytes are still in cache: read
- * again later from a 100 MB tensor, they cost more than the copy saved. */
+ * CRC-32C of a placed datagram (header from byte 8, then its slot) - or, in
+ * version 2, 1 when its tag is valid and 0 when not - computed right after
+ * its system call while the bytes are still in cache: read again later from
+ * a 100 MB tensor, they cost more than the copy saved. */
 #include "common.h"
 
 #include "buffers.h"
@@ -41,13 +45,14 @@
 
 typedef struct {
     uint8_t *base;
-    Py_ssize_t width, cb, chunks;
+    Py_ssize_t width, hb, cb, chunks; /* hb: the header's bytes, 24 or 40 (version 2) */
     uint8_t *out;
     const uint8_t *mask;
     uint8_t *claim;
     const int64_t *order, *pos;
     int64_t cursor;
     uint32_t *crcs;
+    mac_ctx *mac; /* version 2: the run's key; NULL in version 1 */
 } place_ctx;
 
 /* Aims for r datagrams: the next missing, unclaimed chunks in the sender's order. */
@@ -71,9 +76,9 @@ static void plan_aims(place_ctx *c, int64_t *aims, Py_ssize_t r) {
 static void set_iov(place_ctx *c, struct iovec *iov, Py_ssize_t row, int64_t aim) {
     uint8_t *r = c->base + row * c->width;
     iov[0].iov_base = r;
-    iov[0].iov_len = HEADER_BYTES;
-    iov[1].iov_base = aim >= 0 ? c->out + aim * c->cb : r + HEADER_BYTES;
-    iov[1].iov_len = (size_t)(aim >= 0 ? c->cb : c->width - HEADER_BYTES);
+    iov[0].iov_len = (size_t)c->hb;
+    iov[1].iov_base = aim >= 0 ? c->out + aim * c->cb : r + c->hb;
+    iov[1].iov_len = (size_t)(aim >= 0 ? c->cb : c->width - c->hb);
 }
 
 /* A received datagram of n bytes in row `row` (header) and its aim's slot:
@@ -83,11 +88,13 @@ static int settle(place_ctx *c, Py_ssize_t row, int64_t *aim, Py_ssize_t n) {
     int64_t a = *aim;
     if (a < 0) return 0;
     if (n == c->width && (int64_t)get_be32(r + 20) == a) {
-        c->crcs[row] = crc_impl(crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START), c->out + a * c->cb, (size_t)c->cb);
+        const uint8_t *slot = c->out + a * c->cb;
+        c->crcs[row] = c->mac ? (uint32_t)mac_check(c->mac, r, slot, (size_t)c->cb)
+                              : crc_impl(crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START), slot, (size_t)c->cb);
         return 1;
     }
     if (n > c->width) n = c->width; /* a truncated datagram: its row holds width bytes */
-    if (n > HEADER_BYTES) memcpy(r + HEADER_BYTES, c->out + a * c->cb, (size_t)(n - HEADER_BYTES));
+    if (n > c->hb) memcpy(r + c->hb, c->out + a * c->cb, (size_t)(n - c->hb));
     c->claim[a] = 0;
     *aim = -1;
     return 0;
@@ -95,7 +102,7 @@ static int settle(place_ctx *c, Py_ssize_t row, int64_t *aim, Py_ssize_t n) {
 
 /* The sender's position after the datagram in `row`: where the next predictions start. */
 static void resync(place_ctx *c, Py_ssize_t row, Py_ssize_t n) {
-    if (n < HEADER_BYTES) return;
+    if (n < c->hb) return;
     uint32_t s = get_be32(c->base + row * c->width + 20);
     if ((int64_t)s < c->chunks) c->cursor = c->pos[s] + 1;
 }
@@ -104,27 +111,39 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
     int fd, gro;
     PyObject *o[11];
     Py_ssize_t cb, max_calls;
-    if (!PyArg_ParseTuple(args, "iOOOOOOOOOOOnin", &fd, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
-                          &o[8], &o[9], &o[10], &cb, &gro, &max_calls))
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "iOOOOOOOOOOOniny*", &fd, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
+                          &o[8], &o[9], &o[10], &cb, &gro, &max_calls, &key))
         return NULL;
+    mac_ctx mc;
+    int authed = key.len > 0;
+    if (authed && mac_open(&mc, (const uint8_t *)key.buf, key.len) < 0) {
+        PyBuffer_Release(&key);
+        return value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
+    }
+    PyBuffer_Release(&key);
+    Py_ssize_t hb = authed ? AUTH_HEADER_BYTES : HEADER_BYTES;
     Py_buffer b[11]; /* rows, lengths, srcs, aims, out, mask, claim, order, pos, cursor, crcs */
     static const int flags[11] = {BUF_OUT2D, BUF_OUT, BUF_OUT, BUF_OUT, BUF_OUT, BUF_IN,
                                   BUF_OUT,   BUF_IN,  BUF_IN,  BUF_OUT, BUF_OUT};
-    if (take_buffers(11, b, o, flags) < 0) return NULL;
+    if (take_buffers(11, b, o, flags) < 0) {
+        if (authed) mac_close(&mc);
+        return NULL;
+    }
     PyObject *result = NULL;
     Py_ssize_t K = rows_of(&b[0]), width = cols_of(&b[0]);
     Py_ssize_t chunks = b[5].len;
-    if (!is_byte_matrix(&b[0]) || cb <= 0 || width != HEADER_BYTES + cb) {
-        value_error("rows must be a 2-D uint8 array of 24 + chunk_bytes columns");
+    if (!is_byte_matrix(&b[0]) || cb <= 0 || width != hb + cb) {
+        value_error("rows must be a 2-D uint8 array of header (24, or 40 with a key) + chunk_bytes columns");
     } else if (b[1].len < K * 8 || b[2].len < K * 8 || b[3].len < K * 8 || b[10].len < K * 4) {
         value_error("lengths, srcs and aims need an int64 per row, crcs a uint32");
     } else if (chunks < 2 || b[6].len != chunks || b[7].len != chunks * 8 || b[8].len != chunks * 8 ||
                b[9].len < 8 || b[4].len < (chunks - 1) * cb) {
         value_error("mask, claim, order, pos and out must describe the same chunks");
     } else {
-        place_ctx c = {(uint8_t *)b[0].buf, width, cb, chunks, (uint8_t *)b[4].buf, (const uint8_t *)b[5].buf,
+        place_ctx c = {(uint8_t *)b[0].buf, width, hb, cb, chunks, (uint8_t *)b[4].buf, (const uint8_t *)b[5].buf,
                        (uint8_t *)b[6].buf, (const int64_t *)b[7].buf, (const int64_t *)b[8].buf,
-                       ((int64_t *)b[9].buf)[0], (uint32_t *)b[10].buf};
+                       ((int64_t *)b[9].buf)[0], (uint32_t *)b[10].buf, authed ? &mc : NULL};
         /* order/pos only steer predictions: every index taken from them is bounds-checked, so a
          * wrong order costs copies, never memory safety (no O(chunks) check per call) */
         int64_t *ln = (int64_t *)b[1].buf, *sk = (int64_t *)b[2].buf, *aims = (int64_t *)b[3].buf;
@@ -242,25 +261,40 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
         } else
             result = Py_BuildValue("nnn", k, calls, placed);
     }
+    if (authed) mac_close(&mc);
     give_back_buffers(11, b);
     return result;
 }
 
-/* crc_placed(rows, out, aims, chunk_bytes, res): for each i with aims[i] >= 0,
+/* crc_placed(rows, out, aims, chunk_bytes, res, key): for each i with aims[i] >= 0,
  * res[i] = CRC-32C of rows[i, 8:24] followed by the payload slot of chunk
  * aims[i] in out - the datagram's CRC as the sender computed it, for a
- * datagram recv_place received in place. Other entries are left alone. */
+ * datagram recv_place received in place; with a 16-byte key (version 2),
+ * res[i] = 1 when the tag in rows[i, 24:40] is valid for them, else 0.
+ * Other entries are left alone. */
 PyObject *fp_crc_placed(PyObject *self, PyObject *args) {
     PyObject *o[4];
     Py_ssize_t cb;
-    if (!PyArg_ParseTuple(args, "OOOnO", &o[0], &o[1], &o[2], &cb, &o[3])) return NULL;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "OOOnOy*", &o[0], &o[1], &o[2], &cb, &o[3], &key)) return NULL;
+    mac_ctx mc;
+    int authed = key.len > 0;
+    if (authed && mac_open(&mc, (const uint8_t *)key.buf, key.len) < 0) {
+        PyBuffer_Release(&key);
+        return value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
+    }
+    PyBuffer_Release(&key);
+    Py_ssize_t hb = authed ? AUTH_HEADER_BYTES : HEADER_BYTES;
     Py_buffer b[4]; /* rows, out, aims, res */
     static const int flags[4] = {BUF_IN2D, BUF_IN, BUF_IN, BUF_OUT};
-    if (take_buffers(4, b, o, flags) < 0) return NULL;
+    if (take_buffers(4, b, o, flags) < 0) {
+        if (authed) mac_close(&mc);
+        return NULL;
+    }
     PyObject *result;
     Py_ssize_t k = b[0].ndim == 2 ? b[0].shape[0] : -1, w = cols_of(&b[0]);
-    if (k < 0 || w < HEADER_BYTES || b[0].itemsize != 1 || cb <= 0 || b[2].len < k * 8 || b[3].len < k * 4) {
-        result = value_error("rows (k, >=24) uint8, aims k int64, res k uint32 expected");
+    if (k < 0 || w < hb || b[0].itemsize != 1 || cb <= 0 || b[2].len < k * 8 || b[3].len < k * 4) {
+        result = value_error("rows (k, >= header bytes) uint8, aims k int64, res k uint32 expected");
     } else {
         const uint8_t *rows = (const uint8_t *)b[0].buf, *out = (const uint8_t *)b[1].buf;
         const int64_t *aims = (const int64_t *)b[2].buf;
@@ -275,11 +309,14 @@ PyObject *fp_crc_placed(PyObject *self, PyObject *args) {
                 bad = 1;
                 break;
             }
-            res[i] = crc_impl(crc_impl(0, rows + i * w + CRC_START, HEADER_BYTES - CRC_START), out + a * cb, (size_t)cb);
+            const uint8_t *r = rows + i * w;
+            res[i] = authed ? (uint32_t)mac_check(&mc, r, out + a * cb, (size_t)cb)
+                            : crc_impl(crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START), out + a * cb, (size_t)cb);
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the output");
     }
+    if (authed) mac_close(&mc);
     give_back_buffers(4, b);
     return result;
 }

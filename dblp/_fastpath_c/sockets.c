@@ -8,8 +8,9 @@
 #include "buffers.h"
 #include "sockets.h"
 
-/* send_chunks(fd, host, port, headers, values, seqs, chunk_floats, per_call)
+/* send_chunks(fd, host, port, headers, values, seqs, chunk_floats, per_call, header_bytes)
  *
+ * header_bytes: 24 (wire version 1) or 40 (version 2, the tag included).
  * Puts the datagrams (header i, then chunk seqs[i] of `values`) on the wire
  * with an iovec pair per datagram: the kernel copies the payload straight
  * from the tensor. Runs of full-size datagrams go `per_call` at a time in
@@ -28,8 +29,10 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
     int fd, port;
     const char *host;
     PyObject *hdr_o, *val_o, *seq_o;
-    Py_ssize_t cf, per_call;
-    if (!PyArg_ParseTuple(args, "isiOOOnn", &fd, &host, &port, &hdr_o, &val_o, &seq_o, &cf, &per_call)) return NULL;
+    Py_ssize_t cf, per_call, hb;
+    if (!PyArg_ParseTuple(args, "isiOOOnnn", &fd, &host, &port, &hdr_o, &val_o, &seq_o, &cf, &per_call, &hb))
+        return NULL;
+    if (hb != HEADER_BYTES && hb != AUTH_HEADER_BYTES) return value_error("header_bytes must be 24 or 40");
     struct sockaddr_in dst;
     memset(&dst, 0, sizeof dst);
     dst.sin_family = AF_INET;
@@ -43,13 +46,13 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
     const Py_buffer *hdr = &b[0], *val = &b[1], *seq = &b[2];
     Py_ssize_t k = seq->len / 8, elements = val->len / 4;
     Py_ssize_t chunks = chunk_count(elements, cf);
-    Py_ssize_t seg = HEADER_BYTES + 4 * cf;
+    Py_ssize_t seg = hb + 4 * cf;
     if (per_call > MAX_SEGS) per_call = MAX_SEGS;
     if (per_call * seg > UDP_MAX_PAYLOAD) per_call = UDP_MAX_PAYLOAD / seg;
     if (per_call < 1) per_call = 1;
     PyObject *result = NULL;
-    if (hdr->len < k * HEADER_BYTES || cf <= 0) {
-        value_error("headers must hold 24 bytes per index, chunk_floats > 0");
+    if (hdr->len < k * hb || cf <= 0) {
+        value_error("headers must hold header_bytes per index, chunk_floats > 0");
     } else {
         const uint8_t *h = (const uint8_t *)hdr->buf, *v = (const uint8_t *)val->buf;
         const int64_t *sq = (const int64_t *)seq->buf;
@@ -72,8 +75,8 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                         break;
                     }
                     Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-                    iov[2 * vlen].iov_base = (void *)(h + HEADER_BYTES * (i + vlen));
-                    iov[2 * vlen].iov_len = HEADER_BYTES;
+                    iov[2 * vlen].iov_base = (void *)(h + hb * (i + vlen));
+                    iov[2 * vlen].iov_len = (size_t)hb;
                     iov[2 * vlen + 1].iov_base = (void *)(v + 4 * s * cf);
                     iov[2 * vlen + 1].iov_len = (size_t)(4 * n);
                     memset(&msgs[vlen], 0, sizeof msgs[vlen]);
@@ -115,8 +118,8 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                     if (count > 0) break;
                     full = 0;
                 }
-                iov[2 * count].iov_base = (void *)(h + HEADER_BYTES * (i + count));
-                iov[2 * count].iov_len = HEADER_BYTES;
+                iov[2 * count].iov_base = (void *)(h + hb * (i + count));
+                iov[2 * count].iov_len = (size_t)hb;
                 iov[2 * count + 1].iov_base = (void *)(v + 4 * s * cf);
                 iov[2 * count + 1].iov_len = (size_t)(4 * n);
                 count++;

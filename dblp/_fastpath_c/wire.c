@@ -10,32 +10,71 @@
 
 #include "buffers.h"
 
-/* The 24-byte header, CRC field left for the caller. */
-static void write_header(uint8_t *r, uint32_t run_id, uint32_t sender, uint32_t plen, uint32_t round_no, uint32_t seq) {
+/* The 24-byte header, CRC field left for the caller (zero in version 2). */
+static void write_header(uint8_t *r, int version, uint32_t run_id, uint32_t sender, uint32_t plen, uint32_t round_no,
+                         uint32_t seq) {
     put_be16(r, 0xDB1F);
-    r[2] = 1; /* version */
+    r[2] = (uint8_t)version;
     r[3] = 1; /* kind: data */
     put_be32(r + 8, run_id);
     put_be16(r + 12, sender);
     put_be16(r + 14, plen);
     put_be32(r + 16, round_no);
     put_be32(r + 20, seq);
+    if (version == 2) memset(r + 4, 0, 4);
 }
 
-/* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats)
+/* Version 1: the CRC-32C of bytes 8..24 and the payload into bytes 4..8; version 2 (m not NULL):
+ * the AES-GMAC tag of the same bytes into bytes 24..40. */
+static void seal(uint8_t *r, mac_ctx *m, const uint8_t *payload, size_t n) {
+    if (m) {
+        mac_tag(m, r, payload, n, r + HEADER_BYTES);
+        return;
+    }
+    uint32_t c = crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START);
+    put_be32(r + 4, crc_impl(c, payload, n));
+}
+
+/* The key argument: empty (version 1) or 16 bytes (version 2, m opened); -1 with ValueError otherwise. */
+static int open_key(const Py_buffer *key, mac_ctx *m, mac_ctx **mp) {
+    *mp = NULL;
+    if (key->len == 0) return 0;
+    if (mac_open(m, (const uint8_t *)key->buf, key->len) < 0) {
+        value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
+        return -1;
+    }
+    *mp = m;
+    return 0;
+}
+
+/* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats, key)
  *
  * The same bytes as dblp.wire.encode_chunks: for each i, header + chunk
  * seqs[i] of the float32 tensor `values` into rows[i], zero padding after a
- * short last chunk, and the CRC-32C of bytes 8..end. One pass over the
- * payload instead of numpy's gather into a temporary and a strided copy. */
+ * short last chunk, and the CRC-32C of bytes 8..end (key empty) or the
+ * version-2 header with its tag (16-byte key). One pass over the payload
+ * instead of numpy's gather into a temporary and a strided copy. */
 PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
     PyObject *val_o, *seq_o, *rows_o;
     unsigned long run_id, round_no;
     unsigned int sender;
     Py_ssize_t cf;
-    if (!PyArg_ParseTuple(args, "OOOkIkn", &val_o, &seq_o, &rows_o, &run_id, &sender, &round_no, &cf)) return NULL;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &rows_o, &run_id, &sender, &round_no, &cf, &key))
+        return NULL;
+    mac_ctx mc, *m;
+    if (open_key(&key, &mc, &m) < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
+    int version = m ? 2 : 1;
+    PyBuffer_Release(&key);
     Py_buffer b[3]; /* values, seqs, rows */
-    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, rows_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT2D}) < 0) return NULL;
+    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, rows_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT2D}) < 0) {
+        if (m) mac_close(m);
+        return NULL;
+    }
     const Py_buffer *val = &b[0], *seq = &b[1], *rows = &b[2];
     Py_ssize_t k = seq->len / 8, elements = val->len / 4;
     Py_ssize_t width = cols_of(rows);
@@ -43,8 +82,8 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
     PyObject *result;
     if (!is_byte_matrix(rows) || rows->shape[0] != k) {
         result = value_error("rows must be a (len(seqs), width) uint8 array");
-    } else if (cf <= 0 || width != HEADER_BYTES + 4 * cf) {
-        result = value_error("rows width must be 24 + 4 * chunk_floats");
+    } else if (cf <= 0 || width != hb + 4 * cf) {
+        result = value_error("rows width must be the header (24, or 40 with a key) + 4 * chunk_floats");
     } else {
         const float *v = (const float *)val->buf;
         const int64_t *sq = (const int64_t *)seq->buf;
@@ -59,38 +98,53 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
             }
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
             uint8_t *r = base + i * width;
-            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            memcpy(r + HEADER_BYTES, v + s * cf, (size_t)(4 * n));
-            if (n < cf) memset(r + HEADER_BYTES + 4 * n, 0, (size_t)(4 * (cf - n)));
-            put_be32(r + 4, crc_impl(0, r + CRC_START, (size_t)(HEADER_BYTES - CRC_START + 4 * n)));
+            write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            memcpy(r + hb, v + s * cf, (size_t)(4 * n));
+            if (n < cf) memset(r + hb + 4 * n, 0, (size_t)(4 * (cf - n)));
+            seal(r, m, r + hb, (size_t)(4 * n));
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the tensor");
     }
+    if (m) mac_close(m);
     give_back_buffers(3, b);
     return result;
 }
 
-/* encode_headers(values, seqs, headers, run_id, sender, round, chunk_floats)
+/* encode_headers(values, seqs, headers, run_id, sender, round, chunk_floats, key)
  *
  * Only the (k, 24) headers of the datagrams of chunks seqs, CRC included
  * (it covers header bytes 8..24 and the payload, read in place from
- * `values`). With send_chunks the payload then goes from the tensor to the
+ * `values`) - or (k, 40) version-2 headers with their tags when the key is
+ * 16 bytes. With send_chunks the payload then goes from the tensor to the
  * kernel with no copy in between. */
 PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
     PyObject *val_o, *seq_o, *hdr_o;
     unsigned long run_id, round_no;
     unsigned int sender;
     Py_ssize_t cf;
-    if (!PyArg_ParseTuple(args, "OOOkIkn", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf)) return NULL;
+    Py_buffer key;
+    if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf, &key))
+        return NULL;
+    mac_ctx mc, *m;
+    if (open_key(&key, &mc, &m) < 0) {
+        PyBuffer_Release(&key);
+        return NULL;
+    }
+    Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
+    int version = m ? 2 : 1;
+    PyBuffer_Release(&key);
     Py_buffer b[3]; /* values, seqs, headers */
-    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, hdr_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT}) < 0) return NULL;
+    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, hdr_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT}) < 0) {
+        if (m) mac_close(m);
+        return NULL;
+    }
     const Py_buffer *val = &b[0], *seq = &b[1], *hdr = &b[2];
     Py_ssize_t k = seq->len / 8, elements = val->len / 4;
     Py_ssize_t chunks = chunk_count(elements, cf);
     PyObject *result;
-    if (hdr->len != k * HEADER_BYTES) {
-        result = value_error("headers must hold 24 bytes per index");
+    if (hdr->len != k * hb) {
+        result = value_error("headers must hold 24 bytes per index (40 with a key)");
     } else if (cf <= 0) {
         result = value_error("chunk_floats must be positive");
     } else {
@@ -106,27 +160,27 @@ PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
                 break;
             }
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-            uint8_t *r = base + i * HEADER_BYTES;
-            write_header(r, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            uint32_t c = crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START);
-            put_be32(r + 4, crc_impl(c, v + 4 * s * cf, (size_t)(4 * n)));
+            uint8_t *r = base + i * hb;
+            write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            seal(r, m, v + 4 * s * cf, (size_t)(4 * n));
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the tensor");
     }
+    if (m) mac_close(m);
     give_back_buffers(3, b);
     return result;
 }
 
-/* scatter_rows(rows, seqs, out, nbytes, chunk_bytes)
+/* scatter_rows(rows, seqs, out, nbytes, chunk_bytes, offset)
  *
- * Payload bytes 24..24+nbytes of rows[i] to byte seqs[i] * chunk_bytes of
+ * Payload bytes offset..offset+nbytes of rows[i] (offset: the header, 24 or 40) to byte seqs[i] * chunk_bytes of
  * `out`: the receiver's write of accepted chunks (numpy's fancy assignment
  * from a strided view, without its per-call set-up). */
 PyObject *fp_scatter_rows(PyObject *self, PyObject *args) {
     PyObject *rows_o, *seq_o, *out_o;
-    Py_ssize_t nbytes, chunk_bytes;
-    if (!PyArg_ParseTuple(args, "OOOnn", &rows_o, &seq_o, &out_o, &nbytes, &chunk_bytes)) return NULL;
+    Py_ssize_t nbytes, chunk_bytes, offset;
+    if (!PyArg_ParseTuple(args, "OOOnnn", &rows_o, &seq_o, &out_o, &nbytes, &chunk_bytes, &offset)) return NULL;
     Py_buffer b[3]; /* rows, seqs, out */
     if (take_buffers(3, b, (PyObject *[]){rows_o, seq_o, out_o}, (int[]){BUF_IN2D, BUF_IN, BUF_OUT}) < 0) return NULL;
     const Py_buffer *rows = &b[0], *seq = &b[1], *out = &b[2];
@@ -135,7 +189,7 @@ PyObject *fp_scatter_rows(PyObject *self, PyObject *args) {
     PyObject *result;
     if (!is_byte_matrix(rows) || rows->shape[0] < k) {
         result = value_error("rows must be a 2-D uint8 array with a row per index");
-    } else if (nbytes < 0 || HEADER_BYTES + nbytes > width || chunk_bytes <= 0) {
+    } else if (nbytes < 0 || offset < 0 || offset + nbytes > width || chunk_bytes <= 0) {
         result = value_error("payload size does not fit the rows");
     } else {
         const uint8_t *base = (const uint8_t *)rows->buf;
@@ -150,7 +204,7 @@ PyObject *fp_scatter_rows(PyObject *self, PyObject *args) {
                 bad = 1;
                 break;
             }
-            memcpy(dst + s * chunk_bytes, base + i * width + HEADER_BYTES, (size_t)nbytes);
+            memcpy(dst + s * chunk_bytes, base + i * width + offset, (size_t)nbytes);
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the output");

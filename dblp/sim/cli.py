@@ -17,6 +17,7 @@ from pathlib import Path
 from ..wire import ParameterError
 from traces.units import HelpFormatter
 
+from .convergence import add_target_arg, round_trace, time_to_accuracy
 from .options import add_config_args, baseline_of, config_from_args, name_flags
 
 
@@ -40,6 +41,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             Path(rec).unlink()  # RecordWriter appends; a rerun replaces
         res = simulate(c, records=rec)
         s = res.summary()
+        s.update(time_to_accuracy(*round_trace(res.records), args.target_accuracy))
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
         summaries[label] = s
@@ -47,13 +49,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{label:>9}: {c.rounds} iterations ({c.fidelity} level) in {res.wall_s:.2f} s: "
               f"round mean {s['mean_round_s'] * 1e3:.2f} ms, p99 {s['p99_round_s'] * 1e3:.2f} ms, "
               f"send mean {s['mean_up_s'] * 1e3:.2f} ms, time-to-train {s['time_to_train_s']:.3f} s, "
+              f"time-to-{args.target_accuracy:.0%}-accuracy {s['time_to_accuracy_s']:.3f} s, "
               f"lost up {s['lost_up'] * 100:.2f}% down {s['lost_down'] * 100:.2f}%, "
               f"passes up {s['up_passes']:.2f} down {s['down_passes']:.2f}", flush=True)
     if len(summaries) == 2:
         a, b = summaries[runs[0][0]], summaries["baseline"]
         print(f"baseline/{runs[0][0]}: mean round x{b['mean_round_s'] / a['mean_round_s']:.2f}, "
               f"p99 x{b['p99_round_s'] / a['p99_round_s']:.2f}, "
-              f"time-to-train x{b['time_to_train_s'] / a['time_to_train_s']:.2f}")
+              f"time-to-train x{b['time_to_train_s'] / a['time_to_train_s']:.2f}, "
+              f"time-to-accuracy x{b['time_to_accuracy_s'] / a['time_to_accuracy_s']:.2f}")
     if out:
         (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
         from .plots import plot_run
@@ -71,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="simulate one configuration", formatter_class=HelpFormatter,
                        description="Simulate one configuration; print its summary and write records/plots.")
     add_config_args(r)
+    add_target_arg(r)
     r.add_argument("--baseline", action="store_true", help="also run the baseline (fixed p = P_low) and compare")
     r.add_argument("--out", default=None, help="folder for params.json, records-*.jsonl, summary.json and plots")
     r.add_argument("--records", default=None, help="JSONL file for the round records (without --out)")

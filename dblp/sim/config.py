@@ -5,7 +5,8 @@ Units are in the names (``_bps`` bit/s, ``_s`` seconds, ``_bytes``,
 paper's star: ``workers`` hosts on links of ``bandwidth_bps`` to one switch,
 and one link of ``server_bandwidth_bps`` from the switch to the parameter
 server, every link with ``delay_s`` one-way propagation delay and a drop-tail
-queue of ``queue_bytes`` at the switch's egress port.
+queue of ``queue_bytes`` at the switch's egress port; ``topology`` selects
+leaf-spine or two sites instead (:mod:`dblp.sim.topology`).
 
 ``group`` > 1 (round level only) is an approximation for speed: the core
 runs on a layout of ceil(chunks / group) units, each standing for ``group``
@@ -33,6 +34,7 @@ from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
 from ..wire import IP_UDP_OVERHEAD, ChunkLayout, ParameterError
+from .topology import check_topology
 
 FIDELITIES = ("round", "packet")
 NORM_MODELS = ("received", "sequence")
@@ -69,6 +71,18 @@ class SimConfig:
     delay_s: float = 50e-6  # one-way propagation delay of each link
     queue_bytes: int = 100 * FRAME_BYTES  # drop-tail buffer of each switch egress port (100 full frames)
     frame_overhead_bytes: int = IP_UDP_OVERHEAD + ETHERNET_HEADER  # on-wire bytes beyond the DBLP datagram
+    # -- topology (dblp.sim.topology; the parameters of topologies/leafspine.py and twosites.py) ---------
+    topology: str = "star"  # star | leafspine | twosites
+    switch_ports: int | None = None  # ports per switch (None: as many as the hosts need)
+    racks: int = 2  # leafspine: racks of one leaf switch each (server in rack 1, workers from rack 2 on)
+    spines: int = 1  # leafspine: spine switches
+    oversubscription: float = 1.0  # leafspine: hosts per rack x bandwidth / (spines x uplink rate), >= 1
+    uplink_bandwidth_bps: float | None = None  # leafspine: each leaf-spine link (unset: from oversubscription)
+    local_workers: int = 1  # twosites: workers in the server's site; the others cross the WAN
+    wan_bandwidth_bps: float = 1e9  # twosites: the WAN link's rate
+    wan_delay_s: float = 5e-3  # twosites: the WAN link's one-way propagation delay
+    wan_queue_bytes: int | None = None  # twosites: drop-tail buffer at each end of the WAN (unset: queue_bytes)
+    wan_loss: float = 0.0  # twosites: probability that the WAN drops a datagram (each direction)
     # -- hosts -----------------------------------------------------------------------
     send_pps: float = 200_000.0  # datagrams/s a worker's sender can push (per-host send cost)
     server_send_pps: float | None = None  # the server host's (shared by its N senders); default send_pps
@@ -124,6 +138,7 @@ class SimConfig:
             raise ParameterError(f"norms must be synthetic, varied or a CSV file (iteration,grad_norm), "
                                  f"got {self.norms!r}: no such file")
         self.make_policy()  # validates the policy arguments
+        check_topology(self)
         from .loss import check_specs
 
         check_specs(self.loss)

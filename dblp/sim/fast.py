@@ -72,6 +72,7 @@ from .. import control as ctl
 from ..core import RoundSender
 from ..pacing import TokenBucket
 from .flow import Endpoint, FlowBase, pass_remaining
+from .hostsched import HostSched
 from .net import FluidQueue, Host, Path
 
 # Re-evaluate every pass on a port at every change (the lazy rule's reference; tests compare the two).
@@ -85,7 +86,14 @@ class RoundFlow(FlowBase):
         super().__init__(*a, **kw)
         self.engine = engine
         self.host = engine.sched(self.path.host)
-        self.queue = engine.fluid(self.path.port)
+        self.queues = [engine.fluid(p) for p in self.path.ports]  # the ports the pass crosses, in order
+        self.queue = self.queues[0]
+        self.multi = len(self.queues) > 1
+        # no other path's passes cross its ports: nothing else can notice its layout
+        self.solo = all(engine.port_users.get(id(p), 0) <= 1 for p in self.path.ports)
+        self._hops = engine.hops(self.path)
+        self.c_total = self._hops[1]  # host -> receiver without waiting: propagation and serialisation
+        self.u_more: dict[int, np.ndarray] = {}  # the further ports' uniform draws of this pass
         self.npass = 0  # passes started (names the stream of the port's draws)
         self.in_pass = False
         self.n = 0  # slots of the current pass
@@ -185,10 +193,11 @@ class RoundFlow(FlowBase):
         self.b_end = max(t, float(self.leave[m - 1])) if m else t
         self.b_used = m
         self.host.remove(self, self.b_end)  # the host is free once they are out
-        if self.queue.congested:
+        if any(q.congested for q in self.queues):
             self.queue_update(t)
         else:  # nothing changes at the port but the end of this pass
-            self.queue.set(self, t, self._span())
+            for k, q in enumerate(self.queues):
+                q.set(self, t, self._span(k))
             k = int(np.searchsorted(self.d_slot, m, side="left"))
             self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
 
@@ -236,38 +245,82 @@ class RoundFlow(FlowBase):
                 self.lossdrop = self.loss.drops(np.broadcast_to(0.0, (self.n,)), self.rnd)
             else:
                 arr = leave + path.d1
-                wait = self.queue.wait(arr)
-                rcv = arr + self.queue.ser + path.d2
-                if wait is not None:
-                    rcv = rcv + wait
+                if self.multi:
+                    rcv = self._through(arr)
+                else:
+                    wait = self.queue.wait(arr)
+                    rcv = arr + self.queue.ser + path.d2
+                    if wait is not None:
+                        rcv = rcv + wait
                 self.lossdrop = self.loss.drops(rcv, self.rnd)
             self.wait, self.ovf, self.u, self.fresh_t = None, None, None, -math.inf
+            self.u_more = {}
         else:
             self.leave[a:] = leave
         self.queue_update(t)
         self.wake()
 
-    def _span(self) -> tuple[float, float, float] | None:
+    def _through(self, arr: np.ndarray) -> np.ndarray:
+        """Arrival times at the receiver of datagrams reaching the first port at ``arr``,
+        with each port's queueing wait (no overflow verdicts)."""
+        delays = self.path.delays
+        for k, q in enumerate(self.queues):
+            w = q.wait(arr)
+            arr = arr + q.ser + delays[k + 1]
+            if w is not None:
+                arr = arr + w
+        return arr
+
+    def _span(self, k: int = 0) -> tuple[float, float, float] | None:
+        """The pass at the path's ``k``-th port: (first arrival, last arrival, rate).
+
+        Further ports see it shifted by the fixed path delay to them and no
+        faster than the slowest port before them lets it through."""
         if self.leave is None or self.limit == 0:
             return None
         lo = float(self.leave[0]) + self.path.d1
         hi = float(self.leave[self.limit - 1]) + self.path.d1
         dur = (hi - lo) * self.limit / (self.limit - 1) if self.limit > 1 else self.host.h
+        if k:
+            off, slow = self._hops[0][k]
+            dur = max(dur, self.limit * slow)
+            lo += off
+            hi = lo + dur * (self.limit - 1) / self.limit
         return lo, hi, self.limit / max(dur, 1e-15)
 
     def queue_update(self, t: float) -> None:
         """Tell the port about this pass's (new) interval; re-evaluate what it changed."""
-        others, removed = self.queue.set(self, t, self._span())
+        if not self.multi:
+            others, removed = self.queue.set(self, t, self._span())
+            self.port_refresh(t)
+            if others and (removed or EAGER_PORT):  # less load: the others' crossings may come sooner - re-evaluate now
+                for f in list(self.queue.entries):
+                    if f is not self:
+                        f.port_refresh(t)
+            # more load only delays the others: each re-checks when its crossing falls due
+            return
+        changed = []
+        for k, q in enumerate(self.queues):
+            others, removed = q.set(self, t, self._span(k))
+            if others and (removed or EAGER_PORT):
+                changed.append(q)
         self.port_refresh(t)
-        if others and (removed or EAGER_PORT):  # less load: the others' crossings may come sooner - re-evaluate now
-            for f in list(self.queue.entries):
-                if f is not self:
+        seen = {self}
+        for q in changed:
+            for f in list(q.entries):
+                if f not in seen:
+                    seen.add(f)
                     f.port_refresh(t)
-        # more load only delays the others: each re-checks when its crossing falls due
+
+    def _version(self) -> int:
+        """Changes whenever one of the path's ports changes (versions only grow)."""
+        if not self.multi:
+            return self.queue.version
+        return sum(q.version for q in self.queues)
 
     def ensure_fresh(self) -> None:
         """Re-evaluate the port's verdicts if the port changed since they were computed."""
-        if self.leave is not None and self.qver != self.queue.version:
+        if self.leave is not None and self.qver != self._version():
             self.port_refresh(self.env.now)
 
     def port_settle(self, t: float) -> None:
@@ -281,13 +334,13 @@ class RoundFlow(FlowBase):
         path, n, queue = self.path, self.n, self.queue
         b = 0 if self.fresh_t == -math.inf else min(
             int(np.searchsorted(self.leave, self.fresh_t - path.d1, side="right")), self.limit)
-        self.fresh_t, self.qver = self.env.now, queue.version
+        self.fresh_t, self.qver = self.env.now, self._version()
         wait = ovf = None
-        if b < self.limit and not queue.quiet_after(float(self.leave[b]) + path.d1):
-            if self.u is None:  # one stream per pass: verdicts do not depend on when or how often they are taken
-                self.u = np.random.default_rng(
-                    [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(n)
-            wait, ovf = queue.outcome(self.leave[b : self.limit] + path.d1, self.u[b : self.limit])
+        if self.multi:
+            if b < self.limit:
+                wait, ovf = self._outcomes(b)
+        elif b < self.limit and not queue.quiet_after(float(self.leave[b]) + path.d1):
+            wait, ovf = queue.outcome(self.leave[b : self.limit] + path.d1, self._draws(0)[b : self.limit])
         if wait is not None or self.wait is not None:
             if self.wait is None:
                 self.wait = np.zeros(n)
@@ -304,7 +357,7 @@ class RoundFlow(FlowBase):
         if self.ovf is not None:
             o = ~self.ovf[b : self.limit]
             ok = o if ok is None else (ok & o)
-        c = self.queue.ser + path.d2 + path.d1
+        c = self.c_total
         if ok is None:
             idx = np.arange(b, self.limit, dtype=np.int64)
             t_rx = self.leave[b : self.limit] + c
@@ -337,7 +390,40 @@ class RoundFlow(FlowBase):
                 return None
             j = int(inq[-1])
         w = 0.0 if self.wait is None else float(self.wait[j])
+        if self.multi:  # when it leaves the path's last port
+            return float(self.leave[j]) + self.c_total + w - self.path.delays[-1]
         return float(self.leave[j]) + self.path.d1 + w + self.queue.ser
+
+    def _draws(self, k: int) -> np.ndarray:
+        """Each slot's uniform draw for the overflow verdict at the path's ``k``-th port:
+        one stream per pass and port, so verdicts do not depend on when or how often they are taken."""
+        if k == 0:
+            if self.u is None:
+                self.u = np.random.default_rng(
+                    [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(self.n)
+            return self.u
+        u = self.u_more.get(k)
+        if u is None:
+            u = self.u_more[k] = np.random.default_rng(
+                [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass, k]).random(self.n)
+        return u
+
+    def _outcomes(self, b: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Waits (summed over the ports) and overflow drops (at any port) of slots ``b..limit-1``
+        crossing the ports in turn, each port's departures the next one's arrivals."""
+        delays = self.path.delays
+        arr = self.leave[b : self.limit] + delays[0]
+        wait = ovf = None
+        for k, q in enumerate(self.queues):
+            if not q.quiet_after(float(arr[0])):
+                w, o = q.outcome(arr, self._draws(k)[b : self.limit])
+                if w is not None:
+                    arr = arr + w
+                    wait = w if wait is None else wait + w
+                if o is not None:
+                    ovf = o if ovf is None else (ovf | o)
+            arr = arr + (q.ser + delays[k + 1])
+        return wait, ovf
 
     # -- the receiver side -------------------------------------------------------------------
     def _open(self) -> bool:
@@ -389,180 +475,6 @@ class RoundFlow(FlowBase):
             self.ep.after(when)
 
 
-class HostSched:
-    """A host's sending capacity, shared by its senders' passes."""
-
-    def __init__(self, engine: "RoundEngine", host: Host) -> None:
-        self.sim = engine.sim
-        self.h = host.interval_s * engine.group  # per unit of `group` datagrams
-        self.eps = 1e-6 * self.h  # times closer than this are the same instant of the host's clock
-        self.q = max(1, engine.sim.cfg.host_slice // engine.group)
-        # a bucket slower than the host's own interval binds; a faster one never does
-        self.pace = engine.pace_s if engine.pace_s > self.h else 0.0
-        self.active: list[RoundFlow] = []
-        self.joining: list[RoundFlow] = []
-        self._commit_at: float | None = None
-        self._seq = np.empty(0)
-        self._pending: dict[RoundFlow, tuple] = {}  # laid out lazily: (layout, first slot, index, due)
-        self._chain_gen = 0
-
-    def _ones(self, r: int) -> np.ndarray:
-        """1, 2, ..., r as floats (cached: most passes are laid out alone)."""
-        if self._seq.size < r:
-            self._seq = np.arange(1, max(r, 2 * self._seq.size) + 1, dtype=np.float64)
-        return self._seq[:r]
-
-    def join(self, f: RoundFlow) -> None:
-        self.joining.append(f)
-        if self._commit_at is None:  # passes starting at the same instant are laid out together
-            self._commit_at = self.sim.env.now
-            self.sim.at(self._commit_at, self._commit)
-
-    def _commit(self, t: float) -> None:
-        self._commit_at = None
-        new, self.joining = self.joining, []
-        self.active.extend(new)
-        self.relayout(t)
-
-    def remove(self, f: RoundFlow, t: float) -> None:
-        if f in self.joining:
-            self.joining.remove(f)
-        if f in self.active:
-            natural = self._ends_first(f, t)
-            self.active.remove(f)
-            if self.active and not natural:
-                self.relayout(t)
-
-    def _ends_first(self, f: RoundFlow, t: float) -> bool:
-        """Whether ``f`` leaves at its last datagram's time, with every sender before it
-        (in round-robin order) out too: the round-robin from ``t`` over the rest
-        is then exactly the current layout's continuation, so no sender moves.
-
-        This is how equal passes end (each sender's tail follows the previous
-        one's), and skipping their re-layout keeps a host of N senders at O(N)
-        work per pass instead of O(N^2).
-        """
-        if self.pace or f.leave is None or f in self._pending:
-            return False
-        end = float(f.leave[-1])
-        if abs(t - end) > self.eps:  # its last datagram must be the host's last one before t
-            return False
-        for g in self.active:
-            if g is f:
-                return True
-            if g.leave is None or g in self._pending or float(g.leave[-1]) > t + self.eps:
-                return False
-        return False
-
-    def relayout(self, t: float) -> None:
-        """Lay the active senders out afresh from ``t`` (round-robin in join order).
-
-        A sender that cannot notice the change before its next datagram
-        leaves - its pass under way, alone and uncongested at its port - is
-        laid out lazily (:meth:`settle`): at the latest half a slot before
-        the old or the new layout would send its next datagram, or when
-        anything asks for its times. With N senders and N early STOPs per
-        round that is the difference between O(N^2) and O(N) re-layouts.
-        """
-        for f, p in list(self._pending.items()):
-            # t may lie ahead (a STOP's last batch is still leaving): a layout owed by t, or one made
-            # for a later instant than t (its first slot counted as of then), is given first
-            if p[3] <= t + self.eps or p[0][0] > t:
-                self.settle(f)
-        pending, self._pending = self._pending, {}
-        flows = self.active
-        tt = t + self.eps  # a datagram leaving at t (to float noise) is out: ties do not hang on rounding
-        starts = [pending[f][1] if f in pending else
-                  (0 if f.leave is None else int(np.searchsorted(f.leave, tt, side="right"))) for f in flows]
-        rem = [f.n - a for f, a in zip(flows, starts)]
-        ctx = (t, rem, all(rk == rem[0] for rk in rem))
-        k = len(flows)
-        lazy = not self.pace and k > 1
-        if lazy:  # when each sender's first datagram of the new layout leaves
-            first = np.minimum(np.asarray(rem, dtype=np.float64), self.q)
-            first = t + self.h * (1.0 + np.cumsum(first) - first)
-        due_min = math.inf
-        for i, f in enumerate(flows):
-            r = rem[i]
-            if r <= 0 or (f.leave is not None and k == 1 and starts[i] > 0):
-                if f in pending:  # its owed layout is the one that continues
-                    self._pending[f] = pending[f]
-                    self.settle(f)
-                continue  # alone and already laid out: nothing changes
-            if f.leave is None and self.pace:
-                f.bucket_start(t)
-            if lazy and f.leave is not None and self._private(f):
-                due = min(float(first[i]), float(f.leave[starts[i]])) - 0.5 * self.h
-                if due > t + self.eps:
-                    self._pending[f] = (ctx, starts[i], i, due)
-                    due_min = min(due_min, due)
-                    continue
-            f.laid_out(starts[i], self._leave(ctx, i, f, starts[i]), t)
-        self._chain_gen += 1
-        if self._pending:
-            g = self._chain_gen
-            self.sim.at(due_min, lambda now: self._chain(now, g))
-
-    def _private(self, f: RoundFlow) -> bool:
-        """Whether nothing but ``f`` can notice its layout: alone on a port it cannot congest."""
-        qu = f.queue
-        ent = qu.entries
-        return (not ent or (len(ent) == 1 and f in ent)) and not qu.congested and qu.quiet_after(self.sim.env.now) \
-            and self.h >= qu.ser and not EAGER_PORT
-
-    def _chain(self, now: float, gen: int) -> None:
-        if gen != self._chain_gen:
-            return  # a newer layout took over
-        due_min = math.inf
-        for f, (_ctx, _a, _i, due) in list(self._pending.items()):
-            if due <= now + self.eps:
-                self.settle(f)
-            else:
-                due_min = min(due_min, due)
-        if self._pending:
-            self.sim.at(due_min, lambda tt: self._chain(tt, gen))
-
-    def settle(self, f: RoundFlow) -> None:
-        """Give ``f`` the layout it is owed now (no-op if it has it)."""
-        p = self._pending.pop(f, None)
-        if p is not None:
-            ctx, a, i, _due = p
-            f.laid_out(a, self._leave(ctx, i, f, a), ctx[0])
-
-    def _leave(self, ctx: tuple[float, list[int], bool], i: int, f: RoundFlow, start: int) -> np.ndarray:
-        """Leave times of sender ``i``'s slots ``start..n-1`` in the layout made at ``ctx``."""
-        t, rem, equal = ctx
-        r = rem[i]
-        h, q, k = self.h, self.q, len(rem)
-        if not self.pace and k == 1:
-            return t + h * self._ones(r)
-        j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
-        if self.pace:
-            # Paced senders take what their bucket allows each turn: the host is
-            # shared evenly, each sender capped by its bucket.
-            leave = t + (h * k) * (j + 1).astype(np.float64)
-            return np.maximum(leave, f.bucket_times(start + j))
-        if equal:  # round-robin, equal passes: turn u, offset w
-            full, rest = divmod(r, q)
-            body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
-                    + np.arange(q, dtype=np.float64)[None, :]).ravel()
-            tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
-            leave = np.concatenate((body, tail)) if rest else body
-        else:  # round-robin in quanta of host_slice datagrams, in join order
-            uq = j // q
-            uq *= q
-            pos = j - uq
-            pos += 1
-            for kk, rk in enumerate(rem):
-                pos += np.minimum(rk, uq)
-                if kk < i:
-                    pos += np.clip(rk - uq, 0, q)
-            leave = pos.astype(np.float64)
-        leave *= h
-        leave += t
-        return leave
-
-
 class RoundEngine:
     def __init__(self, sim) -> None:
         self.sim = sim
@@ -576,9 +488,33 @@ class RoundEngine:
         self.rate_Bps = cfg.send_rate_bps / 8.0
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
         self.seed = cfg.seed
+        self.eager = EAGER_PORT  # read once per run (tests switch it)
         self.events = 0
+        self.port_users: dict[int, int] = {}  # paths whose data crosses each port
+        for path in list(sim.up_paths) + list(sim.down_paths):
+            self.port_users[id(path.port)] = self.port_users.get(id(path.port), 0) + 1
         self._sched: dict[int, HostSched] = {}
         self._fluid: dict[int, FluidQueue] = {}
+        self._hops: dict[int, tuple[list[tuple[float, float]], float]] = {}
+
+    def hops(self, path: Path) -> tuple[list[tuple[float, float]], float]:
+        """For each port of ``path``: (fixed delay after the first port's arrival, slowest
+        serialisation before it); and the whole path's fixed delay (cached per path)."""
+        got = self._hops.get(id(path))
+        if got is None:
+            qs = [self.fluid(p) for p in path.ports]
+            delays = path.delays
+            per, off, slow = [(0.0, 0.0)], 0.0, 0.0
+            for k in range(1, len(qs)):
+                off += qs[k - 1].ser + delays[k]
+                slow = max(slow, qs[k - 1].ser)
+                per.append((off, slow))
+            if len(qs) == 1:
+                total = qs[0].ser + path.d2 + path.d1  # the star's order of additions (pinned results)
+            else:
+                total = delays[0] + off + qs[-1].ser + delays[-1]
+            got = self._hops[id(path)] = (per, total)
+        return got
 
     def sched(self, host: Host) -> HostSched:
         s = self._sched.get(id(host))
@@ -602,7 +538,11 @@ class RoundEngine:
     def send_ctrl(self, path: Path, msg: ctl.Message, t: float, on_arrival, flow) -> None:
         wire = self.sim.ctrl_wire(msg)
         dep_last = flow.dep_last() if flow is not None and isinstance(msg, ctl.Probe) else None
-        if dep_last is not None:  # FIFO behind the pass's datagrams in the port
+        if dep_last is not None and path.more:  # FIFO behind the pass's datagrams at the last port
+            last = path.ports[-1]
+            t_last = t + path.ctrl_base_delay(wire) - last.ser(wire) - path.delays[-1] - path.ctrl_overhead_s
+            t_rx = max(t_last, dep_last) + last.ser(wire) + path.delays[-1] + path.ctrl_overhead_s
+        elif dep_last is not None:  # FIFO behind the pass's datagrams in the port
             t_port = t + wire * 8.0 / path.host.nic_bps + path.d1
             t_rx = max(t_port, dep_last) + path.port.ser(wire) + path.d2 + path.ctrl_overhead_s
         else:

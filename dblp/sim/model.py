@@ -45,7 +45,8 @@ from ..wire import ChunkLayout, ParameterError
 from .config import SimConfig
 from .flow import Endpoint
 from .loss import make_flow_loss
-from .net import Host, Path, Port, ctrl_wire_bytes
+from .net import ctrl_wire_bytes
+from .topology import build_network, wan_loss_spec
 
 RUN_ID = 0x51A1_0001
 SOURCE = "simulation"
@@ -94,18 +95,14 @@ class Simulation:
         self.records: list[RoundRecord] = []
         self._writer = RecordWriter(records) if records else None
         self.datagrams = 0
-        # -- topology: the paper's star -------------------------------------------------
-        wire = cfg.wire_bytes
-        d = cfg.delay_s
-        self.server_host = Host("server", cfg.server_pps, cfg.server_rate_bps, wire)
-        self.worker_hosts = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(self.n)]
-        self.server_port = Port("s1->server", cfg.server_rate_bps, cfg.queue_bytes)
-        self.worker_ports = [Port(f"s1->w{i}", cfg.bandwidth_bps, cfg.queue_bytes) for i in range(self.n)]
-        self.up_paths = [Path(self.worker_hosts[i], d, self.server_port, d, cfg.ctrl_overhead_s) for i in range(self.n)]
-        self.down_paths = [Path(self.server_host, d, self.worker_ports[i], d, cfg.ctrl_overhead_s)
-                           for i in range(self.n)]
+        # -- topology: the paper's star, leaf-spine or two sites (dblp.sim.topology) ---------------
+        net = build_network(cfg)
+        self.server_host, self.worker_hosts = net.server_host, net.worker_hosts
+        self.up_paths, self.down_paths = net.up_paths, net.down_paths
+        wan = wan_loss_spec(cfg)
         self.loss = {
-            (direction, i): make_flow_loss(cfg.loss, seed=cfg.seed, direction=direction, worker=i, rounds=cfg.rounds)
+            (direction, i): make_flow_loss(cfg.loss + wan if net.remote[i] else cfg.loss, seed=cfg.seed,
+                                           direction=direction, worker=i, rounds=cfg.rounds)
             for direction in (ctl.UP, ctl.DOWN)
             for i in range(self.n)
         }

@@ -1,4 +1,5 @@
-"""Hosts, switch ports and paths of the simulated star network.
+"""Hosts, switch ports and paths of the simulated network (the star below; leaf-spine and
+two sites are built from the same pieces by :mod:`dblp.sim.topology`).
 
 ::
 
@@ -274,14 +275,32 @@ def _clamped_walk(q0: float, inc: np.ndarray, qcap: float) -> np.ndarray:
 
 @dataclass
 class Path:
-    """Sender host -> (d1) -> port -> (d2) -> receiver; control frames ride the same way."""
+    """Sender host -> (d1) -> port -> (d2) -> receiver; control frames ride the same way.
+
+    ``more`` extends the path beyond the first port (leaf-spine, two sites):
+    after ``d2`` come further ports, each followed by its own propagation
+    delay, ``((port, delay), ...)``; the star's paths have none.
+    """
 
     host: Host
     d1: float
     port: Port
     d2: float
     ctrl_overhead_s: float
+    more: tuple[tuple[Port, float], ...] = ()
+
+    @property
+    def ports(self) -> tuple[Port, ...]:
+        return (self.port,) + tuple(p for p, _ in self.more)
+
+    @property
+    def delays(self) -> tuple[float, ...]:
+        """Propagation delays: host -> first port, then after each port."""
+        return (self.d1, self.d2) + tuple(d for _, d in self.more)
 
     def ctrl_base_delay(self, wire: int) -> float:
         """Delay of a control frame on an idle path (NIC and port serialisation, propagation, processing)."""
-        return wire * 8.0 / self.host.nic_bps + self.d1 + self.port.ser(wire) + self.d2 + self.ctrl_overhead_s
+        if not self.more:
+            return wire * 8.0 / self.host.nic_bps + self.d1 + self.port.ser(wire) + self.d2 + self.ctrl_overhead_s
+        return (wire * 8.0 / self.host.nic_bps + sum(self.delays) + sum(p.ser(wire) for p in self.ports)
+                + self.ctrl_overhead_s)

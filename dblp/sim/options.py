@@ -14,6 +14,7 @@ import re
 from dataclasses import fields
 from typing import Any
 
+from traces.argtypes import count_arg, float_arg
 from traces.units import duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
 
 from ..gradients import MODEL_HELP
@@ -82,6 +83,26 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
      "server link rate; a bare number is Mbit/s (unset: --bandwidth)"),
     ("--delay", "delay_s", duration_arg(), "one-way delay per link, e.g. 50us; a bare number is seconds"),
     ("--queue", "queue_bytes", queue_arg(), "drop-tail queue per switch port: bytes (1MiB) or packets (100pkt)"),
+    ("--topology", "topology", str, "network: star (the paper's) | leafspine | twosites (dblp.sim.topology)"),
+    ("--switch-ports", "switch_ports", count_arg(1), "ports per switch; more hosts than ports are refused "
+                                                    "(unset: as many as the hosts need)"),
+    ("--racks", "racks", count_arg(1), "leafspine: racks of one leaf switch each; the server is in rack 1, "
+                                       "workers fill racks 2, 3, ... round-robin"),
+    ("--spines", "spines", count_arg(1), "leafspine: spine switches (a rack's uplinks pooled, as ECMP)"),
+    ("--oversubscription", "oversubscription", float_arg(1.0),
+     "leafspine: hosts per rack x --bandwidth / (spines x uplink rate), >= 1; sets the uplink rate"),
+    ("--uplink-bandwidth", "uplink_bandwidth_bps", rate_arg(allow_zero=False),
+     "leafspine: each leaf-spine link's rate; a bare number is Mbit/s (unset: from --oversubscription)"),
+    ("--local-workers", "local_workers", count_arg(0), "twosites: workers in the server's site (the rest cross "
+                                                      "the WAN)"),
+    ("--wan-bandwidth", "wan_bandwidth_bps", rate_arg(allow_zero=False),
+     "twosites: the WAN link's rate, e.g. 1G; a bare number is Mbit/s"),
+    ("--wan-delay", "wan_delay_s", duration_arg(), "twosites: the WAN's one-way delay, e.g. 5ms; a bare number "
+                                                  "is seconds"),
+    ("--wan-queue", "wan_queue_bytes", queue_arg(), "twosites: drop-tail queue at each WAN end: bytes or "
+                                                    "packets (100pkt) (unset: --queue)"),
+    ("--wan-loss", "wan_loss", float_arg(0.0, 1.0, hi_open=True), "twosites: probability that the WAN drops a "
+                                                                  "datagram (each direction)"),
     ("--send-pps", "send_pps", float, "datagrams/s a worker host can send"),
     ("--server-send-pps", "server_send_pps", float, "datagrams/s the server host can send"),
     ("--pace", "send_rate_bps", rate_arg(), "pacing rate of every sender, e.g. 900M; a bare number is Mbit/s "

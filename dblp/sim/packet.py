@@ -52,7 +52,30 @@ class PacketFlow(FlowBase):
         dep = path.port.arrive(t_port, self.engine.wire)
         if dep is None:
             return
+        if path.more:  # the next port: one more event (each port's FIFO takes arrivals in time order)
+            self._hop(seq, dep + path.d2, 0)
+            return
         t_rx = dep + path.d2
+        ev = Timeout(self.env, t_rx - self.env.now, (seq, t_rx))
+        ev.callbacks.append(self._at_rx)
+        self.engine.events += 1
+
+    def _hop(self, seq: int, t: float, k: int) -> None:
+        """Datagram ``seq`` reaches the path's ``k``-th further port at ``t``."""
+        ev = Timeout(self.env, t - self.env.now, (seq, t, k))
+        ev.callbacks.append(self._at_more)
+        self.engine.events += 1
+
+    def _at_more(self, ev: Timeout) -> None:
+        seq, t, k = ev.value
+        port, d = self.path.more[k]
+        dep = port.arrive(t, self.engine.wire)
+        if dep is None:
+            return
+        if k + 1 < len(self.path.more):
+            self._hop(seq, dep + d, k + 1)
+            return
+        t_rx = dep + d
         ev = Timeout(self.env, t_rx - self.env.now, (seq, t_rx))
         ev.callbacks.append(self._at_rx)
         self.engine.events += 1
@@ -174,9 +197,14 @@ class PacketEngine:
         wire = sim.ctrl_wire(msg)
         t_port = t + wire * 8.0 / path.host.nic_bps + path.d1
 
-        def at_port(_e: object) -> None:
-            t_rx = path.port.pass_ctrl(t_port, wire) + path.d2 + path.ctrl_overhead_s
-            sim.at(t_rx, lambda tt: on_arrival(msg, tt))
+        ports, delays = path.ports, path.delays
+
+        def at_port(k: int, t_in: float) -> None:  # FIFO behind the data at each port, never dropped
+            t_out = ports[k].pass_ctrl(t_in, wire) + delays[k + 1]
+            if k + 1 < len(ports):
+                sim.at(t_out, lambda tt: at_port(k + 1, tt))
+            else:
+                sim.at(t_out + path.ctrl_overhead_s, lambda tt: on_arrival(msg, tt))
 
         ev = sim.env.timeout(max(0.0, t_port - sim.env.now))
-        ev.callbacks.append(at_port)
+        ev.callbacks.append(lambda _e: at_port(0, t_port))

@@ -70,7 +70,12 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
 def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, title: str, ax, fmt: str = "{:.3g}",
             cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None, norm=None,
             cbar_label: str = "") -> None:
-    """One annotated heatmap; ``vmin``/``vmax`` (or ``norm``) let panels share a colour scale."""
+    """One annotated heatmap; ``vmin``/``vmax`` (or ``norm``) let panels share a colour scale.
+
+    Non-finite cells (a target never reached) are blank and labelled "never" when infinite."""
+    for i, j in zip(*np.nonzero(np.isinf(grid))):
+        ax.text(j, i, "never", ha="center", va="center", fontsize=7, color="black")
+    grid = np.where(np.isfinite(grid), grid, np.nan)
     im = ax.imshow(grid, origin="lower", aspect="auto", cmap=cmap, norm=norm,
                    **({} if norm is not None else {"vmin": vmin, "vmax": vmax}))
     ax.set_xticks(range(len(xs)), [str(x) for x in xs])
@@ -96,17 +101,24 @@ def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, titl
         cb.set_label(cbar_label, fontsize=8)
 
 
-def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
-    """One PNG per metric: DBLP, baseline, and their ratio (or difference), averaged over the other axes."""
+def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, target_accuracy: float | None = None) -> list[Path]:
+    """One PNG per metric: DBLP, baseline, and their ratio (or difference), averaged over the other axes.
+
+    A cell whose runs never reach the target accuracy is infinite: blank, and
+    left out of the colour scale.
+    """
     plt = _plt()
     xs = sorted({r[x] for r in rows})
     ys = sorted({r[y] for r in rows})
+    acc = f"{target_accuracy:.0%}" if target_accuracy is not None else "the target"
     metrics = [
         ("mean_round_s", "mean round latency (s)", "ratio"),
         ("p99_round_s", "p99 round latency (s)", "ratio"),
         ("time_to_train_s", "time to train (s)", "ratio"),
+        ("time_to_accuracy_s", f"time to {acc} test accuracy (s, digits_mlp model)", "ratio"),
         ("lost", "fraction of gradient lost", "diff"),
     ]
+    metrics = [m for m in metrics if f"dblp_{m[0]}" in rows[0]]
     paths = []
     for m, title, mode in metrics:
         grids = {}
@@ -131,7 +143,9 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
         if not flat:
             heatmap(grids["base"], xs, ys, x, y, f"baseline (fixed p = P_low): {title}", panels[1], vmin=lo, vmax=hi)
         if mode == "ratio":
-            ratio = grids["base"] / grids["dblp"]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                ratio = grids["base"] / grids["dblp"]
+            ratio[np.isinf(grids["base"]) & np.isinf(grids["dblp"])] = np.nan  # neither reaches it
             span = float(np.nanmax(np.abs(np.log(ratio[np.isfinite(ratio) & (ratio > 0)])), initial=0.05))
             heatmap(ratio, xs, ys, x, y, f"baseline / DBLP: {title}\n(> 1, red: DBLP better; < 1, blue: worse)",
                     panels[-1], fmt="{:.2f}", cmap="RdBu_r",
@@ -148,3 +162,43 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Path:
+    """The convergence model against its training runs: measured accuracy (mean and range over seeds) and the
+    model's curve, one panel per group of schedules (``curves``: :class:`dblp.sim.convergence.Curve`)."""
+    plt = _plt()
+    groups = [("constant loss", [s for s in settings if s == "clean" or s.startswith("const")]),
+              ("loss in one phase only", [s for s in settings if s == "clean" or s.split()[0] in ("early", "mid",
+                                                                                                    "late")]),
+              ("one-iteration bursts", [s for s in settings if s == "clean" or s.startswith("bursts")])]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
+    cmap = plt.get_cmap("viridis")
+    for ax, (title, names) in zip(axes, groups):
+        for j, name in enumerate(names):
+            runs = [c for c in curves if c.setting == name]
+            if not runs:
+                continue
+            color = "black" if name == "clean" else cmap(0.15 + 0.7 * j / max(1, len(names) - 1))
+            x = np.array(runs[0].iterations)
+            acc = np.array([c.accuracy for c in runs]) * 100
+            ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=0.15, lw=0)
+            ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
+            pred = np.array(model.curve(runs[0].fractions())) * 100
+            sch = runs[0].schedule
+            where = f", iterations {sch.start}-{min(sch.end, int(x.max()))}" if sch.start or sch.end < x.max() else ""
+            ax.plot(np.arange(pred.size), pred, "-", lw=1.2, color=color,
+                    label=f"{name}{where} ({len(runs)} seeds)")
+        ax.set_title(f"{title}\n(dots: measured mean, band: min-max over seeds; lines: model)", fontsize=9)
+        ax.set_xlabel("iteration")
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_ylim(0, 100)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    axes[0].set_ylabel("test accuracy (%)")
+    fig.suptitle("digits_mlp, 3 workers x batch 32: test accuracy when a fraction of each iteration's gradient is "
+                 "zeroed (dblp.sim.convergence)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -37,9 +37,15 @@ def t975(df: int) -> float:
 def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
     """Mean and the half-width of its 95% confidence interval (nan with one value).
 
-    Non-finite values (a ratio over a zero) are left out; all of them: (nan, nan).
+    NaN values (a ratio over a zero) are left out; all of them: (nan, nan). An
+    infinite value (a target accuracy some seed never reaches) makes the mean
+    infinite, with no interval: leaving it out would report the seeds that
+    did reach it as if all had.
     """
-    v = [float(x) for x in values if math.isfinite(float(x))]
+    v = [float(x) for x in values if not math.isnan(float(x))]
+    infs = {x for x in v if math.isinf(x)}
+    if infs:
+        return (infs.pop() if len(infs) == 1 else math.nan), math.nan
     if not v:
         return math.nan, math.nan
     m = math.fsum(v) / len(v)

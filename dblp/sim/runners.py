@@ -33,7 +33,8 @@ from ..wire import ParameterError
 from .config import SimConfig
 
 # 2: the round level's port draws one uniform per datagram from a stream per pass (dblp.sim.net.FluidQueue)
-CACHE_VERSION = 2
+# 3: summaries carry the per-round trace time to accuracy is computed from (_round_end_s, _round_lost)
+CACHE_VERSION = 3
 
 Runner = Callable[[dict], dict]
 

@@ -36,6 +36,7 @@ import argparse
 import csv
 import itertools
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -47,12 +48,14 @@ from traces.units import HelpFormatter, UnitError, parse_rate
 from ..provenance import write_config
 from ..wire import ParameterError
 from .config import SimConfig
+from .convergence import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, round_trace, time_to_accuracy
 from .options import add_config_args, baseline_of, config_from_args
 from .replicates import mean_ci95
 from .runners import ResultCache, Runner, config_key, connect_check, describe, run_tasks
 
-METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "lost_up", "lost_down",
-           "lost", "up_passes", "down_passes", "clr_frac", "burst_rounds"]
+METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "time_to_accuracy_s",
+           "iterations_to_accuracy", "tta_extrapolated", "lost_up", "lost_down", "lost", "up_passes", "down_passes",
+           "clr_frac", "burst_rounds"]
 
 
 def _floats(s: str) -> list[float]:
@@ -108,28 +111,43 @@ def point_config(base: SimConfig, pt: dict[str, Any]) -> SimConfig:
 
 
 def run_config(d: dict) -> dict:
-    """Simulate one configuration (a process-pool or Dask task); its summary."""
+    """Simulate one configuration (a process-pool or Dask task); its summary.
+
+    Beside the headline numbers it keeps the per-round trace that time to
+    accuracy is computed from (``_round_end_s``, ``_round_lost``:
+    :func:`dblp.sim.convergence.round_trace`), so the cached result serves
+    any ``--target-accuracy``.
+    """
     from .model import simulate
 
     cfg = SimConfig.from_dict(d)
     c = time.process_time()
     res = simulate(cfg)
     s = res.summary()
+    s["_round_end_s"], s["_round_lost"] = round_trace(res.records)
     s["_wall_s"] = res.wall_s
     s["_cpu_s"] = time.process_time() - c
     return s
 
 
+def with_accuracy(summary: dict, target: float) -> dict:
+    """``summary`` and its time to ``target`` accuracy (:func:`dblp.sim.convergence.time_to_accuracy`)."""
+    return {**summary, **time_to_accuracy(summary["_round_end_s"], summary["_round_lost"], target)}
+
+
 def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress: bool = True,
               runner: Runner = run_config, seeds: int = 1, dask: str | None = None,
-              cache: ResultCache | None = None) -> tuple[list[dict], dict]:
+              cache: ResultCache | None = None,
+              target_accuracy: float = DEFAULT_TARGET_ACCURACY) -> tuple[list[dict], dict]:
     """Rows of the table (grid order) and timing info.
 
     Each point runs with ``seeds`` seeds (``base.seed``, ``base.seed + 1``, ...),
     DBLP and its baseline with the same seed; a cell is the mean over seeds,
     with a ``_ci95`` half-width column beside it when ``seeds`` > 1
-    (:mod:`dblp.sim.replicates`).
+    (:mod:`dblp.sim.replicates`). ``time_to_accuracy_s`` is the simulated
+    time to ``target_accuracy`` (:mod:`dblp.sim.convergence`).
     """
+    check_target(target_accuracy)
     if not (isinstance(seeds, int) and seeds >= 1):
         raise ParameterError(f"--seeds must be a positive integer, got {seeds!r}")
     points = grid_points(axes)
@@ -148,9 +166,10 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     t0 = time.perf_counter()
     results, cached = run_tasks(tasks, runner, jobs=jobs, dask=dask, cache=cache, progress=progress)
     wall = time.perf_counter() - t0
+    results = {k: with_accuracy(r, target_accuracy) for k, r in results.items()}
     rows = [_row(pt, pairs, results, base, seeds) for pt, pairs in plan]
     info = {"runs": len(tasks), "cached": cached, "grid_points": len(points), "seeds": seeds, "wall_s": wall,
-            "jobs": jobs or os.cpu_count() or 1, "dask": dask,
+            "jobs": jobs or os.cpu_count() or 1, "dask": dask, "target_accuracy": target_accuracy,
             "sim_cpu_s": sum(r.get("_cpu_s", 0.0) for r in results.values())}
     return rows, info
 
@@ -175,6 +194,7 @@ def _row(pt: dict[str, Any], pairs: list[tuple[str, str]], results: dict[str, di
     put("speedup_mean", [_ratio(y["mean_round_s"], x["mean_round_s"]) for x, y in zip(a, b)])
     put("speedup_p99", [_ratio(y["p99_round_s"], x["p99_round_s"]) for x, y in zip(a, b)])
     put("speedup_time_to_train", [_ratio(y["time_to_train_s"], x["time_to_train_s"]) for x, y in zip(a, b)])
+    put("speedup_time_to_accuracy", [_ratio(y["time_to_accuracy_s"], x["time_to_accuracy_s"]) for x, y in zip(a, b)])
     put("lost_extra", [x["lost"] - y["lost"] for x, y in zip(a, b)])
     bursts = [int(r["burst_rounds"]) for r in a]  # the baseline sees the same bursts (same seed)
     row["bursts_total"] = sum(bursts)
@@ -183,6 +203,8 @@ def _row(pt: dict[str, Any], pairs: list[tuple[str, str]], results: dict[str, di
 
 
 def _ratio(num: float, den: float) -> float:
+    if math.isinf(num) and math.isinf(den):
+        return float("nan")  # neither reaches the target: no ratio
     return num / den if den else float("nan")
 
 
@@ -221,6 +243,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
                    help="finished simulations, one file per configuration, so an interrupted sweep resumes "
                         "(default: OUT/cache)")
     o.add_argument("--no-cache", action="store_true", help="simulate every point again and keep nothing")
+    add_target_arg(o)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -251,20 +274,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     cache = None if args.no_cache else ResultCache(args.cache or out / "cache")
     rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
-                           cache=cache)
+                           cache=cache, target_accuracy=args.target_accuracy)
     write_csv(rows, out / "sweep.csv")
     meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y}
     (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     from .plots import plot_sweep
 
-    pngs = plot_sweep(rows, x, y, out)
+    pngs = plot_sweep(rows, x, y, out, target_accuracy=args.target_accuracy)
     print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
           f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
           f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "
           + ", ".join(p.name for p in pngs))
-    best = max(rows, key=lambda r: r["speedup_time_to_train"])
-    print("best time-to-train speedup x%.3f at %s" % (
-        best["speedup_time_to_train"], {k: best[k] for k in AXES if len(axes[k]) > 1}))
+    varied = [k for k in AXES if len(axes[k]) > 1]
+    for col, what in (("speedup_time_to_train", "time-to-train"),
+                      ("speedup_time_to_accuracy", f"time-to-{args.target_accuracy:.0%}-accuracy")):
+        finite = [r for r in rows if math.isfinite(r[col])]
+        if finite:
+            best = max(finite, key=lambda r: r[col])
+            print(f"best {what} speedup x{best[col]:.3f} at {({k: best[k] for k in varied})}")
+        else:
+            print(f"{what}: no grid point where both DBLP and the baseline reach it")
     return 0
 
 

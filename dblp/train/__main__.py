@@ -12,7 +12,8 @@ import argparse
 import json
 import sys
 
-from dblp.cliargs import hostport, parser
+from dblp.auth import AuthError
+from dblp.cliargs import add_auth_args, hostport, parser, worker_secret
 from dblp.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--records", default=None, help="JSONL file for the transport's per-round records")
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    add_auth_args(w, "worker")
     w.add_argument("--pace", type=rate_arg(), default="0",
                    help="pacing rate of this worker's sends, e.g. 150M; a bare number is Mbit/s (0 = unlimited)")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
@@ -63,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     from dblp.train.data import DatasetMissingError
 
     try:
+        secret = worker_secret(a)
+    except AuthError as exc:
+        print(f"dblp.train worker: error: {exc}", file=sys.stderr)
+        return 2
+    try:
         wl = get_workload(a.workload, a.data_root, seed=a.seed)
     except (DatasetMissingError, KeyError, ValueError, ImportError) as exc:  # ImportError: an optional dependency
         print(f"dblp.train worker: error: {exc}", file=sys.stderr)
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with Worker(a.server[0], a.server[1], elements=elements, worker_id=a.id, records=a.records,
                     source=a.source, fast=False if a.plain else None, peer_timeout=a.peer_timeout,
-                    send_rate_bps=a.pace) as wk:
+                    send_rate_bps=a.pace, secret=secret, insecure=a.insecure) as wk:
             summary = train(wl, AllreduceExchange(wk), cfg)
     except WorkerError as exc:
         print(f"dblp.train worker {a.id}: error: {exc}", file=sys.stderr)

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import torch.distributed as dist
 
 from dblp.control import DEFAULT_PORT
+from dblp.auth import SECRET_ENV, new_secret
 from dblp.launch import LISTENING_RE, LocalRunner, RunArgs, server_argv, tail
 from dblp.policy import run_policy
 from dblp.train.ddp import ExchangeHookState, exchange_hook
@@ -109,12 +110,14 @@ class DBLPComm:
                 (self.records_dir / "server.jsonl").unlink(missing_ok=True)
         status: list[Any] = [None]
         if self.rank == 0:
+            # the run's secret goes to the ranks over torch's own rendezvous (as torchrun's store does)
+            secret = new_secret()
             try:
-                status[0] = ("ok", self._start_server(port, flags, peer_timeout, server_args))
+                status[0] = ("ok", self._start_server(port, flags, peer_timeout, server_args, host, secret), secret)
             except DBLPCommError as exc:
-                status[0] = ("error", str(exc))
+                status[0] = ("error", str(exc), "")
         dist.broadcast_object_list(status, src=0)
-        kind, value = status[0]
+        kind, value, secret = status[0]
         if kind != "ok":
             raise DBLPCommError(f"rank {self.rank}: the DBLP server on rank 0 did not start: {value}")
         self.server_addr = (host, int(value))
@@ -122,7 +125,7 @@ class DBLPComm:
         wrec = str(self.records_dir / f"worker{self.rank}.jsonl") if self.records_dir is not None else None
         try:
             self.worker = Worker(host, int(value), elements=elements, worker_id=self.rank, records=wrec,
-                                 source="hosts", connect_timeout=timeout).connect()
+                                 source="hosts", connect_timeout=timeout, secret=bytes.fromhex(secret)).connect()
         except Exception:
             self._stop_server()
             raise
@@ -132,7 +135,7 @@ class DBLPComm:
 
     # -- the server (rank 0) -------------------------------------------------------------------
     def _start_server(self, port: int, policy_flags: list[str], peer_timeout: float,
-                      extra: Sequence[str]) -> int:
+                      extra: Sequence[str], host: str, secret: str) -> int:
         if port == 0:
             with socket.socket() as s:  # a free port (TCP; the server's UDP socket takes the same number)
                 s.bind(("", 0))
@@ -146,8 +149,9 @@ class DBLPComm:
             fd, name = tempfile.mkstemp(prefix="dblp-server-", suffix=".log")
             os.close(fd)
             self._log = Path(name)
-        argv = server_argv(args, records)
-        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")]))}
+        argv = server_argv(args, records, bind=host)
+        env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), os.environ.get("PYTHONPATH")])),
+               SECRET_ENV: secret}
         with open(self._log, "w", encoding="utf-8") as log:
             self.server = LocalRunner().popen("rank0", argv, env=env, stdout=log, stderr=subprocess.STDOUT,
                                               stdin=subprocess.DEVNULL)

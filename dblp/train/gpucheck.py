@@ -97,7 +97,8 @@ def check_model(name: str, *, device: str | None = None, workers: int = 2, steps
             cfg = TrainConfig.for_workload(wl, epochs=1, batch_size=batch, max_iters_per_epoch=steps, rank=rank,
                                            world_size=workers, device=str(dev), eval_batch_size=batch,
                                            eval_max_batches=1, warmup_iters=0)
-            with Worker("127.0.0.1", srv.port, elements=n_params, worker_id=rank, peer_timeout=timeout_s) as w:
+            with Worker("127.0.0.1", srv.port, elements=n_params, worker_id=rank, peer_timeout=timeout_s,
+                        secret=srv.secret) as w:
                 s = train(wl, AllreduceExchange(w), cfg)
                 results[rank] = (s, w.layout.chunks, w.staging.pinned)
         except BaseException as exc:  # noqa: BLE001 - reported below

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from dblp.progress import eta_text
 from dblp.records import json_safe
 from dblp.train.data import iterate_batches
 from dblp.train.exchange import Exchange, LocalExchange, exchange_group, last_info
@@ -465,7 +466,8 @@ def train(
                 on_epoch(erec)
             log(
                 f"epoch {epoch + 1}/{cfg.epochs}: train_loss {erec['train_loss']:.4f} "
-                f"{workload.metric} {m[workload.metric]:.4f} ({ep_wall:.1f}s train, {ev_s:.1f}s eval)"
+                f"{workload.metric} {m[workload.metric]:.4f} ({ep_wall:.1f}s train, {ev_s:.1f}s eval; "
+                f"{eta_text(epoch + 1, cfg.epochs, time.perf_counter() - t_run, 'epoch')})"
             )
     finally:
         it_log.close()

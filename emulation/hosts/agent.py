@@ -26,6 +26,8 @@ from typing import Any
 from traces.argtypes import count_arg, float_arg, int_arg
 from traces.units import duration_arg, rate_arg
 
+from dblp.cliargs import add_auth_args, worker_secret
+
 from .inventory import MODES
 
 
@@ -111,7 +113,7 @@ def worker_main(a: argparse.Namespace) -> int:
             norms = synthetic_norms(max(a.iterations, 1), a.seed)
             with Worker(server_host, int(server_port), elements=elements, worker_id=rank,
                         send_rate_bps=a.pace, peer_timeout=a.peer_timeout, source="hosts",
-                        fast=False if a.plain else None) as wk:
+                        fast=False if a.plain else None, secret=worker_secret(a), insecure=a.insecure) as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, a.seed)
                 for k in range(a.iterations):
                     t0 = time.perf_counter()
@@ -166,7 +168,7 @@ def worker_main(a: argparse.Namespace) -> int:
         (out / "device.json").write_text(json.dumps(info, indent=1) + "\n")
         with Worker(server_host, int(server_port), elements=n_params, worker_id=rank,
                     send_rate_bps=a.pace, peer_timeout=a.peer_timeout, source="hosts",
-                    fast=False if a.plain else None) as wk:
+                    fast=False if a.plain else None, secret=worker_secret(a), insecure=a.insecure) as wk:
             def on_iteration(it: dict) -> None:
                 rec = wk.last_record
                 if rec is not None:
@@ -199,6 +201,7 @@ def add_worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--seed", type=int_arg(0), default=0, help="seed of the synthetic gradients and the training")
     w.add_argument("--pace", type=rate_arg(), default="0", help="pacing rate, e.g. 900M; a bare number is Mbit/s")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    add_auth_args(w, "worker")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
     w.add_argument("--source", default="hosts", help="record source tag")

@@ -13,6 +13,7 @@ from typing import Sequence
 from dblp.policy import run_policy
 from traces.units import parse_rate
 
+from dblp.auth import SECRET_ENV
 from dblp.launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
 from .inventory import HostSpec, Inventory, RunSpec
 
@@ -25,17 +26,26 @@ def policy_args(policy: str, run: RunSpec) -> list[str]:
     return run_policy(policy, run.p_low, run.p_high, run.eta, run.freq).flags()
 
 
-def host_script(host: HostSpec, rdir: str, tag: str, argv: Sequence[str]) -> str:
+def host_script(host: HostSpec, rdir: str, tag: str, argv: Sequence[str], secret: str | None = None) -> str:
     """The shell line run on a host: make the run folder, write the pid file, exec the program.
 
     ``exec`` keeps the shell's pid, so ``<rdir>/<tag>.pid`` names the program
     itself, and the launcher can end it even when the ssh client is gone.
+    ``secret``: the run's shared secret, handed over in ``$DBLP_SECRET``
+    (:mod:`dblp.auth`; logs show it as ``***``, :func:`redact`).
     """
     env = {"PYTHONPATH": host.workdir, "PYTHONUNBUFFERED": "1", "DBLP_HOSTS_HOST": host.name, **host.env}
+    if secret:
+        env[SECRET_ENV] = secret
     envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     return (f"mkdir -p {shlex.quote(rdir)} && cd {shlex.quote(host.workdir)} && "
             f"echo $$ > {shlex.quote(rdir + '/' + tag + '.pid')} && exec env {envs} {shlex.join(list(argv))}")
 
+
+
+def redact(script: str, secret: str | None) -> str:
+    """A host script as logs may show it: the secret replaced by ``***``."""
+    return script.replace(secret, "***") if secret else script
 
 
 def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
@@ -43,7 +53,8 @@ def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
     r = inv.run
     return RunArgs(workers=len(inv.workers), iterations=inv.rounds, model=r.model, policy=policy_args(policy, r),
                    source="hosts", pace_bps=parse_rate(r.rate), seed=r.seed, compute_s=r.compute_ms / 1e3,
-                   peer_timeout_s=r.peer_timeout_s, plain=inv.plain, port=r.port, python=python)
+                   peer_timeout_s=r.peer_timeout_s, plain=inv.plain, port=r.port, python=python,
+                   insecure=inv.insecure)
 
 
 def server_argv(inv: Inventory, policy: str, rdir: str, bind: str, port: int) -> list[str]:

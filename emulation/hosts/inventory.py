@@ -102,6 +102,7 @@ class RunSpec:
     port: int = DEFAULT_PORT
     rate: str = "0"
     plain: bool | None = None  # None: True when any loss rule exists
+    insecure: bool = False  # the paper's unauthenticated wire; else a secret per run in every host's $DBLP_SECRET
     seed: int = 0
     remote_dir: str = "/tmp/dblp-hosts"
     keep_remote: bool = False
@@ -161,6 +162,10 @@ class Inventory:
     @property
     def rounds(self) -> int:
         return self.train.rounds if self.run.mode == "train" else self.run.rounds
+
+    @property
+    def insecure(self) -> bool:
+        return self.run.insecure
 
     @property
     def plain(self) -> bool:

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..bursts import BurstInjector
+from dblp.auth import new_secret
 from dblp.launch import LISTENING_RE
+from dblp.progress import Progress
 from dblp.watch import RoundWatcher
 from .commands import server_argv, worker_argv
 from .gather import collect_policy, gather_dir, remove_dir, sim_compute_params, write_compute
@@ -119,11 +121,12 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
                 injector = BurstInjector(lc, bursts, log_path=out / "bursts.jsonl").start()
                 injector.on_iteration(0)
         srv = inv.server
+        secret = None if inv.insecure else new_secret()  # one per run, to every host in its environment
         bind = tr.bind_address(srv)
         port = 0 if tr.name == "local" else inv.run.port
         sp = HostProc(tr, srv, "server", rdirs[srv.name],
                       server_argv(inv, policy, rdirs[srv.name], bind, port), out / "hosts" / srv.name / "server.log",
-                      watch=LISTENING_RE.pattern)
+                      watch=LISTENING_RE.pattern, secret=secret)
         procs.append(sp)
         if not sp.matched.wait(60) or sp.match is None:
             raise HostsError(f"server on {srv.name} did not start listening:\n{sp.last_lines()}")
@@ -131,12 +134,12 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
         addr = tr.data_address(srv)
         master = tr.data_address(inv.workers[0])
 
+        ticker = Progress(n_rounds, policy, out=progress)
+
         def on_round(k: int) -> None:
             if injector is not None:
                 injector.on_iteration(k)
-            if k == n_rounds or k % max(1, n_rounds // 10) == 0:
-                rate = k / max(1e-9, time.time() - t_begin)
-                progress(f"  {policy:9s} iteration {k:5d}/{n_rounds}  ({rate:.1f} it/s)")
+            ticker.update(k)
 
         tail = tr.start(srv, f"exec tail -n +1 -s 0.05 -F {shlex.quote(rdirs[srv.name] + '/records.jsonl')} "
                              f"2>/dev/null", stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -146,7 +149,7 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
         for wid, h in enumerate(inv.workers):
             procs.append(HostProc(tr, h, "worker", rdirs[h.name],
                                   worker_argv(inv, h, wid, rdirs[h.name], addr, port, master),
-                                  out / "hosts" / h.name / "worker.log"))
+                                  out / "hosts" / h.name / "worker.log", secret=secret))
         deadline = time.time() + inv.run.timeout_s
         while True:
             codes = [p.poll() for p in procs]

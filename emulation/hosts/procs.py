@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 from dblp.watch import end_process_group
-from .commands import host_script
+from .commands import host_script, redact
 from .inventory import HostSpec
 from .transport import Transport
 
@@ -24,17 +24,17 @@ class HostProc:
     """One program on one host: the local client process, its log, and its remote pid file."""
 
     def __init__(self, tr: Transport, host: HostSpec, tag: str, rdir: str, argv: list[str], log: Path,
-                 watch: str | None = None) -> None:
+                 watch: str | None = None, secret: str | None = None) -> None:
         self.tr, self.host, self.tag, self.rdir = tr, host, tag, rdir
         self.log_path = log
-        self.script = host_script(host, rdir, tag, argv)
+        self.script = host_script(host, rdir, tag, argv, secret)
         self.pattern = re.compile(watch) if watch else None
         self.match: re.Match | None = None
         self.matched = threading.Event()
         self.tail: list[str] = []
         log.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log, "w", encoding="utf-8")
-        self._log.write(f"# {host.name}: {shlex.join(tr.argv(host, self.script))}\n")
+        self._log.write(f"# {host.name}: {redact(shlex.join(tr.argv(host, self.script)), secret)}\n")
         self._log.flush()
         self.proc = tr.start(host, self.script, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              stdin=subprocess.DEVNULL)

@@ -144,3 +144,83 @@ def test_overlapping_runs(ready_file):
     finally:
         a.stop()
     assert _sysctl() == before
+
+
+# ------------------------------------------------------------------ only what the testbed made
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, check=check)
+
+
+def _exists(name: str) -> bool:
+    return Path("/sys/class/net", name).exists()
+
+
+def _bridge_with_port(bridge: str, port: str, peer: str, alias: str | None = None) -> None:
+    _ip("link", "add", bridge, "type", "bridge")
+    if alias:
+        _ip("link", "set", "dev", bridge, "alias", alias)
+    _ip("link", "add", port, "type", "veth", "peer", "name", peer)
+    _ip("link", "set", "dev", port, "master", bridge)
+
+
+@pytest.mark.mininet
+def test_cleanup_leaves_a_plain_mininet_session_alone():
+    """A plain ``mn`` session's shells, bridges and ``<node>-eth<N>`` veths survive the cleanup;
+    a testbed bridge whose creator died goes (with its ports); a live creator's stays."""
+    from emulation.cleanup import cleanup
+    from emulation.runstate import bridge_alias
+    from emulation.sysutil import RUN_ENV
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    env = {k: v for k, v in os.environ.items() if k != RUN_ENV}
+    shell = subprocess.Popen(["mnexec", "-cdn", "bash", "--norc", "-is", "mininet:plain9"],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, env=env)
+    names = ["plainbr9", "plain9-eth1", "dblpst9", "st9-eth1", "dblplv9", "lv9-eth1"]
+    try:
+        _bridge_with_port("plainbr9", "plain9-eth1", "plain8-eth0")
+        _bridge_with_port("dblpst9", "st9-eth1", "st8-eth0", alias=bridge_alias(dead.pid))
+        _bridge_with_port("dblplv9", "lv9-eth1", "lv8-eth0", alias=bridge_alias(os.getpid()))
+        time.sleep(0.2)
+        done = cleanup(verbose=False)
+        assert shell.poll() is None and shell.pid not in done["processes"]
+        assert _exists("plainbr9") and _exists("plain9-eth1") and _exists("plain8-eth0")
+        assert _exists("dblplv9") and _exists("lv9-eth1")
+        assert not _exists("dblpst9") and not _exists("st9-eth1")
+        assert done["bridges"] == ["dblpst9"]
+    finally:
+        shell.kill()
+        shell.wait()
+        for n in names:
+            _ip("link", "del", n, check=False)
+
+
+@pytest.mark.mininet
+def test_bridge_never_deletes_a_same_named_bridge_it_did_not_make():
+    """``--switch ipbr`` refuses a name in use; EmuNet picks a name that clashes with nothing."""
+    from emulation.bridge import IPBridge
+    from emulation.net import EmuNet
+    from emulation.sysutil import CommandError
+    from topologies.star import StarTopo
+
+    if _ip("link", "add", "clash9", "type", "bridge", check=False).returncode:
+        pytest.skip("could not create the test bridge")
+    sw = None
+    try:
+        sw = IPBridge("clash9")
+        with pytest.raises(CommandError, match="already exists, not made by this testbed"):
+            sw.start([])
+        sw.stop()
+        assert _exists("clash9")
+    finally:
+        if sw is not None:
+            sw.terminate()
+        _ip("link", "del", "clash9", check=False)
+    if _ip("link", "add", "s1", "type", "bridge", check=False).returncode:
+        return  # another run holds s1 right now: the IPBridge half above is the test
+    try:
+        with EmuNet(StarTopo(n=1)) as net:
+            assert net.switch("s1").name != "s1"
+        assert _exists("s1")
+    finally:
+        _ip("link", "del", "s1", check=False)

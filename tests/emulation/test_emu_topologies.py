@@ -106,3 +106,67 @@ def test_mn_custom_pingall_without_pythonpath(tmp_path):
                          timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert "Results: 0% dropped (12/12 received)" in out.stdout + out.stderr
+
+
+def test_leafspine_and_twosites_take_mininets_names():
+    from topologies.leafspine import LeafSpineTopo
+    from topologies.twosites import TwoSitesTopo
+
+    ls = LeafSpineTopo(racks=2, n=2, bw=20, delay="1ms", max_queue_size=30)
+    assert all(ls.linkInfo(a, b)["buffer_pkts"] == 30 and ls.linkInfo(a, b)["delay"] == "1ms"
+               for a, b in ls.links())
+    ts = TwoSitesTopo(n=2, bw=40, max_queue_size=9, delay="2ms")
+    assert all(ts.linkInfo(a, b)["bw"] == 40.0 and ts.linkInfo(a, b)["buffer_pkts"] == 9
+               for a, b in ts.links())
+    assert TwoSitesTopo(n=2, bw=40, wan_bw=5).linkInfo("s1", "s2")["bw"] == 5.0  # wan_* wins
+    for cls in (LeafSpineTopo, TwoSitesTopo):
+        with pytest.raises(ValueError, match="loss=1: link loss needs netem"):
+            cls(loss=1)
+
+
+def test_link_options_in_both_vocabularies():
+    """``emulation.mnlink`` reads Mininet's names and refuses what TBF cannot honour."""
+    from emulation.mnlink import link_shape, shape_opts
+    from emulation.shaping import FRAME_BYTES
+
+    params = {"bw": 10, "max_queue_size": 20, "addr1": "x"}
+    shape = link_shape(params)
+    assert shape.bw_mbps == 10 and shape.buffer_bytes == 20 * FRAME_BYTES and params == {"addr1": "x"}
+    for bad, match in (({"loss": 2}, "loss=2"), ({"jitter": "1ms"}, "jitter=1ms"),
+                       ({"use_hfsc": True}, "use_hfsc=True"),
+                       ({"max_queue_size": 5, "buffer_pkts": 5}, "same queue")):
+        with pytest.raises(ValueError, match=match):
+            shape_opts(dict(bad))
+
+
+def _mn(tmp_path, *args: str):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    mn = shutil.which("mn")
+    if mn is None:
+        pytest.skip("Mininet's mn is not installed")
+    star = Path(__file__).resolve().parents[2] / "topologies" / "star.py"
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    return subprocess.run([mn, "--custom", str(star), *args, "--switch", "ipbr", "--controller", "none"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.mininet
+def test_mn_link_tc_honours_max_queue_size_and_refuses_loss(tmp_path):
+    """``--link tc`` is the testbed's TBF: rate and a finite queue of max_queue_size packets; a
+    refused option exits before anything is built (mn's error path would run ``mn -c``)."""
+    from emulation.shaping import FRAME_BYTES
+
+    (tmp_path / "pre").write_text("srv tc -j qdisc show dev srv-eth0\n")
+    out = _mn(tmp_path, "--topo", "star,n=1,bw=50,max_queue_size=20", "--link", "tc",
+              "--pre", str(tmp_path / "pre"), "--test", "pingall")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "0% dropped" in text, text[-2000:]
+    qd = json.loads(next(line for line in text.splitlines() if line.startswith("[{")))[0]
+    assert qd["kind"] == "tbf" and qd["options"]["rate"] == 50e6 / 8
+    assert abs(qd["options"]["lat"] - (20 * FRAME_BYTES - qd["options"]["burst"]) / (50e6 / 8) * 1e6) < 50
+    out = _mn(tmp_path, "--topo", "star,n=1", "--link", "tc,loss=1", "--test", "none")
+    assert out.returncode != 0 and "loss=1: link loss needs netem" in out.stderr
+    assert "Cleanup" not in out.stdout + out.stderr
