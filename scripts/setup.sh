@@ -21,13 +21,16 @@ export DEBIAN_FRONTEND=noninteractive
 py_headers="$("${DBLP_PYTHON:-python3}" -c 'import sysconfig; print(sysconfig.get_paths()["include"])' 2>/dev/null || true)"
 if ! command -v mnexec >/dev/null || ! command -v nft >/dev/null || ! command -v iperf3 >/dev/null \
    || ! command -v sudo >/dev/null || ! [ -e /usr/bin/python ] || ! command -v tcpdump >/dev/null \
-   || ! command -v gcc >/dev/null || ! [ -e "$py_headers/Python.h" ] || ! command -v ping >/dev/null; then
+   || ! command -v gcc >/dev/null || ! [ -e "$py_headers/Python.h" ] || ! command -v ping >/dev/null \
+   || ! /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
   apt-get update -q
   # --no-install-recommends: Mininet recommends Open vSwitch, whose kernel module this
   # testbed does not need (it uses Linux bridges).
   apt-get install -y -q --no-install-recommends \
     mininet nftables iproute2 iperf3 sudo python-is-python3 python3-venv tcpdump ethtool procps iputils-ping \
-    gcc python3-dev  # the transport's C helper (dblp/_fastpath_c/); without a compiler the numpy path runs
+    gcc python3-dev \
+    python3-numpy  # numpy: for `mn --custom topologies/... --link tc` (the testbed's TBF link) under mn's own Python
+  # gcc, python3-dev: the transport's C helper (dblp/_fastpath_c/); without a compiler the numpy path runs
 fi
 
 PY=${DBLP_PYTHON:-python3}
