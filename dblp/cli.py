@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    lb.add_argument("--insecure", action="store_true",
+                    help="the paper's CRC-only wire (default: the authenticated wire, a fresh secret per run)")
 
     w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
                        formatter_class=HelpFormatter,
@@ -157,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
 
             elements = model_elements(args.model)
             res = loopback_rounds(elements, workers=args.workers, rounds=args.iterations, warmup=args.warmup, p=args.p,
-                                  mtu=args.mtu, order=args.order, fast=False if args.plain else None)
+                                  mtu=args.mtu, order=args.order, fast=False if args.plain else None,
+                                  insecure=args.insecure)
             if args.json:
                 print(json.dumps(res.to_dict()))
             else:

@@ -64,10 +64,12 @@ def loopback_rounds(
     order: str = DEFAULT_ORDER,
     fast: bool | None = None,
     timeout: float = 300.0,
+    insecure: bool = False,
 ) -> LoopbackResult:
     """Run ``warmup + rounds`` rounds; return the timed ones. ``p`` = 0 is the
     reliable policy, else a fixed tolerance; ``fast=False`` forces the plain
-    (no GSO/GRO: one datagram per message, sendmmsg/recvmmsg batches) path."""
+    (no GSO/GRO: one datagram per message, sendmmsg/recvmmsg batches) path;
+    ``insecure`` the paper's CRC-only wire instead of the authenticated one."""
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
         raise ParameterError(f"need workers >= 1, rounds >= 1, warmup >= 0 (got {workers}, {rounds}, {warmup})")
@@ -79,7 +81,7 @@ def loopback_rounds(
     env = {"PYTHONPATH": f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
                    policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
-                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order])
+                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure)
     with tempfile.TemporaryDirectory(prefix="dblp-loopback-") as tmp:
         d = Path(tmp)
         try:

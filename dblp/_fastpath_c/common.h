@@ -68,12 +68,18 @@ void crc_init(void); /* tables, then the best implementation; crc_name becomes t
 /* AES-GMAC of one datagram (mac.c): mac_open takes a 16-byte key (-1 otherwise), mac_tag writes the
  * tag of header bytes 8..24 + payload (nonce: the header's sender, round, seq), mac_check compares
  * it in constant time with the tag at hdr + 24. One mac_ctx per thread; mac_close wipes the key. */
+#define MAC_BATCH 64
 typedef struct {
     unsigned char aes[512] __attribute__((aligned(16))); /* an AES_KEY, opaque here (mac.c asserts the size) */
-    void *gcm;
+    void *gcm, *ecb;
+    uint8_t j0[16 * MAC_BATCH], ek[16 * MAC_BATCH]; /* a batch of GCM's J0 blocks and their encryptions */
+    Py_ssize_t ek_count, ek_next;
 } mac_ctx;
 int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len);
 void mac_close(mac_ctx *m);
+/* Encrypt the J0 blocks of the next n (<= MAC_BATCH) headers at hdr0 + i * stride in one AES-NI call;
+ * tags taken in that order then skip one table-AES block each (any other order still works). */
+void mac_prepare(mac_ctx *m, const uint8_t *hdr0, Py_ssize_t stride, Py_ssize_t n);
 void mac_tag(mac_ctx *m, const uint8_t *hdr, const uint8_t *payload, size_t n, uint8_t *tag);
 int mac_check(mac_ctx *m, const uint8_t *hdr, const uint8_t *payload, size_t n);
 

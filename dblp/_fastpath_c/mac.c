@@ -24,29 +24,76 @@
 #define OPENSSL_SUPPRESS_DEPRECATED
 #include <openssl/aes.h>
 #include <openssl/crypto.h>
+#include <openssl/evp.h>
 #include <openssl/modes.h>
 
 _Static_assert(sizeof(AES_KEY) <= sizeof(((mac_ctx *)0)->aes), "mac_ctx.aes holds an AES_KEY");
 
+/* GCM's block function. GCM encrypts one block per tag, E_K(J0) (J0: the nonce and a counter of
+ * 1); mac_prepare encrypts a batch of them with AES-NI through EVP (one call, pipelined) and the
+ * block function hands them out in order - about a third of a tag's cost saved against OpenSSL's
+ * table AES_encrypt per datagram. Any other block (GCM's H at start-up) goes to AES_encrypt. */
+static void mac_block(const unsigned char in[16], unsigned char out[16], const void *key) {
+    mac_ctx *m = (mac_ctx *)key;
+    for (Py_ssize_t i = m->ek_next; i < m->ek_count; i++) { /* in order; datagrams not tagged are skipped */
+        if (memcmp(in, m->j0 + 16 * i, 16) == 0) {
+            memcpy(out, m->ek + 16 * i, 16);
+            m->ek_next = i + 1;
+            return;
+        }
+    }
+    AES_encrypt(in, out, (const AES_KEY *)m->aes);
+}
+
 int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len) {
     m->gcm = NULL;
+    m->ecb = NULL;
+    m->ek_count = m->ek_next = 0;
     if (key_len != TAG_BYTES) return -1;
     if (AES_set_encrypt_key(key, 128, (AES_KEY *)m->aes) != 0) return -1;
-    m->gcm = CRYPTO_gcm128_new(m->aes, (block128_f)AES_encrypt);
+    EVP_CIPHER_CTX *e = EVP_CIPHER_CTX_new();
+    if (!e || EVP_EncryptInit_ex(e, EVP_aes_128_ecb(), NULL, key, NULL) != 1) {
+        EVP_CIPHER_CTX_free(e);
+        return -1;
+    }
+    EVP_CIPHER_CTX_set_padding(e, 0);
+    m->ecb = e;
+    m->gcm = CRYPTO_gcm128_new(m, mac_block);
     return m->gcm ? 0 : -1;
 }
 
 void mac_close(mac_ctx *m) {
     if (m->gcm) CRYPTO_gcm128_release((GCM128_CONTEXT *)m->gcm);
-    m->gcm = NULL;
+    if (m->ecb) EVP_CIPHER_CTX_free((EVP_CIPHER_CTX *)m->ecb);
+    m->gcm = m->ecb = NULL;
     OPENSSL_cleanse(m->aes, sizeof m->aes);
+    OPENSSL_cleanse(m->ek, sizeof m->ek);
+}
+
+static void nonce_of(const uint8_t *hdr, uint8_t *iv) {
+    memset(iv, 0, 12);
+    memcpy(iv, hdr + 12, 2);     /* sender */
+    memcpy(iv + 2, hdr + 16, 8); /* round, seq */
+}
+
+void mac_prepare(mac_ctx *m, const uint8_t *hdr0, Py_ssize_t stride, Py_ssize_t n) {
+    m->ek_count = m->ek_next = 0;
+    if (n > MAC_BATCH) n = MAC_BATCH;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t *j = m->j0 + 16 * i;
+        nonce_of(hdr0 + i * stride, j);
+        j[12] = j[13] = j[14] = 0;
+        j[15] = 1;
+    }
+    int outl = 0;
+    if (n > 0 && EVP_EncryptUpdate((EVP_CIPHER_CTX *)m->ecb, m->ek, &outl, m->j0, (int)(16 * n)) == 1 && outl == 16 * n)
+        m->ek_count = n;
 }
 
 void mac_tag(mac_ctx *m, const uint8_t *hdr, const uint8_t *payload, size_t n, uint8_t *tag) {
     GCM128_CONTEXT *g = (GCM128_CONTEXT *)m->gcm;
-    uint8_t iv[12] = {0};
-    memcpy(iv, hdr + 12, 2);     /* sender */
-    memcpy(iv + 2, hdr + 16, 8); /* round, seq */
+    uint8_t iv[12];
+    nonce_of(hdr, iv);
     CRYPTO_gcm128_setiv(g, iv, sizeof iv);
     CRYPTO_gcm128_aad(g, hdr + CRC_START, HEADER_BYTES - CRC_START);
     if (n) CRYPTO_gcm128_aad(g, payload, n);
@@ -81,6 +128,7 @@ PyObject *fp_mac_rows(PyObject *self, PyObject *args) {
         uint32_t *out = (uint32_t *)b[1].buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < k; i++) {
+            if (i % MAC_BATCH == 0) mac_prepare(&m, base + i * w, w, k - i);
             Py_ssize_t n = ln ? (Py_ssize_t)ln[i] : w;
             const uint8_t *r = base + i * w;
             out[i] = (n >= AUTH_HEADER_BYTES && n <= w) ? (uint32_t)mac_check(&m, r, r + AUTH_HEADER_BYTES,

@@ -173,6 +173,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
                         used = 1;
                     } else if (n <= width || seg == width) {
                         used = (n + width - 1) / width;
+                        if (c.mac) mac_prepare(c.mac, c.base + k * width, width, used);
                         for (Py_ssize_t j = 0; j < used; j++) {
                             Py_ssize_t len = j < used - 1 ? width : n - j * width;
                             ln[k + j] = len;
@@ -231,6 +232,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
                 }
                 int got = recvmmsg(fd, msgs, vlen, MSG_DONTWAIT, NULL);
                 calls++;
+                if (c.mac && got > 0) mac_prepare(c.mac, c.base + k * width, width, got);
                 for (int j = 0; j < got; j++) {
                     /* a truncated datagram gets width + 1: never placed, and R4 counts it wrong_length */
                     Py_ssize_t len = (msgs[j].msg_hdr.msg_flags & MSG_TRUNC) ? width + 1 : (Py_ssize_t)msgs[j].msg_len;

@@ -35,6 +35,27 @@ static void seal(uint8_t *r, mac_ctx *m, const uint8_t *payload, size_t n) {
     put_be32(r + 4, crc_impl(c, payload, n));
 }
 
+/* The J0 blocks of datagrams i.. i + MAC_BATCH, from the header fields they will carry (written
+ * here into their rows ahead of the loop; the loop writes the same bytes again). */
+static void prepare_batch(mac_ctx *m, uint8_t *base, Py_ssize_t stride, Py_ssize_t i, Py_ssize_t k,
+                          const int64_t *sq, Py_ssize_t chunks, unsigned long run_id, unsigned int sender,
+                          unsigned long round_no) {
+    Py_ssize_t n = k - i < MAC_BATCH ? k - i : MAC_BATCH;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        int64_t s = sq[i + j];
+        if (s < 0 || s >= chunks) {
+            n = j;
+            break;
+        }
+        uint8_t *r = base + (i + j) * stride;
+        put_be16(r + 12, sender);
+        put_be32(r + 16, (uint32_t)round_no);
+        put_be32(r + 20, (uint32_t)s);
+    }
+    (void)run_id;
+    mac_prepare(m, base + i * stride, stride, n);
+}
+
 /* The key argument: empty (version 1) or 16 bytes (version 2, m opened); -1 with ValueError otherwise. */
 static int open_key(const Py_buffer *key, mac_ctx *m, mac_ctx **mp) {
     *mp = NULL;
@@ -99,6 +120,7 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
             uint8_t *r = base + i * width;
             write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, width, i, k, sq, chunks, run_id, sender, round_no);
             memcpy(r + hb, v + s * cf, (size_t)(4 * n));
             if (n < cf) memset(r + hb + 4 * n, 0, (size_t)(4 * (cf - n)));
             seal(r, m, r + hb, (size_t)(4 * n));
@@ -162,6 +184,7 @@ PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
             uint8_t *r = base + i * hb;
             write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
+            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, hb, i, k, sq, chunks, run_id, sender, round_no);
             seal(r, m, v + 4 * s * cf, (size_t)(4 * n));
         }
         Py_END_ALLOW_THREADS

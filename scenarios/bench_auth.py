@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""What authentication costs: the authenticated wire against the paper's CRC-only wire, side by side.
+
+Two measurements, each alternating the two wires in one run so that a busy
+machine slows both alike:
+
+1. **integrity work per tensor** (one process, no sockets): encoding the
+   headers of a ``--model``-sized tensor (CRC-32C, or the AES-GMAC tag) and
+   checking whole datagrams (CRC compare, or tag check) - the per-datagram
+   work the tag adds, in ns per datagram;
+2. **lossless rounds on loopback** (``python -m dblp loopback``: a server
+   and ``--workers`` worker processes): the median round time of each wire,
+   ``--repeats`` times, and their ratio (target: authenticated within 1.10x).
+
+Prints a table and writes ``bench_auth.csv`` / ``.json`` to ``--out``.
+
+    python scenarios/bench_auth.py                 # 25M, 3 workers, 3 repeats: ~2 minutes
+    python scenarios/bench_auth.py --quick         # 1M, a smoke run
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
+import numpy as np  # noqa: E402
+
+from dblp import auth, wire  # noqa: E402
+from dblp.cliargs import model_arg, parser  # noqa: E402
+from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
+from dblp.loopback import loopback_rounds  # noqa: E402
+from traces.argtypes import count_arg  # noqa: E402
+
+
+def integrity_cost(elements: int, repeats: int) -> dict[str, float]:
+    """ns per datagram of header encoding and of whole-datagram checks, per wire (medians)."""
+    vals = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
+    out: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for name, key in (("crc", None), ("tag", auth.data_key(b"\1" * 32, 7))):
+            lay = wire.ChunkLayout(elements, key=key)
+            seqs = np.arange(lay.chunks, dtype=np.int64)
+            t = time.perf_counter()
+            wire.encode_headers(vals, lay, seqs, run_id=7, sender=1, round_no=1)
+            out.setdefault(f"encode_{name}_ns", []).append((time.perf_counter() - t) / lay.chunks * 1e9)
+            rows, lens = wire.encode_chunks(vals, lay, seqs[: min(lay.chunks, 20000)], run_id=7, sender=1,
+                                            round_no=1)
+            t = time.perf_counter()
+            ok = wire.rows_ok(rows, lay, lens)
+            out.setdefault(f"check_{name}_ns", []).append((time.perf_counter() - t) / rows.shape[0] * 1e9)
+            assert ok.all()
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser("bench_auth.py", __doc__.splitlines()[0], config=False)
+    ap.add_argument("--model", type=model_arg, default="25M", help="tensor size: " + MODEL_HELP)
+    ap.add_argument("--workers", type=count_arg(1), default=3, help="worker processes of the loopback rounds")
+    ap.add_argument("--iterations", type=count_arg(1), default=5, help="timed rounds per loopback run")
+    ap.add_argument("--repeats", type=count_arg(1), default=3, help="loopback runs per wire, alternating")
+    ap.add_argument("--quick", action="store_true", help="1M elements, 1 repeat: a smoke run")
+    ap.add_argument("--out", type=Path, default=Path("results/bench_auth"), help="folder for the CSV and JSON")
+    a = ap.parse_args(argv)
+    elements = model_elements("1M" if a.quick else a.model)
+    repeats = 1 if a.quick else a.repeats
+    cost = integrity_cost(elements, 3)
+    print(f"integrity work, {elements:,} float32 elements (ns per datagram, median of 3):")
+    print(f"  encode headers: CRC-32C {cost['encode_crc_ns']:7.0f}   AES-GMAC tag {cost['encode_tag_ns']:7.0f}")
+    print(f"  check datagrams: CRC-32C {cost['check_crc_ns']:6.0f}   AES-GMAC tag {cost['check_tag_ns']:7.0f}")
+    rows = []
+    for r in range(repeats):
+        for insecure in (False, True) if r % 2 == 0 else (True, False):
+            res = loopback_rounds(elements, workers=a.workers, rounds=a.iterations, warmup=1, insecure=insecure)
+            rows.append({"repeat": r, "wire": "crc (--insecure)" if insecure else "authenticated",
+                         "median_ms": res.median_s * 1e3})
+            print(f"  repeat {r + 1}/{repeats}: {rows[-1]['wire']:17s} median round {rows[-1]['median_ms']:7.1f} ms",
+                  flush=True)
+    ratios = []
+    for r in range(repeats):
+        by = {x["wire"]: x["median_ms"] for x in rows if x["repeat"] == r}
+        ratios.append(by["authenticated"] / by["crc (--insecure)"])
+    med = statistics.median(ratios)
+    print(f"lossless {elements:,}-element rounds, {a.workers} workers on loopback: authenticated / CRC-only = "
+          f"{med:.3f} (median of {repeats}; range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.10)")
+    a.out.mkdir(parents=True, exist_ok=True)
+    with open(a.out / "bench_auth.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["repeat", "wire", "median_ms"])
+        w.writeheader()
+        w.writerows(rows)
+    (a.out / "bench_auth.json").write_text(json.dumps({"elements": elements, "workers": a.workers, **cost,
+                                                       "ratios": ratios, "median_ratio": med}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
