@@ -109,6 +109,14 @@ def format_cell(v: object, spec: str = ".4f") -> str:
 RUN_COLORS: dict[str, str] = {"dblp": "#1f77b4", "baseline": "#d62728", "reliable": "#7f7f7f", "fixed": "#d62728"}
 
 
+def run_style(label: str) -> dict[str, object]:
+    """Line colour and style of a labelled run: colour by its policy (:data:`RUN_COLORS`), and in a
+    comparison (labels ``A:dblp``, ``B:dblp``) run A solid, run B dashed, so each policy keeps its
+    colour in every view."""
+    side, _, run = label.rpartition(":")
+    return {"color": RUN_COLORS.get(run), "ls": "--" if side == "B" else "-"}
+
+
 def format_table(rows: Sequence[Sequence[object]], spec: str = ".4f") -> str:
     """Aligned text of ``rows`` (the first is the header); numeric cells formatted with ``spec``."""
     rows = [[format_cell(c, spec) for c in r] for r in rows]
@@ -141,14 +149,14 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bur
     fig, ax = plt.subplots(figsize=(9, 4))
     for label, recs in series.items():
         r, v = per_round(recs, field)
-        ax.plot(r, v * 1e3, lw=1.0, label=label, color=RUN_COLORS.get(label))
+        ax.plot(r, v * 1e3, lw=1.0, label=label, **run_style(label))
     for i, b in enumerate(bursts):
         ax.axvline(b, color="red", ls=":", lw=1, label="burst" if i == 0 else None)
     ax.set_xlabel("iteration")
     ax.set_ylabel("latency (ms, slowest worker)")
     ax.set_yscale("log")
     _plain_log_ticks(ax.yaxis)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend()
     fig.tight_layout()
@@ -170,13 +178,12 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
         _, v = per_round(recs, field)
         v = np.sort(v[np.isfinite(v)])
         if v.size:
-            ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label,
-                    color=RUN_COLORS.get(label))
+            ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label, **run_style(label))
     ax.set_xscale("log")
     _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("latency (ms, slowest worker)")
     ax.set_ylabel("fraction of iterations")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="lower right")
     fig.tight_layout()
@@ -328,10 +335,11 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
     if plot:
         series = {f"{tag}:{run}": recs for tag, recs in (("A", a), ("B", b))
                   for (run, role), recs in group_runs(recs).items() if role == "worker"}
+        which = f"A = {names[0]} (solid)\nB = {names[1]} (dashed)"
         for field, what in (("up_latency_s", "send"), ("round_latency_s", "round")):
-            plot_latency(series, out / f"latency_{what}.png", title=f"{what.capitalize()} latency per iteration",
-                         field=field)
-            plot_cdf(series, out / f"cdf_{what}.png", title=f"CDF of {what} latency", field=field)
+            plot_latency(series, out / f"latency_{what}.png", field=field,
+                         title=f"{what.capitalize()} latency per iteration\n{which}")
+            plot_cdf(series, out / f"cdf_{what}.png", title=f"CDF of {what} latency\n{which}", field=field)
             written += [f"latency_{what}.png", f"cdf_{what}.png"]
     print(f"\nwrote {out}/: {', '.join(written)}")
     return rows

@@ -3,15 +3,23 @@
 Mininet's own ``LinuxBridge`` shells out to ``brctl`` (bridge-utils), which a
 minimal Debian lacks, and this kernel has no Open vSwitch module, so we keep
 the same idea (a kernel bridge in the root namespace, no controller) with
-``ip link`` only. Every bridge gets the ifalias ``dblpem`` so that
-``python -m emulation.cleanup`` can tell our bridges from anybody else's.
+``ip link`` only. Every bridge gets the ifalias ``dblpem pid=<creator>``
+(:func:`emulation.runstate.bridge_alias`) so that ``python -m emulation.cleanup``
+can tell our bridges from anybody else's, and a leftover from a live one.
+
+A bridge of the same name that this testbed did not make (a plain Mininet
+session's, a host's ``br0``) is never deleted: starting refuses with a message
+instead (:class:`emulation.net.EmuNet` picks names that clash with nothing).
 """
 
 from __future__ import annotations
 
+import json
+
 from mininet.node import Switch
 
-from .sysutil import BRIDGE_ALIAS, run
+from .runstate import alias_owner, bridge_alias, stale_bridge
+from .sysutil import CommandError, run
 
 
 class IPBridge(Switch):
@@ -19,6 +27,7 @@ class IPBridge(Switch):
 
     def __init__(self, name: str, stp: bool = False, **kwargs) -> None:
         self.stp = stp
+        self.created = False  # whether start() made the bridge: only then does stop() delete it
         super().__init__(name, **kwargs)
 
     def connected(self) -> bool:
@@ -32,13 +41,29 @@ class IPBridge(Switch):
         return True
 
     def start(self, _controllers) -> None:  # noqa: D401 - Mininet API
-        """Create the bridge, enslave our ports, bring it up."""
-        run(["ip", "link", "del", self.name], check=False)
+        """Create the bridge, enslave our ports, bring it up.
+
+        An existing interface of this name is deleted only when it is a leftover
+        testbed bridge whose creator is gone; anything else is refused.
+        """
+        existing = _link(self.name)
+        if existing is not None:
+            alias = existing.get("ifalias")
+            if not stale_bridge(alias):
+                owner = alias_owner(alias)
+                whose = (f"a live testbed run's (pid {owner})" if owner else
+                         "not made by this testbed (a plain Mininet session? the host's own?)")
+                raise CommandError(
+                    f"switch {self.name!r}: an interface of that name already exists, {whose}; "
+                    "it is left alone. Name the switch differently, or remove that one yourself "
+                    f"(`ip link del {self.name}`) if it is a leftover.")
+            run(["ip", "link", "del", self.name], check=False)
         run(["ip", "link", "add", "name", self.name, "type", "bridge",
              "stp_state", "1" if self.stp else "0",
              # STP's minimum forward delay (2 s) keeps loop topologies quick to start
              "forward_delay", "200" if self.stp else "0"])
-        run(["ip", "link", "set", "dev", self.name, "alias", BRIDGE_ALIAS])
+        self.created = True
+        run(["ip", "link", "set", "dev", self.name, "alias", bridge_alias()])
         for intf in self.intfList():
             if self.name in intf.name:
                 run(["ip", "link", "set", "dev", intf.name, "master", self.name])
@@ -46,14 +71,24 @@ class IPBridge(Switch):
         run(["ip", "link", "set", "dev", self.name, "up"])
 
     def stop(self, deleteIntfs: bool = True) -> None:  # noqa: N803 - Mininet API
-        """Delete the bridge (and, by default, our veth ends)."""
-        run(["ip", "link", "del", self.name], check=False)
+        """Delete the bridge if we made it (and, by default, our veth ends)."""
+        if self.created:
+            run(["ip", "link", "del", self.name], check=False)
+            self.created = False
         super().stop(deleteIntfs)
 
 
-def _bridge_ports(bridge: str) -> list[dict]:
-    import json
+def _link(name: str) -> dict | None:
+    """``ip -j -d link show NAME``, parsed; None when there is no such interface."""
+    out = run(["ip", "-j", "-d", "link", "show", "dev", name], check=False)
+    try:
+        found = json.loads(out) if out.strip() else []
+    except json.JSONDecodeError:
+        return None
+    return found[0] if found else None
 
+
+def _bridge_ports(bridge: str) -> list[dict]:
     out = run(["ip", "-j", "-d", "link", "show", "master", bridge], check=False)
     try:
         return json.loads(out) if out.strip() else []

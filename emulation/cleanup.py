@@ -5,17 +5,20 @@
 
 A normal exit, an exception or Ctrl-C already tear down (``EmuNet.stop``);
 this is for ``kill -9``, a crashed interpreter or a lost terminal. It does the
-job of ``mn -c`` for this testbed without assuming Open vSwitch:
+job of ``mn -c`` for this testbed, but touches only what the testbed made
+(ownership marks: :mod:`emulation.runstate`), so a plain Mininet session
+running beside it keeps its shells, bridges and links:
 
 1. state files ``/run/dblpem/<run>.json`` of runs whose process is gone:
-   kill every process in the run's host namespaces, delete its bridges and
-   switch-side veths, restore the sysctls it changed;
-2. Mininet shells (``bash ... mininet:<node>``) not owned by a live run, and
-   every process in their namespaces; processes tagged ``DBLPEM_RUN=`` by
-   ``EmuNet.popen`` whose run is gone;
+   kill every process in the run's host namespaces, delete the bridges and
+   switch-side veths it recorded, restore the sysctls it changed;
+2. processes tagged ``DBLPEM_RUN=<run>`` whose run is gone (the run's Mininet
+   shells and what ``EmuNet.popen`` started), and every process in their
+   namespaces; ``mininet:`` shells without the tag are a plain Mininet
+   session's and are left alone (``mn -c`` cleans those);
 3. namespace hosts of ``emulation.nshosts`` (``dblpns-*``) whose creator is gone;
-4. root-namespace veths named like Mininet's (``<node>-eth<N>``), bridges
-   carrying our ifalias ``dblpem``, nft tables ``dblp_loss*``/``dblpem_*``,
+4. bridges carrying our ifalias ``dblpem pid=<creator>`` whose creator is gone
+   (and the veths enslaved to them), nft tables ``dblp_loss*``/``dblpem_*``,
    network namespaces ``dblpem-*``.
 
 Other sessions' ``dblp-*`` namespaces and ``dblp_*`` tables are left alone
@@ -30,26 +33,90 @@ import json
 import os
 import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from traces.units import HelpFormatter
 
-from .runstate import STATE_DIR, RunLock, pid_alive, read_states
-from .sysutil import (BRIDGE_ALIAS, RUN_ENV, kill_pids, links, netns_inode, pids_in_netns,
-                      pids_with_cmdline_prefix, root_netns_inode, run, sysctl_get, sysctl_set)
-
-MININET_INTF = re.compile(r"^[A-Za-z][\w]*-eth\d+$")
+from .runstate import STATE_DIR, RunLock, RunStates, pid_alive, read_states, run_tag, stale_bridge
+from .sysutil import (kill_pids, links, netns_inode, pids_in_netns, pids_with_cmdline_prefix,
+                      root_netns_inode, run, sysctl_get, sysctl_set)
 
 
-def _env_value(pid: int, var: str) -> str | None:
+@dataclass
+class Plan:
+    """What cleanup would remove, found without changing anything (``leftovers`` is its summary)."""
+
+    dead_runs: list[tuple[Path, dict]] = field(default_factory=list)
+    run_pids: dict[str, list[int]] = field(default_factory=dict)  # run -> pids in its namespaces
+    run_intfs: dict[str, list[str]] = field(default_factory=dict)  # run -> recorded root intfs
+    processes: list[int] = field(default_factory=list)  # tagged strays and their namespaces
+    bridges: list[str] = field(default_factory=list)
+    bridge_ports: list[str] = field(default_factory=list)
+    nft_tables: list[tuple[str, str]] = field(default_factory=list)  # (family, name)
+    netns: list[str] = field(default_factory=list)
+    foreign_shells: list[int] = field(default_factory=list)  # plain Mininet's: never touched
+
+
+def _plan(states: RunStates, all_dblp: bool = False) -> Plan:
+    """Find leftovers of dead runs; never anything of a live run or of somebody else."""
+    plan = Plan(dead_runs=list(states.dead))
+    protected_intfs = states.live_names
+    root_ino = root_netns_inode()
+    existing = {link.get("ifname", ""): link for link in links()}
+    stale = {n for n, link in existing.items() if link.get("linkinfo", {}).get("info_kind") == "bridge"
+             and stale_bridge(link.get("ifalias"))}
+
+    def made_by_us(name: str) -> bool:
+        """A name a dead run recorded is deleted only if what carries it now is still that run's:
+        a testbed bridge whose creator is gone, or a port on none or on such a bridge (the name
+        was recorded before creation, and somebody else may have taken it since)."""
+        link = existing.get(name)
+        if link is None or name in protected_intfs:
+            return False
+        if link.get("linkinfo", {}).get("info_kind") == "bridge":
+            return name in stale
+        return link.get("master") in (None, *stale)
+
+    for f, st in states.dead:
+        rid = str(st.get("run_id", f.stem))
+        plan.run_pids[rid] = pids_in_netns(st.get("netns_inodes", []))
+        plan.run_intfs[rid] = [n for n in st.get("bridges", []) + st.get("root_intfs", []) if made_by_us(n)]
+
+    # processes: our tag says which run started them; no tag, not ours
+    me = os.getpid()
+    tagged = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            tag = run_tag(int(entry))
+            if tag is not None and tag not in states.live:
+                tagged.append(int(entry))
+    ns = {i for p in tagged if (i := netns_inode(p)) and i != root_ino} - states.live_netns
+    plan.processes = sorted(set(tagged) | set(pids_in_netns(ns)))
+    plan.foreign_shells = [p for p in pids_with_cmdline_prefix("mininet:")
+                           if run_tag(p) is None and not states.owned_by_live(p)]
+
+    recorded = {n for v in plan.run_intfs.values() for n in v}
+    for name in sorted(stale - protected_intfs - recorded):
+        plan.bridges.append(name)
+        plan.bridge_ports += [n for n, l in existing.items()
+                              if l.get("master") == name and n not in protected_intfs]
+
+    out = run(["nft", "-j", "list", "tables"], check=False)
     try:
-        env = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return None
-    for item in env.split(b"\0"):
-        if item.startswith(var.encode() + b"="):
-            return item.split(b"=", 1)[1].decode(errors="replace")
-    return None
+        tables = [i["table"] for i in json.loads(out).get("nftables", []) if "table" in i]
+    except (json.JSONDecodeError, AttributeError):
+        tables = []
+    for t in tables:
+        name = t.get("name", "")
+        ours = name.startswith("dblp_loss") or name.startswith("dblpem_")
+        if ours or (all_dblp and name.startswith("dblp")):
+            plan.nft_tables.append((t.get("family", "inet"), name))
+
+    plan.netns = [n for n in _netns_names() if not _probe_alive(n) and
+                  (n.startswith("dblpem-") or (all_dblp and n.startswith("dblp")))]
+    return plan
 
 
 def cleanup(dry_run: bool = False, all_dblp: bool = False, force: bool = False,
@@ -69,9 +136,8 @@ def cleanup(dry_run: bool = False, all_dblp: bool = False, force: bool = False,
     return done
 
 
-def _cleanup_locked(done: dict[str, list], say, dry_run: bool, all_dblp: bool,
-                    force: bool) -> None:
-    root_ino = root_netns_inode()
+def _cleanup_locked(done: dict[str, list], say: Callable[[str], None], dry_run: bool,
+                    all_dblp: bool, force: bool) -> None:
     states = read_states()
     if force:
         states.dead += [(STATE_DIR / f"{rid}.json", st) for rid, st in states.live.items()
@@ -79,24 +145,27 @@ def _cleanup_locked(done: dict[str, list], say, dry_run: bool, all_dblp: bool,
         states.live = {}
     for rid, st in states.live.items():
         say(f"skipping live run {rid} (pid {st.get('pid')}); use --force to clean it too")
-    protected_intfs = states.live_names
-    protected_netns = states.live_netns
+    plan = _plan(states, all_dblp)
+
+    def delete_link(name: str) -> None:
+        if not dry_run:
+            run(["ip", "link", "del", name], check=False)
 
     # 1. state files of dead runs
     restore: dict[str, str] = {}
-    for f, st in states.dead:
-        pids = pids_in_netns(st.get("netns_inodes", []))
+    for f, st in plan.dead_runs:
+        rid = str(st.get("run_id", f.stem))
+        pids = plan.run_pids.get(rid, [])
         if pids:
-            say(f"run {st.get('run_id')}: killing {len(pids)} processes in its namespaces")
+            say(f"run {rid}: killing {len(pids)} processes in its namespaces")
             done["processes"] += pids
             if not dry_run:
                 kill_pids(pids, grace_s=0.5)
-        for name in st.get("bridges", []) + st.get("root_intfs", []):
-            if name not in protected_intfs and Path("/sys/class/net", name).exists():
-                say(f"run {st.get('run_id')}: deleting interface {name}")
+        for name in plan.run_intfs.get(rid, []):
+            if Path("/sys/class/net", name).exists() or dry_run:
+                say(f"run {rid}: deleting interface {name}")
                 done["interfaces"].append(name)
-                if not dry_run:
-                    run(["ip", "link", "del", name], check=False)
+                delete_link(name)
         restore.update(st.get("sysctls") or {})
         done["state_files"].append(str(f))
         if not dry_run:
@@ -109,98 +178,62 @@ def _cleanup_locked(done: dict[str, list], say, dry_run: bool, all_dblp: bool,
                 if not dry_run:
                     sysctl_set(key, val)
 
-    # 2. stray Mininet shells and tagged processes
-    shells = [p for p in pids_with_cmdline_prefix("mininet:") if not states.owned_by_live(p)]
-    ns = {i for p in shells if (i := netns_inode(p)) and i != root_ino} - protected_netns
-    tagged = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            val = _env_value(int(entry), RUN_ENV)
-            if val is not None and val not in states.live:
-                tagged.append(int(entry))
-    victims = sorted(set(shells) | set(pids_in_netns(ns)) | set(tagged))
-    if victims:
-        say(f"killing {len(victims)} stray Mininet/emulation processes: {victims[:20]}")
-        done["processes"] += victims
+    # 2. processes a dead run started (its Mininet shells included)
+    if plan.processes:
+        say(f"killing {len(plan.processes)} stray emulation processes: {plan.processes[:20]}")
+        done["processes"] += plan.processes
         if not dry_run:
-            kill_pids(victims, grace_s=0.5)
+            kill_pids(plan.processes, grace_s=0.5)
+    if plan.foreign_shells:
+        say(f"leaving {len(plan.foreign_shells)} Mininet shells no testbed run started "
+            "(a plain Mininet session's; `mn -c` cleans those)")
 
-    # 3a. root-namespace veths and our bridges
-    for link in links():
-        name = link.get("ifname", "")
-        kind = link.get("linkinfo", {}).get("info_kind")
-        if name in protected_intfs:
-            continue
-        if kind == "bridge" and link.get("ifalias") == BRIDGE_ALIAS:
-            say(f"deleting bridge {name}")
-            done["bridges"].append(name)
-            if not dry_run:
-                run(["ip", "link", "del", name], check=False)
-        elif kind == "veth" and MININET_INTF.match(name) and (all_dblp or not name.startswith("dblp")):
-            say(f"deleting veth {name}")
+    # 4a. our bridges whose creator is gone, and the veths on them
+    for name in plan.bridge_ports:
+        if Path("/sys/class/net", name).exists() or dry_run:
+            say(f"deleting veth {name} (port of a stale testbed bridge)")
             done["interfaces"].append(name)
-            if not dry_run:
-                run(["ip", "link", "del", name], check=False)
+            delete_link(name)
+    for name in plan.bridges:
+        say(f"deleting bridge {name}")
+        done["bridges"].append(name)
+        delete_link(name)
 
-    # 3b. nft tables in the root namespace
-    out = run(["nft", "-j", "list", "tables"], check=False)
-    try:
-        tables = [i["table"] for i in json.loads(out).get("nftables", []) if "table" in i]
-    except (json.JSONDecodeError, AttributeError):
-        tables = []
-    for t in tables:
-        name = t.get("name", "")
-        ours = name.startswith("dblp_loss") or name.startswith("dblpem_")
-        if ours or (all_dblp and name.startswith("dblp")):
-            say(f"deleting nft table {t.get('family')} {name}")
-            done["nft_tables"].append(f"{t.get('family')} {name}")
-            if not dry_run:
-                run(["nft", "delete", "table", t.get("family", "inet"), name], check=False)
+    # 4b. nft tables in the root namespace
+    for family, name in plan.nft_tables:
+        say(f"deleting nft table {family} {name}")
+        done["nft_tables"].append(f"{family} {name}")
+        if not dry_run:
+            run(["nft", "delete", "table", family, name], check=False)
 
-    # 3c. named network namespaces
-    for name in _netns_names():
-        if _probe_alive(name):
-            continue
-        if name.startswith("dblpem-") or (all_dblp and name.startswith("dblp")):
-            pids = [int(p) for p in run(["ip", "netns", "pids", name], check=False).split()]
-            say(f"deleting netns {name} ({len(pids)} processes)")
-            done["netns"].append(name)
-            if not dry_run:
-                kill_pids(pids, grace_s=0.5)
-                run(["ip", "netns", "del", name], check=False)
+    # 4c. named network namespaces
+    for name in plan.netns:
+        pids = [int(p) for p in run(["ip", "netns", "pids", name], check=False).split()]
+        say(f"deleting netns {name} ({len(pids)} processes)")
+        done["netns"].append(name)
+        if not dry_run:
+            kill_pids(pids, grace_s=0.5)
+            run(["ip", "netns", "del", name], check=False)
 
 
 def leftovers() -> dict[str, list]:
-    """What a finished or killed emulation run could have left behind (empty lists = clean).
+    """What a finished or killed emulation run left behind (empty lists = clean).
 
-    Things that belong to runs still alive (e.g. a scenario running in another
-    terminal) are not leftovers and are not listed. Used by the tests.
+    Exactly what ``cleanup`` would remove: things of runs still alive (e.g. a
+    scenario running in another terminal) or of a plain Mininet session are not
+    leftovers. Used by the tests.
     """
-    states = read_states()
-    live_names = states.live_names
-    res: dict[str, list] = {"interfaces": [], "bridges": [], "shells": [], "nft_tables": [],
-                            "netns": [], "state_files": []}
-    for link in links():
-        name = link.get("ifname", "")
-        if name in live_names:
-            continue
-        if MININET_INTF.match(name) and not name.startswith("dblp"):
-            res["interfaces"].append(name)
-        if link.get("ifalias") == BRIDGE_ALIAS:
-            res["bridges"].append(name)
-    res["shells"] = [p for p in pids_with_cmdline_prefix("mininet:")
-                     if not states.owned_by_live(p)]
-    out = run(["nft", "-j", "list", "tables"], check=False)
-    try:
-        for i in json.loads(out).get("nftables", []):
-            name = i.get("table", {}).get("name", "")
-            if name.startswith("dblp_loss") or name.startswith("dblpem_"):
-                res["nft_tables"].append(name)
-    except (json.JSONDecodeError, AttributeError):
-        pass
-    res["netns"] = [n for n in _netns_names() if n.startswith("dblpem-") and not _probe_alive(n)]
-    res["state_files"] = [str(f) for f, _ in states.dead]
-    return res
+    plan = _plan(read_states())
+    shells = set(pids_with_cmdline_prefix("mininet:"))
+    recorded = {n for v in plan.run_intfs.values() for n in v}
+    bridges = {n for n in recorded if Path("/sys/class/net", n, "bridge").exists()}
+    return {"interfaces": sorted((recorded - bridges) | set(plan.bridge_ports)),
+            "bridges": sorted(bridges | set(plan.bridges)),
+            "shells": [p for p in plan.processes if p in shells],
+            "processes": [p for p in plan.processes if p not in shells],
+            "nft_tables": [n for _, n in plan.nft_tables],
+            "netns": plan.netns,
+            "state_files": [str(f) for f, _ in plan.dead_runs]}
 
 
 def _netns_names() -> list[str]:

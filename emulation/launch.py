@@ -6,7 +6,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,7 +21,11 @@ SCENARIO_PORT = DEFAULT_PORT
 
 
 def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable) -> RunArgs:
-    """:class:`RunArgs` from the emulation scenarios' shared flags (``dblp.cliargs.add_run_args``)."""
+    """:class:`RunArgs` from the emulation scenarios' shared flags (``dblp.cliargs.add_run_args``).
+
+    ``--gso``: the transport sends with UDP GSO; :func:`run_scenario_policy` then runs the star on
+    segmented links (:meth:`emulation.loss.LossController.use_segmented_links`), where the loss rules
+    still drop single datagrams. Without it: one datagram per message (the plain path)."""
     from dblp.cliargs import pace_rate
 
     extra = ["--consistency", a.consistency] if getattr(a, "consistency", "none") != "none" else []
@@ -41,8 +44,10 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
     datagram to its last). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
     returns ``d``. ``train``: real training workers (:func:`dblp.launch.train_worker_argv`, each
     in ``d/w<i>/``) instead of replayed gradients. ``targets``: the schedule's default loss targets (the server's link, UDP, both
-    directions). ``marks``: iterations whose start is printed (with every 10th) unless ``quiet``.
+    directions). ``marks``: iterations whose start is printed (with a :class:`dblp.progress.Progress`
+    line, ETA included, every few seconds) unless ``quiet``.
     """
+    from dblp.progress import Progress
     from dblp.watch import RoundHookServer
 
     from .bursts import BurstInjector
@@ -58,17 +63,12 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
     args = replace(args, server_extra=[*args.server_extra, "--round-hook", hook])
     try:
         with BurstInjector(lc, schedule, targets, log_path=d / "bursts.jsonl") as inj:
-            t0 = time.time()
-            shown = [-1]
+            progress = Progress(args.iterations, label)
 
             def on_rounds(first: int, last: int) -> bool:
                 on = inj.on_rounds(first, last)
-                r = last
-                if r > shown[0] and not quiet and (r % 10 == 0 or r in marks or r - 1 in marks):
-                    shown[0] = r
-                    el = time.time() - t0
-                    pace = f"  ({r / el:.1f} it/s, ETA {el / r * (args.iterations - r):.0f} s)" if r else ""
-                    print(f"  {label:9s} iteration {r:5d}/{args.iterations}{pace}", flush=True)
+                if not quiet:
+                    progress.update(last, force=last in marks or last - 1 in marks)
                 return on
 
             program = None
@@ -91,6 +91,8 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
     from dblp.policy import run_policy
 
     flags = run_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
+    if getattr(a, "gso", False) and not getattr(lc, "segmented", True):
+        lc.use_segmented_links(net.hosts)  # GSO senders, loss still per datagram (emulation.loss)
     return run_with_bursts(net, lc, scenario_run_args(a, flags, python=python), Path(out) / name, schedule,
                            label=name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env,
                            train=getattr(a, "train", None))

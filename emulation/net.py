@@ -33,47 +33,28 @@ import uuid
 from pathlib import Path
 from typing import Any, Sequence
 
-from mininet.link import Link
 from mininet.log import setLogLevel
 from mininet.net import Mininet
 from mininet.node import Host, Node
 from mininet.topo import Topo
 
 from .bridge import IPBridge
+from .mnlink import ShapedLink
 from .shaping import Shape, apply_shape, qdisc_stats
-from .runstate import STATE_DIR, RunLock, read_states, write_state
-from .sysutil import (RUN_ENV, kill_pids, netns_inode, pids_in_netns, pids_with_env, run,
+from .runstate import STATE_DIR, RunLock, read_states, tagged_env, write_state
+from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_in_netns, pids_with_env, run,
                       sysctl_get, sysctl_set)
 
 __all__ = ["EmuNet", "ShapedLink", "STATE_DIR"]
 
-#: Turned off during a run: with them on, frames crossing our bridges would also
-#: traverse the root namespace's iptables/nftables, whose rules are not ours.
-BRIDGE_NF_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
-                     "net.bridge.bridge-nf-call-ip6tables",
-                     "net.bridge.bridge-nf-call-arptables")
+# BRIDGE_NF_SYSCTLS (emulation.sysutil) are turned off during a run: with them on, frames crossing
+# our bridges would also traverse the root namespace's iptables/nftables, whose rules are not ours.
 #: Raised (never lowered) by Mininet's fixLimits(); saved and restored by us.
 MININET_SYSCTLS = ("fs.file-max", "net.core.wmem_max", "net.core.rmem_max",
                    "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.core.netdev_max_backlog",
                    "net.ipv4.neigh.default.gc_thresh1", "net.ipv4.neigh.default.gc_thresh2",
                    "net.ipv4.neigh.default.gc_thresh3", "net.ipv4.route.max_size",
                    "kernel.pty.max")
-
-
-class ShapedLink(Link):
-    """A veth pair that remembers its shaping options for ``EmuNet`` to apply.
-
-    Mininet hands a Topo link's options to the link class; we keep ``bw``,
-    ``buffer_pkts``/``buffer_bytes`` and ``delay`` as a ``Shape`` instead of
-    letting TCLink try (and, without netem, silently fail) to apply them.
-    """
-
-    def __init__(self, node1: Node, node2: Node, **params: Any) -> None:
-        shape_keys = ("bw", "buffer_pkts", "buffer_bytes", "delay")
-        self.shape = Shape.from_link_opts({k: params.get(k) for k in shape_keys})
-        for k in shape_keys:
-            params.pop(k, None)
-        super().__init__(node1, node2, **params)
 
 
 class EmuNet:
@@ -107,6 +88,7 @@ class EmuNet:
         self._lock = threading.RLock()
         self.state_file = STATE_DIR / f"{self.run_id}.json"
         self.switch_names: dict[str, str] = {}  # Topo name -> kernel bridge name
+        self._planned_intfs: list[str] = []  # root-namespace switch ports, by Mininet's naming
         self.start_time: float | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -133,8 +115,10 @@ class EmuNet:
                 topo = _renamed(self.topo, self.switch_names)
                 self.net = Mininet(topo=topo, switch=IPBridge, controller=None,
                                    link=ShapedLink, autoSetMacs=True, build=False)
+                self._planned_intfs = _switch_port_names(topo)
                 self._write_state()  # before build: a kill during build still gets undone
-                self.net.build()
+                with tagged_env(self.run_id):  # node shells carry the run id: cleanup tells them apart
+                    self.net.build()
                 self._netns = {i for h in self.net.hosts if (i := netns_inode(h.pid))}
                 self._write_state()
             self.net.start()
@@ -202,7 +186,8 @@ class EmuNet:
         kill_pids(pids_in_netns(self._netns) + pids_with_env(RUN_ENV, self.run_id), grace_s=0.5)
         if net is not None:
             for sw in net.switches:
-                run(["ip", "link", "del", sw.name], check=False)
+                if getattr(sw, "created", False):  # never a same-named bridge we did not make
+                    run(["ip", "link", "del", sw.name], check=False)
             for link in net.links:
                 for intf in (link.intf1, link.intf2):
                     if not intf.node.inNamespace and _link_exists(intf.name):
@@ -266,8 +251,11 @@ class EmuNet:
             "pid": os.getpid(),
             "netns_inodes": sorted(self._netns),
             "bridges": sorted(self.switch_names.values()),
-            "root_intfs": [i.name for l in net.links for i in (l.intf1, l.intf2)
-                           if not i.node.inNamespace] if net else [],
+            # the switch ports Mininet will create (known before build, so a kill during
+            # build leaves nothing unrecorded), plus any it did create in the root namespace
+            "root_intfs": sorted(set(self._planned_intfs) | {
+                i.name for l in (net.links if net else []) for i in (l.intf1, l.intf2)
+                if not i.node.inNamespace}),
             "sysctls": self._saved_sysctls,
         })
 
@@ -316,6 +304,12 @@ class EmuNet:
         intf = self.host(name).defaultIntf()
         link = intf.link
         return (link.intf2 if link.intf1 is intf else link.intf1).name
+
+    def switch_cmd(self, name: str, args: Sequence[str], *, check: bool = True, timeout: float = 60.0,
+                   input: str | None = None) -> str:
+        """Run ``args`` where ``name``'s switch port is (the root namespace: the bridges live there);
+        return stdout (:func:`emulation.loss.segment_links`, rules on segmented links)."""
+        return run([str(a) for a in args], check=check, timeout=timeout, input=input)
 
     def shapes(self) -> dict[str, dict | None]:
         """Configured shaping per interface (for the run recorder)."""
@@ -410,6 +404,11 @@ def _unique_switch_names(topo: Topo, taken: set[str]) -> dict[str, str]:
             raise ValueError(f"switch name {cand!r} too long for Linux interface names")
         out[name] = cand
     return out
+
+
+def _switch_port_names(topo: Topo) -> list[str]:
+    """Root-namespace interface names the switches of ``topo`` will get (``<switch>-eth<N>``)."""
+    return sorted(f"{sw}-eth{port}" for sw in topo.switches() for port in topo.ports.get(sw, {}))
 
 
 def _renamed(topo: Topo, names: dict[str, str]) -> Topo:

@@ -12,6 +12,13 @@ all starts/stops take one ``flock`` so that:
   or B would "restore" A's modified values forever);
 - ``python -m emulation.cleanup`` can undo a run that was killed with -9, and
   leaves live runs alone.
+
+It is also the one home of *ownership*: what marks a thing as the testbed's,
+so that cleanup touches only what the testbed made and never a plain Mininet
+session beside it. Processes (Mininet shells included) carry ``DBLPEM_RUN=<run>``
+in their environment (:func:`tagged_env`); bridges carry the ifalias
+``dblpem pid=<creator>`` (:func:`bridge_alias`); root-namespace veths are listed
+in the run's state file before they exist.
 """
 
 from __future__ import annotations
@@ -19,9 +26,14 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
+
+from .sysutil import BRIDGE_ALIAS, RUN_ENV
 
 STATE_DIR = Path("/run/dblpem")
 LOCK_FILE = STATE_DIR / ".lock"
@@ -102,7 +114,9 @@ class RunStates:
         return out
 
     def owned_by_live(self, pid: int) -> bool:
-        """Whether ``pid`` descends from a live run's process (e.g. its Mininet shells)."""
+        """Whether ``pid`` belongs to a live run: tagged with its id, or descended from its process."""
+        if run_tag(pid) in self.live:
+            return True
         live = self.live_pids
         p: int | None = pid
         for _ in range(16):
@@ -112,6 +126,59 @@ class RunStates:
             if not p or p <= 1:
                 return False
         return False
+
+
+def run_tag(pid: int) -> str | None:
+    """The run id in a process's ``DBLPEM_RUN`` (None: not started by a testbed run, or gone)."""
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    key = RUN_ENV.encode() + b"="
+    for item in env.split(b"\0"):
+        if item.startswith(key):
+            return item[len(key):].decode(errors="replace")
+    return None
+
+
+@contextmanager
+def tagged_env(run_id: str) -> Iterator[None]:
+    """Within the block, processes this one starts inherit ``DBLPEM_RUN=run_id``.
+
+    Why: Mininet starts each node's shell with the caller's environment and no
+    way to pass another, and a shell left by a killed run must be told apart
+    from the shells of a plain ``mn`` session running beside it.
+    """
+    old = os.environ.get(RUN_ENV)
+    os.environ[RUN_ENV] = run_id
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(RUN_ENV, None)
+        else:
+            os.environ[RUN_ENV] = old
+
+
+def bridge_alias(pid: int | None = None) -> str:
+    """The ifalias a testbed bridge carries: marks it as ours and names the process that made it."""
+    return f"{BRIDGE_ALIAS} pid={pid if pid is not None else os.getpid()}"
+
+
+def alias_owner(alias: str | None) -> int | None:
+    """Creator pid from a bridge's ifalias; 0 for our older bare alias; None: not a testbed bridge."""
+    if not alias:
+        return None
+    if alias == BRIDGE_ALIAS:
+        return 0
+    m = re.fullmatch(re.escape(BRIDGE_ALIAS) + r" pid=(\d+)", alias)
+    return int(m.group(1)) if m else None
+
+
+def stale_bridge(alias: str | None) -> bool:
+    """A testbed bridge whose creator is gone (safe to delete); False for anybody else's."""
+    owner = alias_owner(alias)
+    return owner is not None and (owner == 0 or not pid_alive(owner))
 
 
 def read_states(exclude_run: str | None = None) -> RunStates:

@@ -62,6 +62,7 @@ import argparse  # noqa: E402
 
 from traces.argtypes import count_arg, float_arg  # noqa: E402
 from dblp.cliargs import parser  # noqa: E402
+from dblp.progress import Progress  # noqa: E402
 from dblp.provenance import write_config  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
@@ -144,6 +145,7 @@ def run(args: argparse.Namespace) -> dict:
     curves: dict[str, list[list[float]]] = {s.name: [] for s in settings}
     total = len(settings) * args.seeds
     t0 = time.perf_counter()
+    progress = Progress(total, what="run", unit="run")
     n = 0
     for seed in range(args.seeds):
         for s in settings:
@@ -171,11 +173,9 @@ def run(args: argparse.Namespace) -> dict:
                     "accuracy": e["accuracy"], "test_loss": e["test_loss"], "train_loss": e["train_loss"],
                 })
             n += 1
-            print(
-                f"[{n:>2}/{total}] seed {seed} {s.name:<9} final acc {accs[-1]:.4f} "
-                f"(dropped {dropped}/{chunks} chunks, {summary.wall_s:.1f}s; elapsed {time.perf_counter() - t0:.0f}s)",
-                flush=True,
-            )
+            print(f"  seed {seed} {s.name:<9} final acc {accs[-1]:.4f} (dropped {dropped}/{chunks} chunks, "
+                  f"{summary.wall_s:.1f} s)", flush=True)
+            progress.update(n, force=True)
 
     with open(out / "runs.csv", "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -146,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     losses: dict[str, dict] = {}
     exposure: dict[str, dict[int, float]] = {}
     with EmuNet(topo, name="trace_replay") as net, LossController(net) as lc:
+        if a.gso:  # before the replayer places its rules: on segmented links they sit on the switch ends
+            lc.use_segmented_links(net.hosts)
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()
@@ -290,10 +292,11 @@ def plot_loss(runs: dict[str, list], exposure: dict[str, dict[int, float]], path
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for label, recs in runs.items():
         r, v = analysis.per_round(recs)
-        ax1.plot(r, v * 1e3, lw=1.0, label=label)
+        color = analysis.RUN_COLORS.get(label)
+        ax1.plot(r, v * 1e3, lw=1.0, label=label, color=color)
         ex = exposure.get(label, {})
         ks = sorted(ex)
-        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label)
+        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label, color=color)
     ax1.set_ylabel("latency (ms, slowest worker)")
     ax1.set_yscale("log")
     ax1.grid(alpha=0.3, which="both")

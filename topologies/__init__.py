@@ -10,8 +10,13 @@ by ``emulation.net.EmuNet``:
 - ``delay``: e.g. ``"5ms"``, only honoured where the kernel has netem (the
   builder probes it and refuses a delay it cannot apply).
 
-Each module is self-contained (only ``mininet.topo`` imports) so that
-``mn --custom topologies/star.py --topo star`` can load it with plain ``exec``.
+Mininet's own names are accepted too (``max_queue_size`` is ``buffer_pkts``);
+``loss`` is refused, as it needs netem (:mod:`topologies.linkopts`).
+
+``mn --custom topologies/star.py --topo star`` loads a module with plain
+``exec``: each finds the repository from its own file name, so it imports the
+testbed's pieces without ``PYTHONPATH``, and hands mn the ``ipbr`` switch and
+the TBF link as ``--link tc`` (:func:`emulation.mnlink.mn_custom`).
 """
 
 from .leafspine import LeafSpineTopo

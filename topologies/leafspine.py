@@ -35,20 +35,7 @@ if _ROOT not in _sys.path:
 
 from mininet.topo import Topo
 
-
-def link_opts(bw: float | None, buffer_pkts: int | None, buffer_bytes: int | None,
-              delay: str | None) -> dict:
-    """Shaping options for one link, in the keys ``EmuNet`` reads."""
-    opts: dict = {}
-    if bw is not None:
-        opts["bw"] = float(bw)
-    if buffer_bytes is not None:
-        opts["buffer_bytes"] = int(buffer_bytes)
-    elif buffer_pkts is not None:
-        opts["buffer_pkts"] = int(buffer_pkts)
-    if delay:
-        opts["delay"] = delay
-    return opts
+from topologies.linkopts import link_opts, queue, refuse_loss
 
 
 class LeafSpineTopo(Topo):
@@ -57,9 +44,14 @@ class LeafSpineTopo(Topo):
     def build(self, racks: int = 2, spines: int = 1, n: int = 3, bw: float | None = 100.0,
               uplink_bw: float | None = None, buffer_pkts: int | None = 100,
               buffer_bytes: int | None = None, delay: str | None = None,
-              cross_hosts: int = 0, cross_bw: float | None = None) -> None:
+              cross_hosts: int = 0, cross_bw: float | None = None,
+              max_queue_size: int | None = None, loss: float | None = None) -> None:
+        """Link options as :class:`topologies.star.StarTopo`'s (Mininet's ``max_queue_size`` is
+        ``buffer_pkts``; ``loss`` is refused), on every link; ``uplink_bw`` for leaf-spine links."""
         if racks < 1 or spines < 1:
             raise ValueError("need at least one rack and one spine")
+        refuse_loss(loss)
+        buffer_pkts, buffer_bytes = queue(buffer_pkts, buffer_bytes, max_queue_size)
         stp = spines > 1
         # names with numbers: Mininet derives a switch id from the first number
         leaves = [self.addSwitch(f"leaf{r}", stp=stp) for r in range(1, racks + 1)]
@@ -79,13 +71,9 @@ class LeafSpineTopo(Topo):
             self.addLink(self.addHost(f"x{i}"), leaves[i % racks], **cross)
 
 
-# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr`
-# when the repository is importable (PYTHONPATH=.), since Mininet's lxbr needs brctl.
-try:
-    from emulation.bridge import IPBridge
+# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr` (Mininet's
+# lxbr needs brctl) and its TBF link as `--link tc` (Mininet's TCLink would ignore the queue);
+# a refused option exits before mn builds anything (else mn's error path runs `mn -c`).
+from emulation.mnlink import mn_custom
 
-    switches = {"ipbr": IPBridge}
-except ImportError:  # plain Mininet install: use --switch lxbr (bridge-utils) instead
-    pass
-
-topos = {"leafspine": LeafSpineTopo}
+globals().update(mn_custom({"leafspine": LeafSpineTopo}))  # topos, switches, links (LINKS), validate

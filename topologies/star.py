@@ -11,7 +11,9 @@ where all workers' uploads (and any cross-traffic) meet.
 Usage: ``emulation.net.EmuNet(StarTopo(...))``, which shapes every link with
 TBF itself; or the Mininet CLI, ``mn --custom topologies/star.py --topo star,n=3
 --switch ipbr --controller none --test pingall`` (there links stay unshaped
-unless ``--link tc``, whose HTB gives ``bw`` but whose buffer and delay need netem).
+unless ``--link tc``, which these files make the testbed's TBF link: ``bw`` is its rate,
+``max_queue_size``/``buffer_pkts`` a real drop-tail queue, ``delay`` netem where the kernel has
+it; ``loss`` is refused - see :mod:`emulation.mnlink`).
 """
 
 from __future__ import annotations
@@ -29,20 +31,7 @@ if _ROOT not in _sys.path:
 
 from mininet.topo import Topo
 
-
-def link_opts(bw: float | None, buffer_pkts: int | None, buffer_bytes: int | None,
-              delay: str | None) -> dict:
-    """Shaping options for one link, in the keys ``EmuNet`` reads."""
-    opts: dict = {}
-    if bw is not None:
-        opts["bw"] = float(bw)
-    if buffer_bytes is not None:
-        opts["buffer_bytes"] = int(buffer_bytes)
-    elif buffer_pkts is not None:
-        opts["buffer_pkts"] = int(buffer_pkts)
-    if delay:
-        opts["delay"] = delay
-    return opts
+from topologies.linkopts import link_opts, queue, refuse_loss
 
 
 class StarTopo(Topo):
@@ -64,11 +53,8 @@ class StarTopo(Topo):
         link loss needs netem, which this testbed does not assume, so it is refused, not ignored."""
         if n < 1:
             raise ValueError("a star needs at least one worker")
-        if loss:
-            raise ValueError(f"loss={loss}: link loss needs netem; the testbed drops with nftables "
-                             "(emulation.loss.LossController, scenarios' --loss / bursts / traces)")
-        if max_queue_size is not None:
-            buffer_pkts, buffer_bytes = int(max_queue_size), None
+        refuse_loss(loss)
+        buffer_pkts, buffer_bytes = queue(buffer_pkts, buffer_bytes, max_queue_size)
         s1 = self.addSwitch("s1")
         srv = self.addHost("srv")
         self.addLink(srv, s1, **link_opts(server_bw if server_bw is not None else bw,
@@ -82,13 +68,9 @@ class StarTopo(Topo):
                                      buffer_pkts, buffer_bytes, delay))
 
 
-# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr`
-# when the repository is importable (PYTHONPATH=.), since Mininet's lxbr needs brctl.
-try:
-    from emulation.bridge import IPBridge
+# `mn --custom` exec()s this file: offer the testbed's iproute2 bridge as `--switch ipbr` (Mininet's
+# lxbr needs brctl) and its TBF link as `--link tc` (Mininet's TCLink would ignore the queue);
+# a refused option exits before mn builds anything (else mn's error path runs `mn -c`).
+from emulation.mnlink import mn_custom
 
-    switches = {"ipbr": IPBridge}
-except ImportError:  # plain Mininet install: use --switch lxbr (bridge-utils) instead
-    pass
-
-topos = {"star": StarTopo}
+globals().update(mn_custom({"star": StarTopo}))  # topos, switches, links (LINKS), validate

@@ -165,10 +165,13 @@ def _bridge_with_port(bridge: str, port: str, peer: str, alias: str | None = Non
 
 @pytest.mark.mininet
 def test_cleanup_leaves_a_plain_mininet_session_alone():
-    """A plain ``mn`` session's shells, bridges and ``<node>-eth<N>`` veths survive the cleanup;
-    a testbed bridge whose creator died goes (with its ports); a live creator's stays."""
+    """A plain ``mn`` session's shells, bridges and ``<node>-eth<N>`` veths survive the cleanup, even
+    where a dead run had recorded the same names before it could create them; a testbed bridge
+    whose creator died goes (with its ports); a live creator's stays."""
+    import json
+
     from emulation.cleanup import cleanup
-    from emulation.runstate import bridge_alias
+    from emulation.runstate import STATE_DIR, bridge_alias
     from emulation.sysutil import RUN_ENV
 
     dead = subprocess.Popen(["true"])
@@ -181,8 +184,13 @@ def test_cleanup_leaves_a_plain_mininet_session_alone():
         _bridge_with_port("plainbr9", "plain9-eth1", "plain8-eth0")
         _bridge_with_port("dblpst9", "st9-eth1", "st8-eth0", alias=bridge_alias(dead.pid))
         _bridge_with_port("dblplv9", "lv9-eth1", "lv8-eth0", alias=bridge_alias(os.getpid()))
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        state = STATE_DIR / "plaintest-dead.json"  # killed before its build: names planned, not made
+        state.write_text(json.dumps({"run_id": "plaintest-dead", "pid": dead.pid, "netns_inodes": [],
+                                     "bridges": ["plainbr9"], "root_intfs": ["plain9-eth1"], "sysctls": {}}))
         time.sleep(0.2)
         done = cleanup(verbose=False)
+        assert not state.exists()
         assert shell.poll() is None and shell.pid not in done["processes"]
         assert _exists("plainbr9") and _exists("plain9-eth1") and _exists("plain8-eth0")
         assert _exists("dblplv9") and _exists("lv9-eth1")
