@@ -30,7 +30,7 @@ from .session import (CONSISTENCY, ControlToSend, RecordContext, RecordWritten, 
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
-from .udp import DataSocket
+from .udp import DataSocket, family_of
 from .wire import ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
@@ -114,7 +114,7 @@ class ParameterServer:
         self.secret: bytes | None = None if cfg.insecure else (cfg.secret or _env_secret() or
                                                                bytes.fromhex(auth.new_secret()))
         self.refused: dict[str, int] = {}  # refused connections by reason kind (hostile-client accounting)
-        self.listener = socket.create_server((cfg.host, cfg.port), reuse_port=False)
+        self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False)
         self.listener.settimeout(cfg.accept_timeout)
         self.port = self.listener.getsockname()[1]
         self.layout: ChunkLayout | None = None
@@ -264,7 +264,9 @@ class ParameterServer:
         spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers
         elements = int(spec["elements"])
         key = None if self.secret is None else auth.data_key(self.secret, self.run_id)
-        self.layout = ChunkLayout(elements, self.cfg.mtu, key=key)
+        # cfg.mtu is the link's; ChunkLayout counts IPv4's 20-byte header, IPv6's is 40
+        mtu = self.cfg.mtu - 20 if family_of(self.cfg.host) == socket.AF_INET6 else self.cfg.mtu
+        self.layout = ChunkLayout(elements, mtu, key=key)
         ids = _assign_ids([h.worker for _, h in pending], self.cfg.workers)
         peers: dict[int, Peer] = {}
         for (conn, hello), wid in zip(pending, ids):
@@ -291,7 +293,7 @@ class ParameterServer:
                         "worker": w.wid,
                         "workers": self.cfg.workers,
                         "elements": elements,
-                        "mtu": self.cfg.mtu,
+                        "mtu": self.layout.mtu,
                         "chunk_floats": self.layout.chunk_floats,
                         "chunks": self.layout.chunks,
                         "server_udp_port": w.peer.udp.port,

@@ -57,7 +57,7 @@ def _set_buffer(sock: socket.socket, opt_force: int, opt: int, size: int) -> Non
 class DataSocket:
     def __init__(self, host: str = "0.0.0.0", port: int = 0, *, fast: bool | None = None,
                  bufsize: int = RECV_BUF) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock = socket.socket(family_of(host), socket.SOCK_DGRAM)
         self.sock.bind((host, port))
         _set_buffer(self.sock, getattr(socket, "SO_RCVBUFFORCE", 33), socket.SO_RCVBUF, bufsize)
         _set_buffer(self.sock, getattr(socket, "SO_SNDBUFFORCE", 32), socket.SO_SNDBUF, bufsize // 4)
@@ -258,9 +258,29 @@ class DataSocket:
         return k
 
 
-def addr_key(addr: tuple[str, int]) -> int:
-    """An IPv4 (host, port) as the int64 key :meth:`DataSocket.recv_rows` reports."""
-    return (int.from_bytes(socket.inet_aton(addr[0]), "big") << 16) | int(addr[1])
+def family_of(host: str) -> socket.AddressFamily:
+    """AF_INET6 for an IPv6 address (``::1``, ``fe80::...``), else AF_INET."""
+    return socket.AF_INET6 if ":" in host else socket.AF_INET
+
+
+_FNV_PRIME = 1099511628211
+_MASK64 = (1 << 64) - 1
+
+
+def addr_key(addr: tuple) -> int:
+    """A (host, port) as the int64 key :meth:`DataSocket.recv_rows` reports (``sockets.h``'s
+    ``src_key``): (IPv4 address << 16) | port - also for an IPv4-mapped IPv6 address - and for
+    IPv6 bit 62 set over 62 bits of FNV-1a of the address and port."""
+    host, port = addr[0], int(addr[1])
+    if ":" not in host:
+        return (int.from_bytes(socket.inet_aton(host), "big") << 16) | port
+    b = socket.inet_pton(socket.AF_INET6, host.split("%")[0])
+    if b[:12] == b"\0" * 10 + b"\xff\xff":
+        return (int.from_bytes(b[12:], "big") << 16) | port
+    h = 1469598103934665603
+    for x in (*b, port >> 8, port & 0xFF):
+        h = ((h ^ x) * _FNV_PRIME) & _MASK64
+    return (h & ((1 << 62) - 1)) | (1 << 62)
 
 
 def _probe_gso(sock: socket.socket) -> bool:

@@ -275,3 +275,45 @@ def test_results_are_not_copied_and_held_results_are_never_overwritten():
     assert np.all(kept[0][1] == 0.0) and np.all(view == 1.0)
     assert torch.all(t == 4.0)
     assert len(set(used)) == 1  # reused once nobody held it
+
+
+def _has_ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not _has_ipv6_loopback(), reason="no IPv6 loopback here")
+@pytest.mark.parametrize("fast", [None, False])
+def test_ipv6_rounds_are_exact_and_fit_the_link_mtu(fast):
+    """A server on ::1: sockets, source keys (C and Python alike) and the chunk size follow IPv6
+    (40-byte IP header: 353 floats per 1500-byte packet on the authenticated wire)."""
+    from dblp.udp import addr_key
+
+    srv = ParameterServer(ServerConfig(host="::1", port=0, workers=2, rounds=2, accept_timeout=20, fast=fast))
+    th = threading.Thread(target=srv.serve)
+    th.start()
+    n = 353 * 30 + 5
+    res: list[bool] = []
+    layouts: list = []
+
+    def work(i: int) -> None:
+        with Worker("::1", srv.port, elements=n, worker_id=i, fast=fast) as w:
+            layouts.append(w.layout)
+            for k in range(2):
+                g = np.full(n, float(i + k), np.float32)
+                res.append(bool(np.array_equal(w.allreduce(g), np.full(n, 0.5 + k, np.float32))))
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    th.join(60)
+    assert res == [True] * 4
+    assert {(lay.chunk_floats, lay.mtu) for lay in layouts} == {(353, 1480)}
+    assert addr_key(("::ffff:10.0.0.1", 5)) == addr_key(("10.0.0.1", 5))
+    assert addr_key(("::1", 5)) >> 62 == 1 and addr_key(("::1", 5)) != addr_key(("::1", 6))

@@ -159,7 +159,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
                 if (r * width < UDP_MAX_PAYLOAD) break; /* a full coalesced run might not fit */
                 plan_aims(&c, aims + k, r);
                 for (Py_ssize_t j = 0; j < r; j++) set_iov(&c, iov + 2 * j, k + j, aims[k + j]);
-                struct sockaddr_in src;
+                struct sockaddr_storage src;
                 ssize_t n = recv_gro(fd, iov, (size_t)(2 * r), &src, &seg);
                 calls++;
                 Py_ssize_t used = 0;
@@ -218,7 +218,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
         } else {
             struct mmsghdr msgs[MMSG_BATCH];
             struct iovec iovs[2 * MMSG_BATCH];
-            struct sockaddr_in addrs[MMSG_BATCH];
+            struct sockaddr_storage addrs[MMSG_BATCH];
             while (calls < max_calls && k < K) {
                 unsigned int vlen = (unsigned int)((K - k) < MMSG_BATCH ? (K - k) : MMSG_BATCH);
                 plan_aims(&c, aims + k, vlen);

@@ -33,12 +33,21 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "isiOOOnnn", &fd, &host, &port, &hdr_o, &val_o, &seq_o, &cf, &per_call, &hb))
         return NULL;
     if (hb != HEADER_BYTES && hb != AUTH_HEADER_BYTES) return value_error("header_bytes must be 24 or 40");
-    struct sockaddr_in dst;
+    struct sockaddr_storage dst; /* IPv4 or IPv6, by the address's form */
+    socklen_t dst_len;
     memset(&dst, 0, sizeof dst);
-    dst.sin_family = AF_INET;
-    dst.sin_port = htons((uint16_t)port);
-    if (inet_pton(AF_INET, host, &dst.sin_addr) != 1) {
-        PyErr_Format(PyExc_ValueError, "not an IPv4 address: %s", host);
+    struct sockaddr_in *d4 = (struct sockaddr_in *)&dst;
+    struct sockaddr_in6 *d6 = (struct sockaddr_in6 *)&dst;
+    if (inet_pton(AF_INET, host, &d4->sin_addr) == 1) {
+        d4->sin_family = AF_INET;
+        d4->sin_port = htons((uint16_t)port);
+        dst_len = sizeof *d4;
+    } else if (inet_pton(AF_INET6, host, &d6->sin6_addr) == 1) {
+        d6->sin6_family = AF_INET6;
+        d6->sin6_port = htons((uint16_t)port);
+        dst_len = sizeof *d6;
+    } else {
+        PyErr_Format(PyExc_ValueError, "not an IPv4 or IPv6 address: %s", host);
         return NULL;
     }
     Py_buffer b[3]; /* headers, values, seqs */
@@ -81,7 +90,7 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                     iov[2 * vlen + 1].iov_len = (size_t)(4 * n);
                     memset(&msgs[vlen], 0, sizeof msgs[vlen]);
                     msgs[vlen].msg_hdr.msg_name = &dst;
-                    msgs[vlen].msg_hdr.msg_namelen = sizeof dst;
+                    msgs[vlen].msg_hdr.msg_namelen = dst_len;
                     msgs[vlen].msg_hdr.msg_iov = &iov[2 * vlen];
                     msgs[vlen].msg_hdr.msg_iovlen = 2;
                     vlen++;
@@ -129,7 +138,7 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
             struct msghdr msg;
             memset(&msg, 0, sizeof msg);
             msg.msg_name = &dst;
-            msg.msg_namelen = sizeof dst;
+            msg.msg_namelen = dst_len;
             msg.msg_iov = iov;
             msg.msg_iovlen = (size_t)(2 * count);
             if (count > 1) {
@@ -188,7 +197,7 @@ static int gro_segment(struct msghdr *msg, Py_ssize_t n) {
     return (int)n;
 }
 
-ssize_t recv_gro(int fd, struct iovec *iov, size_t iovlen, struct sockaddr_in *src, Py_ssize_t *seg) {
+ssize_t recv_gro(int fd, struct iovec *iov, size_t iovlen, struct sockaddr_storage *src, Py_ssize_t *seg) {
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
@@ -242,7 +251,7 @@ PyObject *fp_recv_rows(PyObject *self, PyObject *args) {
             while (calls < max_calls) {
                 Py_ssize_t room = K - k, seg = 0;
                 if (room <= 0 || room * width < UDP_MAX_PAYLOAD) break; /* a full coalesced run might not fit */
-                struct sockaddr_in src;
+                struct sockaddr_storage src;
                 struct iovec iov = {base + k * width, (size_t)(room * width)};
                 ssize_t n = recv_gro(fd, &iov, 1, &src, &seg);
                 calls++;
@@ -282,7 +291,7 @@ PyObject *fp_recv_rows(PyObject *self, PyObject *args) {
         } else {
             struct mmsghdr msgs[MMSG_BATCH];
             struct iovec iovs[MMSG_BATCH];
-            struct sockaddr_in addrs[MMSG_BATCH];
+            struct sockaddr_storage addrs[MMSG_BATCH];
             while (calls < max_calls && k < K) {
                 unsigned int vlen = (unsigned int)((K - k) < MMSG_BATCH ? (K - k) : MMSG_BATCH);
                 memset(msgs, 0, sizeof(struct mmsghdr) * vlen);
