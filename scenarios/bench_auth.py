@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser("bench_auth.py", __doc__.splitlines()[0], config=False)
     ap.add_argument("--model", type=model_arg, default="25M", help="tensor size: " + MODEL_HELP)
     ap.add_argument("--workers", type=count_arg(1), default=3, help="worker processes of the loopback rounds")
-    ap.add_argument("--iterations", type=count_arg(1), default=5, help="timed rounds per loopback run")
+    ap.add_argument("--iterations", type=count_arg(1), default=5, help="timed iterations (rounds) per loopback run")
     ap.add_argument("--repeats", type=count_arg(1), default=3, help="loopback runs per wire, alternating")
     ap.add_argument("--quick", action="store_true", help="1M elements, 1 repeat: a smoke run")
     ap.add_argument("--out", type=Path, default=Path("results/bench_auth"), help="folder for the CSV and JSON")
