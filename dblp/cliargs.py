@@ -307,8 +307,11 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
                     help="per-iteration compute time of the workers; a bare number is seconds")
     ap.add_argument("--gso", action="store_true",
                     help="use UDP GSO/GRO; the links are then segmented so loss rules still drop single "
-                         "datagrams (emulation.loss.segment_links; not with trace replay)")
+                         "datagrams (emulation.loss.segment_links)")
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
+    ap.add_argument("--insecure", action="store_true",
+                    help="the paper's unauthenticated CRC-only wire (default: authenticated, a fresh secret per "
+                         "run handed to every process in $DBLP_SECRET)")
     ap.add_argument("--results", default=str(results), help="parent folder of the run folder")
     add_quiet(ap, "per-iteration progress")
 
