@@ -17,23 +17,42 @@ one ``nft -f -`` transaction (flush chain + add rules), a few milliseconds, so
 a burst can start and end at iteration boundaries. The rule text and the
 counter parsing are :mod:`emulation.nft`'s; this module keeps the state.
 
-Caveat: the hooks see socket buffers, not wire frames. A UDP GSO send (or a
-GRO-merged receive) is one buffer holding many datagrams, dropped or kept as
-a whole; run the transport without GSO/GRO when loss is per datagram. IP
-fragments after the first carry no UDP header and are not matched by ``udp``
-targets (losing the first fragment still loses the datagram).
+The hooks see socket buffers, not wire frames. A UDP GSO send is one buffer
+of up to 64 datagrams from the sender's ``sendmsg`` until some device cuts
+it, and that is never before the sending host's own egress hook (the egress
+hook runs before the qdisc, the cut after it); a GRO-merged receive is one
+buffer again before the receiver's ingress hook. So a rule on a host's own
+hooks drops whole super-packets. **Segmented links** (:func:`segment_links`,
+what the emulation runs with ``--gso``) keep loss per datagram at GSO speed:
+every host's device cuts its UDP GSO sends (``tx-udp-segmentation off``:
+after the host's qdisc, so the sender still makes one system call per 64
+datagrams), the rules sit on the *switch end* of each link (a host's
+``ingress`` target on the switch port's egress hook, its ``egress`` target on
+the switch port's ingress hook), where every datagram passes alone, and the
+host end merges what survives again (GRO; the switch end without TSO so its
+veth hands packets to that GRO), so the receiver also makes one call per
+run. ``tests/emulation/test_emu_gso.py`` checks it datagram by datagram. The
+switch ends need a net with ``switch_port(host)`` and ``switch_cmd(host,
+argv, ...)`` (:class:`emulation.net.EmuNet`, :class:`emulation.nshosts.NsNet`).
+IP fragments after the first carry no UDP header and are not matched by
+``udp`` targets (losing the first fragment still loses the datagram).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from . import nft
+from .shaping import backpressure_commands
+from .sysutil import have, offload_args
 
 TABLE = "dblp_loss"
+#: the hook of the switch end of a link that sees a host's ``ingress`` / ``egress`` packets
+SWITCH_HOOK = {"ingress": "egress", "egress": "ingress"}
 
 
 @dataclass(frozen=True)
@@ -81,22 +100,76 @@ class LossTarget:
         return f"{self.host}:{self.direction}:{self.proto}{ports}"
 
 
+@dataclass(frozen=True)
+class Hook:
+    """Where one target's chain sits: on ``host``'s own interface, or (``switch_end``) on the
+    switch end of ``host``'s link; ``dev`` and the netdev ``hook`` there."""
+
+    host: str
+    switch_end: bool
+    dev: str
+    hook: Literal["ingress", "egress"]
+
+
+def hook_of(net: Any, target: LossTarget, segmented: bool = False) -> Hook:
+    """The hook that sees ``target``'s packets one datagram at a time (see the module doc):
+    the host's own interface, or on a segmented link the switch end (directions swapped)."""
+    if not segmented:
+        return Hook(target.host, False, target.device(net.host_intf(target.host)), target.direction)
+    if target.intf is not None:
+        raise ValueError(f"{target.label()}: a segmented link's rules sit on the switch end; "
+                         "a target's own interface (intf=) cannot be chosen")
+    return Hook(target.host, True, net.switch_port(target.host), SWITCH_HOOK[target.direction])
+
+
+def hook_cmd(net: Any, where: Hook, args: list[str], *, input: str | None = None, check: bool = True,
+             timeout: float = 60.0) -> str:
+    """Run ``args`` in the namespace of ``where`` (the host's, or its link's switch end's)."""
+    run = net.switch_cmd if where.switch_end else net.cmd
+    return run(where.host, args, input=input, check=check, timeout=timeout)
+
+
+def segment_links(net: Any, hosts: list[str] | tuple[str, ...], on: bool = True) -> None:
+    """Put the links of ``hosts`` in the segmented mode (``on``) or back to veth defaults.
+
+    Segmented: each host's device cuts its UDP GSO sends into datagrams and merges what it
+    receives (GRO), the switch end has no TSO (so its veth feeds that GRO) and a queue
+    (:data:`emulation.shaping.BACKPRESSURE_QUEUE` where it had none, so a full GRO ring holds
+    packets back instead of dropping them); the feature lists are :mod:`emulation.sysutil`'s.
+    Every sending host must be in it, or its super-packets reach the switch end whole. Rules
+    of a :class:`LossController` made with ``segmented=True`` then drop single datagrams.
+    Needs ``ethtool``."""
+    if not have("ethtool"):
+        raise RuntimeError("segmented links (--gso in the emulation) need ethtool: apt-get install ethtool "
+                           "(scripts/setup.sh installs it)")
+    for h in hosts:
+        port = net.switch_port(h)
+        net.cmd(h, offload_args(net.host_intf(h), switch_end=False, segmented=on))
+        net.switch_cmd(h, offload_args(port, switch_end=True, segmented=on))
+        for cmd in backpressure_commands(port, net.switch_cmd(h, ["tc", "-j", "qdisc", "show", "dev", port]), on):
+            net.switch_cmd(h, cmd)
+
+
 class LossController:
     """Adds, changes and removes loss rules on host links of an ``EmuNet``. Thread-safe.
 
     Every change is logged in ``self.log`` as ``{"t", "target", "rate"}``;
     ``close()`` (or leaving the ``with`` block) deletes the tables it made.
+    ``segmented``: the links are in :func:`segment_links`' mode, so rules go on the
+    switch ends (table ``<table>_sw<pid>`` there: a switch end's namespace may be shared).
     """
 
-    def __init__(self, net, table: str = TABLE) -> None:
-        # net: anything with cmd(host, argv, input=, check=, timeout=) -> stdout and host_intf(host):
+    def __init__(self, net, table: str = TABLE, *, segmented: bool = False) -> None:
+        # net: anything with cmd(host, argv, input=, check=, timeout=) -> stdout and host_intf(host)
+        # (segmented: also switch_port(host) and switch_cmd(host, ...)):
         # emulation.net.EmuNet, emulation.nshosts.NsNet, emulation.hosts' transport adapter
         self.net = net
         self.table = table
+        self.segmented = segmented
         self._lock = threading.Lock()
-        self._installed: dict[tuple[str, str], LossTarget] = {}  # (host, chain) -> target
+        self._installed: dict[tuple[Hook, str], LossTarget] = {}  # (hook, chain) -> target
         self._rates: dict[LossTarget, float] = {}
-        self._hosts: set[str] = set()
+        self._sites: dict[tuple[str, bool], Hook] = {}  # namespaces touched: (host, switch_end) -> a hook there
         self.log: list[dict] = []
 
     def __enter__(self) -> "LossController":
@@ -106,11 +179,23 @@ class LossController:
         self.close()
 
     # ------------------------------------------------------------ names
-    def _chain(self, target: LossTarget) -> str:
-        return target.chain(self.net.host_intf(target.host))
+    def _table(self, where: Hook) -> str:
+        return f"{self.table}_sw{os.getpid()}" if where.switch_end else self.table
 
-    def _nft(self, host: str, script: str) -> None:
-        self.net.cmd(host, ["nft", "-f", "-"], input=script)
+    def _where(self, target: LossTarget) -> tuple[Hook, str]:
+        where = hook_of(self.net, target, self.segmented)
+        return where, nft.chain_name(where.hook, where.dev, target.proto, target.dports)
+
+    def use_segmented_links(self, hosts: list[str] | tuple[str, ...]) -> None:
+        """Segment the links of ``hosts`` (:func:`segment_links`) and put every rule of this
+        controller on their switch ends: the emulation's GSO mode. Before the first rule
+        (a rule already on a host's own hooks would miss datagrams that GRO merged)."""
+        with self._lock:
+            if self._installed and not self.segmented:
+                raise RuntimeError("loss rules already sit on the hosts' own hooks: segment the links "
+                                   "before the first set_loss")
+            segment_links(self.net, hosts)
+            self.segmented = True
 
     # ------------------------------------------------------------ rules
     def set_loss(self, target: LossTarget, rate: float) -> float:
@@ -120,22 +205,22 @@ class LossController:
         swap the rules atomically (one nft transaction).
         """
         n = nft.threshold(rate)
-        chain = self._chain(target)
-        dev = target.device(self.net.host_intf(target.host))
-        key = (target.host, chain)
+        where, chain = self._where(target)
+        table = self._table(where)
+        key = (where, chain)
         lines: list[str] = []
         with self._lock:
             existing = self._installed.get(key)
             if existing is not None and existing != target:
                 raise ValueError(f"{target} collides with {existing} on chain {chain}")
             if existing is None:
-                lines += nft.chain_lines(self.table, chain, target.direction, dev)
-            lines += nft.drop_lines(self.table, chain, target.match(), rate)
-            self._nft(target.host, nft.script(lines))
+                lines += nft.chain_lines(table, chain, where.hook, where.dev)
+            lines += nft.drop_lines(table, chain, target.match(), rate)
+            hook_cmd(self.net, where, ["nft", "-f", "-"], input=nft.script(lines))
             t = time.time()
             self._installed[key] = target
             self._rates[target] = n / nft.MOD
-            self._hosts.add(target.host)
+            self._sites.setdefault((where.host, where.switch_end), where)
             self.log.append({"t": t, "target": target.label(), "rate": n / nft.MOD})
             return t
 
@@ -151,22 +236,24 @@ class LossController:
         """Per target label: packets seen / dropped (bytes too) since the target was first set."""
         with self._lock:
             targets = dict(self._installed)
-        raw = {host: nft.parse_counters(self.net.cmd(host, nft.list_counters_args(self.table), check=False,
-                                                     timeout=10))
-               for host in {h for h, _ in targets}}
-        return {target.label(): {"host": host, "chain": chain, "rate": self._rates.get(target, 0.0),
-                                 **nft.chain_counters(raw[host], chain)}
-                for (host, chain), target in targets.items()}
+            sites = dict(self._sites)
+        raw = {site: nft.parse_counters(hook_cmd(self.net, where, nft.list_counters_args(self._table(where)),
+                                                 check=False, timeout=10))
+               for site, where in sites.items()}
+        return {target.label(): {"host": where.host, "chain": chain, "rate": self._rates.get(target, 0.0),
+                                 **({"switch_end": where.dev} if where.switch_end else {}),
+                                 **nft.chain_counters(raw[(where.host, where.switch_end)], chain)}
+                for (where, chain), target in targets.items()}
 
     def close(self) -> None:
         """Delete this controller's table from every host it touched (ignores dead hosts)."""
         with self._lock:
-            for host in self._hosts:
+            for where in self._sites.values():
                 try:
-                    self.net.cmd(host, nft.delete_table_args(self.table), check=False, timeout=5)
+                    hook_cmd(self.net, where, nft.delete_table_args(self._table(where)), check=False, timeout=5)
                 except Exception:  # noqa: BLE001 - host may be gone already
                     pass
-            self._hosts.clear()
+            self._sites.clear()
             self._installed.clear()
             self._rates.clear()
 

@@ -53,6 +53,7 @@ from traces.units import HelpFormatter
 
 from . import nft
 from .shaping import Shape, shape_commands, unshape_commands
+from .sysutil import BRIDGE_NF_SYSCTLS
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -295,6 +296,9 @@ class NsNet:
             _ip([*b, "link", "add", BRIDGE, "type", "bridge", "stp_state", "0", "forward_delay", "0"])
             _ip([*b, "link", "set", BRIDGE, "up"])
             _ip([*b, "link", "set", "lo", "up"])
+            for key in BRIDGE_NF_SYSCTLS:  # per namespace where br_netfilter is loaded: frames skip IP hooks
+                subprocess.run(["ip", "netns", "exec", self.bridge_ns, "sysctl", "-qw", f"{key}=0"],
+                               capture_output=True)
             hosts_ips = SUBNET.hosts()
             for i, name in enumerate(self.names):
                 ns = f"{self.tag}-{name}"
@@ -393,6 +397,21 @@ class NsNet:
 
     def host_intf(self, host: str) -> str:
         return self[host].intf
+
+    def switch_port(self, host: str) -> str:
+        """The bridge-side veth end of ``host``'s link (in the bridge namespace)."""
+        return self[host].port
+
+    def switch_cmd(self, host: str, args: Sequence[str], *, input: str | None = None, check: bool = True,
+                   timeout: float = 60.0) -> str:
+        """Run ``args`` where ``host``'s link's bridge end is (the bridge namespace); return stdout
+        (:func:`emulation.loss.segment_links`, rules on segmented links)."""
+        proc = subprocess.run(["ip", "netns", "exec", self.bridge_ns, *map(str, args)], input=input,
+                              capture_output=True, text=True, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise NsError(f"bridge of {host}: {shlex.join(map(str, args))!r} failed (rc={proc.returncode}): "
+                          f"{proc.stderr.strip()}")
+        return proc.stdout
 
     def namespaces(self) -> list[str]:
         """Every namespace this network made (hosts and bridge)."""

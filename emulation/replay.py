@@ -77,7 +77,7 @@ import numpy as np
 from traces import Change, PacketTrace, SegmentTrace, TraceMeta, read_trace, write_trace
 
 from . import nft
-from .loss import LossController, LossTarget
+from .loss import Hook, LossController, LossTarget, hook_cmd, hook_of
 from .shaping import FRAME_BYTES, Shape, default_burst
 from .sysutil import run
 
@@ -376,23 +376,33 @@ class TraceReplayer:
             return tr.merged(), None
         return tr.resample(bin_us), bin_us
 
-    def _host_pid(self, host: str) -> int:
-        return self.net.pid(host)
+    def _where(self, t: LossTarget) -> Hook:
+        """The hook of ``t``: the host's own, or on segmented links (the controller's
+        ``segmented``, set before the replay starts) the switch end's."""
+        return hook_of(self.net, t, getattr(self.lc, "segmented", False))
+
+    def _host_pid(self, site: Hook) -> int:
+        # a Mininet switch port lives in the root namespace, this process's
+        return os.getpid() if site.switch_end else self.net.pid(site.host)
 
     def _chain(self, t: LossTarget) -> str:
-        return t.chain(self.net.host_intf(t.host))
+        w = self._where(t)
+        return nft.chain_name(w.hook, w.dev, t.proto, t.dports)
 
-    def _by_host(self) -> dict[str, list[LossTarget]]:
-        out: dict[str, list[LossTarget]] = {}
+    def _by_host(self) -> dict[Hook, list[LossTarget]]:
+        """The targets by namespace (a host's, or the switches' shared one), keyed by a hook there."""
+        out: dict[Hook, list[LossTarget]] = {}
+        sites: dict[tuple[str, bool], Hook] = {}
         for t in self.targets:
-            out.setdefault(t.host, []).append(t)
+            w = self._where(t)
+            out.setdefault(sites.setdefault(("" if w.switch_end else w.host, w.switch_end), w), []).append(t)
         return out
 
     def _setup_script(self, targets: list[LossTarget]) -> str:
         lines: list[str] = []
         for t in targets:
-            c, dev = self._chain(t), t.device(self.net.host_intf(t.host))
-            lines += nft.chain_lines(self.table, c, t.direction, dev)
+            c, w = self._chain(t), self._where(t)
+            lines += nft.chain_lines(self.table, c, w.hook, w.dev)
             if self.mode == "packets":
                 lines += self._packet_rules(t, c)
             else:
@@ -466,9 +476,9 @@ class TraceReplayer:
                 self._counters_end = self._counters_end or self.counters()
             except Exception as exc:  # noqa: BLE001 - the host may be gone (teardown first)
                 self._counters_end = {"error": str(exc)}
-            for host in self._by_host():
+            for site in self._by_host():
                 try:
-                    self.net.cmd(host, nft.delete_table_args(self.table), check=False, timeout=5)
+                    hook_cmd(self.net, site, nft.delete_table_args(self.table), check=False, timeout=5)
                 except Exception:  # noqa: BLE001 - host may be gone already
                     pass
             self._installed = False
@@ -677,9 +687,9 @@ class TraceReplayer:
     def counters(self) -> dict[str, dict]:
         """Per target label: packets seen / dropped by this replayer's rules so far."""
         out: dict[str, dict] = {}
-        for host, ts in self._by_host().items():
-            raw = nft.parse_counters(self.net.cmd(host, nft.list_counters_args(self.table), check=False,
-                                                  timeout=10))
+        for site, ts in self._by_host().items():
+            raw = nft.parse_counters(hook_cmd(self.net, site, nft.list_counters_args(self.table), check=False,
+                                              timeout=10))
             for t in ts:
                 cc = nft.chain_counters(raw, self._chain(t))
                 seen, dropped = cc["seen_packets"], cc["dropped_packets"]

@@ -110,6 +110,28 @@ def shape_commands(dev: str, shape: Shape) -> list[list[str]]:
     return cmds
 
 
+#: A queue for an unshaped veth end that feeds its peer's GRO (segmented links, emulation.loss.segment_links):
+#: with a qdisc a veth whose peer's ring is full stops its queue (backpressure); with the default
+#: ``noqueue`` it drops the packet, a loss no rule made. Its handle marks it as ours.
+BACKPRESSURE_QUEUE = ["handle", "5e9:", "pfifo", "limit", "1000"]
+
+
+def backpressure_commands(dev: str, qdisc_json: str, on: bool = True) -> list[list[str]]:
+    """The ``tc`` commands that give ``dev`` :data:`BACKPRESSURE_QUEUE` where it has no queue
+    (``on``), or take ours away again; ``qdisc_json``: ``tc -j qdisc show dev DEV`` (a shaped
+    end keeps its TBF, which queues already)."""
+    try:
+        roots = [q for q in json.loads(qdisc_json or "[]") if q.get("root")]
+    except json.JSONDecodeError:
+        roots = []
+    kind, handle = (roots[0].get("kind"), roots[0].get("handle")) if roots else ("noqueue", None)
+    if on and kind == "noqueue":
+        return [["tc", "qdisc", "replace", "dev", dev, "root", *BACKPRESSURE_QUEUE]]
+    if not on and kind == "pfifo" and handle == BACKPRESSURE_QUEUE[1]:
+        return unshape_commands(dev)
+    return []
+
+
 def unshape_commands(dev: str) -> list[list[str]]:
     """The ``tc`` commands that remove any shaping from ``dev`` (back to the default qdisc)."""
     return [["tc", "qdisc", "del", "dev", dev, "root"]]

@@ -21,6 +21,11 @@ from typing import Iterable, Sequence
 #: Marks every process the emulation starts inside a host (see ``EmuNet.popen``),
 #: so ``python -m emulation.cleanup`` can find strays of a killed run.
 RUN_ENV = "DBLPEM_RUN"
+#: Off on every testbed bridge: with them on, frames crossing a bridge also traverse its
+#: namespace's iptables/nftables IP hooks (rules not ours, and per-packet work on every datagram).
+BRIDGE_NF_SYSCTLS = ("net.bridge.bridge-nf-call-iptables",
+                     "net.bridge.bridge-nf-call-ip6tables",
+                     "net.bridge.bridge-nf-call-arptables")
 #: ``ifalias`` put on every bridge the builder creates, for the same reason.
 BRIDGE_ALIAS = "dblpem"
 
@@ -179,3 +184,25 @@ def sysctl_set(key: str, value: str) -> bool:
         return True
     except OSError:
         return False
+
+
+# -- device offloads for per-datagram loss with UDP GSO senders (emulation.loss.segment_links) ----------
+#: The host end of a link: UDP GSO sends are cut into datagrams by the host's own device (after its
+#: netdev egress hook and qdisc, before the wire), and what arrives is merged again by GRO (after the
+#: switch end, before the host's ingress hook), so sender and receiver still make one system call per run.
+HOST_END_SEGMENTED = {"tx-udp-segmentation": "off", "gro": "on"}
+#: The switch end: without TSO a veth hands forwarded packets to its peer's GRO (with TSO it delivers
+#: them one by one), so the host end's GRO sees them.
+SWITCH_END_SEGMENTED = {"tso": "off"}
+#: The defaults of a veth pair (what :func:`offload_args` with ``segmented=False`` sets back).
+HOST_END_DEFAULT = {"tx-udp-segmentation": "on", "gro": "off"}
+SWITCH_END_DEFAULT = {"tso": "on"}
+
+
+def offload_args(dev: str, *, switch_end: bool, segmented: bool = True) -> list[str]:
+    """The ``ethtool -K`` argv that puts one end of a veth link in the segmented mode (or back)."""
+    if switch_end:
+        features = SWITCH_END_SEGMENTED if segmented else SWITCH_END_DEFAULT
+    else:
+        features = HOST_END_SEGMENTED if segmented else HOST_END_DEFAULT
+    return ["ethtool", "-K", dev, *(x for kv in features.items() for x in kv)]

@@ -8,9 +8,16 @@ bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
 
 * **DBLP**: the real ``python -m dblp server`` / ``python -m dblp worker``
   CLI, fixed tolerance ``--p``, for each data path (``--gso``: UDP GSO/GRO
-  where the kernel has them; ``--plain``: no GSO/GRO, one datagram per
-  message in sendmmsg/recvmmsg batches (per-datagram calls without the C helper);
-  default both). The lossless round is the span from the first worker's
+  where the kernel has them, super-packets whole from socket to socket;
+  ``--gso-seg``: the same sockets on *segmented links*, the emulation's
+  per-datagram-loss path (``emulation.loss.segment_links``: every host's
+  device cuts its GSO sends, the loss rules sit on the bridge end of the
+  server's link, loaded at 0% through the lossless rounds, and GRO merges
+  again at the receiver); ``--plain``: no GSO/GRO, one datagram per
+  message in sendmmsg/recvmmsg batches (per-datagram calls without the C
+  helper; the emulation's path before segmented links); default all three,
+  and the segmented path's round over the GSO round is printed against its
+  target, 1.5x). The lossless round is the span from the first worker's
   start of a round to the last worker's averaged result (per-round worker
   records, ``dblp/records.py``), median over ``--iterations`` rounds after
   ``--warmup``. Goodput per worker = tensor bytes / ``up_latency_s``.
@@ -30,7 +37,10 @@ bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
   reported; the fit below uses every calibration round): an nftables rule ``meta l4proto udp numgen random mod 10000
   < N drop`` in the server namespace (netdev ingress and egress hooks of its
   eth0, so each datagram of either direction sees the loss once, as on a
-  lossy link; UDP only, DBLP's TCP control channel is spared), added after every worker finished the round
+  lossy link; UDP only, DBLP's TCP control channel is spared; on the GSO path
+  these hooks see whole super-packets, so its loss falls on runs of up to 64
+  datagrams; on the segmented path the rule is the emulation's, on the bridge
+  end of the link, per datagram), added after every worker finished the round
   before and removed after every worker finished the round (workers pause
   ``--gap`` between rounds, so the rule is in place for exactly that
   round; the benchmark checks this from the records' timestamps).
@@ -65,7 +75,9 @@ Output: a table with the ratios (DBLP round / gloo all-reduce, DBLP goodput
 
 Run as root::
 
-    python scenarios/benchmark.py                      # 5M, 25M, 61M; GSO and plain
+    python scenarios/benchmark.py                      # 5M, 25M, 61M; GSO, segmented GSO and plain
+    python scenarios/benchmark.py --models 25M --no-gloo --iperf-duration 0 --no-solo --burst-loss 0 \
+        --paths gso,gso-seg,plain                      # the per-datagram-loss path against GSO only
     python scenarios/benchmark.py --models 200000 --iterations 3 --iperf-duration 1s   # smoke test
     python scenarios/benchmark.py --models 25M --plain --bandwidth 10G
 """
@@ -101,9 +113,15 @@ from traces.argtypes import count_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
 from dblp.watch import Tail  # noqa: E402
-from emulation.nshosts import NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
+from emulation.loss import LossController, LossTarget, segment_links  # noqa: E402
+from emulation.nshosts import DROP_TABLE, NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
 WORKERS = 3
+#: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain
+PATHS = ("gso", "gso-seg", "plain")
+SEGMENTED = "gso-seg"
+#: the segmented path's lossless round over the GSO path's (issue 15's target)
+SEGMENTED_TARGET = 1.5
 DBLP_PORT = DEFAULT_PORT
 GLOO_PORT = 29600
 IPERF_PORT = 5201
@@ -121,7 +139,7 @@ CSV_COLUMNS = [
     "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
     "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
     "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
-    "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out",
+    "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out", "ratio_vs_gso_round",
 ]
 
 
@@ -198,6 +216,43 @@ def run_iperf(net: NsNet, clients: list[str], seconds: float, logdir: Path) -> f
 
 
 # -- DBLP ----------------------------------------------------------------------------------
+class ServerLoss:
+    """The loss rule on the server's link for one DBLP run.
+
+    Host path (``gso``/``plain``): a table on srv's eth0 hooks, added for a lossy round and
+    removed after it. Segmented path: the emulation's own rules (:class:`LossController` on
+    segmented links, bridge end of srv's link), loaded at 0% for the whole run and set per round.
+    """
+
+    def __init__(self, net: NsNet, segmented: bool) -> None:
+        self.srv = net["srv"]
+        self.lc = LossController(net, table=DROP_TABLE, segmented=True) if segmented else None
+        self.targets = [LossTarget("srv", "ingress"), LossTarget("srv", "egress")]
+        self.dropped = 0
+        self.set(0.0)
+
+    def set(self, loss: float) -> None:
+        if self.lc is None:
+            if loss > 0:
+                nft_apply(self.srv, "udp", loss)
+            return
+        for t in self.targets:
+            self.lc.set_loss(t, loss)
+
+    def remove(self) -> int:
+        """Back to no loss; the packets dropped since the last call."""
+        if self.lc is None:
+            return nft_remove(self.srv)
+        self.set(0.0)
+        total = sum(c["dropped_packets"] for c in self.lc.counters().values())
+        new, self.dropped = total - self.dropped, total
+        return new
+
+    def close(self) -> None:
+        if self.lc is not None:
+            self.lc.close()
+
+
 @dataclass
 class DblpRun:
     path: str
@@ -229,6 +284,10 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     for f in outdir.glob("*.jsonl"):  # records append: start from empty files
         f.unlink()
     snmp0 = {h.name: udp_counters(h) for h in [srv, *workers]}
+    hosts = [srv.name, *(w.name for w in workers)]
+    if path == SEGMENTED:
+        segment_links(net, hosts)
+    loss = ServerLoss(net, path == SEGMENTED)
     policy = run_policy("fixed" if args.p > 0 else "reliable", p_low=args.p).flags()
     launch = Launch(net, "srv", [w.name for w in workers],
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
@@ -252,13 +311,13 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
             if active is not None and low >= active:
                 info = run.loss_rounds[active]
                 info["t_removing"] = time.time()
-                info["dropped"] = nft_remove(srv)
+                info["dropped"] = loss.remove()
                 say(f"{tag}: round {active} at {info['loss']:.0%} loss done, rule removed "
                     f"({info['dropped']} packets dropped)")
                 active = None
             nxt = low + 1
             if active is None and nxt in schedule and nxt not in run.loss_rounds:
-                nft_apply(srv, "udp", schedule[nxt])
+                loss.set(schedule[nxt])
                 run.loss_rounds[nxt] = {"loss": schedule[nxt], "role": roles[nxt], "t_applied": time.time()}
                 active = nxt
             if low > last_said and low >= 0:
@@ -276,8 +335,11 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         raise BenchError(f"{tag}: {exc}") from None
     finally:
         if active is not None:
-            nft_remove(srv)
+            loss.remove()
+        loss.close()
         launch.stop()
+        if path == SEGMENTED:
+            segment_links(net, hosts, on=False)  # gloo, iperf3 and the other paths run on plain veth
     run.server = [vars(r) for r in read_records(outdir / "server.jsonl")]  # null -> NaN, as written
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
@@ -412,11 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--warmup", type=count_arg(1), default=1, help="untimed iterations first")
     g = ap.add_mutually_exclusive_group()
     g.add_argument("--gso", dest="paths", action="store_const", const=["gso"], help="DBLP with UDP GSO/GRO only")
+    g.add_argument("--gso-seg", dest="paths", action="store_const", const=[SEGMENTED],
+                   help="DBLP with GSO/GRO on segmented links only (the emulation's per-datagram-loss path)")
     g.add_argument("--plain", dest="paths", action="store_const", const=["plain"],
                    help="DBLP without GSO/GRO only (one datagram per message)")
     g.add_argument("--both", dest="paths", action="store_const", const=["gso", "plain"],
-                   help="both DBLP data paths (the default)")
-    ap.set_defaults(paths=["gso", "plain"])
+                   help="the GSO and plain paths")
+    g.add_argument("--paths", dest="paths", type=lambda v: v.split(","), metavar="P[,P...]",
+                   help=f"DBLP data paths, comma-separated, of {', '.join(PATHS)} (default: all three)")
+    ap.set_defaults(paths=list(PATHS))
     ap.add_argument("--p", type=float, default=0.008, help="the fixed policy's tolerance (0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
     ap.add_argument("--calib-loss", default="0.3,0.5,0.6",
@@ -464,6 +530,9 @@ def parse_args(argv=None):
     except ValueError:
         ap.error(f"--calib-loss must be comma-separated numbers, got {args.calib_loss!r}")
     args.calib_loss = [x for x in args.calib_loss if x != 0]
+    bad = [x for x in args.paths if x not in PATHS]
+    if bad or not args.paths:
+        ap.error(f"--paths: {','.join(bad) or 'none given'}: each must be one of {', '.join(PATHS)}")
     for name, vals in (("p", [args.p]), ("burst_loss", [args.burst_loss]), ("calib_loss", args.calib_loss)):
         for v in vals:
             if not 0 <= v < 1:
@@ -514,6 +583,15 @@ def print_table(rows: list[dict]) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
         if j == 0:
             print("  ".join("-" * w for w in widths))
+    seg = [r for r in rows if r["path"] != "gso" and not math.isnan(r.get("ratio_vs_gso_round", float("nan")))]
+    if seg:
+        print("\nlossless round against the GSO round of the same size, same run "
+              f"(target for {SEGMENTED}, the emulation's per-datagram-loss path: <= {SEGMENTED_TARGET:g}x):")
+        for r in seg:
+            ok = ("  meets target" if r["ratio_vs_gso_round"] <= SEGMENTED_TARGET else "  misses target") \
+                if r["path"] == SEGMENTED else ""
+            print(f"  {fmt_size(r['elements']):>5} {r['path']:>8}: {r['dblp_round_s'] * 1e3:8.1f} ms / "
+                  f"{r['dblp_round_s'] / r['ratio_vs_gso_round'] * 1e3:8.1f} ms = {r['ratio_vs_gso_round']:.2f}x{ok}")
 
 
 def main(argv=None) -> int:
@@ -587,7 +665,7 @@ def main(argv=None) -> int:
                 for path, d in dres.items():
                     row = {c: float("nan") for c in CSV_COLUMNS}
                     row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
-                                "gso_active": gso_ok and path == "gso", "workers": WORKERS, "p": args.p,
+                                "gso_active": gso_ok and path != "plain", "workers": WORKERS, "p": args.p,
                                 "mtu": args.mtu,
                                 "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
                     row.update({k: v for k, v in d.items() if k in row})
@@ -604,6 +682,9 @@ def main(argv=None) -> int:
                         say(f"warning: {fmt_size(elements)} {path}: a loss rule was not in place for exactly "
                             f"its round (orchestrator too slow for --gap {args.gap:g} s); burst figures suspect")
                     rows.append(row)
+                gso_round = dres["gso"]["dblp_round_s"] if "gso" in dres else float("nan")
+                for row in rows[-len(dres):]:
+                    row["ratio_vs_gso_round"] = row["dblp_round_s"] / gso_round
                 detail["sizes"].append({"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3,
                                         "dblp": dres, "dblp_one_worker": solo, "gloo": gres})
                 _write(out, rows, detail)

@@ -37,8 +37,9 @@ def test_help_and_argument_errors():
     a = dry_run("--models", "5M,25M", "61M", "--plain")["config"]
     assert a["sizes"] == [5_000_000, 25_000_000, 61_000_000] and a["paths"] == ["plain"]
     default = dry_run()["config"]
-    assert default["paths"] == ["gso", "plain"]
-    for bad in (["--models", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"]):
+    assert default["paths"] == ["gso", "gso-seg", "plain"]
+    assert dry_run("--paths", "gso,gso-seg")["config"]["paths"] == ["gso", "gso-seg"]
+    for bad in (["--models", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"], ["--paths", "gso,fast"]):
         r = subprocess.run([*BENCH, *bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, bad
     assert default["calib_loss"] == [0.3, 0.5, 0.6]
@@ -89,7 +90,7 @@ def test_smallest_benchmark_end_to_end(tmp_path):
     out = tmp_path / "bench"
     t0 = time.monotonic()
     columns = dry_run()["csv_columns"]
-    p = subprocess.Popen([*BENCH, "--models", "200000",
+    p = subprocess.Popen([*BENCH, "--models", "200000", "--paths", "gso,gso-seg",
                           "--iterations", "3", "--iperf-duration", "1s", "--gloo-timeout", "20s", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -106,7 +107,9 @@ def test_smallest_benchmark_end_to_end(tmp_path):
         reader = csv.DictReader(fh)
         assert reader.fieldnames == columns
         rows = list(reader)
-    assert [row["path"] for row in rows] == ["gso", "plain"]
+    assert [row["path"] for row in rows] == ["gso", "gso-seg"]  # plain: the transport's own tests
+    assert "target for gso-seg" in stdout
+    assert float(rows[0]["ratio_vs_gso_round"]) == 1.0 and float(rows[1]["ratio_vs_gso_round"]) > 0
     for row in rows:
         assert int(row["elements"]) == 200_000
         for col in POSITIVE:
