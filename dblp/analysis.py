@@ -138,27 +138,53 @@ def _plain_log_ticks(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def _clr_spans(recs: Sequence[RoundRecord]) -> list[tuple[int, int]]:
+    """Runs of rounds in which the server's CLR state was on (the critical phase: tolerance P_low)."""
+    on = sorted({r.round for r in recs if r.clr})
+    spans: list[tuple[int, int]] = []
+    for k in on:
+        if spans and k == spans[-1][1] + 1:
+            spans[-1] = (spans[-1][0], k)
+        else:
+            spans.append((k, k))
+    return spans
+
+
+def _title(ax, title: str, setup: str) -> None:
+    """The figure's title and, under it in smaller type, the run's setup (what a reader needs to
+    know which experiment this is)."""
+    ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
+
+
 def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bursts: Sequence[int] = (),
-                 title: str = "Send latency per iteration", field: str = "up_latency_s") -> Path:
-    """Fig. 2 style: latency per iteration for each labelled run, bursts marked."""
+                 title: str = "Send latency per iteration", field: str = "up_latency_s", setup: str = "") -> Path:
+    """Fig. 2 style: latency per iteration for each labelled run; bursts marked, and for a run whose
+    server switched its tolerance (DBLP's CLR detection) the rounds in the critical phase (P_low)
+    shaded in that run's colour; ``setup`` (workers, model, link, burst) under the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4))
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     for label, recs in series.items():
         r, v = per_round(recs, field)
-        ax.plot(r, v * 1e3, lw=1.0, label=label, **run_style(label))
+        style = run_style(label)
+        ax.plot(r, v * 1e3, lw=1.0, label=label, **style)
+        spans = _clr_spans(recs)
+        if spans and len(spans) < len({x.round for x in recs}):  # switches happened (not "always on")
+            for i, (a, b) in enumerate(spans):
+                ax.axvspan(a - 0.5, b + 0.5, color=style["color"] or "C0", alpha=0.10, lw=0,
+                           label=f"{label}: critical phase (P_low)" if i == 0 else None)
     for i, b in enumerate(bursts):
         ax.axvline(b, color="red", ls=":", lw=1, label="burst" if i == 0 else None)
     ax.set_xlabel("iteration")
     ax.set_ylabel("latency (ms, slowest worker)")
     ax.set_yscale("log")
     _plain_log_ticks(ax.yaxis)
-    ax.set_title(title, fontsize=10)
+    _title(ax, title, setup)
     ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -166,7 +192,7 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bur
 
 
 def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: str = "CDF of send latency",
-             field: str = "up_latency_s") -> Path:
+             field: str = "up_latency_s", setup: str = "") -> Path:
     """Fig. 3 style: the latency distribution and its tail."""
     import matplotlib
 
@@ -183,7 +209,7 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
     _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("latency (ms, slowest worker)")
     ax.set_ylabel("fraction of iterations")
-    ax.set_title(title, fontsize=10)
+    _title(ax, title, setup)
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="lower right")
     fig.tight_layout()

@@ -37,7 +37,7 @@ from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.records import merge_runs
-from dblp.wire import ChunkLayout
+from dblp.wire import TAG_SIZE, ChunkLayout
 
 PORT = DEFAULT_PORT
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(a).items()}
     rec = RunRecorder("microburst", config, root=a.results)
     out = rec.path
-    lay = ChunkLayout(a.elements)
+    lay = ChunkLayout(a.elements, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     t = a.train
     what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
             if t else "replayed synthetic gradient")
@@ -168,8 +168,11 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
     with open(out / "summary.csv", "w", newline="") as fh:
         csv.writer(fh).writerows(rows)
     (out / "summary_runs.json").write_text(json.dumps({k: s.as_dict() for k, s in sums.items()}, indent=1))
-    analysis.plot_latency(runs, out / "latency.png", bursts, "Send latency per iteration under microbursts")
-    analysis.plot_cdf(runs, out / "cdf.png")
+    what = a.train["workload"] if a.train else f"{a.elements:,} floats"
+    setup = (f"{what}, {a.workers} workers, {a.bw_mbps:g} Mbit/s star, {a.queue:,}-byte queues, "
+             f"{'congestion' if congestion else f'{a.burst_loss:.0%} loss'} bursts at {','.join(map(str, bursts))}")
+    analysis.plot_latency(runs, out / "latency.png", bursts, "Send latency per iteration under microbursts", setup=setup)
+    analysis.plot_cdf(runs, out / "cdf.png", setup=setup)
     print(f"\nwrote {out}/table_ii.csv, summary.csv, rounds.jsonl, latency.png, cdf.png")
 
 
