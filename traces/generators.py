@@ -111,7 +111,7 @@ def bernoulli_segments(loss: float, duration_us: int, *, seed: int | None = None
     loss = _prob("loss", loss)
     duration_us = int(_positive("duration_us", duration_us))
     params = {"loss": loss, "duration_us": duration_us}
-    meta = _meta("bernoulli", params, seed, f"Bernoulli loss {loss:g} for {duration_us} us")
+    meta = _meta("bernoulli", params, seed, f"Bernoulli loss {loss:g} for {duration_us} µs")
     return SegmentTrace(np.array([0]), np.array([loss]), duration_us, meta=meta)
 
 
@@ -186,7 +186,7 @@ def gilbert_elliott_segments(
     }
     desc = (
         f"Gilbert-Elliott states (netem gemodel p={p:g} r={r:g} 1-h={bad_loss:g} 1-k={good_loss:g}) "
-        f"for one packet every {iv:g} us"
+        f"for one packet every {iv:g} µs"
     )
     meta = _meta("gilbert-elliott", params, seed, desc, packet_interval_us=iv)
     return SegmentTrace(starts[keep], level[keep], duration_us, meta=meta).merged()
@@ -273,8 +273,8 @@ def onoff_segments(
     elif dist == "pareto":
         params["alpha"] = float(alpha)
     desc = (
-        f"ON/OFF microbursts: {dist} ON mean {on_mean_us:g} us at loss {on_loss:g}, "
-        f"OFF mean {off_mean_us:g} us at loss {off_loss:g}"
+        f"ON/OFF microbursts: {dist} ON mean {on_mean_us:g} µs at loss {on_loss:g}, "
+        f"OFF mean {off_mean_us:g} µs at loss {off_loss:g}"
     )
     meta = _meta("onoff", params, seed, desc)
     return SegmentTrace(starts[keep], np.where(is_on, on_loss, off_loss)[keep], duration_us, meta=meta).merged()

@@ -6,6 +6,8 @@ CLI work on headless machines and importing ``traces`` stays cheap.
 
 from __future__ import annotations
 
+import re
+
 import os
 
 import numpy as np
@@ -60,6 +62,7 @@ def plot_trace(
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), constrained_layout=True)
     title = trace.meta.description or trace.meta.source
+    title = re.sub(r"(\d) us\b", "\\1 µs", title)  # descriptions of older trace files spell microseconds "us"
     mean = trace.mean_loss()
     if isinstance(trace, SegmentTrace):
         scale, unit = _time_axis(trace.duration_us)

@@ -110,7 +110,7 @@ def summarize(trace: SegmentTrace | PacketTrace, threshold: float | None = None)
     else:
         thr = trace.mean_loss() if threshold is None else float(threshold)
         _, lengths, _ = segment_bursts(trace, thr)
-        span, span_unit, unit = float(trace.duration_us), "us", "us"
+        span, span_unit, unit = float(trace.duration_us), "µs", "µs"
     lengths = lengths.astype(np.float64)
     if lengths.size:
         p50, p90, p99 = np.percentile(lengths, [50, 90, 99])

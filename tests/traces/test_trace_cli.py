@@ -27,7 +27,7 @@ def test_module_generate_and_show(tmp_path):
     assert r.returncode == 0, r.stderr
     r = subprocess.run(env_py + ["show", str(out), "--png", str(png)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "mean loss:" in r.stdout and "bursts:" in r.stdout and "burst length [us]" in r.stdout
+    assert "mean loss:" in r.stdout and "bursts:" in r.stdout and "burst length [µs]" in r.stdout
     assert png.stat().st_size > 5000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
