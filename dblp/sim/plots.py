@@ -115,7 +115,7 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, target_accuracy: 
         ("mean_round_s", "mean round latency (s)", "ratio"),
         ("p99_round_s", "p99 round latency (s)", "ratio"),
         ("time_to_train_s", "time to train (s)", "ratio"),
-        ("time_to_accuracy_s", f"time to {acc} test accuracy (s, digits_mlp model)", "ratio"),
+        ("time_to_accuracy_s", f"time to {acc} accuracy (s, digits_mlp)", "ratio"),
         ("lost", "fraction of gradient lost", "diff"),
     ]
     metrics = [m for m in metrics if f"dblp_{m[0]}" in rows[0]]

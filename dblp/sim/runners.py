@@ -108,10 +108,13 @@ def run_tasks(tasks: dict[str, SimConfig], runner: Runner, *, jobs: int = 0, das
             for k, c in todo:
                 done(k, runner(c.to_dict()))
         else:
-            with ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(todo))) as ex:
+            ex = ProcessPoolExecutor(max_workers=min(jobs or os.cpu_count() or 1, len(todo)))
+            try:
                 futs = {ex.submit(runner, c.to_dict()): k for k, c in todo}
                 for f in as_completed(futs):
                     done(futs[f], f.result())
+            finally:  # on Ctrl-C or a failed run, drop the queued runs instead of waiting for all of them
+                ex.shutdown(wait=True, cancel_futures=True)
     finally:
         if bar:
             bar.close()

@@ -9,8 +9,10 @@ iterations starts at each iteration with probability ``burst_rate``.
 
 Output (``--out``): ``sweep.csv`` (one row per grid point: its axes, DBLP's
 and the baseline's mean/p99 round latency, send latency, time-to-train,
-lost fractions, passes, and the ratios), ``sweep.json`` (grid, base
-parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
+time to ``--target-accuracy`` (:mod:`dblp.sim.convergence`: a convergence
+model fitted to the project's training runs, fed with each round's lost
+fraction), lost fractions, passes, and the ratios), ``sweep.json`` (grid,
+base parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
 the parameters and the seed: the same command gives the same file.
 
 ``--seeds N`` runs every point with N seeds (DBLP and baseline paired by
