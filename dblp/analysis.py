@@ -150,10 +150,12 @@ def _clr_spans(recs: Sequence[RoundRecord]) -> list[tuple[int, int]]:
     return spans
 
 
-def _title(ax, title: str, setup: str) -> None:
-    """The figure's title and, under it in smaller type, the run's setup (what a reader needs to
-    know which experiment this is)."""
-    ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
+def _title(ax, title: str, setup: str, width: int = 100) -> None:
+    """The figure's title and, under it, the run's setup (what a reader needs to know which
+    experiment this is), wrapped at ``width`` characters so a narrow figure does not cut it."""
+    import textwrap
+
+    ax.set_title("\n".join([title, *textwrap.wrap(setup, width)]) if setup else title, fontsize=10)
 
 
 def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bursts: Sequence[int] = (),
@@ -209,7 +211,7 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
     _plain_log_ticks(ax.xaxis)
     ax.set_xlabel("latency (ms, slowest worker)")
     ax.set_ylabel("fraction of iterations")
-    _title(ax, title, setup)
+    _title(ax, title, setup, width=62)
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="lower right")
     fig.tight_layout()
