@@ -24,6 +24,7 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py --quick          # a smoke run, ~20 s
     python scenarios/bench_sim.py --sweep-configs 500 --sweep-iterations 1000 --groups 1,16
     python scenarios/bench_sim.py --only-workers --workers 64 --workers-provisioned 1024 --workers-iterations 100
+    python scenarios/bench_sim.py --only-workers --topology leafspine --workers 64 --workers-provisioned 256
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from dblp.cliargs import parser  # noqa: E402
 from traces.argtypes import count_arg, int_list_arg  # noqa: E402
 from dblp.sim.options import baseline_of  # noqa: E402
 from dblp.sim.sweep import run_config  # noqa: E402
+from dblp.sim.topology import TOPOLOGIES  # noqa: E402
 
 BURSTS = [{"kind": "random_bursts", "rate": 0.01, "loss": 0.7}]
 
@@ -97,7 +99,7 @@ def bench_packet(model: int, iterations: int) -> dict:
             "mean_round_rel_diff": b["mean_round_s"] / a["mean_round_s"] - 1}
 
 
-def bench_workers(workers: list[int], iterations: int, provisioned: bool) -> list[dict]:
+def bench_workers(workers: list[int], iterations: int, provisioned: bool, topology: str = "star") -> list[dict]:
     """Round level against the worker count: 1M floats (2,763 datagrams per direction).
 
     ``provisioned``: the server's link is workers x the worker link, so the
@@ -105,32 +107,34 @@ def bench_workers(workers: list[int], iterations: int, provisioned: bool) -> lis
     once - the cost per simulated datagram. Otherwise the default star (one
     10 Gbit/s server link): the incast drops most of each pass, passes grow
     with the worker count, and so do the datagrams to simulate (printed).
+    ``topology``: the network (dblp.sim.topology, its default parameters).
     """
-    kind = "server link = workers x 10 Gbit/s" if provisioned else "default star (one 10 Gbit/s server link)"
-    print(f"\n== round level vs workers: 1M floats, {iterations} iterations, {kind}")
+    kind = "server link = workers x 10 Gbit/s" if provisioned else "one 10 Gbit/s server link"
+    print(f"\n== round level vs workers: 1M floats, {iterations} iterations, {topology}, {kind}")
     print(f"{'workers':>7} {'wall s':>8} {'cpu s':>8} {'s/iter':>8} {'dgrams/worker/iter':>19} {'us/dgram':>9} "
           f"{'up passes':>9} {'mean round':>11}")
     rows = []
     for n in workers:
-        cfg = SimConfig(model=1_000_000, workers=n, rounds=iterations,
+        cfg = SimConfig(model=1_000_000, workers=n, rounds=iterations, topology=topology,
                         server_bandwidth_bps=(n * 10e9 if provisioned else None))
         res, wall, cpu = timed(cfg)
         s = res.summary()
         per = res.datagrams / iterations / n
-        rows.append({"workers": n, "iterations": iterations, "provisioned": provisioned, "wall_s": wall, "cpu_s": cpu,
+        rows.append({"workers": n, "iterations": iterations, "provisioned": provisioned, "topology": topology,
+                     "wall_s": wall, "cpu_s": cpu,
                      "datagrams": res.datagrams, **s})
         print(f"{n:7d} {wall:8.2f} {cpu:8.2f} {cpu / iterations:8.3f} {per:19,.0f} {cpu / res.datagrams * 1e6:9.3f} "
               f"{s['up_passes']:9.1f} {s['mean_round_s'] * 1e3:9.1f}ms")
     return rows
 
 
-def bench_sweep(n: int, iterations: int, group: int, jobs: int) -> dict:
+def bench_sweep(n: int, iterations: int, group: int, jobs: int, model: str = "resnet50") -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
-    print(f"\n== sweep: {n} configurations x {iterations} iterations of resnet50 (group {group}) on {jobs} processes")
+    print(f"\n== sweep: {n} configurations x {iterations} iterations of {model} (group {group}) on {jobs} processes")
     cfgs = []
     for i in range(n):  # a grid-like spread of P_high, eta, burst rates, seeds
-        cfgs.append(SimConfig(model="resnet50", rounds=iterations, group=group, p_high=0.1 + 0.1 * (i % 5),
+        cfgs.append(SimConfig(model=model, rounds=iterations, group=group, p_high=0.1 + 0.1 * (i % 5),
                               eta=(0.3, 0.5, 0.7)[i % 3], seed=i,
                               loss=[{"kind": "random_bursts", "rate": (0.005, 0.01, 0.02)[i % 3], "loss": 0.7}]).to_dict())
     t = time.perf_counter()
@@ -155,12 +159,16 @@ def main() -> int:
     p.add_argument("--sweep-iterations", type=count_arg(1), default=1000, help="iterations per sweep run")
     p.add_argument("--sweep-group", type=count_arg(1), default=None,
                    help="group of the sweep runs (default: the last of --groups)")
+    p.add_argument("--sweep-model", default="resnet50",
+                   help="gradient of the sweep runs: a model name or element count (the issue's target: 1M)")
     p.add_argument("--jobs", type=count_arg(1), default=os.cpu_count() or 1, help="sweep processes")
     p.add_argument("--workers", type=int_list_arg(1), default="16,32,64",
                    help="worker counts of the scaling runs on the default star (1M floats)")
     p.add_argument("--workers-provisioned", type=int_list_arg(1), default="64,256,1024",
                    help="worker counts of the scaling runs with a server link of workers x 10 Gbit/s")
     p.add_argument("--workers-iterations", type=count_arg(1), default=3, help="iterations of the scaling runs")
+    p.add_argument("--topology", choices=TOPOLOGIES, default="star",
+                   help="network of the scaling runs (dblp.sim.topology, default parameters)")
     p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the issue's targets: "
                    "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
@@ -173,14 +181,16 @@ def main() -> int:
     groups = a.groups
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     wk, wp = a.workers, a.workers_provisioned
-    scale = bench_workers(wk, a.workers_iterations, False) + bench_workers(wp, a.workers_iterations, True)
+    scale = (bench_workers(wk, a.workers_iterations, False, a.topology)
+             + bench_workers(wp, a.workers_iterations, True, a.topology))
     if a.only_workers:
         if a.output:
             Path(a.output).write_text(json.dumps({"workers": scale}, indent=2, default=float) + "\n")
         return 0
     res = {"workers": scale, "round": bench_round(a.iterations, groups),
            "packet": bench_packet(a.packet_model, a.packet_iterations),
-           "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs)}
+           "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs,
+                                a.sweep_model)}
     if a.output:
         Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
     return 0

@@ -7,7 +7,8 @@ the pass holds (its *slots*). Three shared resources then place every slot:
   interval, shared round-robin in ``host_slice`` quanta by the host's
   senders with a pass under way - as the packet level and
   :func:`dblp.transport.pump` do - or evenly when a pacing bucket binds;
-  re-laid out whenever a sender joins or leaves the host;
+  re-laid out whenever a sender joins or leaves the host
+  (:mod:`dblp.sim.hostsched`);
 * the flow's **loss process** draws each slot's fate at the receiver's
   ingress (once per pass, with the arrival times known then);
 * the switch **port**'s fluid drop-tail queue (:class:`dblp.sim.net.FluidQueue`)
@@ -15,7 +16,11 @@ the pass holds (its *slots*). Three shared resources then place every slot:
   uniform draw, from a random stream named by seed, direction, worker,
   round and pass), re-evaluated for the slots still to
   come when the set of passes crossing the port changes (incast: the
-  upstream passes of all workers meet there).
+  upstream passes of all workers meet there). A path of several ports
+  (leaf-spine, two sites: :mod:`dblp.sim.topology`) takes them in turn,
+  each port's departures the next one's arrivals, with a stream of draws
+  per port; each port sees the pass shifted by the fixed delay to it and
+  no faster than the slowest port before it.
 
 Cost linear in the workers: a change that only adds load at a port (a pass
 starting) can only delay or drop the other passes' datagrams, so their
@@ -28,7 +33,9 @@ datagram, after every sender before it in round-robin order, leaves the
 others' layout as it is (the round-robin continues unchanged), so a host
 of N equal passes is not re-laid out N times; and when a sender stops early,
 the others are re-laid out lazily (``HostSched.settle``), each just before
-its next datagram would leave.
+its next datagram would leave - from one shared description, so the N
+early STOPs of a broadcast cost O(N) in all, not O(N^2)
+(``HostSched._drop_head``).
 
 Nothing of the protocol is decided here. The core is asked for the pass's
 datagrams (``RoundSender.datagrams_to_send`` with the number that have left),
@@ -59,7 +66,9 @@ changes a count-level statistic:
 Approximations (the packet level is exact on all of them): a loss process
 sees every slot of a pass, also those the switch queue drops; a port sees
 each pass as a constant rate over its interval; slots re-timed by the host
-keep the loss outcome drawn at the pass's start.
+keep the loss outcome drawn at the pass's start; on a path of several
+ports, the verdicts of a slot that had reached the first port at a
+re-evaluation are kept at the later ports too.
 """
 
 from __future__ import annotations

@@ -1,0 +1,307 @@
+"""Round level: a host's sending capacity, shared round-robin by its senders' passes.
+
+A host sends ``host_slice`` datagrams for one peer, then the next (as
+:func:`dblp.transport.pump` does), one every ``h`` seconds; a pacing bucket
+slower than ``h`` spreads the senders evenly instead. Whenever a sender
+joins, or leaves before its pass is out (an early STOP), the host lays the
+remaining slots of every active sender out afresh from that instant
+(:meth:`HostSched.relayout`, round-robin in join order).
+
+Why a module of its own, and why the bookkeeping below: the server's host
+carries N broadcast senders, and at a tolerance above zero each of them is
+stopped early, one after the other - N re-layouts of N senders per round.
+Materialising them is O(N^2) (1024 workers: ~3 s of Python per round).
+So a re-layout only *describes* the layout of the senders that cannot
+notice it yet (alone on a port they cannot congest, next datagram not due):
+one :class:`_Layout` per host holds their remaining slot counts in numpy
+arrays, and a sender's leave times are computed from it when it asks
+(:meth:`HostSched.settle`) or just before its next datagram would leave.
+When the sender at the head of the round-robin stops early and every other
+one is still only described, the next layout is the same description from
+the new instant without the head - an array view and one ``cumsum``
+(:meth:`HostSched._drop_head`), O(1) Python per early STOP. It is the
+re-layout's own result, not an approximation; ``fast.EAGER_PORT`` turns
+all of it off (every layout materialised at once), and the tests hold the
+two to the same records.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .net import Host
+
+# dblp.sim.fast's RoundEngine and RoundFlow (not imported: fast imports this module)
+RoundEngine = Any
+RoundFlow = Any
+
+
+class _Layout:
+    """One re-layout from ``t``: the active senders in round-robin order from
+    position ``base`` on, with the slots each had left (``rem``), the first
+    slot the layout applies to (``a``), when that slot would have left under
+    the sender's last materialised layout (``lead``) and when the sender must
+    at the latest be given its layout (``due``; inf once it has it)."""
+
+    __slots__ = ("t", "base", "flows", "index", "rem_all", "a", "lead", "due", "rem", "equal", "solo")
+
+    def __init__(self, t: float, flows: list, index: dict, rem_all: np.ndarray, a: np.ndarray, lead: np.ndarray,
+                 due: np.ndarray, base: int, solo: bool) -> None:
+        self.t, self.flows, self.index, self.base, self.solo = t, flows, index, base, solo
+        self.rem_all, self.a, self.lead, self.due = rem_all, a, lead, due
+        self.rem = rem_all[base:]  # remaining slots of the senders from base on (a view)
+        self.equal = bool(self.rem.size == 0 or (self.rem == self.rem[0]).all())
+
+    @property
+    def ctx(self) -> tuple[float, np.ndarray, bool]:
+        return self.t, self.rem, self.equal
+
+
+class HostSched:
+    """A host's sending capacity, shared by its senders' passes."""
+
+    def __init__(self, engine: RoundEngine, host: Host) -> None:
+        self.sim = engine.sim
+        self.engine = engine
+        self.h = host.interval_s * engine.group  # per unit of `group` datagrams
+        self.eps = 1e-6 * self.h  # times closer than this are the same instant of the host's clock
+        self.q = max(1, engine.sim.cfg.host_slice // engine.group)
+        # a bucket slower than the host's own interval binds; a faster one never does
+        self.pace = engine.pace_s if engine.pace_s > self.h else 0.0
+        self.active: list[RoundFlow] = []
+        self.joining: list[RoundFlow] = []
+        self._commit_at: float | None = None
+        self._seq = np.empty(0)
+        self._layout: _Layout | None = None  # the layout the pending senders are owed
+        self._pending: dict[RoundFlow, int] = {}  # laid out lazily: sender -> its position in _layout.flows
+        self._chain_gen = 0
+
+    def _ones(self, r: int) -> np.ndarray:
+        """1, 2, ..., r as floats (cached: most passes are laid out alone)."""
+        if self._seq.size < r:
+            self._seq = np.arange(1, max(r, 2 * self._seq.size) + 1, dtype=np.float64)
+        return self._seq[:r]
+
+    def join(self, f: RoundFlow) -> None:
+        self.joining.append(f)
+        if self._commit_at is None:  # passes starting at the same instant are laid out together
+            self._commit_at = self.sim.env.now
+            self.sim.at(self._commit_at, self._commit)
+
+    def _commit(self, t: float) -> None:
+        self._commit_at = None
+        new, self.joining = self.joining, []
+        self.active.extend(new)
+        self.relayout(t)
+
+    def remove(self, f: RoundFlow, t: float) -> None:
+        if f in self.joining:
+            self.joining.remove(f)
+        if f in self.active:
+            natural = self._ends_first(f, t)
+            head = self.active[0] is f
+            self.active.remove(f)
+            if self.active and not natural and not (head and self._drop_head(f, t)):
+                self.relayout(t)
+
+    def _ends_first(self, f: RoundFlow, t: float) -> bool:
+        """Whether ``f`` leaves at its last datagram's time, with every sender before it
+        (in round-robin order) out too: the round-robin from ``t`` over the rest
+        is then exactly the current layout's continuation, so no sender moves.
+
+        This is how equal passes end (each sender's tail follows the previous
+        one's), and skipping their re-layout keeps a host of N senders at O(N)
+        work per pass instead of O(N^2).
+        """
+        if self.pace or f.leave is None or f in self._pending:
+            return False
+        end = float(f.leave[-1])
+        if abs(t - end) > self.eps:  # its last datagram must be the host's last one before t
+            return False
+        for g in self.active:
+            if g is f:
+                return True
+            if g.leave is None or g in self._pending or float(g.leave[-1]) > t + self.eps:
+                return False
+        return False
+
+    # -- laying out -----------------------------------------------------------------------
+    def _settle_owed(self, t: float) -> None:
+        """Before a re-layout at ``t``: give the pending senders the layout owed by ``t``,
+        or all of it if the layout was made for a later instant than ``t`` (a STOP's
+        last batch may still be leaving)."""
+        L = self._layout
+        if not self._pending or L is None:
+            return
+        if L.t > t:
+            for f in list(self._pending):
+                self.settle(f)
+            return
+        for i in np.flatnonzero(L.due[L.base:] <= t + self.eps).tolist():
+            self.settle(L.flows[L.base + i])
+
+    def relayout(self, t: float) -> None:
+        """Lay the active senders out afresh from ``t`` (round-robin in join order).
+
+        A sender that cannot notice the change before its next datagram
+        leaves - its pass under way, alone and uncongested at its port - is
+        laid out lazily (:meth:`settle`): at the latest half a slot before
+        the old or the new layout would send its next datagram, or when
+        anything asks for its times. With N senders and N early STOPs per
+        round that is the difference between O(N^2) and O(N) re-layouts.
+        """
+        self._settle_owed(t)
+        old, pending = self._layout, self._pending
+        self._pending = {}
+        flows = list(self.active)
+        k = len(flows)
+        tt = t + self.eps  # a datagram leaving at t (to float noise) is out: ties do not hang on rounding
+        starts = np.empty(k, np.int64)
+        lead = np.full(k, math.inf)
+        rem = np.empty(k, np.int64)
+        for i, f in enumerate(flows):
+            j = pending.get(f)
+            if j is not None:
+                a = int(old.a[j])
+                lead[i] = old.lead[j]
+            elif f.leave is None:
+                a = 0
+            else:
+                a = int(np.searchsorted(f.leave, tt, side="right"))
+                if a < f.n:
+                    lead[i] = f.leave[a]
+            starts[i] = a
+            rem[i] = f.n - a
+        due = np.full(k, math.inf)
+        L = _Layout(t, flows, {f: i for i, f in enumerate(flows)}, rem, starts, lead, due, 0, True)
+        ctx = L.ctx
+        lazy = not self.pace and k > 1
+        if lazy:  # when each sender's first datagram of the new layout leaves
+            first = np.minimum(rem.astype(np.float64), self.q)
+            first = t + self.h * (1.0 + np.cumsum(first) - first)
+        new_pending: dict = {}
+        # as they are re-pended, the senders are owed this layout (a sender asked for its times
+        # while the others are laid out gets it)
+        self._layout, self._pending = L, new_pending
+        for i, f in enumerate(flows):
+            r = int(rem[i])
+            if r <= 0 or (f.leave is not None and k == 1 and starts[i] > 0):
+                if f in pending:  # its owed layout is the one that continues
+                    self._settle_in(old, f, pending[f])
+                continue  # alone and already laid out: nothing changes
+            if f.leave is None and self.pace:
+                f.bucket_start(t)
+            if lazy and f.leave is not None and self._private(f):
+                d = min(float(first[i]), float(lead[i])) - 0.5 * self.h
+                if d > t + self.eps:
+                    new_pending[f] = i
+                    due[i] = d
+                    L.solo = L.solo and f.solo
+                    continue
+            f.laid_out(int(starts[i]), self._leave(ctx, i, f, int(starts[i])), t)
+        self._schedule_chain()
+
+    def _drop_head(self, f: RoundFlow, t: float) -> bool:
+        """The head of the round-robin, ``f``, left before its pass was out (already
+        taken off ``active``): if every other sender is still only described by the
+        current layout, the re-layout from ``t`` is that description without ``f`` -
+        O(1) Python instead of :meth:`relayout`'s loop. False if it does not apply."""
+        L = self._layout
+        if self.pace or L is None or f in self._pending or self.engine.eager:
+            return False
+        jf = L.index.get(f)
+        if jf is None or jf < L.base or L.flows[jf] is not f:
+            return False
+        self._settle_owed(t)
+        k = len(self.active)
+        if k < 2 or len(self._pending) != k or len(L.flows) - jf - 1 != k or not L.solo or L.t > t:
+            return False  # someone else has its layout, or a sender no longer sits alone on its port
+        N = _Layout(t, L.flows, L.index, L.rem_all, L.a, L.lead, L.due, jf + 1, True)
+        rem = N.rem
+        if int(rem.min()) <= 0:
+            return False
+        first = np.minimum(rem.astype(np.float64), self.q)
+        first = t + self.h * (1.0 + np.cumsum(first) - first)
+        due = np.minimum(first, N.lead[N.base:]) - 0.5 * self.h
+        N.due[N.base:] = due
+        self._layout = N
+        for i in np.flatnonzero(due <= t + self.eps).tolist():  # its next datagram is due: lay it out now
+            self.settle(N.flows[N.base + i])
+        self._schedule_chain()
+        return True
+
+    def _schedule_chain(self) -> None:
+        self._chain_gen += 1
+        if self._pending:
+            L = self._layout
+            g = self._chain_gen
+            self.sim.at(float(L.due[L.base:].min()), lambda now: self._chain(now, g))
+
+    def _private(self, f: RoundFlow) -> bool:
+        """Whether nothing but ``f`` can notice its layout: alone on a port it cannot congest."""
+        if self.engine.eager:
+            return False
+        now = self.sim.env.now
+        for qu in f.queues:
+            ent = qu.entries
+            if not ((not ent or (len(ent) == 1 and f in ent)) and not qu.congested and qu.quiet_after(now)
+                    and self.h >= qu.ser):
+                return False
+        return True
+
+    def _chain(self, now: float, gen: int) -> None:
+        if gen != self._chain_gen or not self._pending:
+            return  # a newer layout took over
+        L = self._layout
+        for i in np.flatnonzero(L.due[L.base:] <= now + self.eps).tolist():
+            self.settle(L.flows[L.base + i])
+        if self._pending:
+            self.sim.at(float(L.due[L.base:].min()), lambda tt: self._chain(tt, gen))
+
+    def settle(self, f: RoundFlow) -> None:
+        """Give ``f`` the layout it is owed now (no-op if it has it)."""
+        j = self._pending.pop(f, None)
+        if j is not None:
+            self._settle_in(self._layout, f, j)
+
+    def _settle_in(self, L: _Layout, f: RoundFlow, j: int) -> None:
+        L.due[j] = math.inf
+        a = int(L.a[j])
+        f.laid_out(a, self._leave(L.ctx, j - L.base, f, a), L.t)
+
+    def _leave(self, ctx: tuple[float, np.ndarray, bool], i: int, f: RoundFlow, start: int) -> np.ndarray:
+        """Leave times of sender ``i``'s slots ``start..n-1`` in the layout made at ``ctx``."""
+        t, rem, equal = ctx
+        r = int(rem[i])
+        h, q, k = self.h, self.q, len(rem)
+        if not self.pace and k == 1:
+            return t + h * self._ones(r)
+        j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
+        if self.pace:
+            # Paced senders take what their bucket allows each turn: the host is
+            # shared evenly, each sender capped by its bucket.
+            leave = t + (h * k) * (j + 1).astype(np.float64)
+            return np.maximum(leave, f.bucket_times(start + j))
+        if equal:  # round-robin, equal passes: turn u, offset w
+            full, rest = divmod(r, q)
+            body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
+                    + np.arange(q, dtype=np.float64)[None, :]).ravel()
+            tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
+            leave = np.concatenate((body, tail)) if rest else body
+        else:  # round-robin in quanta of host_slice datagrams, in join order
+            uq = j // q
+            uq *= q
+            pos = j - uq
+            pos += 1
+            for kk, rk in enumerate(rem.tolist()):
+                pos += np.minimum(rk, uq)
+                if kk < i:
+                    pos += np.clip(rk - uq, 0, q)
+            leave = pos.astype(np.float64)
+        leave *= h
+        leave += t
+        return leave
+

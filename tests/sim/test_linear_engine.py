@@ -1,0 +1,69 @@
+"""The round level's shortcuts for many workers give the reference's records.
+
+The reference is ``dblp.sim.fast.EAGER_PORT``: every port re-evaluates every
+pass at every change and every host materialises every sender's layout at
+every re-layout (the engine as it was before its cost was made linear).
+The shortcuts under test:
+
+* a host whose head sender stops early re-lays out the others by dropping
+  it from a shared description (:meth:`dblp.sim.hostsched.HostSched._drop_head`,
+  O(1) Python per early STOP instead of O(senders));
+* multi-port paths (leaf-spine, two sites) re-evaluated lazily per port.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import dblp.sim.fast as fast
+from dblp.sim import SimConfig, simulate
+from dblp.sim.hostsched import HostSched
+
+from pin_configs import fingerprint
+from test_engine_pins import _assert_same
+
+
+def _count_drop_head(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    taken = [0]
+    orig = HostSched._drop_head
+
+    def counted(self, f, t):
+        ok = orig(self, f, t)
+        taken[0] += ok
+        return ok
+
+    monkeypatch.setattr(HostSched, "_drop_head", counted)
+    return taken
+
+
+@pytest.mark.parametrize("workers,host_slice,policy", [(12, 1024, "fixed"), (20, 512, "dblp"), (9, 400, "fixed")])
+def test_early_stops_of_a_broadcast_equal_the_reference(monkeypatch, workers, host_slice, policy):
+    """Early STOPs of N broadcast senders on one host (p = 0.3, the server link provisioned
+    so each sender is alone at its port): same passes, counts and latencies as re-laying
+    out every sender at every STOP, and the shortcut is actually taken."""
+    cfg = SimConfig(model=120_000, workers=workers, rounds=6, policy=policy, p=0.3, freq=2, host_slice=host_slice,
+                    server_bandwidth_bps=workers * 10e9,
+                    loss=[{"kind": "bernoulli", "p": 0.01}, {"kind": "iteration_bursts", "at": [2], "loss": 0.5}])
+    taken = _count_drop_head(monkeypatch)
+    fast_run = fingerprint(simulate(cfg))
+    assert taken[0] >= workers  # at least one round's early STOPs went the O(1) way
+    monkeypatch.setattr(fast, "EAGER_PORT", True)
+    taken[0] = 0
+    ref = fingerprint(simulate(cfg))
+    assert taken[0] == 0
+    _assert_same(fast_run, ref, f"w{workers}")
+
+
+@pytest.mark.parametrize("kw", [
+    dict(topology="leafspine", racks=3, oversubscription=2.0, queue_bytes=40 * 1514),
+    dict(topology="twosites", local_workers=2, wan_bandwidth_bps=5e9, wan_delay_s=1e-3, wan_queue_bytes=60 * 1514,
+         wan_loss=0.01),
+])
+def test_multi_port_paths_lazy_equal_eager(monkeypatch, kw):
+    """Passes crossing several ports (incast at the server's rack, a WAN queue): re-checking
+    a pass when its crossing falls due gives the same run as re-evaluating all at every change."""
+    cfg = SimConfig(model=80_000, workers=6, rounds=4, freq=2, **kw,
+                    loss=[{"kind": "iteration_bursts", "at": [1], "loss": 0.5}])
+    lazy = fingerprint(simulate(cfg))
+    monkeypatch.setattr(fast, "EAGER_PORT", True)
+    _assert_same(lazy, fingerprint(simulate(cfg)), kw["topology"])
