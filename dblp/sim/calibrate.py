@@ -56,9 +56,10 @@ import numpy as np
 
 from traces.units import HelpFormatter, UnitError, parse_duration
 
+from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ
 from ..records import RoundRecord
-from ..wire import ChunkLayout, ParameterError
+from ..wire import TAG_SIZE, ChunkLayout, ParameterError
 from .config import SimConfig
 
 
@@ -184,6 +185,11 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
         model = chunks * ChunkLayout(1, mtu).chunk_floats
         est["model"] = f"{model} elements from {chunks} chunks per round"
     d: dict[str, Any] = {"workers": workers, "rounds": rounds, "mtu": mtu, "model": model}
+    # the run's data wire, from its chunk count: authenticated runs carry 358 floats a chunk, the paper's 362
+    elements = model_elements(int(model) if isinstance(model, float) else model)
+    if "model" not in est and chunks == ChunkLayout(elements, mtu, key=bytes(TAG_SIZE)).chunks \
+            != ChunkLayout(elements, mtu).chunks:
+        d["wire"] = 2
     # -- policy ------------------------------------------------------------------------
     policy = next((r.policy for r in sv + wk if r.policy), "") or base.policy
     d["policy"] = policy

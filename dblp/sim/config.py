@@ -33,7 +33,7 @@ from traces.units import FRAME_BYTES
 from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
-from ..wire import IP_UDP_OVERHEAD, ChunkLayout, ParameterError
+from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
 
 FIDELITIES = ("round", "packet")
@@ -48,6 +48,7 @@ class SimConfig:
     workers: int = 3
     rounds: int = 100
     mtu: int = 1500
+    wire: int = 1  # data wire: 1 = the paper's (24-byte header, 362 floats), 2 = authenticated (dblp.auth: 358)
     compute_s: float = 0.0  # per-iteration compute time of each worker
     compute_jitter_s: float = 0.0  # std-dev of a normal jitter on compute_s (clipped at 0)
     reduce_s: float = 0.0  # server's reduce step, between upstream and broadcast
@@ -107,6 +108,8 @@ class SimConfig:
         _positive_int("workers", self.workers)
         _positive_int("rounds", self.rounds)
         ChunkLayout(1, self.mtu)
+        if self.wire not in (1, 2):
+            raise ParameterError(f"wire must be 1 (the paper's CRC wire) or 2 (authenticated), got {self.wire!r}")
         for name in ("compute_s", "compute_jitter_s", "reduce_s", "delay_s", "ctrl_overhead_s", "send_rate_bps"):
             _nonneg(name, getattr(self, name))
         for name in ("bandwidth_bps", "send_pps"):
@@ -150,7 +153,8 @@ class SimConfig:
 
     @property
     def layout(self) -> ChunkLayout:
-        return ChunkLayout(self.elements, self.mtu)
+        """The real chunking; on wire 2 a key of zeros sizes the 40-byte header (no tag is computed)."""
+        return ChunkLayout(self.elements, self.mtu, key=bytes(TAG_SIZE) if self.wire == 2 else None)
 
     @property
     def server_rate_bps(self) -> float:

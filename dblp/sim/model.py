@@ -84,7 +84,7 @@ class Simulation:
         self.core_layout = self.layout  # the one the core objects run on (coarser with group > 1)
         if cfg.group > 1:
             units = math.ceil(self.layout.chunks / cfg.group)
-            self.core_layout = ChunkLayout(units * self.layout.chunk_floats, self.layout.mtu)
+            self.core_layout = ChunkLayout(units * self.layout.chunk_floats, self.layout.mtu, key=self.layout.key)
         self._scale = self.layout.chunks / self.core_layout.chunks
         self._extra = {"group": cfg.group} if cfg.group > 1 else {}
         self._bursts: dict[int, bool] = {}
