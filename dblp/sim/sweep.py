@@ -54,6 +54,7 @@ from .convergence import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, 
 from .options import add_config_args, baseline_of, config_from_args
 from .replicates import mean_ci95
 from .runners import ResultCache, Runner, config_key, connect_check, describe, run_tasks
+from .topology import TOPOLOGIES
 
 METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "time_to_accuracy_s",
            "iterations_to_accuracy", "tta_extrapolated", "lost_up", "lost_down", "lost", "up_passes", "down_passes",
@@ -85,6 +86,15 @@ def _rates(s: str) -> list[float]:
 
 
 # axis -> (flag, parser, default values, SimConfig field or None for burst axes)
+def _topologies(s: str) -> list[str]:
+    """``--topology star,leafspine``: networks of dblp.sim.topology, each refused by name if unknown."""
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in TOPOLOGIES]
+    if bad:
+        raise ValueError(f"unknown topology {bad[0]!r} (choose from {', '.join(TOPOLOGIES)})")
+    return names
+
+
 AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
     "p_high": ("--p-high", _floats, [0.1, 0.2, 0.4, 0.6], "p_high"),
     "p_low": ("--p-low", _floats, [0.008], "p_low"),
@@ -95,6 +105,7 @@ AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
     "burst_len": ("--burst-len", _ints, [1], None),
     "model": ("--model", _models, ["resnet50"], "model"),
     "bandwidth_bps": ("--bandwidth", _rates, [10e9], "bandwidth_bps"),
+    "topology": ("--topology", _topologies, ["star"], "topology"),
 }
 
 
@@ -219,6 +230,8 @@ def write_csv(rows: list[dict], path: Path) -> None:
 
 
 _AXIS_HELP = {"model": "gradient sizes: model names or element counts",
+              "topology": "networks: star (the paper's), leafspine, twosites; their parameters from the "
+                          "--racks/--wan-... flags",
               "bandwidth_bps": "worker link rates; a bare number is Mbit/s"}
 
 
