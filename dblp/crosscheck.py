@@ -38,7 +38,8 @@ if TYPE_CHECKING:  # the simulator is imported where it runs, not at import time
 BOUNDS = {"round p50": 0.15, "round p99": 0.15, "speedup @burst": 0.20}
 #: scenario settings that replace a transferred calibration's (--params); the rest are host constants
 SCENARIO_KEYS = ("model", "workers", "rounds", "bandwidth_bps", "server_bandwidth_bps", "queue_bytes",
-                 "send_rate_bps", "loss", "seed", "eta", "freq", "mtu")
+                 "send_rate_bps", "loss", "seed", "eta", "freq", "mtu", "wire",
+                 "topology", "racks", "spines", "uplink_bandwidth_bps")  # the network: a scenario setting
 
 
 # -- statistics ------------------------------------------------------------------------

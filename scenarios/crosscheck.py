@@ -54,6 +54,8 @@ from pathlib import Path
 
 from dblp import analysis
 from dblp.cliargs import add_burst_args, add_run_args, check_burst_args, check_run_args, pace_rate, parser
+from traces.argtypes import count_arg
+from traces.units import rate_arg
 from dblp.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
 
 
@@ -69,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibrate-from", default="baseline", help="the policy run the calibration reads")
     ap.add_argument("--fidelity", choices=["round", "packet"], default="round", help="simulator level")
     ap.add_argument("--from-run", default=None, help="re-analyse an existing crosscheck folder (no Mininet)")
+    ap.add_argument("--topology", choices=["star", "leafspine"], default="star",
+                    help="the network: the paper's star, or leaf-spine (topologies/leafspine.py: srv in rack 1, "
+                         "workers from rack 2 on, one spine)")
+    ap.add_argument("--racks", type=count_arg(1), default=2, help="leaf-spine racks (one leaf switch each)")
+    ap.add_argument("--uplink-bandwidth", type=rate_arg(), default=None,
+                    help="leaf-spine leaf-to-spine link rate, e.g. 250M; a bare number is Mbit/s "
+                         "(default: --bandwidth)")
     return ap
 
 
@@ -94,7 +103,9 @@ def scenario_settings(a: argparse.Namespace) -> dict:
     return {"model": a.elements, "workers": a.workers, "rounds": a.iterations, "bandwidth_bps": a.bandwidth,
             "queue_bytes": a.queue, "send_rate_bps": pace_rate(a),
             "loss": [{"kind": "iteration_bursts", "at": list(a.bursts_list), "loss": a.burst_loss}],
-            "seed": a.seed, "eta": a.eta, "freq": a.freq}
+            "seed": a.seed, "eta": a.eta, "freq": a.freq, "wire": 1 if a.insecure else 2,
+            **({"topology": "leafspine", "racks": a.racks, "spines": 1,
+                "uplink_bandwidth_bps": a.uplink_bandwidth or a.bandwidth} if a.topology == "leafspine" else {})}
 
 
 def run_mininet(a: argparse.Namespace) -> Path:
@@ -108,12 +119,18 @@ def run_mininet(a: argparse.Namespace) -> Path:
     config = {k: v for k, v in vars(a).items() if not k.startswith("_")}
     rec = RunRecorder("crosscheck", config, root=a.results)
     out = rec.path
-    print(f"crosscheck: {a.elements:,} float32 gradient, {a.workers} workers, {a.bw_mbps:g} Mbit/s links, "
+    print(f"crosscheck: {a.topology}, {a.elements:,} float32 gradient, {a.workers} workers, {a.bw_mbps:g} Mbit/s links, "
           f"{a.queue:,}-byte queues, {a.iterations} iterations, {a.burst_loss:.0%} bursts at {a.bursts_list}, "
           f"policies {', '.join(a.policy_list)}\n  results: {out}", flush=True)
     (spec,) = scenario_settings(a)["loss"]  # the simulator's loss spec, injected as it is
     schedule = bursts_from_spec(spec, rounds=a.iterations, seed=a.seed)
-    topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
+    if a.topology == "leafspine":
+        from topologies.leafspine import LeafSpineTopo
+
+        topo = LeafSpineTopo(racks=a.racks, spines=1, n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue,
+                             uplink_bw=(a.uplink_bandwidth or a.bandwidth) / 1e6)
+    else:
+        topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
     with EmuNet(topo, name="crosscheck") as net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
