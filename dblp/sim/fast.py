@@ -379,6 +379,13 @@ class RoundFlow(FlowBase):
             t_rx += c
             if self.wait is not None:
                 t_rx += self.wait[idx]
+        # FIFO: a datagram never arrives before one sent ahead of it on the same path. A path of several
+        # ports is re-evaluated port by port, which can leave arrivals a hair out of order; delivery
+        # (deliver_until's searchsorted, _drain) needs them sorted, else it waits forever.
+        if t_rx.size:
+            np.maximum.accumulate(t_rx, out=t_rx)
+            if keep:
+                np.maximum(t_rx, self.d_t[keep - 1], out=t_rx)
         if keep:
             self.d_slot = np.concatenate((self.d_slot[:keep], idx))
             self.d_t = np.concatenate((self.d_t[:keep], t_rx))
