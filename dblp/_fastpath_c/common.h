@@ -76,6 +76,9 @@ typedef struct {
     Py_ssize_t ek_count, ek_next;
 } mac_ctx;
 int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len);
+/* An entry point's key argument, released here: *mp = NULL for an empty key (wire version 1), else mc
+ * opened (version 2); -1 with ValueError for any other length. */
+int mac_take_key(Py_buffer *key, mac_ctx *mc, mac_ctx **mp);
 void mac_close(mac_ctx *m);
 /* Encrypt the J0 blocks of the next n (<= MAC_BATCH) headers at hdr0 + i * stride in one AES-NI call;
  * tags taken in that order then skip one table-AES block each (any other order still works). */

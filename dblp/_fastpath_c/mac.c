@@ -62,6 +62,17 @@ int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len) {
     return m->gcm ? 0 : -1;
 }
 
+int mac_take_key(Py_buffer *key, mac_ctx *mc, mac_ctx **mp) {
+    int bad = key->len != 0 && mac_open(mc, (const uint8_t *)key->buf, key->len) < 0;
+    *mp = key->len != 0 && !bad ? mc : NULL;
+    PyBuffer_Release(key);
+    if (bad) {
+        value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
+        return -1;
+    }
+    return 0;
+}
+
 void mac_close(mac_ctx *m) {
     if (m->gcm) CRYPTO_gcm128_release((GCM128_CONTEXT *)m->gcm);
     if (m->ecb) EVP_CIPHER_CTX_free((EVP_CIPHER_CTX *)m->ecb);

@@ -115,19 +115,14 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "iOOOOOOOOOOOniny*", &fd, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5], &o[6], &o[7],
                           &o[8], &o[9], &o[10], &cb, &gro, &max_calls, &key))
         return NULL;
-    mac_ctx mc;
-    int authed = key.len > 0;
-    if (authed && mac_open(&mc, (const uint8_t *)key.buf, key.len) < 0) {
-        PyBuffer_Release(&key);
-        return value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
-    }
-    PyBuffer_Release(&key);
-    Py_ssize_t hb = authed ? AUTH_HEADER_BYTES : HEADER_BYTES;
+    mac_ctx mc, *m;
+    if (mac_take_key(&key, &mc, &m) < 0) return NULL;
+    Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
     Py_buffer b[11]; /* rows, lengths, srcs, aims, out, mask, claim, order, pos, cursor, crcs */
     static const int flags[11] = {BUF_OUT2D, BUF_OUT, BUF_OUT, BUF_OUT, BUF_OUT, BUF_IN,
                                   BUF_OUT,   BUF_IN,  BUF_IN,  BUF_OUT, BUF_OUT};
     if (take_buffers(11, b, o, flags) < 0) {
-        if (authed) mac_close(&mc);
+        if (m) mac_close(m);
         return NULL;
     }
     PyObject *result = NULL;
@@ -143,7 +138,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
     } else {
         place_ctx c = {(uint8_t *)b[0].buf, width, hb, cb, chunks, (uint8_t *)b[4].buf, (const uint8_t *)b[5].buf,
                        (uint8_t *)b[6].buf, (const int64_t *)b[7].buf, (const int64_t *)b[8].buf,
-                       ((int64_t *)b[9].buf)[0], (uint32_t *)b[10].buf, authed ? &mc : NULL};
+                       ((int64_t *)b[9].buf)[0], (uint32_t *)b[10].buf, m};
         /* order/pos only steer predictions: every index taken from them is bounds-checked, so a
          * wrong order costs copies, never memory safety (no O(chunks) check per call) */
         int64_t *ln = (int64_t *)b[1].buf, *sk = (int64_t *)b[2].buf, *aims = (int64_t *)b[3].buf;
@@ -263,7 +258,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args) {
         } else
             result = Py_BuildValue("nnn", k, calls, placed);
     }
-    if (authed) mac_close(&mc);
+    if (m) mac_close(m);
     give_back_buffers(11, b);
     return result;
 }
@@ -279,18 +274,13 @@ PyObject *fp_crc_placed(PyObject *self, PyObject *args) {
     Py_ssize_t cb;
     Py_buffer key;
     if (!PyArg_ParseTuple(args, "OOOnOy*", &o[0], &o[1], &o[2], &cb, &o[3], &key)) return NULL;
-    mac_ctx mc;
-    int authed = key.len > 0;
-    if (authed && mac_open(&mc, (const uint8_t *)key.buf, key.len) < 0) {
-        PyBuffer_Release(&key);
-        return value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
-    }
-    PyBuffer_Release(&key);
-    Py_ssize_t hb = authed ? AUTH_HEADER_BYTES : HEADER_BYTES;
+    mac_ctx mc, *m;
+    if (mac_take_key(&key, &mc, &m) < 0) return NULL;
+    Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
     Py_buffer b[4]; /* rows, out, aims, res */
     static const int flags[4] = {BUF_IN2D, BUF_IN, BUF_IN, BUF_OUT};
     if (take_buffers(4, b, o, flags) < 0) {
-        if (authed) mac_close(&mc);
+        if (m) mac_close(m);
         return NULL;
     }
     PyObject *result;
@@ -312,13 +302,13 @@ PyObject *fp_crc_placed(PyObject *self, PyObject *args) {
                 break;
             }
             const uint8_t *r = rows + i * w;
-            res[i] = authed ? (uint32_t)mac_check(&mc, r, out + a * cb, (size_t)cb)
+            res[i] = m ? (uint32_t)mac_check(m, r, out + a * cb, (size_t)cb)
                             : crc_impl(crc_impl(0, r + CRC_START, HEADER_BYTES - CRC_START), out + a * cb, (size_t)cb);
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the output");
     }
-    if (authed) mac_close(&mc);
+    if (m) mac_close(m);
     give_back_buffers(4, b);
     return result;
 }

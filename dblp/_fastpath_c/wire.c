@@ -38,8 +38,7 @@ static void seal(uint8_t *r, mac_ctx *m, const uint8_t *payload, size_t n) {
 /* The J0 blocks of datagrams i.. i + MAC_BATCH, from the header fields they will carry (written
  * here into their rows ahead of the loop; the loop writes the same bytes again). */
 static void prepare_batch(mac_ctx *m, uint8_t *base, Py_ssize_t stride, Py_ssize_t i, Py_ssize_t k,
-                          const int64_t *sq, Py_ssize_t chunks, unsigned long run_id, unsigned int sender,
-                          unsigned long round_no) {
+                          const int64_t *sq, Py_ssize_t chunks, unsigned int sender, unsigned long round_no) {
     Py_ssize_t n = k - i < MAC_BATCH ? k - i : MAC_BATCH;
     for (Py_ssize_t j = 0; j < n; j++) {
         int64_t s = sq[i + j];
@@ -52,20 +51,7 @@ static void prepare_batch(mac_ctx *m, uint8_t *base, Py_ssize_t stride, Py_ssize
         put_be32(r + 16, (uint32_t)round_no);
         put_be32(r + 20, (uint32_t)s);
     }
-    (void)run_id;
     mac_prepare(m, base + i * stride, stride, n);
-}
-
-/* The key argument: empty (version 1) or 16 bytes (version 2, m opened); -1 with ValueError otherwise. */
-static int open_key(const Py_buffer *key, mac_ctx *m, mac_ctx **mp) {
-    *mp = NULL;
-    if (key->len == 0) return 0;
-    if (mac_open(m, (const uint8_t *)key->buf, key->len) < 0) {
-        value_error("key must be empty (wire version 1) or 16 bytes (version 2)");
-        return -1;
-    }
-    *mp = m;
-    return 0;
 }
 
 /* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats, key)
@@ -84,13 +70,9 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &rows_o, &run_id, &sender, &round_no, &cf, &key))
         return NULL;
     mac_ctx mc, *m;
-    if (open_key(&key, &mc, &m) < 0) {
-        PyBuffer_Release(&key);
-        return NULL;
-    }
+    if (mac_take_key(&key, &mc, &m) < 0) return NULL;
     Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
     int version = m ? 2 : 1;
-    PyBuffer_Release(&key);
     Py_buffer b[3]; /* values, seqs, rows */
     if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, rows_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT2D}) < 0) {
         if (m) mac_close(m);
@@ -120,7 +102,7 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
             uint8_t *r = base + i * width;
             write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, width, i, k, sq, chunks, run_id, sender, round_no);
+            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, width, i, k, sq, chunks, sender, round_no);
             memcpy(r + hb, v + s * cf, (size_t)(4 * n));
             if (n < cf) memset(r + hb + 4 * n, 0, (size_t)(4 * (cf - n)));
             seal(r, m, r + hb, (size_t)(4 * n));
@@ -149,13 +131,9 @@ PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf, &key))
         return NULL;
     mac_ctx mc, *m;
-    if (open_key(&key, &mc, &m) < 0) {
-        PyBuffer_Release(&key);
-        return NULL;
-    }
+    if (mac_take_key(&key, &mc, &m) < 0) return NULL;
     Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
     int version = m ? 2 : 1;
-    PyBuffer_Release(&key);
     Py_buffer b[3]; /* values, seqs, headers */
     if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, hdr_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT}) < 0) {
         if (m) mac_close(m);
@@ -184,7 +162,7 @@ PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
             uint8_t *r = base + i * hb;
             write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, hb, i, k, sq, chunks, run_id, sender, round_no);
+            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, hb, i, k, sq, chunks, sender, round_no);
             seal(r, m, v + 4 * s * cf, (size_t)(4 * n));
         }
         Py_END_ALLOW_THREADS
