@@ -21,6 +21,8 @@ _Out: TypeAlias = NDArray[Any] | WriteableBuffer
 
 BEST: Final[str]
 """The CRC-32C implementation chosen at import: "sse4.2", "slicing-by-8" or "bytewise"."""
+MAC: Final[str]
+"""The AES-GMAC implementation chosen at import: "ipsec-mb" (Intel's, where built with it and the CPU has AES-NI) or "openssl"."""
 
 # crc32c.c
 
@@ -29,6 +31,11 @@ def crc_rows(rows: _In, lengths: _In | None, out: _Out, start: int, /) -> None:
 
 def use(name: str, /) -> str:
     """Switch the CRC implementation ("sse4.2", "slicing-by-8", "bytewise"), for tests; returns the previous name."""
+
+# mac.c
+
+def use_mac(name: str, /) -> str:
+    """Switch the AES-GMAC implementation ("ipsec-mb", "openssl"): same tags; returns the previous name."""
 
 # wire.c
 

@@ -12,16 +12,24 @@ machine slows both alike:
    and ``--workers`` worker processes): the median round time of each wire,
    ``--repeats`` times, and their ratio (target: authenticated within 1.10x).
 
+The C helper computes tags with Intel's ipsec-mb where it was built with it
+(``libipsec-mb-dev``), else with OpenSSL's GCM; part 1 prices every
+implementation present, ``--gmac-all`` also times the rounds with each
+(``$DBLP_GMAC=openssl`` selects the fallback in the server and workers).
+
 Prints a table and writes ``bench_auth.csv`` / ``.json`` to ``--out``.
 
     python scenarios/bench_auth.py                 # 25M, 3 workers, 3 repeats: ~2 minutes
     python scenarios/bench_auth.py --quick         # 1M, a smoke run
+    python scenarios/bench_auth.py --gmac-all      # rounds with ipsec-mb and with OpenSSL's GCM, beside CRC
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
+import os
 import statistics
 import sys
 import time
@@ -37,12 +45,36 @@ from dblp.loopback import loopback_rounds  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 
 
+def gmac_implementations() -> list[str]:
+    """The C helper's AES-GMAC implementations in this build, the default first ([] without the helper)."""
+    try:
+        from dblp import _fastpath as fast
+    except ImportError:
+        return []
+    have = [fast.MAC]
+    for name in ("ipsec-mb", "openssl"):
+        if name != fast.MAC:
+            try:
+                fast.use_mac(fast.use_mac(name))
+                have.append(name)
+            except ValueError:
+                pass
+    return have
+
+
 def integrity_cost(elements: int, repeats: int) -> dict[str, float]:
-    """ns per datagram of header encoding and of whole-datagram checks, per wire (medians)."""
+    """ns per datagram of header encoding and of whole-datagram checks, per wire and per GMAC
+    implementation of the C helper (medians)."""
     vals = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     out: dict[str, list[float]] = {}
+    impls = gmac_implementations()
+    wires: list[tuple[str, bytes | None, str | None]] = [("crc", None, None)]
+    wires += [(f"tag_{i}", auth.data_key(b"\1" * 32, 7), i) for i in impls] or [("tag", auth.data_key(b"\1" * 32, 7), None)]
     for _ in range(repeats):
-        for name, key in (("crc", None), ("tag", auth.data_key(b"\1" * 32, 7))):
+        for name, key, impl in wires:
+            if impl is not None:
+                from dblp import _fastpath as fast
+                prev = fast.use_mac(impl)
             lay = wire.ChunkLayout(elements, key=key)
             seqs = np.arange(lay.chunks, dtype=np.int64)
             t = time.perf_counter()
@@ -54,7 +86,24 @@ def integrity_cost(elements: int, repeats: int) -> dict[str, float]:
             ok = wire.rows_ok(rows, lay, lens)
             out.setdefault(f"check_{name}_ns", []).append((time.perf_counter() - t) / rows.shape[0] * 1e9)
             assert ok.all()
+            if impl is not None:
+                fast.use_mac(prev)
     return {k: statistics.median(v) for k, v in out.items()}
+
+
+@contextlib.contextmanager
+def _env(extra: dict[str, str]):
+    """``extra`` in the environment the loopback's server and worker processes inherit."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,36 +113,51 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=count_arg(1), default=5, help="timed iterations (rounds) per loopback run")
     ap.add_argument("--repeats", type=count_arg(1), default=3, help="loopback runs per wire, alternating")
     ap.add_argument("--quick", action="store_true", help="1M elements, 1 repeat: a smoke run")
+    ap.add_argument("--gmac-all", action="store_true",
+                    help="time the rounds with every GMAC implementation of the C helper (default: the one it uses)")
     ap.add_argument("--out", type=Path, default=Path("results/bench_auth"), help="folder for the CSV and JSON")
     a = ap.parse_args(argv)
     elements = model_elements("1M" if a.quick else a.model)
     repeats = 1 if a.quick else a.repeats
     cost = integrity_cost(elements, 3)
+    tags = [k[len("encode_"):-3] for k in cost if k.startswith("encode_tag")]
     print(f"integrity work, {elements:,} float32 elements (ns per datagram, median of 3):")
-    print(f"  encode headers: CRC-32C {cost['encode_crc_ns']:7.0f}   AES-GMAC tag {cost['encode_tag_ns']:7.0f}")
-    print(f"  check datagrams: CRC-32C {cost['check_crc_ns']:6.0f}   AES-GMAC tag {cost['check_tag_ns']:7.0f}")
+    print(f"  {'':16s} {'CRC-32C':>8s}" + "".join(f" {'GMAC ' + t[4:] if t != 'tag' else 'GMAC':>14s}" for t in tags))
+    for what in ("encode", "check"):
+        print(f"  {what + (' headers' if what == 'encode' else ' datagrams'):16s} {cost[f'{what}_crc_ns']:8.0f}"
+              + "".join(f" {cost[f'{what}_{t}_ns']:14.0f}" for t in tags))
+    # the rounds: the authenticated wire with the default GMAC, and (--gmac-all) each other one
+    impls = gmac_implementations()
+    auth_wires = [f"authenticated ({i})" for i in (impls if a.gmac_all else impls[:1])] or ["authenticated"]
     rows = []
     for r in range(repeats):
-        for insecure in (False, True) if r % 2 == 0 else (True, False):
-            res = loopback_rounds(elements, workers=a.workers, rounds=a.iterations, warmup=1, insecure=insecure)
-            rows.append({"repeat": r, "wire": "crc (--insecure)" if insecure else "authenticated",
-                         "median_ms": res.median_s * 1e3})
+        order = [*auth_wires, "crc (--insecure)"]
+        for wname in order if r % 2 == 0 else order[::-1]:
+            impl = wname[len("authenticated ("):-1] if wname.startswith("authenticated (") else None
+            env = {"DBLP_GMAC": impl} if impl else {}
+            with _env(env):
+                res = loopback_rounds(elements, workers=a.workers, rounds=a.iterations, warmup=1,
+                                      insecure=wname.startswith("crc"))
+            rows.append({"repeat": r, "wire": wname, "median_ms": res.median_s * 1e3})
             print(f"  repeat {r + 1}/{repeats}: {rows[-1]['wire']:17s} median round {rows[-1]['median_ms']:7.1f} ms",
                   flush=True)
-    ratios = []
-    for r in range(repeats):
-        by = {x["wire"]: x["median_ms"] for x in rows if x["repeat"] == r}
-        ratios.append(by["authenticated"] / by["crc (--insecure)"])
-    med = statistics.median(ratios)
-    print(f"lossless {elements:,}-element rounds, {a.workers} workers on loopback: authenticated / CRC-only = "
-          f"{med:.3f} (median of {repeats}; range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.10)")
+    summary: dict[str, dict] = {}
+    for wname in auth_wires:
+        ratios = []
+        for r in range(repeats):
+            by = {x["wire"]: x["median_ms"] for x in rows if x["repeat"] == r}
+            ratios.append(by[wname] / by["crc (--insecure)"])
+        med = statistics.median(ratios)
+        summary[wname] = {"ratios": ratios, "median_ratio": med}
+        print(f"lossless {elements:,}-element rounds, {a.workers} workers on loopback: {wname} / CRC-only = "
+              f"{med:.3f} (median of {repeats}; range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.10)")
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "bench_auth.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["repeat", "wire", "median_ms"])
         w.writeheader()
         w.writerows(rows)
     (a.out / "bench_auth.json").write_text(json.dumps({"elements": elements, "workers": a.workers, **cost,
-                                                       "ratios": ratios, "median_ratio": med}, indent=1) + "\n")
+                                                       "rounds": summary}, indent=1) + "\n")
     return 0
 
 

@@ -51,7 +51,37 @@ def test_authenticated_layout_sizes():
 
 
 @pytest.mark.skipif(wire._c_mac_rows is None, reason="C helper not built")
-def test_c_tags_equal_the_cryptography_reference_and_the_fallback(monkeypatch):
+def _gmac_implementations() -> list[str]:
+    """The C helper's AES-GMAC implementations this build and CPU have (none without the helper)."""
+    try:
+        from dblp import _fastpath as fast
+    except ImportError:
+        return ["none"]
+    have = []
+    for name in ("ipsec-mb", "openssl"):
+        try:
+            fast.use_mac(fast.use_mac(name))
+            have.append(name)
+        except ValueError:
+            pass
+    return have
+
+
+@pytest.mark.parametrize("gmac", _gmac_implementations())
+def test_c_tags_equal_the_cryptography_reference_and_the_fallback(monkeypatch, gmac):
+    """Every C implementation of the tag (Intel's ipsec-mb, OpenSSL's GCM) writes the bytes of the
+    ``cryptography`` reference and of the pure-Python fallback, and checks them."""
+    if gmac != "none":
+        from dblp import _fastpath as fast
+        prev = fast.use_mac(gmac)
+    try:
+        _tags_equal_the_reference(monkeypatch)
+    finally:
+        if gmac != "none":
+            fast.use_mac(prev)
+
+
+def _tags_equal_the_reference(monkeypatch) -> None:
     lay = wire.ChunkLayout(ELEMENTS, key=KEY)
     vals = np.random.default_rng(1).standard_normal(ELEMENTS).astype(np.float32)
     seqs = np.arange(lay.chunks, dtype=np.int64)[::-1].copy()

@@ -70,6 +70,9 @@ void crc_init(void); /* tables, then the best implementation; crc_name becomes t
  * it in constant time with the tag at hdr + 24. One mac_ctx per thread; mac_close wipes the key. */
 #define MAC_BATCH 64
 typedef struct {
+    /* Intel's ipsec-mb key data (GCM's expanded key and powers of H), when that backend is in use */
+    unsigned char imb[1024] __attribute__((aligned(64)));
+    int use_imb;
     unsigned char aes[512] __attribute__((aligned(16))); /* an AES_KEY, opaque here (mac.c asserts the size) */
     void *gcm, *ecb;
     uint8_t j0[16 * MAC_BATCH], ek[16 * MAC_BATCH]; /* a batch of GCM's J0 blocks and their encryptions */
@@ -80,6 +83,11 @@ int mac_open(mac_ctx *m, const uint8_t *key, Py_ssize_t key_len);
  * opened (version 2); -1 with ValueError for any other length. */
 int mac_take_key(Py_buffer *key, mac_ctx *mc, mac_ctx **mp);
 void mac_close(mac_ctx *m);
+/* The GMAC implementation: Intel's ipsec-mb (multi-buffer crypto, AVX-512/VAES where the CPU has
+ * it) when built with it and the CPU runs it, else OpenSSL's GCM; mac_name says which. */
+void mac_init(void);
+extern const char *mac_name;
+PyObject *fp_use_mac(PyObject *self, PyObject *args);
 /* Encrypt the J0 blocks of the next n (<= MAC_BATCH) headers at hdr0 + i * stride in one AES-NI call;
  * tags taken in that order then skip one table-AES block each (any other order still works). */
 void mac_prepare(mac_ctx *m, const uint8_t *hdr0, Py_ssize_t stride, Py_ssize_t n);

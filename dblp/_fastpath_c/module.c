@@ -1,6 +1,6 @@
 /* dblp._fastpath: the per-datagram loops of the fast path in C, with the
  * GIL released. This file is only the module: its method table and its
- * start-up (the CRC tables, the best CRC implementation as BEST). The
+ * start-up (the CRC tables, the best CRC implementation as BEST, the GMAC's as MAC). The
  * functions live in purpose-named files (common.h lists them);
  * dblp/_fastpath.pyi gives their typed signatures. Optional: without a
  * compiler dblp/wire.py, dblp/udp.py and dblp/reduce.py run their numpy /
@@ -19,6 +19,7 @@ static PyMethodDef methods[] = {
     {"mean_into", fp_mean_into, METH_VARARGS, "out = sum(bufs) * scale in one threaded pass; returns sum(out**2)."},
     {"mac_rows", fp_mac_rows, METH_VARARGS, "1 where rows[i, :lengths[i]] carries a valid AES-GMAC tag (wire v2), else 0."},
     {"use", fp_use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},
+    {"use_mac", fp_use_mac, METH_VARARGS, "Switch the GMAC implementation (ipsec-mb, openssl); returns the previous one."},
     {"crc_rows", fp_crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},
     {NULL, NULL, 0, NULL},
 };
@@ -27,8 +28,9 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fastpath", NULL, -1
 
 PyMODINIT_FUNC PyInit__fastpath(void) {
     crc_init();
+    mac_init();
     PyObject *m = PyModule_Create(&module);
-    if (m && PyModule_AddStringConstant(m, "BEST", crc_name) < 0) {
+    if (m && (PyModule_AddStringConstant(m, "BEST", crc_name) < 0 || PyModule_AddStringConstant(m, "MAC", mac_name) < 0)) {
         Py_DECREF(m);
         return NULL;
     }
