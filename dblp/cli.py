@@ -18,13 +18,14 @@ from traces.argtypes import count_arg, int_arg, port_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
 
 from .auth import AuthError, new_secret
-from .cliargs import (add_auth_args, add_policy_args, hostport, listen_arg, model_arg, mtu_arg, parser, policy_error,
+from .cliargs import (add_auth_args, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
 from .policy import make_policy
 from .server import ParameterServer, ServerConfig, ServerError
+from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds
 from .wire import ParameterError
 from .worker import Worker, WorkerError
 
@@ -74,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--round-hook", default=None, metavar="PATH",
                    help="Unix socket told each round's number before the round opens; the server waits for "
                         "its answer (the emulation's burst clock, dblp.watch.RoundHookServer)")
+    s.add_argument("--shards", type=count_arg(1), default=1,
+                   help="the sharded mode (beyond the paper, dblp.shard): this server averages one of this "
+                        "many shards of --model; 1 = the paper's single server")
+    s.add_argument("--shard", type=int_arg(0), default=0, help="which shard this server averages (0 .. --shards - 1)")
+    s.add_argument("--shard-hub", type=hostport_any, default=None, metavar="HOST:PORT",
+                   help="the shard servers' norm exchange: where shard 0 listens (port 0: any free one) and the "
+                        "others connect (default: --host, the control port + 1)")
     add_policy_args(s)
     add_auth_args(s, "server")
 
@@ -95,13 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    lb.add_argument("--aggregation", choices=list(AGGREGATIONS), default="server",
+                    help="server: the paper's single parameter server; sharded: one shard server per worker "
+                         "(reduce-scatter, then all-gather)")
     lb.add_argument("--insecure", action="store_true",
                     help="the paper's CRC-only wire (default: the authenticated wire, a fresh secret per run)")
 
     w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
                        formatter_class=HelpFormatter,
                        description="Run a DBLP worker that exchanges synthetic gradients of a model's size.")
-    w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
+    w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="server HOST:PORT; several, comma-separated: the shard servers of the sharded mode, "
+                        "shard 0 first")
     w.add_argument("--id", type=int_arg(-1), default=-1, help="worker id (-1: assigned by the server)")
     w.add_argument("--model", type=model_arg, default="efficientnet_b0", help="gradient size: " + MODEL_HELP)
     w.add_argument("--iterations", type=count_arg(1), default=100, help="iterations (rounds) to run")
@@ -132,6 +145,13 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # --help, or a bad value refused by name (status 2): main() returns the status
         return int(exc.code or 0)
     policy = None
+    if args.cmd == "server" and args.shards > 1:
+        why = ("--shard must be below --shards" if args.shard >= args.shards else
+               "the sharded mode needs --model (each shard server averages its share of it)" if not args.model
+               else None)
+        if why:
+            print(f"dblp server: error: --shard {args.shard} --shards {args.shards}: {why}", file=sys.stderr)
+            return 2
     if args.cmd == "server":  # the policy objects' own checks (P_high >= P_low...), by flag, before any socket
         try:
             policy = make_policy(args.policy, p=args.p, p_low=args.p_low, p_high=args.p_high, eta=args.eta,
@@ -160,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             elements = model_elements(args.model)
             res = loopback_rounds(elements, workers=args.workers, rounds=args.iterations, warmup=args.warmup, p=args.p,
                                   mtu=args.mtu, order=args.order, fast=False if args.plain else None,
-                                  insecure=args.insecure)
+                                  insecure=args.insecure, aggregation=args.aggregation)
             if args.json:
                 print(json.dumps(res.to_dict()))
             else:
@@ -169,14 +189,21 @@ def main(argv: list[str] | None = None) -> int:
                 for i, (r, u, d) in enumerate(zip(res.round_s, res.up_s, res.down_s)):
                     print(f"  round {i}: {r * 1e3:8.1f} ms  (up {u * 1e3:.1f} ms, down {d * 1e3:.1f} ms)")
         elif args.cmd == "server":
+            elements = model_elements(args.model) if args.model else None
+            hub = None
+            if args.shards > 1:
+                assert elements is not None
+                a, b = shard_bounds(elements, args.shards)[args.shard]
+                elements = b - a
+                hub = args.shard_hub or (args.host, args.port + 1 if args.port else 0)
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
-                               elements=model_elements(args.model) if args.model else None,
-                               consistency=args.consistency, round_hook=args.round_hook,
-                               secret=secret, insecure=args.insecure)
+                               elements=elements, consistency=args.consistency, round_hook=args.round_hook,
+                               secret=secret, insecure=args.insecure, shard=args.shard, shards=args.shards,
+                               shard_hub=hub)
             try:
                 srv = ParameterServer(cfg)
             except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve
@@ -186,19 +213,30 @@ def main(argv: list[str] | None = None) -> int:
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return 2
             print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers; {where}", flush=True)
+            x = srv.norm_exchange
+            if x is not None:
+                print(f"dblp server: shard {args.shard} of {args.shards}, {elements} elements; "
+                      + (f"shard hub on {args.host}:{x.port}" if args.shard == 0 else
+                         f"shard hub at {hub[0]}:{hub[1]}"), flush=True)
             n = srv.serve()
             print(f"dblp server: served {n} rounds", flush=True)
         else:
-            why = unresolvable(args.server[0])
-            if why:
-                print(f"dblp worker: error: --server {args.server[0]}: {why}", file=sys.stderr)
-                return 2
+            for host, _ in args.server:
+                why = unresolvable(host)
+                if why:
+                    print(f"dblp worker: error: --server {host}: {why}", file=sys.stderr)
+                    return 2
             elements = model_elements(args.model)
             norms = read_norms(args.norms) if args.norms else synthetic_norms(max(args.iterations, 1), args.seed)
-            with Worker(args.server[0], args.server[1], elements=elements, worker_id=args.id,
-                        send_rate_bps=args.pace, peer_timeout=args.peer_timeout, records=args.records,
-                        source=args.source, fast=False if args.plain else None, secret=secret,
-                        insecure=args.insecure) as wk:
+            kw = dict(elements=elements, worker_id=args.id, send_rate_bps=args.pace, peer_timeout=args.peer_timeout,
+                      records=args.records, source=args.source, fast=False if args.plain else None, secret=secret,
+                      insecure=args.insecure)
+            if len(args.server) > 1:
+                shard_bounds(elements, len(args.server))  # refuses a tensor too small to cut, by name
+                wk_cm: Worker | ShardedWorker = ShardedWorker(args.server, **kw)
+            else:
+                wk_cm = Worker(args.server[0][0], args.server[0][1], **kw)
+            with wk_cm as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, args.seed)
                 for r in range(args.iterations):
                     g = grads(r)  # made first: --compute alone stands for the compute time
@@ -210,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"worker {wk.worker_id} round {r}: up {rec.up_latency_s * 1e3:.1f} ms "
                               f"({rec.up_passes} passes, {rec.up_frac:.3f} recv, p={rec.tolerance_up:g}) "
                               f"round {rec.round_latency_s * 1e3:.1f} ms", flush=True)
-    except (ParameterError, ServerError, WorkerError, RuntimeError, TimeoutError) as exc:
+    except (ParameterError, ServerError, WorkerError, NormExchangeError, RuntimeError, TimeoutError) as exc:
         print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file of --records or --norms that cannot be opened

@@ -47,6 +47,8 @@ __all__ = [
     "policy_error",
     "tolerance_arg",
     "hostport",
+    "hostport_any",
+    "hostports",
     "add_auth_args",
     "server_secret",
     "worker_secret",
@@ -108,6 +110,22 @@ def hostport(s: str) -> tuple[str, int]:
         return check_host(host), int(port)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(f"{s!r}: {exc}") from None
+
+
+def hostport_any(s: str) -> tuple[str, int]:
+    """``type=`` for a HOST:PORT to listen on or reach, port 0 allowed (any free one)."""
+    host, _, port = s.rpartition(":")
+    if port == "0" and host:
+        return hostport(f"{host}:1")[0], 0
+    return hostport(s)
+
+
+def hostports(s: str) -> list[tuple[str, int]]:
+    """``type=`` for ``--server HOST:PORT[,HOST:PORT...]`` (several: the shard servers, shard 0 first)."""
+    out = [hostport(x.strip()) for x in s.split(",")]
+    if len(set(out)) != len(out):
+        raise argparse.ArgumentTypeError(f"{s!r} names a server twice")
+    return out
 
 
 def tolerance_arg(text: str) -> float:

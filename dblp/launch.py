@@ -49,6 +49,8 @@ __all__ = ["RunArgs", "server_argv", "worker_argv", "train_worker_argv", "Runner
 
 #: what ``python -m dblp server`` prints once it accepts workers (group 1: the port)
 LISTENING_RE = re.compile(r"listening on \S+:(\d+)")
+#: what shard 0's server prints in the sharded mode (group 1: its norm exchange's port)
+HUB_RE = re.compile(r"shard hub on \S+:(\d+)")
 
 
 class LaunchError(RuntimeError):
@@ -73,6 +75,7 @@ class RunArgs:
     mtu: int | None = None
     python: str = sys.executable
     insecure: bool = False  # the paper's unauthenticated wire; else a secret per launch in $DBLP_SECRET
+    aggregation: str = "server"  # "server" (the paper) | "sharded": a shard server on each worker host (dblp.shard)
     server_extra: list[str] = field(default_factory=list)
     worker_extra: list[str] = field(default_factory=list)
 
@@ -202,29 +205,60 @@ class Launch:
         self.procs.append((name, p, log))
         return p
 
+    def _wait_line(self, name: str, proc: subprocess.Popen, pattern: re.Pattern) -> int:
+        """The number the server ``name`` prints in ``pattern``'s group 1 (its port), once printed."""
+        log = self.log_dir / f"{name}.log"
+        deadline = time.monotonic() + self.listen_timeout_s
+        while True:
+            m = pattern.search(log.read_text(encoding="utf-8", errors="replace"))
+            if m:
+                return int(m.group(1))
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise LaunchError(f"the {name} on {self._host(name)} did not start listening "
+                                  f"(exit code {proc.poll()}):\n{tail(log)}")
+            time.sleep(0.02)
+
     def start(self) -> "Launch":
         self.records_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         a = self.args
+        if a.aggregation == "sharded":
+            return self._start_sharded()
         bind = self.bind or self.runner.address(self.server)
         sp = self._start("server", self.server, server_argv(a, self.server_records, bind=bind))
-        log = self.log_dir / "server.log"
-        deadline = time.monotonic() + self.listen_timeout_s
-        while self.port is None:
-            m = LISTENING_RE.search(log.read_text(encoding="utf-8", errors="replace"))
-            if m:
-                self.port = int(m.group(1))
-            elif sp.poll() is not None or time.monotonic() > deadline:
-                raise LaunchError(f"the server on {self.server} did not start listening "
-                                  f"(exit code {sp.poll()}):\n{tail(log)}")
-            else:
-                time.sleep(0.02)
-        addr = f"{self.runner.address(self.server)}:{self.port}"
+        self.port = self._wait_line("server", sp, LISTENING_RE)
+        self._start_workers(f"{self.runner.address(self.server)}:{self.port}")
+        return self
+
+    def _start_sharded(self) -> "Launch":
+        """The sharded mode: shard j's server on worker host j (records ``server.shard<j>.jsonl``),
+        shard 0's first (it is the norm exchange's hub), then every worker with all their addresses."""
+        a = self.args
+        k = len(self.workers)
+        addrs = [self.runner.address(h) for h in self.workers]
+        shared = len(set(addrs)) < k  # hosts on one address (loopback): one port each
+        ports = [0 if a.port == 0 else a.port + (2 * j if shared else 0) for j in range(k)]
+        hub_port = 0 if a.port == 0 else a.port + (2 * k if shared else 1)
+        servers: list[str] = []
+        hub = ""
+        for j, h in enumerate(self.workers):
+            argv = server_argv(a, self.records_dir / f"server.shard{j}.jsonl", bind=addrs[j], port=ports[j])
+            argv += ["--model", str(a.model), "--shards", str(k), "--shard", str(j),
+                     "--shard-hub", f"{addrs[0]}:{hub_port}" if j == 0 else hub]
+            p = self._start(f"server{j}", h, argv)
+            servers.append(f"{_bracket(addrs[j])}:{self._wait_line(f'server{j}', p, LISTENING_RE)}")
+            if j == 0:
+                hub = f"{addrs[0]}:{self._wait_line('server0', p, HUB_RE)}"
+        self.port = int(servers[0].rsplit(":", 1)[1])
+        self._start_workers(",".join(servers))
+        return self
+
+    def _start_workers(self, addr: str) -> None:
+        a = self.args
         for i, h in enumerate(self.workers):
             rec = self.records_dir / f"worker{i}.jsonl"
             argv = self.worker_program(i, addr, rec) if self.worker_program else worker_argv(a, i, addr, rec)
             self._start(f"worker{i}", h, argv)
-        return self
 
     def failed(self) -> tuple[str, int, Path] | None:
         """The first process that exited with an error: (name, code, log)."""
@@ -257,7 +291,11 @@ class Launch:
             time.sleep(0.05)
 
     def _host(self, name: str) -> str:
-        return self.server if name == "server" else self.workers[int(name.removeprefix("worker"))]
+        if name == "server":
+            return self.server
+        if name.startswith("server"):  # shard servers of the sharded mode, on the worker hosts
+            return self.workers[int(name.removeprefix("server"))]
+        return self.workers[int(name.removeprefix("worker"))]
 
     def stop(self, grace_s: float = 3.0) -> None:
         """End every process still running (workers first), close the logs. Idempotent."""
@@ -276,6 +314,11 @@ class Launch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _bracket(host: str) -> str:
+    """An address as the host part of HOST:PORT (IPv6 in brackets)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def tail(path: str | os.PathLike, n: int = 15) -> str:

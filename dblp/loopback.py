@@ -31,6 +31,7 @@ from .core import DEFAULT_ORDER, ORDERS
 from .launch import Launch, LaunchError, LocalRunner, RunArgs
 from .policy import run_policy
 from .records import read_records
+from .shard import AGGREGATIONS
 from .wire import ChunkLayout, ParameterError
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -65,23 +66,30 @@ def loopback_rounds(
     fast: bool | None = None,
     timeout: float = 300.0,
     insecure: bool = False,
+    aggregation: str = "server",
 ) -> LoopbackResult:
     """Run ``warmup + rounds`` rounds; return the timed ones. ``p`` = 0 is the
     reliable policy, else a fixed tolerance; ``fast=False`` forces the plain
     (no GSO/GRO: one datagram per message, sendmmsg/recvmmsg batches) path;
-    ``insecure`` the paper's CRC-only wire instead of the authenticated one."""
+    ``insecure`` the paper's CRC-only wire instead of the authenticated one; ``aggregation``
+    ``sharded`` a shard server per worker (:mod:`dblp.shard`) instead of the paper's one server."""
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
         raise ParameterError(f"need workers >= 1, rounds >= 1, warmup >= 0 (got {workers}, {rounds}, {warmup})")
     if not 0 <= p < 1:
         raise ParameterError(f"p must be in [0, 1), got {p}")
+    if aggregation not in AGGREGATIONS:
+        raise ParameterError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if aggregation == "sharded" and workers < 2:
+        raise ParameterError(f"the sharded mode needs at least 2 workers, got {workers}")
     if order not in ORDERS:
         raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
     total = warmup + rounds
     env = {"PYTHONPATH": f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
                    policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
-                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure)
+                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure,
+                   aggregation=aggregation)
     with tempfile.TemporaryDirectory(prefix="dblp-loopback-") as tmp:
         d = Path(tmp)
         try:

@@ -12,6 +12,7 @@ gives the same concurrency without it).
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import selectors
 import socket
@@ -26,6 +27,7 @@ from .core import DEFAULT_ORDER
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
+from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
@@ -61,6 +63,11 @@ class ServerConfig:
     fast: bool | None = None  # GSO/GRO: None = when available
     secret: bytes | None = None  # the run's shared secret (dblp.auth); None: $DBLP_SECRET, else a new one (.secret)
     insecure: bool = False  # the paper's wire: no handshake proofs, CRC-only datagrams (version 1)
+    # The sharded mode (dblp.shard): this server averages shard `shard` of `shards`; its policy takes the
+    # whole mean's norm from the shard servers' exchange, whose hub (shard 0) listens on `shard_hub`.
+    shard: int = 0
+    shards: int = 1
+    shard_hub: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -81,6 +88,10 @@ class ServerConfig:
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
+        if self.shards < 1 or not 0 <= self.shard < self.shards:
+            raise ParameterError(f"shard must be in [0, shards) with shards >= 1, got {self.shard} of {self.shards}")
+        if self.shards > 1 and self.shard_hub is None:
+            raise ParameterError("a shard server needs the shard hub's address (shard_hub)")
 
 
 class ServerError(RuntimeError):
@@ -124,6 +135,15 @@ class ParameterServer:
         self._writer = RecordWriter(cfg.records)
         self._hook = RoundHookClient(cfg.round_hook) if cfg.round_hook else None
         self._bursts: dict[int, bool] = {}  # round -> the hook said a burst is active
+        self.norm_exchange: NormExchange | None = None
+        if cfg.shards > 1:
+            assert cfg.shard_hub is not None
+            try:
+                self.norm_exchange = NormExchange(cfg.shard, cfg.shards, cfg.shard_hub, self.secret,
+                                                  timeout=cfg.peer_timeout, connect_timeout=cfg.accept_timeout)
+            except OSError:
+                self.listener.close()
+                raise
 
     @property
     def round(self) -> int:
@@ -435,6 +455,8 @@ class ParameterServer:
         live = s.live
         norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
                                 self.layout, self.mean, self.cfg.reduce)
+        if self.norm_exchange is not None:  # the sharded mode: the policy sees the whole mean's norm
+            norm = math.sqrt(self.norm_exchange.total(s.round, norm * norm))
         extra: dict = {"reduce": self.cfg.reduce}
         if self._hook is not None:
             extra["burst"] = self._bursts.pop(s.round, False)
@@ -475,6 +497,8 @@ class ParameterServer:
         self._writer.close()
         if self._hook is not None:
             self._hook.close()
+        if self.norm_exchange is not None:
+            self.norm_exchange.close()
 
 
 def _close_peer(peer: Peer, reason: str | None = None) -> None:

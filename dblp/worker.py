@@ -178,8 +178,11 @@ class Worker:
         return self.session.round if self.session is not None else 0
 
     # -- the step ----------------------------------------------------------------------
-    def allreduce(self, x: Any) -> Any:
-        """Send ``x``, return the averaged tensor of this round (Algorithm 4 l.5-6)."""
+    def allreduce(self, x: Any, out: np.ndarray | None = None) -> Any:
+        """Send ``x``, return the averaged tensor of this round (Algorithm 4 l.5-6).
+
+        ``out``: a float32 array of this worker's size to receive into (a sharded worker's slice
+        of its result, :mod:`dblp.shard`); default a buffer of the worker's own."""
         if self.peer is None:
             self.connect()
         assert self.peer is not None and self.peer.receiver is not None
@@ -188,7 +191,11 @@ class Worker:
         k = s.round
         t0 = time.monotonic()
         self._pump(s.can_send, f"round {k} to start")
-        out = staged.recv if staged.recv is not None else self._result_buffer()
+        if out is not None and (out.dtype != np.float32 or out.size != self.layout.elements
+                                or not out.flags.c_contiguous):
+            raise ValueError(f"out must be a contiguous float32 array of {self.layout.elements} elements")
+        if out is None:
+            out = staged.recv if staged.recv is not None else self._result_buffer()
         sender = s.begin_round(time.monotonic(), staged.send, out, t_ready=t0)
         self.peer.sender = sender
         recv = s.receiver
