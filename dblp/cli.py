@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "its answer (the emulation's burst clock, dblp.watch.RoundHookServer)")
     s.add_argument("--shards", type=count_arg(1), default=1,
                    help="the sharded mode (beyond the paper, dblp.shard): this server averages one of this "
-                        "many shards of --model; 1 = the paper's single server")
+                        "many shards of --model (without --model: of the size the first worker's HELLO gives); "
+                        "1 = the paper's single server")
     s.add_argument("--shard", type=int_arg(0), default=0, help="which shard this server averages (0 .. --shards - 1)")
     s.add_argument("--shard-hub", type=hostport_any, default=None, metavar="HOST:PORT",
                    help="the shard servers' norm exchange: where shard 0 listens (port 0: any free one) and the "
@@ -146,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     policy = None
     if args.cmd == "server" and args.shards > 1:
-        why = ("--shard must be below --shards" if args.shard >= args.shards else
-               "the sharded mode needs --model (each shard server averages its share of it)" if not args.model
-               else None)
+        why = "--shard must be below --shards" if args.shard >= args.shards else None
         if why:
             print(f"dblp server: error: --shard {args.shard} --shards {args.shards}: {why}", file=sys.stderr)
             return 2
@@ -192,9 +191,9 @@ def main(argv: list[str] | None = None) -> int:
             elements = model_elements(args.model) if args.model else None
             hub = None
             if args.shards > 1:
-                assert elements is not None
-                a, b = shard_bounds(elements, args.shards)[args.shard]
-                elements = b - a
+                if elements is not None:  # else the first worker's HELLO says the shard's size
+                    a, b = shard_bounds(elements, args.shards)[args.shard]
+                    elements = b - a
                 hub = args.shard_hub or (args.host, args.port + 1 if args.port else 0)
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers; {where}", flush=True)
             x = srv.norm_exchange
             if x is not None:
-                print(f"dblp server: shard {args.shard} of {args.shards}, {elements} elements; "
+                print(f"dblp server: shard {args.shard} of {args.shards}, {elements or 'HELLO-sized'} elements; "
                       + (f"shard hub on {args.host}:{x.port}" if args.shard == 0 else
                          f"shard hub at {hub[0]}:{hub[1]}"), flush=True)
             n = srv.serve()

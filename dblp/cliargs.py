@@ -330,6 +330,9 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
     ap.add_argument("--insecure", action="store_true",
                     help="the paper's unauthenticated CRC-only wire (default: authenticated, a fresh secret per "
                          "run handed to every process in $DBLP_SECRET)")
+    ap.add_argument("--aggregation", choices=["server", "sharded"], default="server",
+                    help="server: the paper's parameter server on srv; sharded: a shard server on every worker "
+                         "host (beyond the paper, dblp.shard), bursts then on every worker's incoming link")
     ap.add_argument("--results", default=str(results), help="parent folder of the run folder")
     add_quiet(ap, "per-iteration progress")
 
@@ -351,6 +354,8 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         a.p_high = a.p_low + DEFAULT_K
     a.bw_mbps = a.bandwidth / 1e6
     a.queue_bytes = a.queue
+    if getattr(a, "aggregation", "server") == "sharded" and a.workers < 2:
+        ap.error(f"--aggregation sharded: needs at least 2 workers (--workers {a.workers})")
 
 
 def add_burst_args(ap: argparse.ArgumentParser, *, bursts: str = "50,110") -> None:

@@ -243,7 +243,11 @@ class Launch:
         hub = ""
         for j, h in enumerate(self.workers):
             argv = server_argv(a, self.records_dir / f"server.shard{j}.jsonl", bind=addrs[j], port=ports[j])
-            argv += ["--model", str(a.model), "--shards", str(k), "--shard", str(j),
+            if j > 0:  # the round clock (the emulation's burst hook) is shard 0's: the shards move in step
+                argv = _without(argv, "--round-hook")
+            if self.worker_program is None:  # replayed gradients of a known size (training: the HELLO's)
+                argv += ["--model", str(a.model)]
+            argv += ["--shards", str(k), "--shard", str(j),
                      "--shard-hub", f"{addrs[0]}:{hub_port}" if j == 0 else hub]
             p = self._start(f"server{j}", h, argv)
             servers.append(f"{_bracket(addrs[j])}:{self._wait_line(f'server{j}', p, LISTENING_RE)}")
@@ -314,6 +318,15 @@ class Launch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _without(argv: list[str], flag: str) -> list[str]:
+    """``argv`` without ``flag`` and its value."""
+    out = list(argv)
+    while flag in out:
+        i = out.index(flag)
+        del out[i:i + 2]
+    return out
 
 
 def _bracket(host: str) -> str:

@@ -32,7 +32,7 @@ def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable
     return RunArgs(workers=a.workers, iterations=a.iterations, model=a.elements, policy=list(policy),
                    source="emulation", pace_bps=pace_rate(a), seed=a.seed, compute_s=a.compute,
                    peer_timeout_s=60.0, plain=not a.gso, port=SCENARIO_PORT, python=python, server_extra=extra,
-                   insecure=getattr(a, "insecure", False))
+                   insecure=getattr(a, "insecure", False), aggregation=getattr(a, "aggregation", "server"))
 
 
 def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, schedule: Sequence[Any], *,
@@ -45,7 +45,8 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
     datagram to its last). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
     returns ``d``. ``train``: real training workers (:func:`dblp.launch.train_worker_argv`, each
     in ``d/w<i>/``) instead of replayed gradients. ``targets``: the schedule's default loss targets (the server's link, UDP, both
-    directions). ``marks``: iterations whose start is printed (with a :class:`dblp.progress.Progress`
+    directions; in the sharded mode, where srv carries nothing, every worker's incoming link: a datagram
+    between two hosts meets the loss once, at its receiver, and a host's own shard never crosses a link). ``marks``: iterations whose start is printed (with a :class:`dblp.progress.Progress`
     line, ETA included, every few seconds) unless ``quiet``.
     """
     from dblp.progress import Progress
@@ -55,9 +56,11 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
     from .loss import LossTarget
 
     d = Path(d)
-    if targets is None:
-        targets = [LossTarget("srv", "ingress", "udp"), LossTarget("srv", "egress", "udp")]
     workers = [f"w{i + 1}" for i in range(args.workers)]
+    if targets is None and args.aggregation == "sharded":
+        targets = [LossTarget(w, "ingress", "udp") for w in workers]
+    elif targets is None:
+        targets = [LossTarget("srv", "ingress", "udp"), LossTarget("srv", "egress", "udp")]
     # The server tells each round before it opens (and waits): bursts hit the round they name.
     hook_dir = tempfile.mkdtemp(prefix="dblp-hook-")  # a short path: Unix socket names have 108 bytes
     hook = os.path.join(hook_dir, "rounds.sock")

@@ -116,13 +116,15 @@ from dblp.watch import Tail  # noqa: E402
 from emulation.loss import LossController, LossTarget, segment_links  # noqa: E402
 from emulation.nshosts import DROP_TABLE, NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
 
-WORKERS = 3
+WORKERS = 3  # default of --workers
 #: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain;
 #: ``gso-crc`` is the GSO path on the paper's CRC-only wire (``--insecure``), to price authentication
-PATHS = ("gso", "gso-seg", "plain", "gso-crc")
-DEFAULT_PATHS = ("gso", "gso-seg", "plain")
+PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded")
+DEFAULT_PATHS = ("gso", "gso-seg", "plain", "sharded")
 SEGMENTED = "gso-seg"
 CRC_ONLY = "gso-crc"
+#: the sharded mode (dblp.shard) on the GSO path: a shard server on each worker host, srv idle
+SHARDED = "sharded"
 #: the authenticated GSO round over the CRC-only one (issue 14's target)
 AUTH_TARGET = 1.10
 #: the segmented path's lossless round over the GSO path's (issue 15's target)
@@ -132,7 +134,7 @@ GLOO_PORT = 29600
 IPERF_PORT = 5201
 
 CSV_COLUMNS = [
-    "elements", "tensor_mb", "path", "gso_active", "workers", "p", "rounds", "mtu",
+    "elements", "tensor_mb", "path", "aggregation", "gso_active", "workers", "p", "rounds", "mtu",
     "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
     "dblp_up_passes", "dblp_up_sent_ratio", "dblp_down_sent_ratio", "udp_rcvbuf_errors",
     "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
@@ -269,14 +271,15 @@ class DblpRun:
 
 
 def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: Path, say: Progress,
-             n_workers: int = WORKERS) -> DblpRun:
+             n_workers: int | None = None) -> DblpRun:
+    n_workers = args.workers if n_workers is None else n_workers
     srv = net["srv"]
     workers = [net[f"w{i + 1}"] for i in range(n_workers)]
     port = DBLP_PORT + run_idx
     first_lossy = args.warmup + args.rounds
     schedule: dict[int, float] = {}
     roles: dict[int, str] = {}
-    if args.burst_loss > 0:
+    if args.burst_loss > 0 and path != SHARDED:  # (the loss rule sits on srv's link, which sharded rounds skip)
         # calibrations and burst interleaved, repeated: drift and one-off stalls spread over all
         for _ in range(args.burst_repeats):
             for loss in args.calib_loss:
@@ -297,13 +300,14 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     launch = Launch(net, "srv", [w.name for w in workers],
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
-                            mtu=args.mtu, insecure=path == CRC_ONLY), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
+                            mtu=args.mtu, insecure=path == CRC_ONLY,
+                            aggregation="sharded" if path == SHARDED else "server"), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
     run = DblpRun(path, elements)
     tails = [Tail(outdir / f"worker{i}.jsonl") for i in range(n_workers)]
     done = [-1] * n_workers
     active: int | None = None  # round whose loss rule is in place
     last_said = -1
-    tag = f"dblp {fmt_size(elements)} {path}" + (f" {n_workers} worker" if n_workers != WORKERS else "")
+    tag = f"dblp {fmt_size(elements)} {path}" + (f" {n_workers} worker" if n_workers != args.workers else "")
     deadline = time.monotonic() + args.timeout * (total + 2)
     try:
         launch.start()
@@ -345,15 +349,16 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         launch.stop()
         if path == SEGMENTED:
             segment_links(net, hosts, on=False)  # gloo, iperf3 and the other paths run on plain veth
-    run.server = [vars(r) for r in read_records(outdir / "server.jsonl")]  # null -> NaN, as written
+    server_file = outdir / ("server.shard0.jsonl" if path == SHARDED else "server.jsonl")
+    run.server = [vars(r) for r in read_records(server_file)]  # null -> NaN, as written
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
 
 
 # -- gloo ------------------------------------------------------------------------------------
 class GlooRanks:
-    def __init__(self, net: NsNet, elements: int, port: int, timeout: float, logdir: Path) -> None:
-        self.workers = [net[f"w{i + 1}"] for i in range(WORKERS)]
+    def __init__(self, net: NsNet, elements: int, port: int, timeout: float, logdir: Path, workers: int) -> None:
+        self.workers = [net[f"w{i + 1}"] for i in range(workers)]
         self.q: queue.Queue = queue.Queue()
         self.procs = []
         self.logs = []
@@ -362,7 +367,7 @@ class GlooRanks:
             lf = open(logdir / f"gloo-rank{r}.log", "w")
             self.logs.append(lf)
             p = w.popen([sys.executable, str(REPO / "scenarios" / "gloo_allreduce.py"), "--rank", str(r),
-                         "--world-size", str(WORKERS), "--init", init, "--iface", "eth0", "--timeout", f"{timeout!r}s"],
+                         "--world-size", str(len(self.workers)), "--init", init, "--iface", "eth0", "--timeout", f"{timeout!r}s"],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=lf, text=True, env=_env(), cwd=REPO)
             self.procs.append(p)
             threading.Thread(target=self._reader, args=(r, p), daemon=True).start()
@@ -378,10 +383,10 @@ class GlooRanks:
     def collect(self, event: str, tag: str | None, timeout: float) -> dict[int, dict]:
         got: dict[int, dict] = {}
         deadline = time.monotonic() + timeout
-        while len(got) < WORKERS:
+        while len(got) < len(self.workers):
             left = deadline - time.monotonic()
             if left <= 0:
-                raise TimeoutError(f"gloo: {len(got)}/{WORKERS} ranks answered {event} {tag or ''} in {timeout:.0f} s")
+                raise TimeoutError(f"gloo: {len(got)}/{len(self.workers)} ranks answered {event} {tag or ''} in {timeout:.0f} s")
             try:
                 rank, msg = self.q.get(timeout=left)
             except queue.Empty:
@@ -421,7 +426,7 @@ def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float |
              say: Progress) -> dict:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = f"gloo {fmt_size(elements)}"
-    ranks = GlooRanks(net, elements, GLOO_PORT + size_idx, args.gloo_timeout, outdir)
+    ranks = GlooRanks(net, elements, GLOO_PORT + size_idx, args.gloo_timeout, outdir, args.workers)
     res: dict = {"gloo_allreduce_s": float("nan"), "gloo_allreduce_min_s": float("nan"),
                  "gloo_burst_s": float("nan"), "gloo_burst_hold_s": float("nan"), "gloo_burst_timed_out": False}
     try:
@@ -489,6 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"DBLP data paths, comma-separated, of {', '.join(PATHS)} (default: {','.join(DEFAULT_PATHS)}; "
                         f"{CRC_ONLY}: GSO on the CRC-only wire, its round beside the authenticated GSO round's)")
     ap.set_defaults(paths=list(DEFAULT_PATHS))
+    ap.add_argument("--workers", type=count_arg(2), default=WORKERS,
+                    help="worker hosts (and gloo ranks); the issue's scaling check compares 3 and 6")
     ap.add_argument("--p", type=float, default=0.008, help="the fixed policy's tolerance (0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
     ap.add_argument("--calib-loss", default="0.3,0.5,0.6",
@@ -625,12 +632,12 @@ def main(argv=None) -> int:
     say(f"benchmark: sizes {[fmt_size(s) for s in args.sizes]}, DBLP paths {args.paths}, p={args.p:g}, "
         f"results in {out}")
     try:
-        with NsNet(["srv", *[f"w{i + 1}" for i in range(WORKERS)]], shape=shape, mtu=args.mtu) as net:
+        with NsNet(["srv", *[f"w{i + 1}" for i in range(args.workers)]], shape=shape, mtu=args.mtu) as net:
             if not net.ping_all():
                 raise BenchError("namespace hosts cannot reach each other")
             gso_ok = gso_probe(net["srv"])
             say(f"hosts up: srv {net['srv'].ip}, workers "
-                f"{', '.join(net[f'w{i + 1}'].ip for i in range(WORKERS))}; UDP GSO/GRO available: {gso_ok}")
+                f"{', '.join(net[f'w{i + 1}'].ip for i in range(args.workers))}; UDP GSO/GRO available: {gso_ok}")
             run_idx = 0
             for si, elements in enumerate(args.sizes):
                 sdir = out / f"size-{fmt_size(elements)}"
@@ -638,14 +645,14 @@ def main(argv=None) -> int:
                 ip1 = ip3 = float("nan")
                 if args.iperf_seconds > 0:
                     ip1 = run_iperf(net, ["w1"], args.iperf_seconds, sdir)
-                    ip3 = run_iperf(net, [f"w{i + 1}" for i in range(WORKERS)], args.iperf_seconds, sdir)
+                    ip3 = run_iperf(net, [f"w{i + 1}" for i in range(args.workers)], args.iperf_seconds, sdir)
                     say(f"iperf3: w1->srv {ip1:.2f} Gbit/s; w1,w2,w3->srv {ip3:.2f} Gbit/s")
                 dres = {}
                 for path in args.paths:
                     run = run_dblp(net, args, elements, path, run_idx, sdir / f"dblp-{path}", say)
                     run_idx += 1
                     dres[path] = summarize_run(run.rounds, run.server, run.loss_rounds, elements=run.elements,
-                                               workers=WORKERS, p=args.p, calib_loss=args.calib_loss,
+                                               workers=args.workers, p=args.p, calib_loss=args.calib_loss,
                                                lossless=range(args.warmup, args.warmup + args.rounds),
                                                udp=run.udp)
                     d = dres[path]
@@ -676,7 +683,8 @@ def main(argv=None) -> int:
                 for path, d in dres.items():
                     row = {c: float("nan") for c in CSV_COLUMNS}
                     row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
-                                "gso_active": gso_ok and path != "plain", "workers": WORKERS, "p": args.p,
+                                "gso_active": gso_ok and path != "plain", "workers": args.workers, "p": args.p,
+                                "aggregation": "sharded" if path == SHARDED else "server",
                                 "mtu": args.mtu,
                                 "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
                     row.update({k: v for k, v in d.items() if k in row})

@@ -37,7 +37,7 @@ def test_help_and_argument_errors():
     a = dry_run("--models", "5M,25M", "61M", "--plain")["config"]
     assert a["sizes"] == [5_000_000, 25_000_000, 61_000_000] and a["paths"] == ["plain"]
     default = dry_run()["config"]
-    assert default["paths"] == ["gso", "gso-seg", "plain"]
+    assert default["paths"] == ["gso", "gso-seg", "plain", "sharded"]
     assert dry_run("--paths", "gso,gso-seg")["config"]["paths"] == ["gso", "gso-seg"]
     for bad in (["--models", "lots"], ["--p", "1.5"], ["--p", "0"], ["--gso", "--plain"], ["--paths", "gso,fast"]):
         r = subprocess.run([*BENCH, *bad], capture_output=True, text=True, timeout=60)
@@ -90,7 +90,7 @@ def test_smallest_benchmark_end_to_end(tmp_path):
     out = tmp_path / "bench"
     t0 = time.monotonic()
     columns = dry_run()["csv_columns"]
-    p = subprocess.Popen([*BENCH, "--models", "200000", "--paths", "gso,gso-seg",
+    p = subprocess.Popen([*BENCH, "--models", "200000", "--paths", "gso,gso-seg,sharded",
                           "--iterations", "3", "--iperf-duration", "1s", "--gloo-timeout", "20s", "--out", str(out)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -101,15 +101,19 @@ def test_smallest_benchmark_end_to_end(tmp_path):
             p.communicate(timeout=30)
     elapsed = time.monotonic() - t0
     assert p.returncode == 0, stdout[-3000:] + stderr[-3000:]
-    assert elapsed < 60, f"smallest benchmark took {elapsed:.1f} s"
+    assert elapsed < 90, f"smallest benchmark took {elapsed:.1f} s"
     assert "DBLP/gloo" in stdout
     with open(out / "benchmark.csv", newline="") as fh:
         reader = csv.DictReader(fh)
         assert reader.fieldnames == columns
         rows = list(reader)
-    assert [row["path"] for row in rows] == ["gso", "gso-seg"]  # plain: the transport's own tests
+    assert [row["path"] for row in rows] == ["gso", "gso-seg", "sharded"]  # plain: the transport's own tests
     assert "target for gso-seg" in stdout
     assert float(rows[0]["ratio_vs_gso_round"]) == 1.0 and float(rows[1]["ratio_vs_gso_round"]) > 0
+    sharded = rows.pop()  # a shard server per worker host: lossless rounds only (srv's loss rule is not on its path)
+    assert sharded["aggregation"] == "sharded" and float(sharded["dblp_round_s"]) > 0
+    assert float(sharded["ratio_dblp_vs_gloo"]) > 0 and sharded["burst_round_s"] in ("", "nan")
+    assert (out / "size-200K" / "dblp-sharded" / "server.shard2.jsonl").exists()
     for row in rows:
         assert int(row["elements"]) == 200_000
         for col in POSITIVE:

@@ -198,7 +198,7 @@ def test_sharded_loopback_and_bad_shard_flags_from_the_command_line():
                           "--iterations", "2", "--json"], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     for argv, why in ((["--shards", "3", "--shard", "3", "--model", "1M"], "--shard must be below --shards"),
-                      (["--shards", "2"], "needs --model")):
+                      (["--shards", "2", "--shard-hub", "nohost"], "expected HOST:PORT")):
         r = subprocess.run([sys.executable, "-m", "dblp", "server", "--insecure", *argv], capture_output=True,
                            text=True, timeout=30)
         assert r.returncode == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -13,7 +13,8 @@ import json
 import sys
 
 from dblp.auth import AuthError
-from dblp.cliargs import add_auth_args, hostport, parser, worker_secret
+from dblp.cliargs import add_auth_args, hostports, parser, worker_secret
+from dblp.shard import NormExchangeError, ShardedWorker
 from dblp.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
@@ -24,7 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("worker", help="train one worker over DBLP", formatter_class=HelpFormatter,
                        description="Train one worker's shard, exchanging gradients with a DBLP server.")
-    w.add_argument("--server", type=hostport, required=True, help="server HOST:PORT")
+    w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
+                   help="server HOST:PORT; several, comma-separated: the shard servers of the sharded mode "
+                        "(dblp.shard), shard 0 first")
     w.add_argument("--id", type=int_arg(0), required=True, help="worker index (data shard)")
     w.add_argument("--workers", type=count_arg(1), required=True, help="number of workers (shards)")
     w.add_argument("--workload", default="small_cnn",
@@ -82,11 +85,13 @@ def main(argv: list[str] | None = None) -> int:
                                    out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress,
                                    save_weights=a.save_weights, **over)
     try:
-        with Worker(a.server[0], a.server[1], elements=elements, worker_id=a.id, records=a.records,
-                    source=a.source, fast=False if a.plain else None, peer_timeout=a.peer_timeout,
-                    send_rate_bps=a.pace, secret=secret, insecure=a.insecure) as wk:
+        kw = dict(elements=elements, worker_id=a.id, records=a.records, source=a.source,
+                  fast=False if a.plain else None, peer_timeout=a.peer_timeout, send_rate_bps=a.pace,
+                  secret=secret, insecure=a.insecure)
+        exchange = ShardedWorker(a.server, **kw) if len(a.server) > 1 else Worker(*a.server[0], **kw)
+        with exchange as wk:
             summary = train(wl, AllreduceExchange(wk), cfg)
-    except WorkerError as exc:
+    except (WorkerError, NormExchangeError) as exc:
         print(f"dblp.train worker {a.id}: error: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(summary.to_dict()), flush=True)

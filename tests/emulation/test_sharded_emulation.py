@@ -1,0 +1,42 @@
+"""The sharded mode in Mininet: the microburst scenario with a shard server on every worker host."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dblp.analysis import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.mininet
+def test_sharded_microburst_run_shares_one_norm_and_shows_the_burst(tmp_path):
+    cmd = [sys.executable, str(ROOT / "scenarios" / "microburst.py"), "--workload", "none", "--model", "2e5",
+           "--iterations", "16", "--bursts", "10", "--policies", "baseline", "--aggregation", "sharded",
+           "--bandwidth", "200", "--queue", "1000000", "--results", str(tmp_path), "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = list(tmp_path.glob("microburst-*"))
+    d = run / "baseline" / "records"
+    shards = {j: list(load(d / f"server.shard{j}.jsonl")) for j in range(3)}
+    workers = [r for r in load(d) if r.role == "worker"]
+    assert {r.extra.get("shards") for r in workers} == {3}
+    assert len(workers) == 3 * 16
+    # every shard's policy saw the same norm (the whole mean's) in every round
+    for k in range(16):
+        norms = {r.grad_norm for j in shards for r in shards[j] if r.round == k}
+        assert len(norms) == 1, (k, norms)
+    # the round clock is shard 0's: the burst flag marks round 10 there, and only there
+    assert {r.round for r in shards[0] if r.extra.get("burst")} == {10}
+    wrk = {(r.worker, r.round): r for r in workers}
+    for w in range(3):
+        # 70% loss on every worker's incoming link at p = 0.8% takes ~14 passes; the calm round before it one or two
+        assert wrk[(w, 10)].up_passes >= 8, w
+        assert wrk[(w, 9)].up_passes < 5, w
+        # the worker's own shard never crosses a link: its shard server heard it in one pass
+        own = [r for r in shards[w] if r.round == 10 and r.worker == w]
+        assert own and own[0].up_passes == 1, (w, own)
