@@ -243,8 +243,6 @@ class Launch:
         hub = ""
         for j, h in enumerate(self.workers):
             argv = server_argv(a, self.records_dir / f"server.shard{j}.jsonl", bind=addrs[j], port=ports[j])
-            if j > 0:  # the round clock (the emulation's burst hook) is shard 0's: the shards move in step
-                argv = _without(argv, "--round-hook")
             if self.worker_program is None:  # replayed gradients of a known size (training: the HELLO's)
                 argv += ["--model", str(a.model)]
             argv += ["--shards", str(k), "--shard", str(j),
@@ -318,15 +316,6 @@ class Launch:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _without(argv: list[str], flag: str) -> list[str]:
-    """``argv`` without ``flag`` and its value."""
-    out = list(argv)
-    while flag in out:
-        i = out.index(flag)
-        del out[i:i + 2]
-    return out
 
 
 def _bracket(host: str) -> str:

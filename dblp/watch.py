@@ -158,6 +158,11 @@ class RoundHookServer(threading.Thread):
     a burst named for round k hits round k from its first datagram to its
     last. A path-based Unix socket reaches across network namespaces
     (Mininet hosts share the file system).
+
+    Several servers may connect (the sharded mode's shard servers, each with
+    its own connection, served at once): a round is open once any of them
+    opened it, and ended once every connected one has ended it, so a burst
+    covers round k on every shard.
     """
 
     def __init__(self, path: str | os.PathLike, on_rounds: Callable[[int, int], bool | None]) -> None:
@@ -172,10 +177,13 @@ class RoundHookServer(threading.Thread):
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._sock.bind(self.path)
         os.chmod(self.path, 0o600)
-        self._sock.listen(1)
+        self._sock.listen(16)
         self._sock.settimeout(0.2)
+        self._lock = threading.Lock()
+        self._ends: dict[int, int] = {}  # connection -> the last round it ended
 
     def run(self) -> None:
+        n = 0
         while not self._halt.is_set():
             try:
                 conn, _ = self._sock.accept()
@@ -183,23 +191,32 @@ class RoundHookServer(threading.Thread):
                 continue
             except OSError:
                 return
-            with conn, conn.makefile("rwb", buffering=0) as fh:
-                for line in fh:
-                    try:
-                        what, k = line.split()
-                        k = int(k)
-                    except ValueError:
-                        break
+            with self._lock:
+                self._ends[n] = -1
+            threading.Thread(target=self._serve, args=(conn, n), daemon=True, name=f"round-hook-{n}").start()
+            n += 1
+
+    def _serve(self, conn: socket.socket, cid: int) -> None:
+        """One server's connection: each ``open k`` / ``end k`` answered after ``on_rounds``."""
+        with conn, conn.makefile("rwb", buffering=0) as fh:
+            for line in fh:
+                try:
+                    what, k = line.split()
+                    k = int(k)
+                except ValueError:
+                    break
+                with self._lock:
                     if what == b"open":
                         self.opened = max(self.opened, k)
                     else:
-                        self.ended = max(self.ended, k)
+                        self._ends[cid] = max(self._ends[cid], k)
+                    self.ended = max(self.ended, min(self._ends.values()))
                     try:
                         active = self.on_rounds(self.ended + 1, self.opened)
                     except Exception as exc:  # noqa: BLE001 - a hook must not stall the server
                         print(f"round hook: failed at {line.decode().strip()}: {exc}", file=sys.stderr)
                         active = None
-                    fh.write(b"1\n" if active else b"0\n")
+                fh.write(b"1\n" if active else b"0\n")
 
     def stop(self) -> None:
         self._halt.set()

@@ -213,3 +213,36 @@ def test_a_dead_shard_hub_ends_a_shard_server_with_a_clear_error():
     x = NormExchange(1, 2, ("127.0.0.1", port), SECRET, timeout=2, connect_timeout=1)
     with pytest.raises(NormExchangeError, match=f"cannot reach the shard hub at 127.0.0.1:{port}"):
         x.total(0, 1.0)
+
+
+def test_round_clock_serves_several_shard_servers_at_once(tmp_path):
+    """The emulation's round hook with one connection per shard server: a round is open once any shard
+    opened it and ended once every shard ended it (a burst then covers that round on every shard)."""
+    from dblp.watch import RoundHookServer
+
+    seen: list[tuple[int, int]] = []
+    hook = RoundHookServer(tmp_path / "r.sock", lambda first, last: seen.append((first, last)) or first <= 1 <= last)
+    hook.start()
+    try:
+        a, b = (socket.socket(socket.AF_UNIX) for _ in range(2))
+        for c in (a, b):
+            c.connect(str(tmp_path / "r.sock"))
+        fa, fb = a.makefile("rwb", buffering=0), b.makefile("rwb", buffering=0)
+
+        def ask(f, line: bytes) -> bytes:
+            f.write(line)
+            return f.readline()
+
+        assert ask(fa, b"open 0\n") == b"0\n"
+        assert ask(fb, b"open 0\n") == b"0\n"
+        assert ask(fa, b"end 0\n") == b"0\n" and hook.ended == -1  # shard b still in round 0
+        assert ask(fa, b"open 1\n") == b"1\n"  # a's round 1 is the burst round: active
+        assert ask(fb, b"end 0\n") == b"1\n" and hook.ended == 0
+        assert ask(fb, b"open 1\n") == b"1\n"
+        assert ask(fa, b"end 1\n") == b"1\n" and hook.ended == 0  # b still sends round 1: the burst stays
+        assert ask(fb, b"end 1\n") == b"0\n" and hook.ended == 1
+        assert seen[-1] == (2, 1)
+        for c in (fa, fb, a, b):
+            c.close()
+    finally:
+        hook.stop()
