@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     if a.id >= a.workers:
         ap.error(f"argument --id: {a.id} is not a worker index of --workers {a.workers} (0..{a.workers - 1})")
-    why = unresolvable(a.server[0])
-    if why:
-        ap.error(f"argument --server: {a.server[0]}: {why}")
+    for host, _ in a.server:
+        why = unresolvable(host)
+        if why:
+            ap.error(f"argument --server: {host}: {why}")
 
     from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
     from dblp.train.data import DatasetMissingError
