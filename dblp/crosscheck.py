@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
@@ -293,7 +294,7 @@ def plot(cmp: dict, path: Path, title: str, bursts: Sequence[int]) -> None:
     axes[1].set_ylabel("fraction of iterations")
     axes[1].grid(alpha=0.3, which="both")
     axes[1].legend(fontsize=8, loc="lower right")
-    fig.suptitle(title, fontsize=10)
+    fig.suptitle("\n".join(textwrap.wrap(title, 150)), fontsize=10)  # a leaf-spine's title runs long
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

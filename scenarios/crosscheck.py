@@ -172,8 +172,10 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))
     cmp = compare(real, sim, a.bursts_list)
-    title = (f"Cross-check: Mininet vs simulator ({a.fidelity} level, {how}); {a.bw_mbps:g} Mbit/s, "
-             f"{a.elements:,} elements, bursts {a.bursts_list} at {a.burst_loss:.0%}")
+    net = "star" if a.topology == "star" else (
+        f"leaf-spine, {a.racks} racks, uplink {(a.uplink_bandwidth or a.bandwidth) / 1e6:g} Mbit/s")
+    title = (f"Cross-check: Mininet vs simulator ({a.fidelity} level, {how}); {net}, {a.bw_mbps:g} Mbit/s host links, "
+             f"{a.workers} workers, {a.elements:,} elements, bursts {a.bursts_list} at {a.burst_loss:.0%}")
     write_report(cmp, out, title, a.bursts_list,
                  extra={"scenario": scen, "calibration": cal.to_dict() | {"norms": "..." if cal.norms else None},
                         "how": how})

@@ -26,7 +26,9 @@ parameter                   estimate
                             the link; else not binding (2x the link's rate)
 ``server_send_pps``         the same for the broadcast: the server's slowest
                             per-worker broadcast time / datagrams it sent to
-                            all workers in that round; then both rates are
+                            all workers in that round (a round where one of
+                            its flows took one pass; none such: every quiet
+                            round); then both rates are
                             rescaled until a simulation with them shows the
                             same per-datagram times (``--no-refine``: not)
 ``compute_s``               median gap between a worker's round end and its
@@ -224,19 +226,25 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
         d["queue_bytes"] = int(qb)
     elif qp is not None:
         d["queue_bytes"] = int(qp) * wire
+    d.update(_topology(conf))
     rate = _find(conf, "send_rate_bps")
     if rate is None:
         r0 = next((r.send_rate_bps for r in wk if r.send_rate_bps), None)
         rate = r0
     if rate:
         d["send_rate_bps"] = float(rate)
-    # lossless rounds: one pass both ways, no burst
+    # lossless rounds: one pass, no burst - upstream and broadcast each on its own, since behind a
+    # slow link (a leaf-spine uplink, the server's own NIC) one direction may lose in every round
     burst_rounds = _burst_rounds(bursts)
-    clean = {r.round for r in wk if r.up_passes == 1 and not r.extra.get("burst") and r.round not in burst_rounds}
-    clean &= {r.round for r in sv if r.down_passes == 1}
-    clean.discard(0)  # the first round carries start-up costs
+    quiet = {r.round for r in wk if not r.extra.get("burst") and r.round not in burst_rounds} - {0}  # 0: start-up
+    up_clean = quiet & {r.round for r in wk if r.up_passes == 1}
+    # a broadcast's time, measured again in the refinement's simulation of the same network, holds
+    # whatever passes that network costs; single-pass ones where there are any, else all quiet rounds
+    down_clean = (quiet & {r.round for r in sv if r.down_passes == 1}) or quiet
+    clean = up_clean & down_clean
     est["lossless_rounds"] = len(clean)
-    h_w, h_s = _datagram_times(recs, clean)
+    est["lossless_broadcasts"] = len(down_clean)
+    h_w, h_s = _datagram_times(recs, up_clean, down_clean)
     by_round: dict[int, list[RoundRecord]] = {}
     for r in sv:
         by_round.setdefault(r.round, []).append(r)
@@ -269,7 +277,7 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
         v = r.extra.get("wait_server_s")
         if isinstance(v, (int, float)):
             waits.setdefault(r.round, []).append(float(v))
-    red = _median([min(v) for k, v in waits.items() if k in clean])
+    red = _median([min(v) for k, v in waits.items() if k in (clean or up_clean)])
     if red is not None:
         ctrl = 2 * d.get("delay_s", base.delay_s) + base.ctrl_overhead_s
         d["reduce_s"] = max(0.0, red - ctrl)
@@ -297,25 +305,51 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
     d["loss"] = loss
     cfg = SimConfig.from_dict({**base.to_dict(), **d})
     if refine and (h_w is not None):
-        cfg = _refine(cfg, h_w, h_s, clean, est)
+        cfg = _refine(cfg, h_w, h_s, up_clean, down_clean, est)
     notes.update(estimates=est)
     return cfg, notes
 
 
-def _datagram_times(recs: list[RoundRecord], clean: set[int]) -> tuple[float | None, float | None]:
-    """Median per-datagram send time upstream (per worker) and of the broadcast (server host)."""
+def _topology(conf: dict) -> dict[str, Any]:
+    """The network the run was made on (``topology``, ``racks``, ``spines``, the uplink rate), so the
+    refinement simulates that network and not a star: behind an oversubscribed uplink a worker's
+    per-datagram time holds the uplink's drops, which a star would lay on the host."""
+    topo = _find(conf, "topology")
+    if topo != "leafspine":  # twosites runs record their WAN under other names; the star is the default
+        return {}
+    out: dict[str, Any] = {"topology": "leafspine"}
+    for key in ("racks", "spines"):
+        v = _find(conf, key)
+        if v is not None:
+            out[key] = int(v)
+    up = _find(conf, "uplink_bandwidth_bps", "uplink_bandwidth")  # bit/s, as the scenarios store rates
+    if up is None and _find(conf, "uplink_bw") is not None:  # topologies/leafspine.py's Mbit/s
+        up = float(_find(conf, "uplink_bw")) * 1e6
+    if up is not None:
+        out["uplink_bandwidth_bps"] = float(up)
+    return out
+
+
+def _datagram_times(recs: list[RoundRecord], clean: set[int], down_clean: set[int]
+                    ) -> tuple[float | None, float | None]:
+    """Median per-datagram send time upstream (per worker) and of the broadcast (server host).
+
+    Upstream only a worker's single-pass records count: a round is lossless for the calibration
+    when some worker sent in one pass, but behind a congested leaf-spine uplink the others of that
+    round may have needed a second pass, whose wait is not the host's send cost."""
     h_w = _median([r.up_latency_s / r.up_sent for r in recs
-                   if r.role == "worker" and r.round in clean and r.up_sent > 0])
+                   if r.role == "worker" and r.round in clean and r.up_sent > 0 and r.up_passes == 1])
     by_round: dict[int, list[RoundRecord]] = {}
     for r in recs:
-        if r.role == "server" and r.round in clean:
+        if r.role == "server" and r.round in down_clean:
             by_round.setdefault(r.round, []).append(r)
     h_s = _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
                    for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
     return h_w, h_s
 
 
-def _refine(cfg: SimConfig, h_w: float, h_s: float | None, clean: set[int], est: dict) -> SimConfig:
+def _refine(cfg: SimConfig, h_w: float, h_s: float | None, clean: set[int], down_clean: set[int],
+            est: dict) -> SimConfig:
     """Match the measured per-datagram times in simulation, scaling the hosts' send rates.
 
     The first estimate takes each time as the host's own; but a broadcast's
@@ -332,7 +366,8 @@ def _refine(cfg: SimConfig, h_w: float, h_s: float | None, clean: set[int], est:
     steps = []
     for _ in range(4):
         recs = simulate(trial).records
-        sw, ss = _datagram_times(recs, {k for k in clean if k < trial.rounds})
+        sw, ss = _datagram_times(recs, {k for k in clean if k < trial.rounds},
+                                 {k for k in down_clean if k < trial.rounds})
         upd: dict[str, float] = {}
         err = 0.0
         if sw and trial.send_pps < cap_w:

@@ -81,3 +81,25 @@ def test_small_crosscheck_run(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "transferred" in json.loads((run / "transferred" / "crosscheck.json").read_text())["how"]
     assert "calibrated on this run" in json.loads((run / "crosscheck.json").read_text())["how"]
+
+
+@pytest.mark.mininet
+def test_small_leafspine_crosscheck_run(tmp_path):
+    """Rack 2's two workers (60 Mbit/s each) share a 100 Mbit/s uplink: in Mininet and in the
+    simulator calibrated on the run (which reads the fabric from its config) they need more
+    passes than the worker in the server's rack."""
+    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "12",
+           "--bursts", "8", "--bandwidth", "200", "--topology", "leafspine", "--racks", "2",
+           "--uplink-bandwidth", "100", "--results", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = list(tmp_path.glob("crosscheck-*"))
+    cal = json.loads((run / "calibration.json").read_text())
+    assert (cal["topology"], cal["racks"], cal["uplink_bandwidth_bps"]) == ("leafspine", 2, 100e6)
+    for recs in ([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
+                  for x in f.read_text().splitlines()],
+                 [RoundRecord.from_dict(json.loads(x)) for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()]):
+        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
+        far = np.mean([r.up_passes for r in ordinary if r.worker != 1])  # w1 and w3: rack 2
+        near = np.mean([r.up_passes for r in ordinary if r.worker == 1])  # w2: the server's rack
+        assert far > near == 1.0

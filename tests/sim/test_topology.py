@@ -156,3 +156,49 @@ def test_bad_topology_parameters_are_refused_by_name(kw, named):
 def test_switch_ports_that_fit_are_accepted():
     SimConfig(model=SMALL, workers=3, switch_ports=4)
     SimConfig(model=SMALL, workers=8, topology="leafspine", racks=3, spines=2, switch_ports=5)
+
+
+def _two_rack_uplink_250(fidelity: str) -> SimConfig:
+    """Rack 2's two workers, paced at 150 Mbit/s each, share a 250 Mbit/s uplink (the
+    cross-check's leaf-spine scenario): the uplink drops 1 - 250/300 of what reaches it
+    once its 100-datagram buffer is full."""
+    return SimConfig(model=1_000_000, workers=3, rounds=3, fidelity=fidelity, topology="leafspine", racks=2,
+                     policy="fixed", p=0.008, bandwidth_bps=500e6, uplink_bandwidth_bps=250e6,
+                     send_rate_bps=150e6, queue_bytes=100 * MTU_WIRE)
+
+
+def test_leaf_spine_port_behind_an_equal_rate_port_is_a_delay():
+    """With two racks [spines->leaf1] takes only rack 2's uplink and [spines->leaf2] and
+    [leaf2->w] only rack 1's: they never queue, so the paths carry them as delays."""
+    from dblp.sim.topology import build_network
+
+    cfg = _two_rack_uplink_250("round")
+    net = build_network(cfg)
+    assert [[p.name for p in path.ports] for path in net.up_paths] == [
+        ["leaf2->spines", "->server"], ["->server"], ["leaf2->spines", "->server"]]
+    assert [[p.name for p in path.ports] for path in net.down_paths] == [["leaf1->spines"], ["->w1"], ["leaf1->spines"]]
+    # the removed ports' serialisation stays in the path's delay
+    d = cfg.delay_s  # host -> leaf2, leaf2 -> spine + [spines->leaf1] + spine... -> leaf1, leaf1 -> server
+    assert net.up_paths[0].delays == pytest.approx((d, d + _ser(250e6) + d, d))
+
+
+def test_leaf_spine_congested_uplink_drops_once_at_round_level():
+    """The uplink's flows are not dropped a second time at the equal-rate port after it.
+    Before that port became a delay the round level's fluid queue saw both workers there
+    at their 150 Mbit/s again and overflowed it too: 1,207 retransmissions per worker and
+    round and rounds of 639 ms against the packet level's 427 and 529 ms. Now the first
+    pass loses what the fluid arithmetic says, the later passes add a little, and the
+    round takes the packet level's time."""
+    import numpy as np
+
+    rnd = simulate(_two_rack_uplink_250("round")).records
+    pkt = simulate(_two_rack_uplink_250("packet")).records
+    rack2 = [r for r in rnd if r.role == "worker" and r.worker != 1]
+    extra = float(np.mean([r.up_sent - r.chunks for r in rack2]))
+    r = 150e6 / (MTU_WIRE * 8)  # datagrams/s of one worker; two of them into the uplink's c
+    c = 250e6 / (MTU_WIRE * 8)
+    first_pass = (rack2[0].chunks / r - 99 / (2 * r - c)) * (2 * r - c) / 2  # after the buffer fills: 411
+    assert first_pass == pytest.approx(411, abs=1)
+    assert first_pass <= extra <= 1.5 * first_pass  # 562
+    assert worker_mean(rnd, "round_latency_s") == pytest.approx(worker_mean(pkt, "round_latency_s"), rel=0.03)
+    assert all(r.up_passes == 1 for r in rnd if r.role == "worker" and r.worker == 1)  # rack 1: no uplink
