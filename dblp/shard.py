@@ -113,19 +113,22 @@ class NormExchange:
         assert self.listener is not None
         return self.listener.getsockname()[1]
 
-    def _tag(self, nonce: bytes, body: bytes) -> bytes:
+    def _tag(self, nonce: bytes, body: bytes, sender_is_hub: bool) -> bytes:
+        """The message's tag: keyed by the run's secret, bound to the connection's nonce and to the
+        sender's role, so a message reflected back to its sender is refused."""
         if self.secret is None:
             return bytes(_TAG)
-        return hmac.new(self.secret, b"dblp-shard-norm" + nonce + body, "sha256").digest()[:_TAG]
+        role = b"hub" if sender_is_hub else b"peer"
+        return hmac.new(self.secret, b"dblp-shard-norm/" + role + nonce + body, "sha256").digest()[:_TAG]
 
     def _send(self, conn: socket.socket, nonce: bytes, round_no: int, shard: int, value: float) -> None:
         body = _MSG.pack(round_no & 0xFFFFFFFF, shard, value)
-        conn.sendall(body + self._tag(nonce, body))
+        conn.sendall(body + self._tag(nonce, body, self.shard == 0))
 
     def _recv(self, conn: socket.socket, nonce: bytes, round_no: int, who: str) -> tuple[int, float]:
         data = _recv_exact(conn, _MSG.size + _TAG, who, self.timeout)
         body, tag = data[:_MSG.size], data[_MSG.size:]
-        if not hmac.compare_digest(tag, self._tag(nonce, body)):
+        if not hmac.compare_digest(tag, self._tag(nonce, body, self.shard != 0)):
             raise NormExchangeError(f"{who}: a norm message without this run's tag (another run, or a forgery)")
         r, shard, value = _MSG.unpack(body)
         if r != round_no & 0xFFFFFFFF:

@@ -246,3 +246,31 @@ def test_round_clock_serves_several_shard_servers_at_once(tmp_path):
             c.close()
     finally:
         hook.stop()
+
+
+def test_norm_exchange_refuses_its_own_message_reflected():
+    """A man in the middle that sends a shard server's message back to it as the hub's total is refused
+    (the tag binds the sender's role), instead of the server taking its own squared norm for the sum."""
+    with socket.create_server(("127.0.0.1", 0)) as fake_hub:
+        peer = NormExchange(1, 2, ("127.0.0.1", fake_hub.getsockname()[1]), SECRET, timeout=5, connect_timeout=3)
+        errors: list[BaseException] = []
+        t = threading.Thread(target=lambda: errors.append(_raises(peer.total, 3, 2.5)))
+        t.start()
+        conn, _ = fake_hub.accept()
+        with conn:
+            conn.sendall(b"n" * 16)  # the nonce
+            intro = conn.recv(30, socket.MSG_WAITALL)
+            msg = conn.recv(30, socket.MSG_WAITALL)
+            assert len(intro) == len(msg) == 30
+            conn.sendall(msg)  # round 3's message, straight back
+            t.join(10)
+    peer.close()
+    assert isinstance(errors[0], NormExchangeError) and "without this run's tag" in str(errors[0])
+
+
+def _raises(f, *args) -> BaseException | None:
+    try:
+        f(*args)
+    except BaseException as exc:  # noqa: BLE001 - returned to the test
+        return exc
+    return None
