@@ -25,6 +25,7 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py --sweep-configs 500 --sweep-iterations 1000 --groups 1,16
     python scenarios/bench_sim.py --only-workers --workers 64 --workers-provisioned 1024 --workers-iterations 100
     python scenarios/bench_sim.py --only-workers --topology leafspine --workers 64 --workers-provisioned 256
+    python scenarios/bench_sim.py --only-sweep --sweep-configs 500 --sweep-iterations 300 --sweep-model 1000000 --sweep-group 1
 """
 
 from __future__ import annotations
@@ -171,6 +172,8 @@ def main() -> int:
                    help="network of the scaling runs (dblp.sim.topology, default parameters)")
     p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the issue's targets: "
                    "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
+    p.add_argument("--only-sweep", action="store_true", help="only the sweep (the issue's target: --sweep-configs 500 "
+                   "--sweep-iterations 300 --sweep-model 1000000 --sweep-group 1)")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
@@ -180,6 +183,12 @@ def main() -> int:
         a.workers, a.workers_provisioned, a.workers_iterations = [8, 16], [64], 2
     groups = a.groups
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    if a.only_sweep:
+        res = {"sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs,
+                                    a.sweep_model)}
+        if a.output:
+            Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
+        return 0
     wk, wp = a.workers, a.workers_provisioned
     scale = (bench_workers(wk, a.workers_iterations, False, a.topology)
              + bench_workers(wp, a.workers_iterations, True, a.topology))

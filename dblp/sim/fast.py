@@ -86,6 +86,38 @@ from .net import FluidQueue, Host, Path
 
 # Re-evaluate every pass on a port at every change (the lazy rule's reference; tests compare the two).
 EAGER_PORT = False
+_HEAP_KEPT = False
+
+
+def _rng(entropy: list[int]) -> np.random.Generator:
+    """``np.random.default_rng(entropy)``'s very generator (the same stream), built without its
+    argument dispatch: half the cost, and the round level builds one per pass and port."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+def keep_heap() -> None:
+    """Ask glibc's malloc to keep freed memory instead of returning it to the kernel.
+
+    Why: every pass allocates arrays of its slots (leave times, draws, arrivals),
+    and with many workers they add up to hundreds of MB that are freed and
+    allocated again each round. By default malloc gives the top of the heap back
+    (``brk``) and the next round faults every page in again: at 1024 workers
+    that was up to a quarter of the run's CPU time as system time, the more
+    the busier the machine. Raising the trim and mmap thresholds keeps those pages for reuse.
+    Process-wide, done once; a no-op where there is no glibc.
+    """
+    global _HEAP_KEPT
+    if _HEAP_KEPT:
+        return
+    _HEAP_KEPT = True
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6")
+        libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: trim only above 1 GiB of free top
+        libc.mallopt(-3, 1 << 25)  # M_MMAP_THRESHOLD: arrays below 32 MiB come from the (reused) heap
+    except (OSError, AttributeError):
+        pass
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0)
 
@@ -115,6 +147,7 @@ class RoundFlow(FlowBase):
         self.u: np.ndarray | None = None  # each slot's uniform draw for the port's overflow verdict
         self.fresh_t = -math.inf  # port verdicts of slots reaching the port before this are final
         self.qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
+        self.arr_ok = False  # d_slot/d_t hold the arrivals of the current leave times and limit, without waits
         self.seqbuf = _EMPTY_I
         self.d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
         self.d_t = _EMPTY_F  # and their arrival times
@@ -194,11 +227,12 @@ class RoundFlow(FlowBase):
         # Batches of max_batch go to the kernel whole (transport.pump): every
         # batch taken before the STOP arrived leaves. A slot's batch is taken
         # one host interval before the batch's first slot leaves.
-        m0 = int(np.searchsorted(self.leave, t + self.host.h, side="left"))
+        m0 = int(self.leave.searchsorted(t + self.host.h, side="left"))
         b = self.engine.batch
         m = min(self.n, max(-(-m0 // b) * b, self.taken))
         self.take_until(m, t)
         self.limit = m
+        self.arr_ok = False
         self.b_end = max(t, float(self.leave[m - 1])) if m else t
         self.b_used = m
         self.host.remove(self, self.b_end)  # the host is free once they are out
@@ -207,7 +241,7 @@ class RoundFlow(FlowBase):
         else:  # nothing changes at the port but the end of this pass
             for k, q in enumerate(self.queues):
                 q.set(self, t, self._span(k))
-            k = int(np.searchsorted(self.d_slot, m, side="left"))
+            k = int(self.d_slot.searchsorted(m, side="left"))
             self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
 
     def after_finish(self, t: float) -> None:
@@ -245,13 +279,14 @@ class RoundFlow(FlowBase):
         path = self.path
         if self.leave is None:
             self.leave = leave
+            self.arr_ok = False
             if self.seqbuf.size < self.n:
                 self.seqbuf = np.empty(self.n, np.int64)
             # the loss process's verdicts, at the arrival times the port gives now
             if not self.loss.procs:
                 self.lossdrop = None
             elif not self.loss.time_based:
-                self.lossdrop = self.loss.drops(np.broadcast_to(0.0, (self.n,)), self.rnd)
+                self.lossdrop = self.loss.drops(self.engine.zeros(self.n), self.rnd)
             else:
                 arr = leave + path.d1
                 if self.multi:
@@ -266,6 +301,7 @@ class RoundFlow(FlowBase):
             self.u_more = {}
         else:
             self.leave[a:] = leave
+            self.arr_ok = False
         self.queue_update(t)
         self.wake()
 
@@ -338,59 +374,70 @@ class RoundFlow(FlowBase):
 
     def port_refresh(self, t: float) -> None:
         """Re-evaluate the port's verdicts on the slots still to reach it, and the arrivals."""
-        if self.leave is None:
+        leave = self.leave
+        if leave is None:
             return
-        path, n, queue = self.path, self.n, self.queue
+        path, limit = self.path, self.limit
         b = 0 if self.fresh_t == -math.inf else min(
-            int(np.searchsorted(self.leave, self.fresh_t - path.d1, side="right")), self.limit)
+            int(leave.searchsorted(self.fresh_t - path.d1, side="right")), limit)
         self.fresh_t, self.qver = self.env.now, self._version()
         wait = ovf = None
-        if self.multi:
-            if b < self.limit:
+        if b < limit:
+            if self.multi:
                 wait, ovf = self._outcomes(b)
-        elif b < self.limit and not queue.quiet_after(float(self.leave[b]) + path.d1):
-            wait, ovf = queue.outcome(self.leave[b : self.limit] + path.d1, self._draws(0)[b : self.limit])
+            elif not self.queue.quiet_after(float(leave[b]) + path.d1):
+                wait, ovf = self.queue.outcome(leave[b:limit] + path.d1, self._draws(0)[b:limit])
         if wait is not None or self.wait is not None:
             if self.wait is None:
-                self.wait = np.zeros(n)
-            self.wait[b : self.limit] = 0.0 if wait is None else wait
+                self.wait = np.zeros(self.n)
+            self.wait[b:limit] = 0.0 if wait is None else wait
         if ovf is not None or self.ovf is not None:
             if self.ovf is None:
-                self.ovf = np.zeros(n, bool)
-            self.ovf[b : self.limit] = False if ovf is None else ovf
+                self.ovf = np.zeros(self.n, bool)
+            self.ovf[b:limit] = False if ovf is None else ovf
+        if self.arr_ok and self.wait is None and self.ovf is None:
+            # no wait or drop at the port, now or at the last evaluation, and the same leave
+            # times: the arrivals would be rebuilt exactly as they are
+            self.schedule_crossing()
+            return
         # arrivals: keep those before slot b, rebuild from b on
-        keep = int(np.searchsorted(self.d_slot, b, side="left")) if self.d_slot.size else 0
+        d_slot = self.d_slot
+        keep = int(d_slot.searchsorted(b, side="left")) if d_slot.size else 0
         ok = None
         if self.lossdrop is not None:
-            ok = ~self.lossdrop[b : self.limit]
+            ok = ~self.lossdrop[b:limit]
         if self.ovf is not None:
-            o = ~self.ovf[b : self.limit]
+            o = ~self.ovf[b:limit]
             ok = o if ok is None else (ok & o)
         c = self.c_total
         if ok is None:
-            idx = np.arange(b, self.limit, dtype=np.int64)
-            t_rx = self.leave[b : self.limit] + c
+            idx = self.engine.iota(limit)[b:]  # a read-only view: d_slot is never written in place
+            t_rx = leave[b:limit] + c
             if self.wait is not None:
-                t_rx += self.wait[b : self.limit]
+                t_rx += self.wait[b:limit]
         else:
             idx = np.flatnonzero(ok)
             idx += b
-            t_rx = self.leave[idx]
+            t_rx = leave[idx]
             t_rx += c
             if self.wait is not None:
                 t_rx += self.wait[idx]
         # FIFO: a datagram never arrives before one sent ahead of it on the same path. A path of several
         # ports is re-evaluated port by port, which can leave arrivals a hair out of order; delivery
-        # (deliver_until's searchsorted, _drain) needs them sorted, else it waits forever.
+        # (deliver_until's searchsorted, _drain) needs them sorted, else it waits forever. Without a
+        # queueing wait they are sorted already: the host's leave times are (each layout continues
+        # after the slots already out), and the path adds the same constant to each.
         if t_rx.size:
-            np.maximum.accumulate(t_rx, out=t_rx)
-            if keep:
+            if self.wait is not None:
+                np.maximum.accumulate(t_rx, out=t_rx)
+            if keep and t_rx[0] < self.d_t[keep - 1]:
                 np.maximum(t_rx, self.d_t[keep - 1], out=t_rx)
         if keep:
-            self.d_slot = np.concatenate((self.d_slot[:keep], idx))
+            self.d_slot = np.concatenate((d_slot[:keep], idx))
             self.d_t = np.concatenate((self.d_t[:keep], t_rx))
         else:
             self.d_slot, self.d_t = idx, t_rx
+        self.arr_ok = True
         self.schedule_crossing()
 
     def dep_last(self) -> float | None:
@@ -415,12 +462,11 @@ class RoundFlow(FlowBase):
         one stream per pass and port, so verdicts do not depend on when or how often they are taken."""
         if k == 0:
             if self.u is None:
-                self.u = np.random.default_rng(
-                    [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(self.n)
+                self.u = _rng([self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(self.n)
             return self.u
         u = self.u_more.get(k)
         if u is None:
-            u = self.u_more[k] = np.random.default_rng(
+            u = self.u_more[k] = _rng(
                 [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass, k]).random(self.n)
         return u
 
@@ -469,7 +515,7 @@ class RoundFlow(FlowBase):
         self.ensure_fresh()
         if self.dpos >= self.d_slot.size:
             return
-        hi = int(np.searchsorted(self.d_t, t, side="right"))
+        hi = int(self.d_t.searchsorted(t, side="right"))
         r = self.ep.receiver
         while self.dpos < hi:
             lo = self.dpos
@@ -505,6 +551,7 @@ class RoundEngine:
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
         self.seed = cfg.seed
         self.eager = EAGER_PORT  # read once per run (tests switch it)
+        keep_heap()
         self.events = 0
         self.port_users: dict[int, int] = {}  # paths whose data crosses each port
         for path in list(sim.up_paths) + list(sim.down_paths):
@@ -512,6 +559,9 @@ class RoundEngine:
         self._sched: dict[int, HostSched] = {}
         self._fluid: dict[int, FluidQueue] = {}
         self._hops: dict[int, tuple[list[tuple[float, float]], float]] = {}
+        self._iota = _EMPTY_I
+        self._ones = _EMPTY_F
+        self._zeros = _EMPTY_F
 
     def hops(self, path: Path) -> tuple[list[tuple[float, float]], float]:
         """For each port of ``path``: (fixed delay after the first port's arrival, slowest
@@ -531,6 +581,27 @@ class RoundEngine:
                 total = delays[0] + off + qs[-1].ser + delays[-1]
             got = self._hops[id(path)] = (per, total)
         return got
+
+    def iota(self, r: int) -> np.ndarray:
+        """0, 1, ..., r-1 (int64), a read-only view of one array shared by every flow of the run."""
+        if self._iota.size < r:
+            self._iota = np.arange(max(r, 2 * self._iota.size), dtype=np.int64)
+            self._iota.flags.writeable = False
+        return self._iota[:r]
+
+    def zeros(self, r: int) -> np.ndarray:
+        """``r`` zeros (float64), read-only and shared: the times a loss process that ignores them is given."""
+        if self._zeros.size < r:
+            self._zeros = np.zeros(max(r, 2 * self._zeros.size))
+            self._zeros.flags.writeable = False
+        return self._zeros[:r]
+
+    def ones(self, r: int) -> np.ndarray:
+        """1.0, 2.0, ..., r (float64), read-only and shared: the slot offsets of a lone sender's pass."""
+        if self._ones.size < r:
+            self._ones = np.arange(1, max(r, 2 * self._ones.size) + 1, dtype=np.float64)
+            self._ones.flags.writeable = False
+        return self._ones[:r]
 
     def sched(self, host: Host) -> HostSched:
         s = self._sched.get(id(host))

@@ -74,16 +74,9 @@ class HostSched:
         self.active: list[RoundFlow] = []
         self.joining: list[RoundFlow] = []
         self._commit_at: float | None = None
-        self._seq = np.empty(0)
         self._layout: _Layout | None = None  # the layout the pending senders are owed
         self._pending: dict[RoundFlow, int] = {}  # laid out lazily: sender -> its position in _layout.flows
         self._chain_gen = 0
-
-    def _ones(self, r: int) -> np.ndarray:
-        """1, 2, ..., r as floats (cached: most passes are laid out alone)."""
-        if self._seq.size < r:
-            self._seq = np.arange(1, max(r, 2 * self._seq.size) + 1, dtype=np.float64)
-        return self._seq[:r]
 
     def join(self, f: RoundFlow) -> None:
         self.joining.append(f)
@@ -153,6 +146,9 @@ class HostSched:
         anything asks for its times. With N senders and N early STOPs per
         round that is the difference between O(N^2) and O(N) re-layouts.
         """
+        if len(self.active) == 1 and not self._pending and not self.pace:
+            self._relayout_one(t)
+            return
         self._settle_owed(t)
         old, pending = self._layout, self._pending
         self._pending = {}
@@ -160,7 +156,8 @@ class HostSched:
         k = len(flows)
         tt = t + self.eps  # a datagram leaving at t (to float noise) is out: ties do not hang on rounding
         starts = np.empty(k, np.int64)
-        lead = np.full(k, math.inf)
+        lead = np.empty(k)
+        lead.fill(math.inf)
         rem = np.empty(k, np.int64)
         for i, f in enumerate(flows):
             j = pending.get(f)
@@ -170,12 +167,13 @@ class HostSched:
             elif f.leave is None:
                 a = 0
             else:
-                a = int(np.searchsorted(f.leave, tt, side="right"))
+                a = int(f.leave.searchsorted(tt, side="right"))
                 if a < f.n:
                     lead[i] = f.leave[a]
             starts[i] = a
             rem[i] = f.n - a
-        due = np.full(k, math.inf)
+        due = np.empty(k)
+        due.fill(math.inf)
         L = _Layout(t, flows, {f: i for i, f in enumerate(flows)}, rem, starts, lead, due, 0, True)
         ctx = L.ctx
         lazy = not self.pace and k > 1
@@ -203,6 +201,26 @@ class HostSched:
                     continue
             f.laid_out(int(starts[i]), self._leave(ctx, i, f, int(starts[i])), t)
         self._schedule_chain()
+
+    def _relayout_one(self, t: float) -> None:
+        """:meth:`relayout` of a host with one unpaced sender and nothing pending (every
+        worker's host): its remaining slots one host interval apart from ``t``, without
+        the shared description (no other sender could ever read it)."""
+        f = self.active[0]
+        self._layout = None
+        self._chain_gen += 1
+        if f.leave is None:
+            a = 0
+        else:
+            a = int(f.leave.searchsorted(t + self.eps, side="right"))
+            if a > 0:
+                return  # alone and already laid out: nothing changes
+        r = f.n - a
+        if r <= 0:
+            return
+        leave = self.engine.ones(r) * self.h
+        leave += t
+        f.laid_out(a, leave, t)
 
     def _drop_head(self, f: RoundFlow, t: float) -> bool:
         """The head of the round-robin, ``f``, left before its pass was out (already
@@ -278,19 +296,24 @@ class HostSched:
         r = int(rem[i])
         h, q, k = self.h, self.q, len(rem)
         if not self.pace and k == 1:
-            return t + h * self._ones(r)
+            leave = self.engine.ones(r) * h
+            leave += t
+            return leave
         j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
         if self.pace:
             # Paced senders take what their bucket allows each turn: the host is
             # shared evenly, each sender capped by its bucket.
             leave = t + (h * k) * (j + 1).astype(np.float64)
             return np.maximum(leave, f.bucket_times(start + j))
-        if equal:  # round-robin, equal passes: turn u, offset w
+        if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
             full, rest = divmod(r, q)
-            body = (np.arange(full, dtype=np.float64)[:, None] * (k * q) + (i * q + 1)
-                    + np.arange(q, dtype=np.float64)[None, :]).ravel()
-            tail = full * k * q + i * rest + 1 + np.arange(rest, dtype=np.float64)
-            leave = np.concatenate((body, tail)) if rest else body
+            iota = self.engine.iota
+            leave = np.empty(r)
+            if full:
+                np.add.outer(iota(full) * float(k * q), iota(q) + float(i * q + 1),
+                             out=leave[: full * q].reshape(full, q))
+            if rest:
+                np.add(iota(rest), float(full * k * q + i * rest + 1), out=leave[full * q :])
         else:  # round-robin in quanta of host_slice datagrams, in join order
             uq = j // q
             uq *= q

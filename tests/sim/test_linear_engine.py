@@ -67,3 +67,27 @@ def test_multi_port_paths_lazy_equal_eager(monkeypatch, kw):
     lazy = fingerprint(simulate(cfg))
     monkeypatch.setattr(fast, "EAGER_PORT", True)
     _assert_same(lazy, fingerprint(simulate(cfg)), kw["topology"])
+
+
+def test_pass_draws_are_default_rng_streams():
+    """The port's per-pass draws come from the stream ``np.random.default_rng`` names by the same
+    entropy (built more cheaply, not differently): the results pinned before stay reproducible."""
+    import numpy as np
+
+    for entropy in ([0, 0x9047, 0, 3, 7, 1], [2**40 + 5, 0x9047, 1, 1023, 299, 12, 2]):
+        assert np.array_equal(fast._rng(entropy).random(1000), np.random.default_rng(entropy).random(1000))
+
+
+def test_shared_scratch_arrays_are_read_only():
+    """The engine hands every flow views of one shared 0..r-1 / 1..r / zeros array; none may write them."""
+    import numpy as np
+
+    eng = fast.RoundEngine.__new__(fast.RoundEngine)
+    eng._iota, eng._ones, eng._zeros = fast._EMPTY_I, fast._EMPTY_F, fast._EMPTY_F
+    for get, first in ((eng.iota, 0.0), (eng.ones, 1.0), (eng.zeros, 0.0)):
+        a = get(5)
+        assert a.size == 5 and a[0] == first and not a.flags.writeable
+        assert get(3).base is a.base  # grown once, then shared
+        with pytest.raises(ValueError):
+            a[0] = 9
+    assert np.array_equal(eng.iota(4), np.arange(4)) and np.array_equal(eng.ones(3), [1.0, 2.0, 3.0])
