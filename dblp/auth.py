@@ -142,3 +142,21 @@ def datagram_tag(key: bytes, header24: bytes, payload: bytes | memoryview) -> by
     sender | round | seq (header bytes 12:14 and 16:24) over header bytes 8:24 and the payload."""
     nonce = bytes(header24[12:14]) + bytes(header24[16:24]) + b"\0\0"
     return AESGCM(key).encrypt(nonce, b"", bytes(header24[8:24]) + bytes(payload))
+
+
+def gmac_implementations() -> list[str]:
+    """The C helper's AES-GMAC implementations in this build and on this CPU, the one it uses first
+    (``"ipsec-mb"``, ``"openssl"``; none without the helper); ``_fastpath.use_mac`` switches."""
+    try:
+        from . import _fastpath as fast
+    except ImportError:
+        return []
+    have = [fast.MAC]
+    for name in ("ipsec-mb", "openssl"):
+        if name != fast.MAC:
+            try:
+                fast.use_mac(fast.use_mac(name))
+                have.append(name)
+            except ValueError:
+                pass
+    return have

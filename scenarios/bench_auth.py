@@ -45,29 +45,12 @@ from dblp.loopback import loopback_rounds  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 
 
-def gmac_implementations() -> list[str]:
-    """The C helper's AES-GMAC implementations in this build, the default first ([] without the helper)."""
-    try:
-        from dblp import _fastpath as fast
-    except ImportError:
-        return []
-    have = [fast.MAC]
-    for name in ("ipsec-mb", "openssl"):
-        if name != fast.MAC:
-            try:
-                fast.use_mac(fast.use_mac(name))
-                have.append(name)
-            except ValueError:
-                pass
-    return have
-
-
 def integrity_cost(elements: int, repeats: int) -> dict[str, float]:
     """ns per datagram of header encoding and of whole-datagram checks, per wire and per GMAC
     implementation of the C helper (medians)."""
     vals = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     out: dict[str, list[float]] = {}
-    impls = gmac_implementations()
+    impls = auth.gmac_implementations()
     wires: list[tuple[str, bytes | None, str | None]] = [("crc", None, None)]
     wires += [(f"tag_{i}", auth.data_key(b"\1" * 32, 7), i) for i in impls] or [("tag", auth.data_key(b"\1" * 32, 7), None)]
     for _ in range(repeats):
@@ -127,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {what + (' headers' if what == 'encode' else ' datagrams'):16s} {cost[f'{what}_crc_ns']:8.0f}"
               + "".join(f" {cost[f'{what}_{t}_ns']:14.0f}" for t in tags))
     # the rounds: the authenticated wire with the default GMAC, and (--gmac-all) each other one
-    impls = gmac_implementations()
+    impls = auth.gmac_implementations()
     auth_wires = [f"authenticated ({i})" for i in (impls if a.gmac_all else impls[:1])] or ["authenticated"]
     rows = []
     for r in range(repeats):

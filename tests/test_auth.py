@@ -51,23 +51,7 @@ def test_authenticated_layout_sizes():
 
 
 @pytest.mark.skipif(wire._c_mac_rows is None, reason="C helper not built")
-def _gmac_implementations() -> list[str]:
-    """The C helper's AES-GMAC implementations this build and CPU have (none without the helper)."""
-    try:
-        from dblp import _fastpath as fast
-    except ImportError:
-        return ["none"]
-    have = []
-    for name in ("ipsec-mb", "openssl"):
-        try:
-            fast.use_mac(fast.use_mac(name))
-            have.append(name)
-        except ValueError:
-            pass
-    return have
-
-
-@pytest.mark.parametrize("gmac", _gmac_implementations())
+@pytest.mark.parametrize("gmac", auth.gmac_implementations() or ["none"])
 def test_c_tags_equal_the_cryptography_reference_and_the_fallback(monkeypatch, gmac):
     """Every C implementation of the tag (Intel's ipsec-mb, OpenSSL's GCM) writes the bytes of the
     ``cryptography`` reference and of the pure-Python fallback, and checks them."""
