@@ -25,7 +25,7 @@ from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
 from .policy import make_policy
 from .server import ParameterServer, ServerConfig, ServerError
-from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds
+from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
 from .wire import ParameterError
 from .worker import Worker, WorkerError
 
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 if elements is not None:  # else the first worker's HELLO says the shard's size
                     a, b = shard_bounds(elements, args.shards)[args.shard]
                     elements = b - a
-                hub = args.shard_hub or (args.host, args.port + 1 if args.port else 0)
+                hub = args.shard_hub or (args.host, shard_hub_port(args.port))
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
                                order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
                                rounds=args.iterations, peer_timeout=args.peer_timeout,

@@ -115,9 +115,12 @@ def hostport(s: str) -> tuple[str, int]:
 def hostport_any(s: str) -> tuple[str, int]:
     """``type=`` for a HOST:PORT to listen on or reach, port 0 allowed (any free one)."""
     host, _, port = s.rpartition(":")
-    if port == "0" and host:
-        return hostport(f"{host}:1")[0], 0
-    return hostport(s)
+    if port != "0":
+        return hostport(s)
+    try:
+        return check_host(host), 0
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{s!r}: {exc}") from None
 
 
 def hostports(s: str) -> list[tuple[str, int]]:

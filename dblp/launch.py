@@ -42,6 +42,7 @@ from typing import IO, Any, Callable, Protocol, Sequence
 
 from .auth import SECRET_ENV, new_secret
 from .control import DEFAULT_PORT
+from .shard import shard_hub_port
 from .watch import end_process_group
 
 __all__ = ["RunArgs", "server_argv", "worker_argv", "train_worker_argv", "Runner", "LocalRunner", "Launch", "LaunchError",
@@ -238,7 +239,7 @@ class Launch:
         addrs = [self.runner.address(h) for h in self.workers]
         shared = len(set(addrs)) < k  # hosts on one address (loopback): one port each
         ports = [0 if a.port == 0 else a.port + (2 * j if shared else 0) for j in range(k)]
-        hub_port = 0 if a.port == 0 else a.port + (2 * k if shared else 1)
+        hub_port = a.port + 2 * k if shared and a.port else shard_hub_port(a.port)
         servers: list[str] = []
         hub = ""
         for j, h in enumerate(self.workers):

@@ -38,7 +38,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from .records import RecordWriter, RoundRecord
-from .staging import HostStaging
+from .staging import HostStaging, ResultPool
+from .transport import connect_retry
 from .wire import ParameterError
 from .worker import Worker
 
@@ -162,16 +163,11 @@ class NormExchange:
             self.peers[shard] = (conn, nonce)
 
     def _connect(self) -> None:
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            try:
-                conn = socket.create_connection(self.hub, timeout=5.0)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise NormExchangeError(f"shard {self.shard}: cannot reach the shard hub at "
-                                            f"{self.hub[0]}:{self.hub[1]}: {exc}") from None
-                time.sleep(0.1)
+        try:
+            conn = connect_retry(self.hub, self.connect_timeout, interval_s=0.1)
+        except OSError as exc:
+            raise NormExchangeError(f"shard {self.shard}: cannot reach the shard hub at "
+                                    f"{self.hub[0]}:{self.hub[1]}: {exc}") from None
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         nonce = _recv_exact(conn, _NONCE, "shard hub", self.timeout)
         self._send(conn, nonce, 0, self.shard, 0.0)  # the introduction: round 0, our shard
@@ -247,7 +243,7 @@ class ShardedWorker:
         self.staging = HostStaging(elements)
         self._pool = ThreadPoolExecutor(len(servers), thread_name_prefix="dblp-shard")
         self._writer = RecordWriter(records)
-        self._results: list[np.ndarray] = []
+        self._results = ResultPool(elements)
         self.last_record: RoundRecord | None = None
 
     @property
@@ -270,7 +266,7 @@ class ShardedWorker:
         """Send ``x``'s shards to their servers and receive the averaged shards, all at once;
         returns the averaged tensor (zero-filled where a shard's chunks stayed lost)."""
         staged = self.staging.stage(x)
-        out = staged.recv if staged.recv is not None else self._result_buffer()
+        out = staged.recv if staged.recv is not None else self._results.take()
         futures = [self._pool.submit(w.allreduce, staged.send[a:b], out=out[a:b])
                    for w, (a, b) in zip(self.shards, self.bounds)]
         for f in futures:
@@ -278,16 +274,6 @@ class ShardedWorker:
         self.last_record = merge_records([w.last_record for w in self.shards])
         self._writer.write(self.last_record)
         return staged.restore(out)
-
-    def _result_buffer(self) -> np.ndarray:
-        import sys
-
-        for buf in self._results:
-            if sys.getrefcount(buf) <= 3:  # the list's, the loop variable's, getrefcount's argument
-                return buf
-        buf = np.empty(self.elements, np.float32)
-        self._results = [buf, *self._results[:2]]
-        return buf
 
     def close(self, reason: str = "worker done") -> None:
         for w in self.shards:

@@ -176,6 +176,19 @@ class Peer:
         return s.ready(now)
 
 
+def connect_retry(addr: tuple[str, int], timeout_s: float, interval_s: float = 0.2) -> socket.socket:
+    """A TCP connection to ``addr``, retried every ``interval_s`` while the peer is not up yet (a
+    launcher starts processes in parallel); after ``timeout_s`` the last ``OSError`` is raised."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return socket.create_connection(addr, timeout=5.0)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval_s)
+
+
 def pump(
     peers: list[Peer],
     until: Callable[[], bool],

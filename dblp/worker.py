@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import sys
 import time
 from typing import Any, Sequence
 
@@ -25,15 +24,12 @@ from .core import DEFAULT_ORDER
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
-from .staging import HostStaging
-from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
+from .staging import HostStaging, ResultPool
+from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, connect_retry, pump
 from .udp import DataSocket
 from .wire import ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.worker")
-
-
-RESULT_POOL = 3  # result buffers kept for reuse
 
 
 class WorkerError(RuntimeError):
@@ -92,15 +88,10 @@ class Worker:
 
     # -- connection ----------------------------------------------------------------
     def connect(self) -> "Worker":
-        deadline = time.monotonic() + self.connect_timeout
-        while True:
-            try:
-                tcp = socket.create_connection(self.server, timeout=5.0)
-                break
-            except OSError as exc:
-                if time.monotonic() > deadline:
-                    raise WorkerError(f"cannot reach the server at {self.server[0]}:{self.server[1]}: {exc}") from exc
-                time.sleep(0.2)
+        try:
+            tcp = connect_retry(self.server, self.connect_timeout)
+        except OSError as exc:
+            raise WorkerError(f"cannot reach the server at {self.server[0]}:{self.server[1]}: {exc}") from exc
         tcp.settimeout(self.peer_timeout)
         udp = DataSocket(tcp.getsockname()[0], 0, fast=self.fast)
         self.peer = Peer("server", tcp, udp, on_message=self._on_message)
@@ -130,7 +121,7 @@ class Worker:
             self.session.handle_control(msg, t)
         self._early = []
         self.peer.receiver = self.session.receiver
-        self._results: list[np.ndarray] = []  # result buffers; see _result_buffer
+        self._results = ResultPool(self.layout.elements)  # result buffers, reused once the caller lets go
         self.staging = HostStaging(self.layout.elements)  # host buffers of CUDA tensors, reused every round
         log.info("worker %d connected: %d chunks per round", self.worker_id, self.layout.chunks)
         return self
@@ -195,7 +186,7 @@ class Worker:
                                 or not out.flags.c_contiguous):
             raise ValueError(f"out must be a contiguous float32 array of {self.layout.elements} elements")
         if out is None:
-            out = staged.recv if staged.recv is not None else self._result_buffer()
+            out = staged.recv if staged.recv is not None else self._results.take()
         sender = s.begin_round(time.monotonic(), staged.send, out, t_ready=t0)
         self.peer.sender = sender
         recv = s.receiver
@@ -210,25 +201,6 @@ class Worker:
         self.last_record = rec
         self._writer.write(rec)
         return staged.restore(out)
-
-    def _result_buffer(self) -> np.ndarray:
-        """A buffer for this round's result that no caller still holds.
-
-        The averaged tensor is received straight into the array that
-        :meth:`allreduce` returns, so there is no copy of it; a buffer is
-        reused only once nothing outside this list refers to it (a returned
-        array, a view of it or a tensor made with ``torch.from_numpy`` all
-        hold a reference), so a result kept by the caller is never
-        overwritten. Fresh memory is not free either: on a VM its first
-        touch costs more than the copy it replaces.
-        """
-        for i in range(len(self._results)):
-            # references: the list's, and getrefcount's argument
-            if sys.getrefcount(self._results[i]) <= 2:
-                return self._results[i]
-        buf = np.empty(self.layout.elements, np.float32)
-        self._results = [buf, *self._results[:RESULT_POOL - 1]]  # the pool forgets the oldest held buffer
-        return buf
 
     def close(self, reason: str = "worker done") -> None:
         if self.peer is not None:
