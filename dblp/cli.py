@@ -18,7 +18,7 @@ from traces.argtypes import count_arg, int_arg, port_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg, rate_arg
 
 from .auth import AuthError, new_secret
-from .cliargs import (add_auth_args, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
+from .cliargs import (add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT
 from .core import ORDERS
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="server HOST:PORT; several, comma-separated: the shard servers of the sharded mode, "
                         "shard 0 first")
+    add_local_shard_arg(w)
     w.add_argument("--id", type=int_arg(-1), default=-1, help="worker id (-1: assigned by the server)")
     w.add_argument("--model", type=model_arg, default="efficientnet_b0", help="gradient size: " + MODEL_HELP)
     w.add_argument("--iterations", type=count_arg(1), default=100, help="iterations (rounds) to run")
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
                       insecure=args.insecure)
             if len(args.server) > 1:
                 shard_bounds(elements, len(args.server))  # refuses a tensor too small to cut, by name
-                wk_cm: Worker | ShardedWorker = ShardedWorker(args.server, **kw)
+                wk_cm: Worker | ShardedWorker = ShardedWorker(args.server, local_shard=args.local_shard, **kw)
             else:
                 wk_cm = Worker(args.server[0][0], args.server[0][1], **kw)
             with wk_cm as wk:

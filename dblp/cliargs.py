@@ -131,6 +131,30 @@ def hostports(s: str) -> list[tuple[str, int]]:
     return out
 
 
+LOCAL_SHARD_HELP = ("sharded mode: the shard whose server runs on this host, whose share then moves "
+                    "through shared memory, not the network (dblp.hostlocal): auto (the server at one of "
+                    "this host's addresses), off (the network for every shard), or its index")
+
+
+def add_local_shard_arg(p: argparse.ArgumentParser | Any) -> None:
+    """``--local-shard`` of the workers that take ``--server`` lists (dblp worker, dblp.train worker)."""
+    p.add_argument("--local-shard", type=local_shard_arg, default="auto", metavar="auto|off|J",
+                   help=LOCAL_SHARD_HELP)
+
+
+def local_shard_arg(text: str) -> int | str | None:
+    """``type=`` for ``--local-shard``: "auto", "off" (None) or a shard index."""
+    if text in ("auto", "off"):
+        return None if text == "off" else text
+    try:
+        j = int(text)
+    except ValueError:
+        j = -1
+    if j < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: auto, off or a shard index (0, 1, ...)")
+    return j
+
+
 def tolerance_arg(text: str) -> float:
     """``type=`` for a loss tolerance: :func:`dblp.policy.check_tolerance`'s rule, [0, 1)."""
     try:

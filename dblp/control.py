@@ -23,6 +23,8 @@ type    name       body
 9       COMMON     round u32, packed bits: the chunks every worker kept
 10      CHALLENGE  server nonce (16 bytes), server proof (32 bytes)
 11      AUTH       worker proof (32 bytes)
+12      LOCAL      round u32, direction u8: a pass of the whole tensor is in the
+                   host-local slot (:mod:`dblp.hostlocal`, the sharded mode)
 ======  =========  ==========================================================
 
 CHALLENGE and AUTH are the authenticated handshake (:mod:`dblp.auth`): the
@@ -47,6 +49,8 @@ from typing import Union
 
 import numpy as np
 
+from .hostlocal import PATH_RE as LOCAL_PATH_RE
+
 UP = 0
 DOWN = 1
 MAX_FRAME = 64 * 1024 * 1024  # a bitmap of 500M chunks; anything larger is garbage
@@ -69,6 +73,7 @@ class Hello:
     spec: dict  # {"names": [...], "shapes": [[...], ...], "elements": n}
     version: int = PROTOCOL_VERSION
     nonce: str = ""  # the worker's challenge to the server (32 hex digits); "" on the insecure wire
+    local: str = ""  # the host-local slot's path (dblp.hostlocal): the data path to a server on this host
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,14 @@ class Common:
         return _unpack(self.bits, chunks)
 
 
+@dataclass(frozen=True)
+class Local:
+    """Either side: a pass of round ``round``, direction ``direction``, is in the host-local slot."""
+
+    round: int
+    direction: int
+
+
 def _unpack(bits: bytes, chunks: int) -> np.ndarray:
     b = np.frombuffer(bits, dtype=np.uint8)
     if b.size * 8 < chunks:
@@ -158,7 +171,7 @@ def _unpack(bits: bytes, chunks: int) -> np.ndarray:
     return np.unpackbits(b, count=chunks).astype(bool)
 
 
-Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common, Challenge, AuthProof]
+Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common, Challenge, AuthProof, Local]
 NONCE_BYTES = 16
 PROOF_BYTES = 32
 
@@ -168,6 +181,7 @@ _BITMAP = struct.Struct("!IBI")
 _STOP = struct.Struct("!IBI")
 _FRAME = struct.Struct("!IB")
 _ROUND_NO = struct.Struct("!I")
+_LOCAL = struct.Struct("!IB")
 
 
 def encode(msg: Message) -> bytes:
@@ -175,6 +189,8 @@ def encode(msg: Message) -> bytes:
         d = {"worker": msg.worker, "udp_port": msg.udp_port, "spec": msg.spec, "version": msg.version}
         if msg.nonce:
             d["nonce"] = msg.nonce
+        if msg.local:
+            d["local"] = msg.local
         t, body = 1, json.dumps(d).encode()
     elif isinstance(msg, Meta):
         t, body = 2, json.dumps(msg.info).encode()
@@ -196,6 +212,8 @@ def encode(msg: Message) -> bytes:
         t, body = 10, msg.nonce + msg.proof
     elif isinstance(msg, AuthProof):
         t, body = 11, msg.proof
+    elif isinstance(msg, Local):
+        t, body = 12, _LOCAL.pack(msg.round, msg.direction)
     else:  # pragma: no cover - programming error
         raise TypeError(f"not a control message: {msg!r}")
     return _FRAME.pack(len(body) + 1, t) + body
@@ -235,6 +253,8 @@ def _decode_body(t: int, body: bytes) -> Message:
             if len(body) != PROOF_BYTES:
                 raise ControlError(f"AUTH of {len(body)} bytes, expected {PROOF_BYTES}")
             return AuthProof(bytes(body))
+        if t == 12:
+            return Local(*_LOCAL.unpack(body))
     except (struct.error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ControlError(f"malformed control message of type {t}: {exc}") from exc
     raise ControlError(f"unknown control message type {t}")
@@ -268,9 +288,12 @@ def _hello(d: object) -> Hello:
     if not isinstance(nonce, str) or (nonce and (len(nonce) != 2 * NONCE_BYTES
                                                  or any(c not in "0123456789abcdef" for c in nonce))):
         raise ControlError(f"HELLO nonce must be {2 * NONCE_BYTES} lower-case hex digits, got {nonce!r}")
+    local = d.get("local", "")
+    if not isinstance(local, str) or (local and not LOCAL_PATH_RE.fullmatch(local)):
+        raise ControlError(f"HELLO local must be a host-local slot's path, got {local!r}")
     return Hello(_int(d, "worker", -1, 65534, "worker"), _int(d, "udp_port", 1, 65535, "udp_port"),
                  {"elements": elements, "names": names, "shapes": shapes},
-                 _int(d, "version", 0, 1 << 16, "version"), nonce)
+                 _int(d, "version", 0, 1 << 16, "version"), nonce, local)
 
 
 def canonical_hello(hello: Hello) -> bytes:

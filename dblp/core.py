@@ -279,8 +279,9 @@ class RoundSender:
         return self.state is SendState.DONE
 
     # -- data --------------------------------------------------------------
-    def datagrams_to_send(self, now: float, limit: int | None = None) -> Batch | None:
-        """R2: the next datagrams of the current pass, as allowed by pacing."""
+    def datagrams_to_send(self, now: float, limit: int | None = None, headers: bool = True) -> Batch | None:
+        """R2: the next datagrams of the current pass, as allowed by pacing. ``headers=False``: the
+        chunks only, nothing encoded (a data path that carries no datagrams, :mod:`dblp.hostlocal`)."""
         if self.state is SendState.BACKOFF and now >= self._backoff_until:
             self._start_pass(now)
         if self.state is not SendState.SENDING:
@@ -290,10 +291,13 @@ class RoundSender:
         if k <= 0:
             return None
         seqs = self._pass[self._pos : self._pos + k]
-        if self._pass is self.order and self._same_order:  # first pass: slices of the encoded headers
-            headers, lengths = self.enc.span(self._pos, self._pos + k)
+        hdrs: np.ndarray | None
+        if not headers:
+            hdrs, lengths = None, self.enc.lengths[seqs]
+        elif self._pass is self.order and self._same_order:  # first pass: slices of the encoded headers
+            hdrs, lengths = self.enc.span(self._pos, self._pos + k)
         else:
-            headers, lengths = self.enc.take(seqs)
+            hdrs, lengths = self.enc.take(seqs)
         self._pos += k
         self.pacer.consume(int(lengths.sum()))
         self.stats.sent += k
@@ -301,7 +305,7 @@ class RoundSender:
             self.state = SendState.AWAIT_REPLY
             self._idle_since = now
             self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
-        return Batch(headers, lengths, seqs, getattr(self.enc, "values", None), self.layout)
+        return Batch(hdrs, lengths, seqs, getattr(self.enc, "values", None), self.layout)
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []

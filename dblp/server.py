@@ -24,6 +24,7 @@ import numpy as np
 from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
+from .hostlocal import LocalSlot, LocalSlotError
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
@@ -136,6 +137,7 @@ class ParameterServer:
         self._hook = RoundHookClient(cfg.round_hook) if cfg.round_hook else None
         self._bursts: dict[int, bool] = {}  # round -> the hook said a burst is active
         self.norm_exchange: NormExchange | None = None
+        self._local_slots: list[LocalSlot] = []  # host-local workers' slots (dblp.hostlocal)
         if cfg.shards > 1:
             assert cfg.shard_hub is not None
             try:
@@ -168,6 +170,7 @@ class ParameterServer:
         taken: set[int] = set()
         pending: list[tuple[socket.socket, ctl.Hello]] = []
         shaking: dict[socket.socket, _Handshake] = {}
+        local: dict[socket.socket, LocalSlot] = {}
         deadline = time.monotonic() + self.cfg.accept_timeout
         sel = selectors.DefaultSelector()
         self.listener.setblocking(False)
@@ -190,6 +193,12 @@ class ParameterServer:
             if why:
                 refuse(conn, why, "hello")
                 return
+            if hello.local:  # a worker on this host: its data path is the slot it made (dblp.hostlocal)
+                try:
+                    local[conn] = LocalSlot.open(hello.local, int(hello.spec["elements"]))
+                except LocalSlotError as exc:
+                    refuse(conn, f"host-local slot: {exc}", "hello")
+                    return
             spec = spec or hello.spec  # only an authenticated worker fixes the tensor size
             if hello.worker >= 0:
                 taken.add(hello.worker)
@@ -294,6 +303,9 @@ class ParameterServer:
             udp = DataSocket(conn.getsockname()[0], 0, fast=self.cfg.fast)
             peer = Peer(f"worker {wid}", conn, udp, on_message=self._on_message)
             peer.udp_addr = (conn.getpeername()[0], hello.udp_port)
+            if conn in local:
+                self._local_slots.append(local[conn])
+                peer.local = (local[conn].down, local[conn].up)
             peers[wid] = peer
             self.workers.append(_WorkerState(wid, peer))
         self.session = ServerSession(
@@ -325,6 +337,7 @@ class ParameterServer:
                         "gso": w.peer.udp.gso,
                         "consistency": self.cfg.consistency,
                         "wire": self.layout.version,
+                        "local": w.peer.local is not None,
                     }
                 )
             )
@@ -499,6 +512,9 @@ class ParameterServer:
             self._hook.close()
         if self.norm_exchange is not None:
             self.norm_exchange.close()
+        for slot in self._local_slots:
+            slot.close()
+        self._local_slots = []
 
 
 def _close_peer(peer: Peer, reason: str | None = None) -> None:

@@ -231,15 +231,24 @@ class ShardedWorker:
     receiving its shard in place in the caller's buffers.
 
     ``servers``: the shard servers' (HOST, PORT), shard j's at index j. ``records``: one merged
-    record per round (:func:`merge_records`). Other keywords go to every shard's Worker."""
+    record per round (:func:`merge_records`). ``local_shard``: the shard whose server runs on this
+    host, whose share then moves through shared memory (:mod:`dblp.hostlocal`) instead of the
+    network: an index, None (none), or ``"auto"`` (:func:`local_shard`). Other keywords go to every
+    shard's Worker."""
 
     def __init__(self, servers: Sequence[tuple[str, int]], *, elements: int, records: str | None = None,
-                 **kw: Any) -> None:
+                 local_shard: int | str | None = "auto", **kw: Any) -> None:
         if len(servers) < 2:
             raise ParameterError(f"the sharded mode needs at least 2 shard servers, got {len(servers)}")
         self.bounds = shard_bounds(elements, len(servers))
         self.elements = elements
-        self.shards = [Worker(h, p, elements=b - a, **kw) for (h, p), (a, b) in zip(servers, self.bounds)]
+        if local_shard == "auto":
+            local_shard = find_local_shard(servers, kw.get("worker_id", -1))
+        elif local_shard is not None and not 0 <= int(local_shard) < len(servers):
+            raise ParameterError(f"local shard {local_shard} is not one of the {len(servers)} shards")
+        self.local_shard = local_shard
+        self.shards = [Worker(h, p, elements=b - a, local=j == local_shard, **kw)
+                       for j, ((h, p), (a, b)) in enumerate(zip(servers, self.bounds))]
         self.staging = HostStaging(elements)
         self._pool = ThreadPoolExecutor(len(servers), thread_name_prefix="dblp-shard")
         self._writer = RecordWriter(records)
@@ -286,6 +295,29 @@ class ShardedWorker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def find_local_shard(servers: Sequence[tuple[str, int]], worker_id: int = -1) -> int | None:
+    """The shard whose server is on this host, by its address: one this host can bind to. With
+    several such (every server on one loopback address), the worker's own index if given - the
+    launchers put shard j's server on worker j's host - else None: the network path for all."""
+    mine = [j for j, (host, _) in enumerate(servers) if _is_own_address(host)]
+    if len(mine) == 1:
+        return mine[0]
+    return worker_id if worker_id in mine else None
+
+
+def _is_own_address(host: str) -> bool:
+    """Whether ``host`` is an address of this host (its network namespace): the kernel routes a
+    datagram to a local address from that same address (a bind test would pass any address where
+    ``ip_nonlocal_bind`` is set)."""
+    try:
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            return s.getsockname()[0] == s.getpeername()[0]
+    except OSError:
+        return False
 
 
 def shard_hub_port(port: int) -> int:

@@ -65,6 +65,10 @@ class Peer:
         self.last_heard = time.monotonic()
         self.closed = False
         self.bye: str | None = None  # the reason of an orderly BYE
+        # The host-local data path (dblp.hostlocal): (the slot array this side sends from, the one
+        # it receives from); None = datagrams over UDP.
+        self.local: tuple[np.ndarray, np.ndarray] | None = None
+        self._every_chunk = np.zeros(0, np.int64)
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A peer whose process dies closes the connection at once; a peer whose
         # host vanishes is found by TCP keepalive, so a long compute step of
@@ -121,6 +125,8 @@ class Peer:
         elif isinstance(m, (ctl.Stop, ctl.Bitmap)):
             if self.sender is not None:
                 self.sender.handle_control(m, now)
+        elif isinstance(m, ctl.Local):
+            self._receive_local(m, now)
         elif isinstance(m, ctl.Bye):
             self.closed = True
             self.bye = m.reason
@@ -161,10 +167,44 @@ class Peer:
             for m in self.receiver.control_to_send():
                 self.send_control(m)
 
+    def _receive_local(self, m: ctl.Local, now: float) -> None:
+        """A pass in the host-local slot: the whole tensor, copied into the open round's buffer and
+        taken at once. Of another round (or none open) it is counted stale by the core, uncopied."""
+        r = self.receiver
+        if self.local is None or r is None:
+            raise PeerError(f"{self.name}: sent LOCAL without a host-local slot (protocol error)", self)
+        if m.direction != r.direction:
+            raise PeerError(f"{self.name}: LOCAL of direction {m.direction} toward direction {r.direction}", self)
+        n = r.layout.chunks
+        if self._every_chunk.size != n:
+            self._every_chunk = np.arange(n, dtype=np.int64)
+        if r.active and not r.complete and m.round == r.round_no and r.out is not None:
+            np.copyto(r.out, self.local[1])
+        r.receive_chunks(m.round, self._every_chunk, now)
+        for msg in r.control_to_send():
+            self.send_control(msg)
+
+    def _send_local(self, now: float) -> bool:
+        """A pass over the host-local slot: its values copied in once per round, then one LOCAL."""
+        s = self.sender
+        assert s is not None and self.local is not None
+        b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
+        if b is not None:
+            if s.stats.passes == 1 and b.values is not None:
+                np.copyto(self.local[0], b.values)
+            self.send_control(ctl.Local(s.round_no, s.direction))
+        for m in s.control_to_send():
+            self.send_control(m)
+        return s.ready(now)
+
     def send_data(self, now: float) -> bool:
         """Send a slice of the current pass; True if more is ready right away."""
         s = self.sender
-        if s is None or s.done or self.udp_addr is None:
+        if s is None or s.done:
+            return False
+        if self.local is not None:
+            return self._send_local(now)
+        if self.udp_addr is None:
             return False
         for _ in range(SEND_SLICE):
             b = s.datagrams_to_send(now)

@@ -21,6 +21,7 @@ import numpy as np
 from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
+from .hostlocal import LocalSlot, LocalSlotError
 from .pacing import TokenBucket
 from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
@@ -54,9 +55,12 @@ class Worker:
         fast: bool | None = None,
         secret: bytes | None = None,
         insecure: bool = False,
+        local: bool = False,
     ) -> None:
         """``secret``: the run's shared secret (:mod:`dblp.auth`); None reads ``$DBLP_SECRET``.
-        ``insecure``: the paper's unauthenticated wire (the server must run ``--insecure`` too)."""
+        ``insecure``: the paper's unauthenticated wire (the server must run ``--insecure`` too).
+        ``local``: the server runs on this host; the data moves through a shared-memory slot
+        (:mod:`dblp.hostlocal`) instead of UDP - the control protocol is the same."""
         if elements is None:
             elements = int(sum(int(np.prod(s)) for s in shapes)) if shapes else 0
         if elements <= 0:
@@ -85,6 +89,8 @@ class Worker:
         self.last_record: RoundRecord | None = None
         self._bye: str | None = None
         self._challenge: ctl.Challenge | None = None
+        self.local = local
+        self._slot: LocalSlot | None = None
 
     # -- connection ----------------------------------------------------------------
     def connect(self) -> "Worker":
@@ -96,12 +102,27 @@ class Worker:
         udp = DataSocket(tcp.getsockname()[0], 0, fast=self.fast)
         self.peer = Peer("server", tcp, udp, on_message=self._on_message)
         nonce = auth.new_nonce() if self.secret is not None else b""
-        hello = ctl.Hello(self.requested_id, udp.port, self.spec, nonce=nonce.hex())
+        if self.local:
+            try:
+                self._slot = LocalSlot.create(int(self.spec["elements"]))
+            except LocalSlotError as exc:
+                raise WorkerError(str(exc)) from None
+        hello = ctl.Hello(self.requested_id, udp.port, self.spec, nonce=nonce.hex(),
+                          local=self._slot.path if self._slot is not None else "")
         self.peer.send_control(hello)
-        if self.secret is not None:
-            self._authenticate(hello, nonce)
-        self._pump(lambda: bool(self.meta), "metadata")
+        try:
+            if self.secret is not None:
+                self._authenticate(hello, nonce)
+            self._pump(lambda: bool(self.meta), "metadata")
+        finally:
+            if self._slot is not None:  # attached by the server now, or never: the name can go
+                self._slot.unlink()
         m = self.meta
+        if self._slot is not None:
+            if not m.get("local"):
+                raise WorkerError(f"the server at {self.server[0]}:{self.server[1]} did not take the "
+                                  f"host-local data path")
+            self.peer.local = (self._slot.up, self._slot.down)
         self.worker_id = int(m["worker"])
         wire = int(m.get("wire", 1))
         if (wire == 2) != (self.secret is not None):
@@ -219,6 +240,10 @@ class Worker:
             tcp.close()
             self.peer.udp.close()
             self.peer = None
+        if self._slot is not None:
+            self._slot.unlink()
+            self._slot.close()
+            self._slot = None
         self._writer.close()
 
     def __enter__(self) -> "Worker":

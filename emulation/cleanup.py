@@ -19,7 +19,8 @@ running beside it keeps its shells, bridges and links:
 3. namespace hosts of ``emulation.nshosts`` (``dblpns-*``) whose creator is gone;
 4. bridges carrying our ifalias ``dblpem pid=<creator>`` whose creator is gone
    (and the veths enslaved to them), nft tables ``dblp_loss*``/``dblpem_*``,
-   network namespaces ``dblpem-*``.
+   network namespaces ``dblpem-*``;
+5. shared-memory slots ``/dev/shm/dblp-local-<pid>-*`` (:mod:`dblp.hostlocal`) whose worker is gone.
 
 Other sessions' ``dblp-*`` namespaces and ``dblp_*`` tables are left alone
 unless ``--all-dblp`` is given (they may belong to a test running right now).
@@ -37,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from dblp import hostlocal
 from traces.units import HelpFormatter
 
 from .runstate import STATE_DIR, RunLock, RunStates, pid_alive, read_states, run_tag, stale_bridge
@@ -57,6 +59,7 @@ class Plan:
     nft_tables: list[tuple[str, str]] = field(default_factory=list)  # (family, name)
     netns: list[str] = field(default_factory=list)
     foreign_shells: list[int] = field(default_factory=list)  # plain Mininet's: never touched
+    slots: list[Path] = field(default_factory=list)  # host-local slots of dead workers (dblp.hostlocal)
 
 
 def _plan(states: RunStates, all_dblp: bool = False) -> Plan:
@@ -116,6 +119,7 @@ def _plan(states: RunStates, all_dblp: bool = False) -> Plan:
 
     plan.netns = [n for n in _netns_names() if not _probe_alive(n) and
                   (n.startswith("dblpem-") or (all_dblp and n.startswith("dblp")))]
+    plan.slots = hostlocal.leftovers()
     return plan
 
 
@@ -123,7 +127,7 @@ def cleanup(dry_run: bool = False, all_dblp: bool = False, force: bool = False,
             verbose: bool = True) -> dict[str, list]:
     """Remove leftovers; returns what was (or, with dry_run, would be) removed."""
     done: dict[str, list] = {"state_files": [], "processes": [], "interfaces": [],
-                             "bridges": [], "nft_tables": [], "netns": [], "sysctls": []}
+                             "bridges": [], "nft_tables": [], "netns": [], "sysctls": [], "slots": []}
 
     def say(msg: str) -> None:
         if verbose:
@@ -215,6 +219,13 @@ def _cleanup_locked(done: dict[str, list], say: Callable[[str], None], dry_run: 
             kill_pids(pids, grace_s=0.5)
             run(["ip", "netns", "del", name], check=False)
 
+    # 5. shared-memory slots of workers killed in their handshake (named after their dead creator)
+    for path in plan.slots:
+        say(f"deleting host-local slot {path}")
+        done["slots"].append(str(path))
+        if not dry_run:
+            path.unlink(missing_ok=True)
+
 
 def leftovers() -> dict[str, list]:
     """What a finished or killed emulation run left behind (empty lists = clean).
@@ -233,6 +244,7 @@ def leftovers() -> dict[str, list]:
             "processes": [p for p in plan.processes if p not in shells],
             "nft_tables": [n for _, n in plan.nft_tables],
             "netns": plan.netns,
+            "slots": [str(p) for p in plan.slots],
             "state_files": [str(f) for f, _ in plan.dead_runs]}
 
 

@@ -119,12 +119,16 @@ from emulation.nshosts import DROP_TABLE, NsHost, NsNet, Shape, nft_apply, nft_r
 WORKERS = 3  # default of --workers
 #: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain;
 #: ``gso-crc`` is the GSO path on the paper's CRC-only wire (``--insecure``), to price authentication
-PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded")
+PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded", "sharded-net")
 DEFAULT_PATHS = ("gso", "gso-seg", "plain", "sharded")
 SEGMENTED = "gso-seg"
 CRC_ONLY = "gso-crc"
-#: the sharded mode (dblp.shard) on the GSO path: a shard server on each worker host, srv idle
+#: the sharded mode (dblp.shard) on the GSO path: a shard server on each worker host, srv idle; a
+#: worker's own shard moves through shared memory (dblp.hostlocal); ``sharded-net``: every shard
+#: over the network (``--local-shard off``), to price the host-local path
 SHARDED = "sharded"
+SHARDED_NET = "sharded-net"
+SHARDED_PATHS = (SHARDED, SHARDED_NET)
 #: the authenticated GSO round over the CRC-only one (issue 14's target)
 AUTH_TARGET = 1.10
 #: the segmented path's lossless round over the GSO path's (issue 15's target)
@@ -279,7 +283,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     first_lossy = args.warmup + args.rounds
     schedule: dict[int, float] = {}
     roles: dict[int, str] = {}
-    if args.burst_loss > 0 and path != SHARDED:  # (the loss rule sits on srv's link, which sharded rounds skip)
+    if args.burst_loss > 0 and path not in SHARDED_PATHS:  # (the loss rule sits on srv's link, which sharded rounds skip)
         # calibrations and burst interleaved, repeated: drift and one-off stalls spread over all
         for _ in range(args.burst_repeats):
             for loss in args.calib_loss:
@@ -301,7 +305,8 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
                             mtu=args.mtu, insecure=path == CRC_ONLY,
-                            aggregation="sharded" if path == SHARDED else "server"), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
+                            aggregation="sharded" if path in SHARDED_PATHS else "server",
+                            worker_extra=["--local-shard", "off"] if path == SHARDED_NET else []), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
     run = DblpRun(path, elements)
     tails = [Tail(outdir / f"worker{i}.jsonl") for i in range(n_workers)]
     done = [-1] * n_workers
@@ -349,7 +354,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         launch.stop()
         if path == SEGMENTED:
             segment_links(net, hosts, on=False)  # gloo, iperf3 and the other paths run on plain veth
-    server_file = outdir / ("server.shard0.jsonl" if path == SHARDED else "server.jsonl")
+    server_file = outdir / ("server.shard0.jsonl" if path in SHARDED_PATHS else "server.jsonl")
     run.server = [vars(r) for r in read_records(server_file)]  # null -> NaN, as written
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
     return run
@@ -684,7 +689,7 @@ def main(argv=None) -> int:
                     row = {c: float("nan") for c in CSV_COLUMNS}
                     row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
                                 "gso_active": gso_ok and path != "plain", "workers": args.workers, "p": args.p,
-                                "aggregation": "sharded" if path == SHARDED else "server",
+                                "aggregation": "sharded" if path in SHARDED_PATHS else "server",
                                 "mtu": args.mtu,
                                 "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
                     row.update({k: v for k, v in d.items() if k in row})

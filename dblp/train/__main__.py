@@ -13,7 +13,7 @@ import json
 import sys
 
 from dblp.auth import AuthError
-from dblp.cliargs import add_auth_args, hostports, parser, worker_secret
+from dblp.cliargs import add_auth_args, add_local_shard_arg, hostports, parser, worker_secret
 from dblp.shard import NormExchangeError, ShardedWorker
 from dblp.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
@@ -28,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="server HOST:PORT; several, comma-separated: the shard servers of the sharded mode "
                         "(dblp.shard), shard 0 first")
+    add_local_shard_arg(w)
     w.add_argument("--id", type=int_arg(0), required=True, help="worker index (data shard)")
     w.add_argument("--workers", type=count_arg(1), required=True, help="number of workers (shards)")
     w.add_argument("--workload", default="small_cnn",
@@ -89,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(elements=elements, worker_id=a.id, records=a.records, source=a.source,
                   fast=False if a.plain else None, peer_timeout=a.peer_timeout, send_rate_bps=a.pace,
                   secret=secret, insecure=a.insecure)
-        exchange = ShardedWorker(a.server, **kw) if len(a.server) > 1 else Worker(*a.server[0], **kw)
+        exchange = (ShardedWorker(a.server, local_shard=a.local_shard, **kw) if len(a.server) > 1
+                    else Worker(*a.server[0], **kw))
         with exchange as wk:
             summary = train(wl, AllreduceExchange(wk), cfg)
     except (WorkerError, NormExchangeError) as exc:
