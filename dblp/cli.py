@@ -83,6 +83,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-hub", type=hostport_any, default=None, metavar="HOST:PORT",
                    help="the shard servers' norm exchange: where shard 0 listens (port 0: any free one) and the "
                         "others connect (default: --host, the control port + 1)")
+    s.add_argument("--threads", type=count_arg(1), default=ServerConfig.threads,
+                   help="event loops over the workers, one thread each with its share of them: the receive and "
+                        "send loops run in C without the GIL, so more than one core moves data (consistency "
+                        "none only; intersect keeps one)")
     add_policy_args(s)
     add_auth_args(s, "server")
 
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
                                elements=elements, consistency=args.consistency, round_hook=args.round_hook,
                                secret=secret, insecure=args.insecure, shard=args.shard, shards=args.shards,
-                               shard_hub=hub)
+                               shard_hub=hub, threads=args.threads)
             try:
                 srv = ParameterServer(cfg)
             except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve

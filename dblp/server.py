@@ -16,6 +16,7 @@ import math
 import secrets
 import selectors
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -32,7 +33,7 @@ from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
-from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump
+from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump, pump_parallel
 from .udp import DataSocket, family_of
 from .wire import ChunkLayout, ParameterError
 
@@ -69,6 +70,9 @@ class ServerConfig:
     shard: int = 0
     shards: int = 1
     shard_hub: tuple[str, int] | None = None
+    # Event loops over the workers, each a thread with its share of them (transport.pump_parallel):
+    # the C receive and send loops release the GIL, so a server can use more than one core.
+    threads: int = 2
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -89,6 +93,8 @@ class ServerConfig:
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
+        if not 1 <= self.threads <= 64:
+            raise ParameterError(f"threads must be in [1, 64], got {self.threads}")
         if self.shards < 1 or not 0 <= self.shard < self.shards:
             raise ParameterError(f"shard must be in [0, shards) with shards >= 1, got {self.shard} of {self.shards}")
         if self.shards > 1 and self.shard_hub is None:
@@ -138,6 +144,7 @@ class ParameterServer:
         self._bursts: dict[int, bool] = {}  # round -> the hook said a burst is active
         self.norm_exchange: NormExchange | None = None
         self._local_slots: list[LocalSlot] = []  # host-local workers' slots (dblp.hostlocal)
+        self._session_lock = threading.Lock()
         if cfg.shards > 1:
             assert cfg.shard_hub is not None
             try:
@@ -368,6 +375,12 @@ class ParameterServer:
         return None
 
     def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
+        """A worker's message for the session (not PROBE/BITMAP/STOP, which its own receiver and
+        sender take): one at a time, since with ``threads`` > 1 several loops deliver them."""
+        with self._session_lock:
+            self._on_message_locked(peer, msg)
+
+    def _on_message_locked(self, peer: Peer, msg: ctl.Message) -> None:
         if isinstance(msg, ctl.Bye):
             log.info("%s left: %s", peer.name, msg.reason)
         elif self.session is not None:
@@ -439,7 +452,10 @@ class ParameterServer:
         while True:
             live = [w.peer for w in self.workers]
             try:
-                pump(live, until, timeout=self.cfg.peer_timeout)
+                if self.cfg.threads > 1 and self.cfg.consistency == "none":  # (S7's HELD reaches the session)
+                    pump_parallel(live, until, threads=self.cfg.threads, timeout=self.cfg.peer_timeout)
+                else:
+                    pump(live, until, timeout=self.cfg.peer_timeout)
             except PeerError as exc:
                 self._drop_worker(exc)
                 continue

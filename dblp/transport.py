@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import selectors
 import socket
+import threading
 import time
 from typing import Callable
 
@@ -235,12 +236,17 @@ def pump(
     *,
     timeout: float = DEFAULT_PEER_TIMEOUT_S,
     clock: Callable[[], float] = time.monotonic,
+    wake: socket.socket | None = None,
+    progress: list[float] | None = None,
 ) -> None:
     """Run the event loop over ``peers`` until ``until()`` is true.
 
     Raises :class:`PeerError` if a peer closes its connection, or if nothing
     is heard from any peer for ``timeout`` seconds while waiting (a dead
-    host whose TCP connection never closes).
+    host whose TCP connection never closes). ``wake``: a socket whose
+    readability ends a wait (so ``until`` is looked at again at once);
+    ``progress``: the last time any loop of a :func:`pump_parallel` saw
+    progress, shared, so a group whose peers are done is not taken for silent.
     """
     sel = selectors.DefaultSelector()
     try:
@@ -248,6 +254,8 @@ def pump(
             sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
             if not p.closed:
                 sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
+        if wake is not None:
+            sel.register(wake, selectors.EVENT_READ, ("wake", None))
         last_progress = clock()
         while not until():
             now = clock()
@@ -269,6 +277,8 @@ def pump(
             # a PROBE drains the data socket itself before it is answered (dispatch).
             for key, _ in sorted(events, key=lambda e: e[0].data[0] != "tcp"):
                 kind, p = key.data
+                if kind == "wake":
+                    continue
                 if kind == "udp":
                     p.read_data(now)
                 else:
@@ -279,8 +289,70 @@ def pump(
                 p.flush()
             if events or busy:
                 last_progress = now
+                if progress is not None:
+                    progress[0] = now
+            elif progress is not None and progress[0] > last_progress:
+                last_progress = progress[0]
             elif now - last_progress > timeout:
                 names = ", ".join(p.name for p in peers)
                 raise PeerError(f"nothing heard for {timeout:.0f} s from {names}: peer dead or path down")
     finally:
         sel.close()
+
+
+def pump_parallel(
+    peers: list[Peer],
+    until: Callable[[], bool],
+    *,
+    threads: int,
+    timeout: float = DEFAULT_PEER_TIMEOUT_S,
+) -> None:
+    """:func:`pump` over ``threads`` disjoint groups of ``peers`` at once, one thread each.
+
+    Why: a server's receive and send loops are C without the GIL, so one
+    thread per group of workers uses more than one core. Every object a loop
+    touches for data - a peer's sockets, its receiver, its sender - belongs
+    to one peer and so to one thread; the shared broadcast encoding is
+    written idempotently. What several peers share (the driver's session,
+    reached through ``on_message`` for HELLO-era and BYE messages) is the
+    caller's to lock. Each loop stops when ``until()`` holds or another loop
+    stopped (it wakes the others); the first error is raised here.
+    """
+    groups = [peers[i::threads] for i in range(min(threads, len(peers)))]
+    if len(groups) <= 1:
+        pump(peers, until, timeout=timeout)
+        return
+    rd, wr = socket.socketpair()
+    rd.setblocking(False)
+    wr.setblocking(False)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    progress = [time.monotonic()]
+
+    def done() -> bool:
+        return stop.is_set() or until()
+
+    def run(group: list[Peer]) -> None:
+        try:
+            pump(group, done, timeout=timeout, wake=rd, progress=progress)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+            errors.append(exc)
+        finally:
+            stop.set()
+            try:
+                wr.send(b"x")
+            except OSError:
+                pass
+
+    try:
+        helpers = [threading.Thread(target=run, args=(g,), name="dblp-pump", daemon=True) for g in groups[1:]]
+        for t in helpers:
+            t.start()
+        run(groups[0])
+        for t in helpers:
+            t.join()
+    finally:
+        rd.close()
+        wr.close()
+    if errors:
+        raise errors[0]

@@ -317,3 +317,32 @@ def test_ipv6_rounds_are_exact_and_fit_the_link_mtu(fast):
     assert {(lay.chunk_floats, lay.mtu) for lay in layouts} == {(353, 1480)}
     assert addr_key(("::ffff:10.0.0.1", 5)) == addr_key(("10.0.0.1", 5))
     assert addr_key(("::1", 5)) >> 62 == 1 and addr_key(("::1", 5)) != addr_key(("::1", 6))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_parallel_event_loops_average_exactly(threads):
+    """The server's loops over its workers on `threads` threads (transport.pump_parallel): every
+    round's mean is exact, whatever the split of the 4 workers among the loops."""
+    n, k, rounds = 150_001, 4, 3
+    srv, th, result = _thread_server(workers=k, policy=FixedPolicy(0.0), threads=threads, rounds=rounds,
+                                     peer_timeout=20)
+    grads = [[(np.random.default_rng(10 * r + i).integers(-4096, 4096, n) / 64).astype(np.float32)
+              for r in range(rounds)] for i in range(k)]
+    outs: list[list] = [[] for _ in range(k)]
+
+    def work(i: int) -> None:
+        with Worker("127.0.0.1", srv.port, elements=n, worker_id=i) as w:
+            for r in range(rounds):
+                outs[i].append(np.array(w.allreduce(grads[i][r]), copy=True))
+
+    ts = [threading.Thread(target=work, args=(i,)) for i in range(k)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    th.join(timeout=20)
+    assert "error" not in result and result["rounds"] == rounds
+    for r in range(rounds):
+        want = ((grads[0][r] + grads[1][r]) + grads[2][r] + grads[3][r]) * np.float32(1 / k)
+        for i in range(k):
+            assert np.array_equal(outs[i][r], want), (threads, i, r)
