@@ -108,6 +108,7 @@ from dblp.passcost import median, summarize_run  # noqa: E402
 from dblp.policy import run_policy  # noqa: E402
 from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
+from dblp.server import ServerConfig  # noqa: E402
 from dblp.wire import ParameterError  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
@@ -306,6 +307,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
                             mtu=args.mtu, insecure=path == CRC_ONLY,
                             aggregation="sharded" if path in SHARDED_PATHS else "server",
+                            server_extra=["--threads", str(args.server_threads)],
                             worker_extra=["--local-shard", "off"] if path == SHARDED_NET else []), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
     run = DblpRun(path, elements)
     tails = [Tail(outdir / f"worker{i}.jsonl") for i in range(n_workers)]
@@ -515,6 +517,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
     ap.add_argument("--no-solo", dest="solo", action="store_false",
                     help="skip the one-worker DBLP run (its goodput is the one compared with iperf3's single flow)")
+    ap.add_argument("--server-threads", type=count_arg(1), default=ServerConfig.threads,
+                    help="the DBLP server's event-loop threads (dblp server --threads; each shard server's in "
+                         "the sharded mode)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="MTU of every host link (9000: jumbo frames); DBLP fills one MTU per datagram, "
                          "gloo and iperf3 run over the same links")
