@@ -281,6 +281,7 @@ class ShardedWorker:
         for f in futures:
             f.result()
         self.last_record = merge_records([w.last_record for w in self.shards])
+        self.last_record.extra["local_shard"] = self.local_shard  # its share moved in memory (dblp.hostlocal)
         self._writer.write(self.last_record)
         return staged.restore(out)
 

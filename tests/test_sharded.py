@@ -124,6 +124,7 @@ def test_lossless_sharded_rounds_average_exactly_and_share_one_norm(k):
     for rec in records:
         assert rec.chunks == chunks and rec.up_received == chunks and rec.down_received == chunks
         assert rec.extra["aggregation"] == "sharded" and rec.extra["shards"] == k
+        assert rec.extra["local_shard"] == rec.worker  # all on 127.0.0.1: the worker's own index
         assert rec.unauthenticated == rec.corrupt == rec.duplicate == 0
 
 

@@ -25,6 +25,8 @@ def test_sharded_microburst_run_shares_one_norm_and_shows_the_burst(tmp_path):
     shards = {j: list(load(d / f"server.shard{j}.jsonl")) for j in range(3)}
     workers = [r for r in load(d) if r.role == "worker"]
     assert {r.extra.get("shards") for r in workers} == {3}
+    # worker i's own shard (its server at the worker's own address) moved through shared memory
+    assert all(r.extra.get("local_shard") == r.worker for r in workers)
     assert len(workers) == 3 * 16
     # every shard's policy saw the same norm (the whole mean's) in every round
     for k in range(16):
