@@ -105,8 +105,8 @@ class Worker:
         if self.local:
             try:
                 self._slot = LocalSlot.create(int(self.spec["elements"]))
-            except LocalSlotError as exc:
-                raise WorkerError(str(exc)) from None
+            except LocalSlotError as exc:  # an optimisation only: the network path carries the same rounds
+                log.warning("%s; this worker's data goes over the network instead", exc)
         hello = ctl.Hello(self.requested_id, udp.port, self.spec, nonce=nonce.hex(),
                           local=self._slot.path if self._slot is not None else "")
         self.peer.send_control(hello)

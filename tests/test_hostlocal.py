@@ -187,3 +187,19 @@ def test_find_local_shard_by_address():
     assert find_local_shard([("127.0.0.1", 1), ("127.0.0.1", 2)], worker_id=1) == 1
     assert find_local_shard([("127.0.0.1", 1), ("127.0.0.1", 2)]) is None
     assert find_local_shard([("203.0.113.1", 1), ("203.0.113.2", 2)], worker_id=0) is None
+
+
+def test_a_worker_that_cannot_make_its_slot_uses_the_network(monkeypatch, tmp_path, caplog):
+    import dblp.hostlocal
+
+    monkeypatch.setattr(dblp.hostlocal, "LOCAL_DIR", tmp_path / "absent")  # like a missing or full /dev/shm
+    srv = _server()
+    local = Worker("127.0.0.1", srv.port, elements=ELEMENTS, worker_id=0, secret=SECRET, local=True)
+    net = Worker("127.0.0.1", srv.port, elements=ELEMENTS, worker_id=1, secret=SECRET)
+    with caplog.at_level("WARNING", logger="dblp.worker"):
+        outs, seen = _run(srv, [local, net], 2)
+    assert seen["server_local"] == []
+    assert "goes over the network instead" in caplog.text
+    for r in range(2):
+        want = (_grad(0, r) + _grad(1, r)) * np.float32(0.5)
+        assert np.array_equal(outs[0][r], want) and np.array_equal(outs[1][r], want), r
