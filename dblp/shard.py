@@ -47,6 +47,8 @@ AGGREGATIONS = ("server", "sharded")  # the paper's single server; k shard serve
 _MSG = struct.Struct("!IHd")  # round, shard, squared norm (peer -> hub) or total (hub -> peer)
 _TAG = 16
 _NONCE = 16
+#: one message of the norm exchange on the wire (the simulator prices its control frames by it)
+NORM_MESSAGE_BYTES = _MSG.size + _TAG
 
 
 def shard_bounds(elements: int, shards: int) -> list[tuple[int, int]]:
@@ -77,6 +79,15 @@ def merge_records(recs: Sequence[RoundRecord]) -> RoundRecord:
     out.early_stop_down = any(r.early_stop_down for r in recs)
     out.extra = {**first.extra, "aggregation": "sharded", "shards": len(recs)}
     return out
+
+
+def sum_sq_norms(sq_norms: Sequence[float]) -> float:
+    """The whole mean's squared norm from its shards' squared norms, added in shard order (as
+    the hub adds them, so the simulator's sum is bit-identical to the transport's)."""
+    total = 0.0
+    for v in sq_norms:
+        total += v
+    return total
 
 
 class NormExchangeError(RuntimeError):
@@ -180,12 +191,13 @@ class NormExchange:
         if self.shard == 0:
             if len(self.peers) < self.shards - 1:
                 self._accept_peers()
-            total = sq_norm
+            values = [sq_norm]
             for shard, (conn, nonce) in sorted(self.peers.items()):
                 got, value = self._recv(conn, nonce, round_no, f"shard server {shard}")
                 if got != shard:
                     raise NormExchangeError(f"shard server {shard} sent as shard {got}")
-                total += value
+                values.append(value)
+            total = sum_sq_norms(values)
             for shard, (conn, nonce) in self.peers.items():
                 self._send(conn, nonce, round_no, 0, total)
             return total

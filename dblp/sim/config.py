@@ -8,6 +8,17 @@ server, every link with ``delay_s`` one-way propagation delay and a drop-tail
 queue of ``queue_bytes`` at the switch's egress port; ``topology`` selects
 leaf-spine or two sites instead (:mod:`dblp.sim.topology`).
 
+``aggregation`` and ``servers`` say who averages the tensor (see
+:mod:`dblp.shard`, the real transport's sharded mode). ``"server"`` (the
+paper's, default): ``servers`` dedicated parameter-server hosts, each with
+a link of ``server_bandwidth_bps`` and the server's send cost, each
+averaging 1/``servers`` of the tensor (1 = the paper's single server).
+``"sharded"``: no server host; every worker's host also runs the server of
+one shard (k = ``workers`` shards), on the worker's own link and send cost
+(``server_bandwidth_bps`` and ``server_send_pps`` then describe no host).
+Either way each shard is an ordinary DBLP run (own session, round counter,
+STOP rule) and all shards take the tolerance of the whole mean's norm.
+
 ``group`` > 1 (round level only) is an approximation for speed: the core
 runs on a layout of ceil(chunks / group) units, each standing for ``group``
 consecutive datagrams - timed as that many, sharing one loss verdict (a loss
@@ -33,6 +44,7 @@ from traces.units import FRAME_BYTES
 from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
+from ..shard import AGGREGATIONS, shard_bounds
 from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
 
@@ -51,7 +63,7 @@ class SimConfig:
     wire: int = 1  # data wire: 1 = the paper's (24-byte header, 362 floats), 2 = authenticated (dblp.auth: 358)
     compute_s: float = 0.0  # per-iteration compute time of each worker
     compute_jitter_s: float = 0.0  # std-dev of a normal jitter on compute_s (clipped at 0)
-    reduce_s: float = 0.0  # server's reduce step, between upstream and broadcast
+    reduce_s: float = 0.0  # server's reduce step, between upstream and broadcast (a shard server: its share)
     # -- tolerance policy (as dblp.policy.make_policy) ---------------------------
     policy: str = "dblp"
     p: float = DEFAULT_P_LOW
@@ -72,6 +84,9 @@ class SimConfig:
     delay_s: float = 50e-6  # one-way propagation delay of each link
     queue_bytes: int = 100 * FRAME_BYTES  # drop-tail buffer of each switch egress port (100 full frames)
     frame_overhead_bytes: int = IP_UDP_OVERHEAD + ETHERNET_HEADER  # on-wire bytes beyond the DBLP datagram
+    # -- aggregation (dblp.shard; the model's placement: dblp.sim.topology) --------------------------
+    aggregation: str = "server"  # "server": dedicated parameter servers | "sharded": a shard server per worker host
+    servers: int = 1  # aggregation="server": parameter-server hosts, each averaging 1/servers of the tensor
     # -- topology (dblp.sim.topology; the parameters of topologies/leafspine.py and twosites.py) ---------
     topology: str = "star"  # star | leafspine | twosites
     switch_ports: int | None = None  # ports per switch (None: as many as the hosts need)
@@ -141,12 +156,42 @@ class SimConfig:
             raise ParameterError(f"norms must be synthetic, varied or a CSV file (iteration,grad_norm), "
                                  f"got {self.norms!r}: no such file")
         self.make_policy()  # validates the policy arguments
+        self._check_aggregation()
         check_topology(self)
         from .loss import check_specs
 
         check_specs(self.loss)
 
+    def _check_aggregation(self) -> None:
+        if self.aggregation not in AGGREGATIONS:
+            raise ParameterError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        _positive_int("servers", self.servers)
+        if self.aggregation == "sharded":
+            if self.servers != 1:
+                raise ParameterError(f"servers={self.servers} counts dedicated parameter-server hosts "
+                                     "(aggregation='server'); aggregation='sharded' runs one shard server on "
+                                     "each worker's host; servers must be 1 there")
+            if self.workers < 2:
+                raise ParameterError(f"aggregation='sharded' needs workers >= 2 (a shard server on each worker's "
+                                     f"host), got workers={self.workers}")
+        elements = self.elements
+        if elements < self.shards:
+            who = (f"workers={self.workers}, aggregation='sharded'" if self.aggregation == "sharded"
+                   else f"servers={self.servers}")
+            raise ParameterError(f"model={self.model!r} has {elements} elements, fewer than the {self.shards} "
+                                 f"shards ({who}): every shard needs at least one")
+
     # -- derived -----------------------------------------------------------------------
+    @property
+    def shards(self) -> int:
+        """Shard servers: ``servers`` dedicated hosts, or (sharded) one per worker."""
+        return self.workers if self.aggregation == "sharded" else self.servers
+
+    @property
+    def shard_bounds(self) -> list[tuple[int, int]]:
+        """``[start, stop)`` of each shard of the tensor (:func:`dblp.shard.shard_bounds`, the one cut)."""
+        return shard_bounds(self.elements, self.shards)
+
     @property
     def elements(self) -> int:
         return model_elements(_model_arg(self.model))

@@ -16,6 +16,10 @@ differ from the real ones; only the I/O and the clock do:
   broadcast receiver (tolerance comes with ROUND(k, down)), send its gradient
   with a RoundSender until STOP, wait for the broadcast, write its record.
 
+With several parameter servers or the sharded mode (``servers``,
+``aggregation``) every shard has its own server process and each worker one
+exchange per shard, merged into one record (:class:`Simulation`).
+
 The datagrams and control messages between the core objects are carried by
 an engine: :class:`dblp.sim.packet.PacketEngine` (one event per datagram) or
 :class:`dblp.sim.fast.RoundEngine` (numpy per retransmission pass). Neither
@@ -40,10 +44,12 @@ import simpy
 from .. import control as ctl
 from ..gradients import read_norms, synthetic_norms
 from ..records import RecordWriter, RoundRecord
+from ..shard import NORM_MESSAGE_BYTES, merge_records, sum_sq_norms
 from ..session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession, WorkerSession
 from ..wire import ChunkLayout, ParameterError
 from .config import SimConfig
 from .flow import Endpoint
+from .local import LocalFlow
 from .loss import make_flow_loss
 from .net import ctrl_wire_bytes
 from .topology import build_network, wan_loss_spec
@@ -53,13 +59,33 @@ SOURCE = "simulation"
 
 
 @dataclass
-class _Worker:
-    wid: int
-    session: WorkerSession  # the worker's Algorithm 4
-    up_ep: Endpoint  # server side: receives this worker's gradient
-    down_ep: Endpoint  # worker side: receives the broadcast
+class _Link:
+    """One worker's exchange with one (shard) server: the worker's session for that shard and
+    the two core receivers. With one server there is one link per worker."""
+
+    wid: int  # the worker
+    shard: int
+    fid: int  # its flow number (dblp.sim.topology.Network): shard * workers + wid
+    session: WorkerSession  # the worker's Algorithm 4 for this shard
+    up_ep: Endpoint  # server side: receives this worker's gradient (shard)
+    down_ep: Endpoint  # worker side: receives the broadcast (shard)
     up_wait: Any = None  # event fired when ROUND(k, up) arrives
     finish_wait: Any = None  # event fired when COMMON(k) arrives (session S7)
+
+
+@dataclass
+class _Shard:
+    """One shard server: its slice of the tensor and its own session (round counter,
+    tolerance policy, STOP rule), as a socket server of :mod:`dblp.shard` runs it."""
+
+    j: int
+    elements: int
+    layout: ChunkLayout  # the real one of the shard: records, wire sizes
+    core_layout: ChunkLayout  # the one its core objects run on (coarser with group > 1)
+    policy: Any
+    server: ServerSession = None  # type: ignore[assignment]
+    links: list[_Link] = field(default_factory=list)  # worker i's at i
+    dones: list = field(default_factory=list)  # this round's broadcast flows' done events
 
 
 @dataclass
@@ -76,35 +102,62 @@ class SimResult:
 
 
 class Simulation:
+    """One configuration over SimPy; :meth:`run` simulates it.
+
+    **Several servers and the sharded mode** (``cfg.servers``,
+    ``cfg.aggregation``; :mod:`dblp.shard`): the tensor is cut by
+    :func:`dblp.shard.shard_bounds` and each shard is an ordinary DBLP run -
+    its own ServerSession and, per worker, WorkerSession, with their own
+    round counters and STOP rules. What the shards share is what the real
+    shard servers share: the tolerance policy's input. Each shard server
+    computes its shard's norm and they exchange the squares
+    (:class:`dblp.shard.NormExchange`: each sends its square to shard 0, the
+    hub, which sends back the sum; control frames on ``Network.hub_paths``),
+    so every shard feeds the whole mean's norm to its policy and announces
+    the same tolerance - and no shard broadcasts round k before every shard
+    has reduced it. A worker sends its k shards at once (one sender each,
+    round-robin on its host, as :class:`dblp.shard.ShardedWorker`'s threads)
+    and starts round k+1 when all k broadcasts are in; its record is
+    :func:`dblp.shard.merge_records` of its k per-shard records. Each shard's
+    reduce takes ``reduce_s`` x its share of the tensor. In the sharded mode
+    a worker's own shard is **host-local** (:class:`dblp.sim.local.LocalFlow`:
+    one LOCAL control message per pass delivers the whole shard - no link, no
+    loss), as the real transport hands it over in shared memory
+    (:mod:`dblp.hostlocal`).
+    """
+
     def __init__(self, cfg: SimConfig, *, records: str | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.env = simpy.Environment()
-        self.layout = cfg.layout  # the real one: records, wire sizes
-        self.core_layout = self.layout  # the one the core objects run on (coarser with group > 1)
-        if cfg.group > 1:
-            units = math.ceil(self.layout.chunks / cfg.group)
-            self.core_layout = ChunkLayout(units * self.layout.chunk_floats, self.layout.mtu, key=self.layout.key)
-        self._scale = self.layout.chunks / self.core_layout.chunks
+        self.layout = cfg.layout  # the real one of the whole tensor (one server: of its one shard)
         self._extra = {"group": cfg.group} if cfg.group > 1 else {}
         self._bursts: dict[int, bool] = {}
         self.n = cfg.workers
-        self.policy = cfg.make_policy()
+        self.k = cfg.shards
         self.norms = load_norms(cfg)
         self._compute_rng = np.random.default_rng([cfg.seed, 0xC0DE])
         self.records: list[RoundRecord] = []
+        self.shard_records: list[RoundRecord] = []  # several shards: each worker's per-shard records (not written)
         self._writer = RecordWriter(records) if records else None
         self.datagrams = 0
+        self.shards = [self._make_shard(j, a, b) for j, (a, b) in enumerate(cfg.shard_bounds)]
+        sh0 = self.shards[0]
+        self.core_layout = sh0.core_layout  # (one server: the run's; kept for callers of that time)
+        self._scale = sh0.layout.chunks / sh0.core_layout.chunks
+        self.policy = sh0.policy
         # -- topology: the paper's star, leaf-spine or two sites (dblp.sim.topology) ---------------
         net = build_network(cfg)
         self.server_host, self.worker_hosts = net.server_host, net.worker_hosts
-        self.up_paths, self.down_paths = net.up_paths, net.down_paths
+        self.up_paths, self.down_paths = net.up_paths, net.down_paths  # by flow: shard * workers + worker
+        self.hub_paths = net.hub_paths
+        self.local = net.local
         wan = wan_loss_spec(cfg)
         self.loss = {
-            (direction, i): make_flow_loss(cfg.loss + wan if net.remote[i] else cfg.loss, seed=cfg.seed,
-                                           direction=direction, worker=i, rounds=cfg.rounds)
+            (direction, f): make_flow_loss([] if net.local[f] else cfg.loss + wan if net.remote[f] else cfg.loss,
+                                           seed=cfg.seed, direction=direction, worker=f, rounds=cfg.rounds)
             for direction in (ctl.UP, ctl.DOWN)
-            for i in range(self.n)
+            for f in range(self.k * self.n)
         }
         if cfg.fidelity == "packet":
             from .packet import PacketEngine
@@ -114,22 +167,38 @@ class Simulation:
             from .fast import RoundEngine
 
             self.engine = RoundEngine(self)
-        ctx = RecordContext(source=SOURCE, policy=self.policy.name, order=cfg.order,
-                            send_rate_bps=cfg.send_rate_bps, scale=self._scale)
         core_order, seed = self.engine.core_order, cfg.seed
-        self.server = ServerSession(
-            self.core_layout, range(self.n), policy=self.policy, run_id=RUN_ID, context=ctx, order=core_order,
-            seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
-            pacer=lambda w: self.engine.pacer(ctl.DOWN, w), consistency=cfg.consistency)
-        self.workers = []
+        for sh in self.shards:
+            ctx = RecordContext(source=SOURCE, policy=sh.policy.name, order=cfg.order,
+                                send_rate_bps=cfg.send_rate_bps, scale=sh.layout.chunks / sh.core_layout.chunks)
+            base = sh.j * self.n
+            sh.server = ServerSession(
+                sh.core_layout, range(self.n), policy=sh.policy, run_id=RUN_ID, context=ctx, order=core_order,
+                seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
+                pacer=lambda w, base=base: self.engine.pacer(ctl.DOWN, base + w), consistency=cfg.consistency)
+            for i in range(self.n):
+                ws = WorkerSession(sh.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
+                                   pacer=self.engine.pacer(ctl.UP, base + i), max_batch=cfg.max_batch,
+                                   consistency=cfg.consistency)
+                sh.links.append(_Link(i, sh.j, base + i, ws, Endpoint(self, sh.server.receiver(i)),
+                                      Endpoint(self, ws.receiver)))
+        self.server = sh0.server  # one server: the run's
+        self.workers = sh0.links  # one server: each worker's one link
+        self._exchange: dict[int, dict] = {}  # round -> the shard servers' norm exchange under way
+        self._norm_wire = ctrl_wire_bytes(NORM_MESSAGE_BYTES)
+        for sh in self.shards:
+            self.env.process(self._server(sh))
         for i in range(self.n):
-            ws = WorkerSession(self.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
-                               pacer=self.engine.pacer(ctl.UP, i), max_batch=cfg.max_batch,
-                               consistency=cfg.consistency)
-            self.workers.append(_Worker(i, ws, Endpoint(self, self.server.receiver(i)), Endpoint(self, ws.receiver)))
-        self.env.process(self._server())
-        for w in self.workers:
-            self.env.process(self._worker(w))
+            self.env.process(self._worker(i))
+
+    def _make_shard(self, j: int, a: int, b: int) -> _Shard:
+        cfg = self.cfg
+        layout = self.layout if self.k == 1 else ChunkLayout(b - a, cfg.mtu, key=self.layout.key)
+        core = layout
+        if cfg.group > 1:
+            units = math.ceil(layout.chunks / cfg.group)
+            core = ChunkLayout(units * layout.chunk_floats, layout.mtu, key=layout.key)
+        return _Shard(j, b - a, layout, core, cfg.make_policy())
 
     # -- helpers -----------------------------------------------------------------------
     def at(self, t: float, fn: Callable[[float], None]) -> None:
@@ -139,12 +208,13 @@ class Simulation:
 
     def ctrl_wire(self, msg: ctl.Message) -> int:
         n = len(ctl.encode(msg))
-        if isinstance(msg, ctl.Bitmap) and self.core_layout is not self.layout:
-            n += math.ceil(self.layout.chunks / 8) - len(msg.bits)  # the real bitmap's size
+        if isinstance(msg, ctl.Bitmap) and self.cfg.group > 1:
+            # the real bitmap's size: the largest shard's (shards differ by at most one chunk)
+            n += math.ceil(max(sh.layout.chunks for sh in self.shards) / 8) - len(msg.bits)
         return ctrl_wire_bytes(n)
 
     def count(self, count: int) -> int:
-        """A count of core chunks as datagrams (differs only with group > 1)."""
+        """A count of core chunks as datagrams (differs only with group > 1; shard 0's scale)."""
         return count if self._scale == 1.0 else int(round(count * self._scale))
 
     def _compute_time(self) -> float:
@@ -166,70 +236,127 @@ class Simulation:
         return b
 
     # -- the server: dblp.session.ServerSession over SimPy ------------------------------------
-    def _dispatch_server(self, t: float) -> None:
-        """Carry out the server session's events at simulated time ``t``."""
-        while (ev := self.server.next_event()) is not None:
+    def _dispatch_server(self, sh: _Shard, t: float) -> None:
+        """Carry out shard ``sh``'s server session's events at simulated time ``t``.
+
+        With several shards the senders take turns so that no two hosts' round-robins
+        meet at one port: shard server ``j`` broadcasts to workers ``j, j-1, j-2, ...``
+        and worker ``i`` uploads to shards ``i, i+1, i+2, ...`` (:meth:`_worker`), so at
+        each turn the hosts aim at distinct ports. The worker a server reaches last,
+        ``j+1``, starts its next upload with that shard last (its ROUND comes last), which
+        keeps the turns aligned from round to round. In the first order every host's
+        first quantum would meet at worker 0's port: an incast the real shard threads'
+        fine-grained interleaving does not have."""
+        started: list[SenderStarted] = []
+        while (ev := sh.server.next_event()) is not None:
             if isinstance(ev, ControlToSend):
-                w = self.workers[ev.worker]
+                w = sh.links[ev.worker]
                 if isinstance(ev.message, ctl.RoundStart) and ev.message.direction == ctl.UP:
                     w.up_ep.opened(t)  # the session opened this worker's next upstream (S1)
-                self.engine.send_ctrl(self.down_paths[w.wid], ev.message, t,
+                self.engine.send_ctrl(self.down_paths[w.fid], ev.message, t,
                                       lambda m, tt, w=w: self._on_control(w, m, tt), None)
             elif isinstance(ev, SenderStarted):
-                w = self.workers[ev.worker]
-                flow = self.engine.start_flow(ev.sender, w.down_ep, self.down_paths[w.wid], self.up_paths[w.wid],
-                                              ctl.DOWN, w.wid, ev.sender.round_no)
-                flow.done.callbacks.append(lambda e, w=w: self._down_done(w, e.value))
-                self._dones.append(flow.done)
+                if self.k == 1:
+                    self._start_broadcast(sh, ev)
+                else:
+                    started.append(ev)
             elif isinstance(ev, RecordWritten):
                 self._write(ev.record)
+        for ev in sorted(started, key=lambda e: (sh.j - e.worker) % self.n):
+            self._start_broadcast(sh, ev)
 
-    def _on_held(self, w: _Worker, msg: ctl.Message, t: float) -> None:
-        self.server.handle_control(w.wid, msg, t)
-        self._dispatch_server(t)
+    def _start_broadcast(self, sh: _Shard, ev: SenderStarted) -> None:
+        w = sh.links[ev.worker]
+        flow = self._start_flow(ev.sender, w.down_ep, ctl.DOWN, w.fid, ev.sender.round_no)
+        flow.done.callbacks.append(lambda e, w=w: self._down_done(w, e.value))
+        sh.dones.append(flow.done)
 
-    def _down_done(self, w: _Worker, t: float) -> None:
+    def _on_held(self, w: _Link, msg: ctl.Message, t: float) -> None:
+        sh = self.shards[w.shard]
+        sh.server.handle_control(w.wid, msg, t)
+        self._dispatch_server(sh, t)
+
+    def _down_done(self, w: _Link, t: float) -> None:
+        sh = self.shards[w.shard]
         w.up_ep.before_open(t)
-        self.server.poll(t, w.wid)  # S4: the record, then this worker's next upstream
-        self._dispatch_server(t)
+        sh.server.poll(t, w.wid)  # S4: the record, then this worker's next upstream
+        self._dispatch_server(sh, t)
 
-    def _grad_norm(self, rnd: int) -> float:
-        """The norm the server feeds to the policy.
+    def _grad_norm(self, rnd: int, sh: _Shard | None = None) -> float:
+        """The norm shard ``sh``'s server computes (default: shard 0; one server: the run's).
 
-        ``sequence``: the norm sequence itself. ``received`` (default): what
-        the real server computes from replayed gradients (norm_r times a fixed
+        ``sequence``: the norm sequence itself, the shard's share of it
+        (``sqrt(elements_j / elements)``). ``received`` (default): what the
+        real server computes from replayed gradients (norm_r times a fixed
         random unit direction per worker, dblp.gradients.ReplayGradients): the
         mean of zero-filled gradients has norm ~ norm_r * sqrt(sum_i f_i) / N,
         f_i the fraction of worker i's chunks received, so losses move the
-        norm the detector sees, as on real hosts.
+        norm the detector sees, as on real hosts; a shard holds its share
+        of each worker's squared norm, so its norm is that times
+        ``sqrt(elements_j / elements)``, f_i its own chunks' fractions.
+        Squares of the shards' norms add up to the whole mean's (see
+        :meth:`_norm_exchange`).
         """
+        sh = sh or self.shards[0]
         base = float(self.norms[rnd % self.norms.size])
+        if self.k > 1:
+            base *= math.sqrt(sh.elements / self.cfg.elements)
         if self.cfg.norm_model == "sequence":
             return base
-        fr = sum(w.up_ep.receiver.received for w in self.workers) / self.core_layout.chunks
+        fr = sum(w.up_ep.receiver.received for w in sh.links) / sh.core_layout.chunks
         return base * math.sqrt(fr) / self.n
 
-    def _server(self):
+    def _norm_exchange(self, sh: _Shard, rnd: int, sq_norm: float):
+        """Shard ``sh``'s part in round ``rnd``'s exchange of squared norms (dblp.shard.NormExchange):
+        an event that fires, with the sum over the shards, when the hub's answer reaches this
+        shard's server. Each square reaches the hub (shard 0) one control frame later; the hub
+        answers once it holds all of them, adding in shard order as it does."""
+        x = self._exchange.setdefault(rnd, {"sq": [0.0] * self.k, "at": [0.0] * self.k, "ev": [None] * self.k,
+                                            "n": 0})
+        now = self.env.now
+        ev = self.env.event()
+        to_hub = self.hub_paths[sh.j]
+        x["sq"][sh.j] = sq_norm
+        x["at"][sh.j] = now if to_hub is None else now + to_hub[0].ctrl_base_delay(self._norm_wire)
+        x["ev"][sh.j] = ev
+        x["n"] += 1
+        if x["n"] == self.k:
+            del self._exchange[rnd]
+            total = sum_sq_norms(x["sq"])
+            t_hub = max(x["at"])
+            for j, e in enumerate(x["ev"]):
+                back = self.hub_paths[j]
+                t = t_hub if back is None else t_hub + back[1].ctrl_base_delay(self._norm_wire)
+                self.at(t, lambda _t, e=e: e.succeed(total))
+        return ev
+
+    def _server(self, sh: _Shard):
         env = self.env
-        self.server.start(env.now)
-        for w in self.workers:
+        server = sh.server
+        server.start(env.now)
+        for w in sh.links:
             w.up_ep.opened(env.now)
-        self._dispatch_server(env.now)
+        self._dispatch_server(sh, env.now)
+        reduce_s = self.cfg.reduce_s * (sh.elements / self.cfg.elements if self.k > 1 else 1.0)
+        extra = {"reduce": "zero", "fidelity": self.cfg.fidelity, **self._extra}
+        if self.k > 1:
+            extra.update(aggregation=self.cfg.aggregation, shard=sh.j, shards=self.k)
         for rnd in range(self.cfg.rounds):
-            yield env.all_of([w.up_ep.completed for w in self.workers])
-            self.server.poll(env.now)  # S2: every upstream is in
-            self._dispatch_server(env.now)
-            if self.cfg.reduce_s:
-                yield env.timeout(self.cfg.reduce_s)
-            self._dones = []
-            self.server.broadcast(self._grad_norm(rnd), env.now, None,
-                                  extra={"reduce": "zero", "fidelity": self.cfg.fidelity, "burst": self.burst(rnd),
-                                         **self._extra})
-            self._dispatch_server(env.now)
-            yield env.all_of(self._dones)
+            yield env.all_of([w.up_ep.completed for w in sh.links])
+            server.poll(env.now)  # S2: every upstream is in
+            self._dispatch_server(sh, env.now)
+            if reduce_s:
+                yield env.timeout(reduce_s)
+            sh.dones = []
+            norm = self._grad_norm(rnd, sh)
+            if self.k > 1:  # as dblp.server: the policy sees the whole mean's norm
+                norm = math.sqrt((yield self._norm_exchange(sh, rnd, norm * norm)))
+            server.broadcast(norm, env.now, None, extra={**extra, "burst": self.burst(rnd)})
+            self._dispatch_server(sh, env.now)
+            yield env.all_of(sh.dones)
 
     # -- the worker: dblp.session.WorkerSession over SimPy --------------------------------------
-    def _on_control(self, w: _Worker, msg: ctl.Message, t: float) -> None:
+    def _on_control(self, w: _Link, msg: ctl.Message, t: float) -> None:
         if isinstance(msg, ctl.Common):  # S7
             w.session.handle_control(msg, t)
             if w.finish_wait is not None and w.session.can_finish():
@@ -248,37 +375,89 @@ class Simulation:
                 flow.tolerance_changed(t)
         if msg.direction == ctl.UP and w.up_wait is not None and w.session.can_send():
             ev, w.up_wait = w.up_wait, None
-            ev.succeed(t)
+            if not ev.triggered:  # several shards' links may wait on one event (_sharded_round)
+                ev.succeed(t)
 
-    def _worker(self, w: _Worker):
+    def _worker(self, wid: int):
         env = self.env
-        ws = w.session
+        links = [sh.links[wid] for sh in self.shards]
         for k in range(self.cfg.rounds):
             c = self._compute_time()
             if c > 0:
                 yield env.timeout(c)
             t0 = env.now
-            if not ws.can_send():
-                w.up_wait = env.event()
-                yield w.up_wait
-            w.down_ep.before_open(env.now)
-            sender = ws.begin_round(env.now, t_ready=t0)  # S5; the tolerance comes with ROUND(k, down)
-            w.down_ep.opened(env.now)
-            flow = self.engine.start_flow(sender, w.up_ep, self.up_paths[w.wid], self.down_paths[w.wid],
-                                          ctl.UP, w.wid, k)
-            yield flow.done
-            ws.sent(env.now)
-            if not w.down_ep.completed.triggered:
-                yield w.down_ep.completed
-            held = ws.held(env.now)
-            if held is not None:  # S7: report what we hold, apply what all hold
-                self.engine.send_ctrl(self.up_paths[w.wid], held, env.now,
-                                      lambda m, t, w=w: self._on_held(w, m, t), None)
-                if not ws.can_finish():
-                    w.finish_wait = env.event()
-                    yield w.finish_wait
-            self._write(ws.finish_round(env.now, extra={"compute_s": c, "fidelity": self.cfg.fidelity,
-                                                        "burst": self.burst(k), **self._extra}))
+            extra = {"compute_s": c, "fidelity": self.cfg.fidelity, "burst": self.burst(k), **self._extra}
+            if len(links) == 1:
+                w = links[0]
+                if not w.session.can_send():
+                    w.up_wait = env.event()
+                    yield w.up_wait
+                rec = yield from self._exchange_shard(w, self._begin_shard(w, k, t0), extra)
+            else:
+                rec = yield from self._sharded_round(links, k, t0, extra)
+            self._write(rec)
+
+    def _sharded_round(self, links: list[_Link], k: int, t0: float, extra: dict):
+        """Worker ``wid``'s round ``k`` with every shard at once, as dblp.shard.ShardedWorker's
+        threads: each shard's upload starts when its ROUND(k, up) is in, the round ends with the
+        last broadcast; the merged record (dblp.shard.merge_records).
+
+        Uploads that can start at the same instant join the host in the order ``wid, wid+1,
+        ...`` (see :meth:`_dispatch_server`)."""
+        env = self.env
+        wid = links[0].wid
+        waiting = [links[(wid + r) % self.k] for r in range(self.k)]
+        procs: dict[int, Any] = {}
+        while waiting:
+            ready = [w for w in waiting if w.session.can_send()]
+            if not ready:
+                ev = env.event()  # one event for all: an AnyOf per wake-up would cost O(k) each
+                for w in waiting:
+                    w.up_wait = ev
+                yield ev
+                continue
+            for w in ready:  # the ROUNDs of this instant are all in (SimPy runs them before this process)
+                waiting.remove(w)
+                w.up_wait = None
+                procs[w.shard] = env.process(self._exchange_shard(w, self._begin_shard(w, k, t0), extra))
+        yield env.all_of(list(procs.values()))
+        recs = [procs[j].value for j in range(self.k)]
+        self.shard_records.extend(recs)
+        rec = merge_records(recs)
+        rec.extra.update(aggregation=self.cfg.aggregation, shards=self.k)
+        return rec
+
+    def _begin_shard(self, w: _Link, k: int, t0: float):
+        """S5 for worker ``w.wid`` and shard ``w.shard`` (ROUND(k, up) is in): start the upload."""
+        w.down_ep.before_open(self.env.now)
+        sender = w.session.begin_round(self.env.now, t_ready=t0)  # S5; the tolerance comes with ROUND(k, down)
+        w.down_ep.opened(self.env.now)
+        return self._start_flow(sender, w.up_ep, ctl.UP, w.fid, k)
+
+    def _start_flow(self, sender: Any, ep: Endpoint, direction: int, fid: int, rnd: int) -> Any:
+        """Flow ``fid``'s transfer in ``direction``: by the engine over the network, or host-local
+        (a worker's own shard: :class:`dblp.sim.local.LocalFlow`)."""
+        fwd, back = (self.up_paths, self.down_paths) if direction == ctl.UP else (self.down_paths, self.up_paths)
+        if self.local[fid]:
+            return LocalFlow(self, sender, ep, fwd[fid], back[fid], direction, fid, rnd)
+        return self.engine.start_flow(sender, ep, fwd[fid], back[fid], direction, fid, rnd)
+
+    def _exchange_shard(self, w: _Link, flow: Any, extra: dict):
+        """The rest of worker ``w.wid``'s round with shard ``w.shard``'s server: its record."""
+        env = self.env
+        ws = w.session
+        yield flow.done
+        ws.sent(env.now)
+        if not w.down_ep.completed.triggered:
+            yield w.down_ep.completed
+        held = ws.held(env.now)
+        if held is not None:  # S7: report what we hold, apply what all hold
+            self.engine.send_ctrl(self.up_paths[w.fid], held, env.now,
+                                  lambda m, t, w=w: self._on_held(w, m, t), None)
+            if not ws.can_finish():
+                w.finish_wait = env.event()
+                yield w.finish_wait
+        return ws.finish_round(env.now, extra=dict(extra))
 
     # -- run ----------------------------------------------------------------------------------
     def run(self) -> SimResult:
@@ -350,10 +529,16 @@ def summarize(records: list[RoundRecord], end_time_s: float) -> dict:
     compute excluded), send latency its ``up_latency_s`` (the paper's
     metric); time-to-train is the simulated time at which the last round
     finished, compute included; lost fractions are chunks missing at the
-    server (up) and at the worker (down).
+    server (up) and at the worker (down). Broadcast passes of a worker's
+    round are the most any shard needed (as :func:`dblp.shard.merge_records`
+    counts a round's passes).
     """
     wk = [r for r in records if r.role == "worker"]
     sv = [r for r in records if r.role == "server"]
+    down: dict[tuple[int, int], int] = {}  # (worker, round) -> broadcast passes: with shards, the most any needed
+    for r in sv:
+        key = (r.worker, r.round)
+        down[key] = max(down.get(key, 0), r.down_passes)
     rl = np.array([r.round_latency_s for r in wk])
     ul = np.array([r.up_latency_s for r in wk])
     up_frac = np.array([r.up_received / r.chunks for r in wk]) if wk else np.array([])
@@ -372,7 +557,7 @@ def summarize(records: list[RoundRecord], end_time_s: float) -> dict:
         "lost_down": lost_down,
         "lost": (lost_up + lost_down) / 2,
         "up_passes": float(np.mean([r.up_passes for r in wk])) if wk else float("nan"),
-        "down_passes": float(np.mean([r.down_passes for r in sv])) if sv else float("nan"),
+        "down_passes": float(np.mean(list(down.values()))) if sv else float("nan"),
         "clr_frac": float(np.mean([r.clr for r in sv])) if sv else float("nan"),
         "burst_rounds": len({r.round for r in wk if r.extra.get("burst")}),
     }

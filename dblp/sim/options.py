@@ -83,6 +83,10 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
      "server link rate; a bare number is Mbit/s (unset: --bandwidth)"),
     ("--delay", "delay_s", duration_arg(), "one-way delay per link, e.g. 50us; a bare number is seconds"),
     ("--queue", "queue_bytes", queue_arg(), "drop-tail queue per switch port: bytes (1MiB) or packets (100pkt)"),
+    ("--aggregation", "aggregation", str, "who averages: server (the paper's: --servers dedicated hosts) | sharded "
+                                          "(a shard server on each worker's host, 1/workers of the tensor each)"),
+    ("--servers", "servers", count_arg(1), "parameter-server hosts with --aggregation server, each averaging "
+                                           "1/servers of the tensor on its own link (hosts)"),
     ("--topology", "topology", str, "network: star (the paper's) | leafspine | twosites (dblp.sim.topology)"),
     ("--switch-ports", "switch_ports", count_arg(1), "ports per switch; more hosts than ports are refused "
                                                     "(unset: as many as the hosts need)"),

@@ -48,6 +48,7 @@ from traces.argtypes import count_arg, int_arg
 from traces.units import HelpFormatter, UnitError, parse_rate
 
 from ..provenance import write_config
+from ..shard import AGGREGATIONS
 from ..wire import ParameterError
 from .config import SimConfig
 from .convergence import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, round_trace, time_to_accuracy
@@ -95,6 +96,15 @@ def _topologies(s: str) -> list[str]:
     return names
 
 
+def _aggregations(s: str) -> list[str]:
+    """``--aggregation server,sharded``: modes of dblp.shard, each refused by name if unknown."""
+    names = [x.strip() for x in s.split(",") if x.strip()]
+    bad = [n for n in names if n not in AGGREGATIONS]
+    if bad:
+        raise ValueError(f"unknown aggregation {bad[0]!r} (choose from {', '.join(AGGREGATIONS)})")
+    return names
+
+
 AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
     "p_high": ("--p-high", _floats, [0.1, 0.2, 0.4, 0.6], "p_high"),
     "p_low": ("--p-low", _floats, [0.008], "p_low"),
@@ -106,6 +116,7 @@ AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
     "model": ("--model", _models, ["resnet50"], "model"),
     "bandwidth_bps": ("--bandwidth", _rates, [10e9], "bandwidth_bps"),
     "topology": ("--topology", _topologies, ["star"], "topology"),
+    "aggregation": ("--aggregation", _aggregations, ["server"], "aggregation"),
 }
 
 
@@ -232,7 +243,9 @@ def write_csv(rows: list[dict], path: Path) -> None:
 _AXIS_HELP = {"model": "gradient sizes: model names or element counts",
               "topology": "networks: star (the paper's), leafspine, twosites; their parameters from the "
                           "--racks/--wan-... flags",
-              "bandwidth_bps": "worker link rates; a bare number is Mbit/s"}
+              "bandwidth_bps": "worker link rates; a bare number is Mbit/s",
+              "aggregation": "who averages: server (--servers dedicated hosts), sharded (a shard server on each "
+                             "worker's host)"}
 
 
 def add_sweep_args(p: argparse.ArgumentParser) -> None:

@@ -29,6 +29,31 @@ A path lists the ports a worker's datagrams cross:
   broadcast [s1->wan] then [s2->w]; ``wan_loss`` drops datagrams on the WAN
   (a Bernoulli process on the remote workers' flows, both directions).
 
+**Several servers, the sharded mode** (``servers``, ``aggregation``; the
+real transport's :mod:`dblp.shard`). Every shard server j and every worker i
+exchange one flow each way (flow ``j * workers + i``), on the same rules as
+above - a path runs from the sending host to the receiving host's port:
+
+* ``servers`` = m > 1: m dedicated hosts ``server0..server{m-1}``, each
+  on its own link (``server_bandwidth_bps``, port ``->server{j}``) with the
+  server's send cost. Star: all on s1. Leaf-spine: **all in the server's
+  rack (rack 1)**, as the single server - the fabric's incast at
+  [spines->leaf1] stays, the per-server links share it. Two sites: all in
+  site 1. A worker's host sends its m shard uploads round-robin through its
+  one NIC.
+* ``aggregation="sharded"``: no server host; shard server i runs on worker
+  i's host (k = workers shards), so that host's NIC carries its k-1 uploads
+  *and* its shard's k-1 broadcasts, and its port ``->w{i}`` the k-1
+  uploads to its shard and the k-1 broadcasts from the others: 2N(k-1)/k
+  each way. Workers keep their racks/sites (rack 1 then holds only the
+  workers placed there). A worker's **own shard is host-local**
+  (:mod:`dblp.sim.local`, as :mod:`dblp.hostlocal` on real hosts): its
+  flows get a loopback path ``w{i}-lo-up``/``-down`` (:data:`LOOPBACK_S`
+  a frame) for their control messages; no data crosses a link.
+
+The shard servers' norm exchange (:class:`dblp.shard.NormExchange`, shard 0
+the hub) rides ``Network.hub_paths``: control frames, never data.
+
 Why a module of its own: the paths are the only thing the engines see of a
 topology (:class:`dblp.sim.net.Path`), so one function builds them all and
 the checks of the parameters sit beside it.
@@ -44,22 +69,52 @@ from ..wire import ParameterError
 from .net import Host, Path, Port
 
 TOPOLOGIES = ("star", "leafspine", "twosites")
+# A host's loopback (sharded: a worker's own shard, dblp.sim.local): seconds per frame. Not zero - a path
+# divides by its rate - but 1 ns, nothing against ctrl_overhead_s.
+LOOPBACK_S = 1e-9
+_LOOPBACK_QUEUE = 1 << 40  # bytes: never full
 
 
 @dataclass
 class Network:
-    """What :class:`dblp.sim.model.Simulation` needs of a topology."""
+    """What :class:`dblp.sim.model.Simulation` needs of a topology.
 
-    server_host: Host
+    Flows are numbered ``shard * workers + worker`` (with one server: the
+    worker's number); ``up_paths[f]`` runs from the worker to the shard's
+    server, ``down_paths[f]`` back."""
+
+    server_hosts: list[Host]  # shard j's server's host at j (sharded: worker j's own host)
     worker_hosts: list[Host]
     up_paths: list[Path]
     down_paths: list[Path]
-    remote: list[bool]  # per worker: its datagrams cross the WAN (twosites)
+    remote: list[bool]  # per flow: its datagrams cross the WAN (twosites)
+    local: list[bool]  # per flow: host-local (sharded: a worker's own shard; no link, no loss)
+    hub_paths: list[tuple[Path, Path] | None]  # per shard: (to shard 0's server, back); None for shard 0
+
+    @property
+    def server_host(self) -> Host:
+        return self.server_hosts[0]
+
+
+def sharded(cfg: Any) -> bool:
+    """Whether the shard servers sit on the workers' hosts (``aggregation="sharded"``)."""
+    return getattr(cfg, "aggregation", "server") == "sharded"
+
+
+def dedicated_servers(cfg: Any) -> int:
+    """Dedicated parameter-server hosts: ``servers``, none in the sharded mode."""
+    return 0 if sharded(cfg) else int(getattr(cfg, "servers", 1))
 
 
 def hosts_per_rack(cfg: Any) -> int:
-    """The fullest rack's hosts (server included): the oversubscription's numerator."""
-    return math.ceil((cfg.workers + 1) / cfg.racks)
+    """The fullest rack's hosts (servers included): the oversubscription's numerator.
+    Servers sit in rack 1, worker ``w(i+1)`` in rack ``(i+1) % racks``."""
+    counts = [0] * cfg.racks
+    counts[0] += dedicated_servers(cfg)
+    full, rest = divmod(cfg.workers, cfg.racks)  # workers 0.. fill racks 1, 2, ..., 0, 1, ... in turn
+    for r in range(cfg.racks):
+        counts[r] += full + (1 if (r - 1) % cfg.racks < rest else 0)
+    return max(counts)
 
 
 def uplink_rate_bps(cfg: Any) -> float:
@@ -103,13 +158,16 @@ def check_topology(cfg: Any) -> None:
     ports = cfg.switch_ports
     if ports is None:
         return
+    m = dedicated_servers(cfg)
+    servers = "the server" if m == 1 else f"the {m} servers"
     if cfg.topology == "star":
-        _fits("s1", cfg.workers + 1, ports, "workers + the server")
+        _fits("s1", cfg.workers + m, ports, "workers" if m == 0 else f"workers + {servers}")
     elif cfg.topology == "leafspine":
         _fits("each leaf", hosts_per_rack(cfg) + cfg.spines, ports, "the fullest rack's hosts + one uplink per spine")
         _fits("each spine", cfg.racks, ports, "one link per rack")
     else:
-        _fits("s1", cfg.local_workers + 2, ports, "local workers + the server + the WAN")
+        _fits("s1", cfg.local_workers + m + 1, ports, "local workers + the WAN" if m == 0
+              else f"local workers + {servers} + the WAN")
         _fits("s2", cfg.workers - cfg.local_workers + 1, ports, "remote workers + the WAN")
 
 
@@ -125,47 +183,87 @@ def _positive_int(name: str, v: Any) -> None:
 
 
 def build_network(cfg: Any) -> Network:
-    """Hosts and paths of ``cfg``'s topology (parameters already checked)."""
-    wire, d, n, ov = cfg.wire_bytes, cfg.delay_s, cfg.workers, cfg.ctrl_overhead_s
-    q = cfg.queue_bytes
-    server = Host("server", cfg.server_pps, cfg.server_rate_bps, wire)
+    """Hosts and paths of ``cfg``'s topology and aggregation (parameters already checked)."""
+    wire, n = cfg.wire_bytes, cfg.workers
     workers = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(n)]
-    srv_port = Port("->server", cfg.server_rate_bps, q)  # the incast port: every upstream ends there
-    w_ports = [Port(f"->w{i}", cfg.bandwidth_bps, q) for i in range(n)]
-    remote = [False] * n
-    if cfg.topology == "star":
-        up = [Path(workers[i], d, srv_port, d, ov) for i in range(n)]
-        down = [Path(server, d, w_ports[i], d, ov) for i in range(n)]
-    elif cfg.topology == "leafspine":
-        rate = cfg.spines * uplink_rate_bps(cfg)  # a rack's pooled uplinks
-        to_spine = [Port(f"leaf{r + 1}->spines", rate, q) for r in range(cfg.racks)]
-        from_spine = [Port(f"spines->leaf{r + 1}", rate, q) for r in range(cfg.racks)]
-        up, down = [], []
-        for i in range(n):
-            r = rack_of(i, cfg.racks)
-            if r == 0:  # the server's rack: one switch between them
-                up.append(Path(workers[i], d, srv_port, d, ov))
-                down.append(Path(server, d, w_ports[i], d, ov))
-            else:
-                up.append(Path(workers[i], d, to_spine[r], d, ov, ((from_spine[0], d), (srv_port, d))))
-                down.append(Path(server, d, to_spine[0], d, ov, ((from_spine[r], d), (w_ports[i], d))))
-        both = queueless_as_delay(up + down, wire)
-        up, down = both[:n], both[n:]
+    m = dedicated_servers(cfg)
+    if m == 0:  # sharded: shard server i on worker i's host (one NIC, one send loop for both roles)
+        servers = workers
     else:
-        wq = q if cfg.wan_queue_bytes is None else cfg.wan_queue_bytes
-        wan_up = Port("s2->wan", cfg.wan_bandwidth_bps, wq)
-        wan_down = Port("s1->wan", cfg.wan_bandwidth_bps, wq)
-        dw = cfg.wan_delay_s
-        up, down = [], []
-        for i in range(n):
-            if i < cfg.local_workers:
-                up.append(Path(workers[i], d, srv_port, d, ov))
-                down.append(Path(server, d, w_ports[i], d, ov))
+        servers = [Host("server" if m == 1 else f"server{j}", cfg.server_pps, cfg.server_rate_bps, wire)
+                   for j in range(m)]
+    fab = _Fabric(cfg, servers if m else [], workers)
+    up: list[Path] = []
+    down: list[Path] = []
+    remote: list[bool] = []
+    local: list[bool] = []
+    for s in servers:  # flow j * n + i
+        for w in workers:
+            if s is w:
+                up.append(fab.loopback(w, "up"))
+                down.append(fab.loopback(w, "down"))
+                remote.append(False)
+                local.append(True)
+                continue
+            up.append(fab.path(w, s))
+            down.append(fab.path(s, w))
+            remote.append(fab.crosses_wan(w, s))
+            local.append(False)
+    if cfg.topology == "leafspine":
+        both = queueless_as_delay(up + down, wire)
+        up, down = both[: len(up)], both[len(up) :]
+    hub = [None] + [(fab.path(s, servers[0]), fab.path(servers[0], s)) for s in servers[1:]]
+    return Network(servers, workers, up, down, remote, local, hub)
+
+
+class _Fabric:
+    """Where each host sits and the ports between them: one egress port per host at its
+    switch (``->NAME``, the host's link rate), and the star's one switch, the leaf-spine's
+    racks or the two sites; :meth:`path` is the one rule for a path between two hosts."""
+
+    def __init__(self, cfg: Any, servers: list[Host], workers: list[Host]) -> None:
+        self.cfg = cfg
+        d, q = cfg.delay_s, cfg.queue_bytes
+        self.d, self.ov, self.q = d, cfg.ctrl_overhead_s, q
+        self.port = {id(h): Port(f"->{h.name}", h.nic_bps, q) for h in servers + workers}
+        self.where: dict[int, int] = {id(h): 0 for h in servers}  # rack (leafspine) or site (twosites): servers in the first
+        for i, w in enumerate(workers):
+            if cfg.topology == "leafspine":
+                self.where[id(w)] = rack_of(i, cfg.racks)
+            elif cfg.topology == "twosites":
+                self.where[id(w)] = 0 if i < cfg.local_workers else 1
             else:
-                remote[i] = True
-                up.append(Path(workers[i], d, wan_up, dw, ov, ((srv_port, d),)))
-                down.append(Path(server, d, wan_down, dw, ov, ((w_ports[i], d),)))
-    return Network(server, workers, up, down, remote)
+                self.where[id(w)] = 0
+        if cfg.topology == "leafspine":
+            rate = cfg.spines * uplink_rate_bps(cfg)  # a rack's pooled uplinks
+            self.to_spine = [Port(f"leaf{r + 1}->spines", rate, q) for r in range(cfg.racks)]
+            self.from_spine = [Port(f"spines->leaf{r + 1}", rate, q) for r in range(cfg.racks)]
+        elif cfg.topology == "twosites":
+            wq = q if cfg.wan_queue_bytes is None else cfg.wan_queue_bytes
+            self.to_wan = [Port("s1->wan", cfg.wan_bandwidth_bps, wq), Port("s2->wan", cfg.wan_bandwidth_bps, wq)]
+
+    def crosses_wan(self, a: Host, b: Host) -> bool:
+        return self.cfg.topology == "twosites" and self.where[id(a)] != self.where[id(b)]
+
+    def path(self, a: Host, b: Host) -> Path:
+        """Host ``a`` -> host ``b``: one switch between them when they share it, else
+        leaf -> spines -> leaf, or site -> WAN -> site."""
+        d, ov, ra, rb = self.d, self.ov, self.where[id(a)], self.where[id(b)]
+        last = self.port[id(b)]
+        if ra == rb:
+            return Path(a, d, last, d, ov)
+        if self.cfg.topology == "leafspine":
+            return Path(a, d, self.to_spine[ra], d, ov, ((self.from_spine[rb], d), (last, d)))
+        return Path(a, d, self.to_wan[ra], self.cfg.wan_delay_s, ov, ((last, d),))
+
+    def loopback(self, h: Host, direction: str) -> Path:
+        """``h``'s loopback for a host-local transfer (a worker's own shard, ``direction`` up or
+        down): LOOPBACK_S a frame, no link, no queue, no other flow beside it."""
+        rate = h.wire_bytes * 8.0 / LOOPBACK_S
+        name = f"{h.name}-lo-{direction}"
+        return Path(Host(name, 1.0 / LOOPBACK_S, rate, h.wire_bytes), 0.0, Port(name, rate, _LOOPBACK_QUEUE),
+                    0.0, self.ov)
+
 
 
 def queueless_as_delay(paths: list[Path], wire: int) -> list[Path]:
