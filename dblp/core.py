@@ -176,11 +176,21 @@ class VirtualRound:
     indices only. For drivers that model datagrams rather than carry them
     (the simulator); every protocol rule still runs."""
 
+    _lengths: dict[tuple[int, int, int, int], np.ndarray] = {}  # read-only, one per layout shape
+
     def __init__(self, layout: ChunkLayout, round_no: int) -> None:
         self.layout = layout
         self.round_no = round_no
-        self.lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
-        self.lengths[-1] = layout.header_size + layout.last_chunk_floats * 4
+        key = (layout.chunks, layout.datagram_size, layout.last_chunk_floats, layout.header_size)
+        lengths = VirtualRound._lengths.get(key)
+        if lengths is None:  # a sender per worker and round at 1024 workers: made once, shared
+            lengths = np.full(layout.chunks, layout.datagram_size, dtype=np.int64)
+            lengths[-1] = layout.header_size + layout.last_chunk_floats * 4
+            lengths.flags.writeable = False
+            if len(VirtualRound._lengths) >= 64:  # a sweep over many tensor sizes: keep it small
+                VirtualRound._lengths.clear()
+            VirtualRound._lengths[key] = lengths
+        self.lengths = lengths
 
     def take(self, seqs: np.ndarray) -> tuple[None, np.ndarray]:
         return None, self.lengths[seqs]
@@ -683,6 +693,9 @@ class Receiver:
     def _accept(self, rounds: np.ndarray, seqs: np.ndarray, now: float, rows: np.ndarray | None, size: int) -> int:
         """R4 from the round check on, then R5. ``keep`` maps surviving datagrams
         to rows; filters run only when something is actually dropped."""
+        if not self.active or self._stop_sent:  # R9 before anything is built (the simulator's common case)
+            self._drop("stale", int(seqs.size))
+            return 0
         keep = np.arange(seqs.size)
 
         def drop(bad: np.ndarray, reason: str) -> None:
@@ -691,9 +704,6 @@ class Receiver:
                 self._drop(reason, int(bad.sum()))
                 keep, seqs = keep[~bad], seqs[~bad]
 
-        if not self.active or self._stop_sent:
-            self._drop("stale", int(seqs.size))
-            return 0
         drop(rounds != self.round_no, "stale")
         drop(seqs >= self.layout.chunks, "out_of_range")
         if rows is not None:

@@ -129,6 +129,22 @@ def bench_workers(workers: list[int], iterations: int, provisioned: bool, topolo
     return rows
 
 
+# The issue's targets for the round level at 1M floats and 100 iterations: workers -> seconds
+WORKER_TARGETS_S = {64: 2.0, 1024: 60.0}
+
+
+def print_worker_targets(rows: list[dict]) -> None:
+    """The scaling runs of the issue's sizes (1M floats, 100 iterations) against its targets."""
+    for r in rows:
+        limit = WORKER_TARGETS_S.get(r["workers"])
+        if limit is None or r["iterations"] != 100:
+            continue
+        kind = "provisioned" if r["provisioned"] else "default"
+        print(f"target: {r['workers']} workers x 100 iterations ({r['topology']}, {kind}) under {limit:.0f} s: "
+              f"{r['wall_s']:.1f} s wall, {r['cpu_s']:.1f} s CPU -> "
+              f"{'met' if r['cpu_s'] < limit else 'not met'} on CPU time")
+
+
 def bench_sweep(n: int, iterations: int, group: int, jobs: int, model: str = "resnet50") -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
@@ -192,6 +208,7 @@ def main() -> int:
     wk, wp = a.workers, a.workers_provisioned
     scale = (bench_workers(wk, a.workers_iterations, False, a.topology)
              + bench_workers(wp, a.workers_iterations, True, a.topology))
+    print_worker_targets(scale)
     if a.only_workers:
         if a.output:
             Path(a.output).write_text(json.dumps({"workers": scale}, indent=2, default=float) + "\n")

@@ -73,9 +73,12 @@ re-evaluation are kept at the later ports too.
 
 from __future__ import annotations
 
+import gc
 import math
+from typing import Any, Callable
 
 import numpy as np
+from simpy.events import NORMAL, URGENT
 
 from .. import control as ctl
 from ..core import RoundSender
@@ -118,58 +121,158 @@ def keep_heap() -> None:
         libc.mallopt(-3, 1 << 25)  # M_MMAP_THRESHOLD: arrays below 32 MiB come from the (reused) heap
     except (OSError, AttributeError):
         pass
+
+
+_NOARG = object()
+
+
+class _Call:
+    """An entry of SimPy's event queue that calls a function when processed.
+
+    ``Environment.step`` needs of an event only ``callbacks`` (set to None when
+    processed) and ``_ok``; a Timeout plus a closure per call cost several times
+    more, and the round level queues a few dozen of them per worker and round."""
+
+    __slots__ = ("callbacks", "fn", "a", "t")
+    _ok = True
+
+    def __init__(self, fire: Callable[["_Call"], None], fn: Callable[..., None], a: Any, t: float = 0.0) -> None:
+        self.callbacks = (fire,)
+        self.fn, self.a, self.t = fn, a, t
+
+
+def _fire_a(c: _Call) -> None:
+    c.fn(c.a)
+
+
+def _fire_t(c: _Call) -> None:
+    c.fn(c.t)
+
+
+def _fire_ta(c: _Call) -> None:
+    c.fn(c.t, c.a)
+
+
+def _fire_at(c: _Call) -> None:
+    c.fn(c.a, c.t)
+
+
+# control messages whose frame length is fixed by their type (and the length of their bits)
+_FIXED_FRAMES = frozenset({ctl.RoundStart, ctl.Probe, ctl.Stop, ctl.Bitmap, ctl.Held, ctl.Common})
+_BITS_FRAMES = frozenset({ctl.Bitmap, ctl.Held, ctl.Common})
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0)
+_GC_GEN0 = 10_000  # see quiet_gc
+
+
+def quiet_gc() -> None:
+    """Let Python's cyclic collector run its youngest generation every ``_GC_GEN0``
+    allocations instead of 700 (process-wide, never lowered).
+
+    Why: the round level allocates a few hundred short-lived container objects
+    per worker and round (queue entries, bound methods, the core's batches),
+    so the collector ran every few flows, each time also walking what the run
+    keeps (records, sessions): ~8-10% of a 512-1024-worker run. A larger
+    threshold collects the same garbage, in fewer passes. Never changes a result.
+    """
+    g0, g1, g2 = gc.get_threshold()
+    if 0 < g0 < _GC_GEN0:
+        gc.set_threshold(_GC_GEN0, g1, g2)
 
 
 class RoundFlow(FlowBase):
-    def __init__(self, engine: "RoundEngine", *a, **kw) -> None:
-        super().__init__(*a, **kw)
+    # Per-pass state that starts as a constant lives here until first assigned (a flow is
+    # built per transfer, thousands per round at 1024 workers: fewer stores in __init__).
+    npass = 0  # passes started (names the stream of the port's draws)
+    in_pass = False
+    n = 0  # slots of the current pass
+    limit = 0  # slots that will leave (n, or fewer once the STOP came)
+    taken = 0  # slots handed out by the core so far
+    leave: np.ndarray | None = None  # when each slot leaves the host
+    lossdrop: np.ndarray | None = None  # the loss process's verdicts (None: none lost)
+    wait: np.ndarray | None = None  # queueing wait at the port (None: none)
+    ovf: np.ndarray | None = None  # dropped by the port's full buffer (None: none)
+    u: np.ndarray | None = None  # each slot's uniform draw for the port's overflow verdict
+    fresh_t = -math.inf  # port verdicts of slots reaching the port before this are final
+    qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
+    arr_ok = False  # d_slot/d_t hold the arrivals of the current leave times and limit, without waits
+    seqbuf = _EMPTY_I
+    d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
+    d_t = _EMPTY_F  # and their arrival times
+    dpos = 0  # next undelivered entry
+    xgen = 0
+    b_t0: float | None = None  # pacing bucket at the pass's start (time, tokens)
+    b_tokens0 = 0.0
+    b_end = 0.0  # when the last pass's datagrams were out, and how many
+    b_used = 0
+    _wgen = 0  # the sender's waits (see _arm)
+    _waiting = _wtrig = _ctrig = _timed = False
+
+    def __init__(self, engine: "RoundEngine", sim: Any, sender: RoundSender, ep: Endpoint, path: Path,
+                 rpath: Path, direction: int, worker: int, rnd: int) -> None:
+        FlowBase.__init__(self, sim, sender, ep, path, rpath, direction, worker, rnd)
         self.engine = engine
-        self.host = engine.sched(self.path.host)
-        self.queues = [engine.fluid(p) for p in self.path.ports]  # the ports the pass crosses, in order
-        self.queue = self.queues[0]
-        self.multi = len(self.queues) > 1
-        # no other path's passes cross its ports: nothing else can notice its layout
-        self.solo = all(engine.port_users.get(id(p), 0) <= 1 for p in self.path.ports)
-        self._hops = engine.hops(self.path)
-        self.c_total = self._hops[1]  # host -> receiver without waiting: propagation and serialisation
+        # the host, the ports the pass crosses (in order), whether it crosses several, whether
+        # no other path's passes cross its ports (nothing else can notice its layout), and the
+        # fixed delays (engine.hops; c_total: host -> receiver without waiting)
+        (self.host, self.queues, self.queue, self.multi, self.solo, self._hops,
+         self.c_total) = engine.path_info(self.path)
         self.u_more: dict[int, np.ndarray] = {}  # the further ports' uniform draws of this pass
-        self.npass = 0  # passes started (names the stream of the port's draws)
-        self.in_pass = False
-        self.n = 0  # slots of the current pass
-        self.limit = 0  # slots that will leave (n, or fewer once the STOP came)
-        self.taken = 0  # slots handed out by the core so far
-        self.leave: np.ndarray | None = None  # when each slot leaves the host
-        self.lossdrop: np.ndarray | None = None  # the loss process's verdicts (None: none lost)
-        self.wait: np.ndarray | None = None  # queueing wait at the port (None: none)
-        self.ovf: np.ndarray | None = None  # dropped by the port's full buffer (None: none)
-        self.u: np.ndarray | None = None  # each slot's uniform draw for the port's overflow verdict
-        self.fresh_t = -math.inf  # port verdicts of slots reaching the port before this are final
-        self.qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
-        self.arr_ok = False  # d_slot/d_t hold the arrivals of the current leave times and limit, without waits
-        self.seqbuf = _EMPTY_I
-        self.d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
-        self.d_t = _EMPTY_F  # and their arrival times
-        self.dpos = 0  # next undelivered entry
-        self.xgen = 0
-        self.b_t0: float | None = None  # pacing bucket at the pass's start (time, tokens)
-        self.b_tokens0 = 0.0
-        self.b_end = 0.0  # when the last pass's datagrams were out, and how many
-        self.b_used = 0
-        self.wait_ev = self.env.event()
-        self.env.process(self.run())
+        self._start()
+
+    def _start(self) -> None:
+        self.engine.call(0.0, self._resume, 0, URGENT)  # where SimPy put the process's Initialize
 
     # -- the sender side ------------------------------------------------------------------
-    def run(self):
+    # A state machine, not a SimPy process: a process cost a Process, an Initialize, an
+    # Event per wait and a Condition (plus its Timeout) per timed wait - most of a pass's
+    # SimPy overhead. The machine puts its own entries (RoundEngine.call) in SimPy's queue
+    # where the process put its events, at the same times and priorities: Initialize
+    # (URGENT, now), ``wait_ev.succeed()`` (now), the Timeout of a timed wait, and the
+    # Condition's succeed (now) one hop after whichever of the two came first. Every
+    # other event therefore keeps its place in the queue (records bit-identical); only
+    # entries that did nothing at the current instant are left out (the process's end,
+    # a wake-up nobody waited for).
+    def _arm(self, delay: float | None) -> None:
+        """Wait for a wake-up (``delay`` None) or for the first of a wake-up and ``delay`` seconds."""
+        self._wgen += 1
+        self._waiting, self._wtrig, self._ctrig = True, False, False
+        self._timed = delay is not None
+        if delay is not None:
+            self.engine.call(delay, self._timer_fired, self._wgen)
+
+    def wake(self) -> None:
+        if self._waiting and not self._wtrig and not self._ctrig:
+            self._wtrig = True
+            self.engine.call(0.0, self._wake_fired, self._wgen)
+
+    def _wake_fired(self, gen: int) -> None:
+        if gen != self._wgen:
+            return
+        if not self._timed:
+            self._resume(gen)
+        elif not self._ctrig:  # the Condition triggers now, resumes one hop later
+            self._ctrig = True
+            self.engine.call(0.0, self._resume, gen)
+
+    def _timer_fired(self, gen: int) -> None:
+        if gen == self._wgen and self._waiting and not self._ctrig:
+            self._ctrig = True
+            self.engine.call(0.0, self._resume, gen)
+
+    def _resume(self, gen: int) -> None:
+        self._waiting = False
+        self.run()
+
+    def run(self) -> None:
+        """The sender's loop from now until it waits again (or its transfer is done)."""
         env, s = self.env, self.sender
         while not s.done:
             if self.in_pass:
                 self.host.settle(self)
                 if self.leave is None:  # the host lays the pass out at its next commit
-                    self.wait_ev = env.event()
-                    yield self.wait_ev
-                    continue
+                    self._arm(None)
+                    return
                 t_end = float(self.leave[-1])
                 if env.now >= t_end - 1e-12:
                     self.in_pass = False
@@ -177,8 +280,8 @@ class RoundFlow(FlowBase):
                     self.host.remove(self, t_end)
                     self.take_until(self.n, t_end)
                     continue
-                self.wait_ev = env.event()
-                yield env.timeout(t_end - env.now) | self.wait_ev
+                self._arm(t_end - env.now)
+                return
             elif s.ready(env.now):
                 self.n = pass_remaining(s)
                 self.npass += 1
@@ -190,15 +293,8 @@ class RoundFlow(FlowBase):
                 self.host.join(self)
             else:
                 t = s.get_timer()
-                self.wait_ev = env.event()
-                if t is None:
-                    yield self.wait_ev
-                else:
-                    yield self.wait_ev | env.timeout(max(0.0, t - env.now))
-
-    def wake(self) -> None:
-        if not self.wait_ev.triggered:
-            self.wait_ev.succeed()
+                self._arm(None if t is None else max(0.0, t - env.now))
+                return
 
     def take_until(self, m: int, t: float) -> None:
         """Have the core hand out the pass's first ``m`` slots."""
@@ -206,7 +302,7 @@ class RoundFlow(FlowBase):
         if k <= 0:
             return
         b = self.sender.datagrams_to_send(t, limit=k)
-        got = 0 if b is None else len(b)
+        got = 0 if b is None else b.seqs.size
         if got != k:
             raise RuntimeError(f"round {self.rnd}: the core handed out {got} of the {k} datagrams left in its pass")
         self.seqbuf[self.taken : m] = b.seqs
@@ -248,14 +344,14 @@ class RoundFlow(FlowBase):
         self.host.settle(self)
         self.ensure_fresh()
         if self.dpos < self.d_slot.size:  # datagrams still in flight reach the receiver (stale there)
-            self.sim.at(float(self.d_t[-1]), self._drain)
+            self.engine.at(float(self.d_t[-1]), self._drain)
 
     def _drain(self, t: float) -> None:
         """Deliver what is in flight after the transfer ended, until nothing is (the
         port may still move arrivals later)."""
         self.deliver_until(t)
         if self.dpos < self.d_slot.size:
-            self.sim.at(max(t, float(self.d_t[-1])), self._drain)
+            self.engine.at(max(t, float(self.d_t[-1])), self._drain)
 
     # -- pacing: the core's TokenBucket in closed form over a pass ----------------------------
     def bucket_start(self, t0: float) -> None:
@@ -365,7 +461,7 @@ class RoundFlow(FlowBase):
 
     def ensure_fresh(self) -> None:
         """Re-evaluate the port's verdicts if the port changed since they were computed."""
-        if self.leave is not None and self.qver != self._version():
+        if self.leave is not None and self.qver != (self._version() if self.multi else self.queue.version):
             self.port_refresh(self.env.now)
 
     def port_settle(self, t: float) -> None:
@@ -416,7 +512,7 @@ class RoundFlow(FlowBase):
             if self.wait is not None:
                 t_rx += self.wait[b:limit]
         else:
-            idx = np.flatnonzero(ok)
+            idx = ok.nonzero()[0]  # np.flatnonzero without its wrapper (1-d)
             idx += b
             t_rx = leave[idx]
             t_rx += c
@@ -448,7 +544,7 @@ class RoundFlow(FlowBase):
         self.ensure_fresh()
         j = self.limit - 1
         if self.ovf is not None:
-            inq = np.flatnonzero(~self.ovf[: self.limit])
+            inq = (~self.ovf[: self.limit]).nonzero()[0]
             if inq.size == 0:
                 return None
             j = int(inq[-1])
@@ -501,8 +597,11 @@ class RoundFlow(FlowBase):
         left = r.need - r.received
         if 0 < left <= self.d_slot.size - self.dpos:
             t_x = float(self.d_t[self.dpos + left - 1])
-            g = self.xgen
-            self.sim.at(t_x, lambda t: self.deliver_until(t) if g == self.xgen else None)
+            self.engine.at(t_x, self._crossing, self.xgen)
+
+    def _crossing(self, t: float, gen: int) -> None:
+        if gen == self.xgen:
+            self.deliver_until(t)
 
     def tolerance_changed(self, t: float) -> None:
         self.host.settle(self)
@@ -517,10 +616,11 @@ class RoundFlow(FlowBase):
             return
         hi = int(self.d_t.searchsorted(t, side="right"))
         r = self.ep.receiver
+        rnd = self.rnd
         while self.dpos < hi:
             lo = self.dpos
             j = hi
-            if self._open():
+            if r.active and r.round_no == rnd and not r.complete:  # _open()
                 if r.received == 0:
                     j = lo + 1  # alone, so the core's t_first is its arrival time
                 elif r.tolerance is not None:
@@ -540,6 +640,7 @@ class RoundFlow(FlowBase):
 class RoundEngine:
     def __init__(self, sim) -> None:
         self.sim = sim
+        self.env = sim.env
         cfg = sim.cfg
         self.core_order = "inorder"
         self.group = g = cfg.group  # a slot is `group` datagrams (1: one datagram)
@@ -552,6 +653,7 @@ class RoundEngine:
         self.seed = cfg.seed
         self.eager = EAGER_PORT  # read once per run (tests switch it)
         keep_heap()
+        quiet_gc()
         self.events = 0
         self.port_users: dict[int, int] = {}  # paths whose data crosses each port
         for path in list(sim.up_paths) + list(sim.down_paths):
@@ -559,9 +661,41 @@ class RoundEngine:
         self._sched: dict[int, HostSched] = {}
         self._fluid: dict[int, FluidQueue] = {}
         self._hops: dict[int, tuple[list[tuple[float, float]], float]] = {}
+        self._paths: dict[int, tuple] = {}
+        self._wire: dict = {}  # see ctrl_wire
+        self._base_delay: dict[tuple[int, int], float] = {}  # (path, frame bytes) -> path.ctrl_base_delay
         self._iota = _EMPTY_I
         self._ones = _EMPTY_F
+        self._fiota = _EMPTY_F
         self._zeros = _EMPTY_F
+
+    # -- SimPy queue entries ----------------------------------------------------------------
+    def call(self, delay: float, fn: Callable[[Any], None], arg: Any, priority: int = NORMAL) -> None:
+        """``fn(arg)`` in ``delay`` seconds, queued as a SimPy event of that priority would be."""
+        self.env.schedule(_Call(_fire_a, fn, arg), priority, delay)
+
+    def at(self, t: float, fn: Callable[..., None], arg: Any = _NOARG) -> None:
+        """``fn(t)`` (``fn(t, arg)``) at simulated time ``t``, now if ``t`` is past: what
+        ``Simulation.at`` does with a Timeout and a closure, queued at the very same place."""
+        env = self.env
+        env.schedule(_Call(_fire_t if arg is _NOARG else _fire_ta, fn, arg, t), NORMAL, max(0.0, t - env.now))
+
+    def at_msg(self, t: float, fn: Callable[[ctl.Message, float], None], msg: ctl.Message) -> None:
+        """``fn(msg, t)`` at simulated time ``t`` (a control message's arrival)."""
+        env = self.env
+        env.schedule(_Call(_fire_at, fn, msg, t), NORMAL, max(0.0, t - env.now))
+
+    def path_info(self, path: Path) -> tuple:
+        """What a flow on ``path`` needs of it (see RoundFlow.__init__), computed once per path."""
+        got = self._paths.get(id(path))
+        if got is None:
+            ports = path.ports
+            queues = [self.fluid(p) for p in ports]
+            hops = self.hops(path)
+            got = self._paths[id(path)] = (
+                self.sched(path.host), queues, queues[0], len(queues) > 1,
+                all(self.port_users.get(id(p), 0) <= 1 for p in ports), hops, hops[1])
+        return got
 
     def hops(self, path: Path) -> tuple[list[tuple[float, float]], float]:
         """For each port of ``path``: (fixed delay after the first port's arrival, slowest
@@ -588,6 +722,13 @@ class RoundEngine:
             self._iota = np.arange(max(r, 2 * self._iota.size), dtype=np.int64)
             self._iota.flags.writeable = False
         return self._iota[:r]
+
+    def fiota(self, r: int) -> np.ndarray:
+        """0.0, 1.0, ..., r-1 (float64), read-only and shared: slot counts to scale into times."""
+        if self._fiota.size < r:
+            self._fiota = np.arange(max(r, 2 * self._fiota.size), dtype=np.float64)
+            self._fiota.flags.writeable = False
+        return self._fiota[:r]
 
     def zeros(self, r: int) -> np.ndarray:
         """``r`` zeros (float64), read-only and shared: the times a loss process that ignores them is given."""
@@ -622,8 +763,20 @@ class RoundEngine:
                    worker: int, rnd: int) -> RoundFlow:
         return RoundFlow(self, self.sim, sender, ep, path, rpath, direction, worker, rnd)
 
+    def ctrl_wire(self, msg: ctl.Message) -> int:
+        """``Simulation.ctrl_wire(msg)``, remembered per message type (and bitmap length) for the
+        types whose frame length depends on nothing else: their encoding is fixed structs."""
+        tp = type(msg)
+        if tp not in _FIXED_FRAMES:
+            return self.sim.ctrl_wire(msg)
+        key = (tp, len(msg.bits)) if tp in _BITS_FRAMES else tp
+        w = self._wire.get(key)
+        if w is None:
+            w = self._wire[key] = self.sim.ctrl_wire(msg)
+        return w
+
     def send_ctrl(self, path: Path, msg: ctl.Message, t: float, on_arrival, flow) -> None:
-        wire = self.sim.ctrl_wire(msg)
+        wire = self.ctrl_wire(msg)
         dep_last = flow.dep_last() if flow is not None and isinstance(msg, ctl.Probe) else None
         if dep_last is not None and path.more:  # FIFO behind the pass's datagrams at the last port
             last = path.ports[-1]
@@ -633,5 +786,9 @@ class RoundEngine:
             t_port = t + wire * 8.0 / path.host.nic_bps + path.d1
             t_rx = max(t_port, dep_last) + path.port.ser(wire) + path.d2 + path.ctrl_overhead_s
         else:
-            t_rx = t + path.ctrl_base_delay(wire)
-        self.sim.at(t_rx, lambda tt: on_arrival(msg, tt))
+            key = (id(path), wire)
+            d = self._base_delay.get(key)
+            if d is None:
+                d = self._base_delay[key] = path.ctrl_base_delay(wire)
+            t_rx = t + d
+        self.at_msg(t_rx, on_arrival, msg)

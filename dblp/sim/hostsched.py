@@ -82,7 +82,7 @@ class HostSched:
         self.joining.append(f)
         if self._commit_at is None:  # passes starting at the same instant are laid out together
             self._commit_at = self.sim.env.now
-            self.sim.at(self._commit_at, self._commit)
+            self.engine.at(self._commit_at, self._commit)
 
     def _commit(self, t: float) -> None:
         self._commit_at = None
@@ -133,7 +133,7 @@ class HostSched:
             for f in list(self._pending):
                 self.settle(f)
             return
-        for i in np.flatnonzero(L.due[L.base:] <= t + self.eps).tolist():
+        for i in (L.due[L.base:] <= t + self.eps).nonzero()[0].tolist():
             self.settle(L.flows[L.base + i])
 
     def relayout(self, t: float) -> None:
@@ -246,7 +246,7 @@ class HostSched:
         due = np.minimum(first, N.lead[N.base:]) - 0.5 * self.h
         N.due[N.base:] = due
         self._layout = N
-        for i in np.flatnonzero(due <= t + self.eps).tolist():  # its next datagram is due: lay it out now
+        for i in (due <= t + self.eps).nonzero()[0].tolist():  # its next datagram is due: lay it out now
             self.settle(N.flows[N.base + i])
         self._schedule_chain()
         return True
@@ -256,7 +256,7 @@ class HostSched:
         if self._pending:
             L = self._layout
             g = self._chain_gen
-            self.sim.at(float(L.due[L.base:].min()), lambda now: self._chain(now, g))
+            self.engine.at(float(L.due[L.base:].min()), self._chain, g)
 
     def _private(self, f: RoundFlow) -> bool:
         """Whether nothing but ``f`` can notice its layout: alone on a port it cannot congest."""
@@ -274,10 +274,10 @@ class HostSched:
         if gen != self._chain_gen or not self._pending:
             return  # a newer layout took over
         L = self._layout
-        for i in np.flatnonzero(L.due[L.base:] <= now + self.eps).tolist():
+        for i in (L.due[L.base:] <= now + self.eps).nonzero()[0].tolist():
             self.settle(L.flows[L.base + i])
         if self._pending:
-            self.sim.at(float(L.due[L.base:].min()), lambda tt: self._chain(tt, gen))
+            self.engine.at(float(L.due[L.base:].min()), self._chain, gen)
 
     def settle(self, f: RoundFlow) -> None:
         """Give ``f`` the layout it is owed now (no-op if it has it)."""
@@ -307,13 +307,13 @@ class HostSched:
             return np.maximum(leave, f.bucket_times(start + j))
         if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
             full, rest = divmod(r, q)
-            iota = self.engine.iota
+            fiota = self.engine.fiota  # float: no int -> float cast per slot (exact: whole numbers)
             leave = np.empty(r)
             if full:
-                np.add.outer(iota(full) * float(k * q), iota(q) + float(i * q + 1),
+                np.add.outer(fiota(full) * float(k * q), fiota(q) + float(i * q + 1),
                              out=leave[: full * q].reshape(full, q))
             if rest:
-                np.add(iota(rest), float(full * k * q + i * rest + 1), out=leave[full * q :])
+                np.add(fiota(rest), float(full * k * q + i * rest + 1), out=leave[full * q :])
         else:  # round-robin in quanta of host_slice datagrams, in join order
             uq = j // q
             uq *= q

@@ -83,11 +83,12 @@ def test_shared_scratch_arrays_are_read_only():
     import numpy as np
 
     eng = fast.RoundEngine.__new__(fast.RoundEngine)
-    eng._iota, eng._ones, eng._zeros = fast._EMPTY_I, fast._EMPTY_F, fast._EMPTY_F
-    for get, first in ((eng.iota, 0.0), (eng.ones, 1.0), (eng.zeros, 0.0)):
+    eng._iota, eng._ones, eng._zeros, eng._fiota = fast._EMPTY_I, fast._EMPTY_F, fast._EMPTY_F, fast._EMPTY_F
+    for get, first in ((eng.iota, 0.0), (eng.ones, 1.0), (eng.zeros, 0.0), (eng.fiota, 0.0)):
         a = get(5)
         assert a.size == 5 and a[0] == first and not a.flags.writeable
         assert get(3).base is a.base  # grown once, then shared
         with pytest.raises(ValueError):
             a[0] = 9
     assert np.array_equal(eng.iota(4), np.arange(4)) and np.array_equal(eng.ones(3), [1.0, 2.0, 3.0])
+    assert eng.fiota(3).dtype == np.float64 and np.array_equal(eng.fiota(3), [0.0, 1.0, 2.0])
