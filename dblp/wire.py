@@ -43,6 +43,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 from crc32c import crc32c as _crc32c
@@ -117,7 +118,7 @@ class ChunkLayout:
             raise ParameterError(f"elements={self.elements} needs {self.chunks} chunks at mtu={self.mtu}; "
                                  f"the 32-bit sequence number allows {2**32}")
 
-    @property
+    @cached_property  # derived from frozen fields: computed once (hot in the simulator)
     def header_size(self) -> int:
         """Bytes before the payload: 24, or 40 on the authenticated wire."""
         return HEADER_SIZE + (TAG_SIZE if self.key is not None else 0)
@@ -131,24 +132,24 @@ class ChunkLayout:
         """The key as the C helper takes it: empty for version 1."""
         return b"" if self.key is None else self.key
 
-    @property
+    @cached_property
     def chunk_floats(self) -> int:
         return (self.mtu - IP_UDP_OVERHEAD - self.header_size) // FLOAT_BYTES
 
-    @property
+    @cached_property
     def chunk_bytes(self) -> int:
         return self.chunk_floats * FLOAT_BYTES
 
-    @property
+    @cached_property
     def datagram_size(self) -> int:
         """Size of a full (not last) datagram, header included."""
         return self.header_size + self.chunk_bytes
 
-    @property
+    @cached_property
     def chunks(self) -> int:
         return math.ceil(self.elements / self.chunk_floats)
 
-    @property
+    @cached_property
     def last_chunk_floats(self) -> int:
         return self.elements - (self.chunks - 1) * self.chunk_floats
 
