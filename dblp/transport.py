@@ -354,5 +354,5 @@ def pump_parallel(
     finally:
         rd.close()
         wr.close()
-    if errors:
-        raise errors[0]
+    if errors:  # Ctrl-C first, whatever a loop raised as the others stopped
+        raise next((e for e in errors if isinstance(e, KeyboardInterrupt)), errors[0])
