@@ -46,6 +46,7 @@ R10 Placement (a transport's copy saver, not a rule change): while a round
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -145,6 +146,7 @@ class EncodedRound:
         self._span_lengths = self.lengths[self.order]  # by position in send order
         self._encoded = 0  # headers[:_encoded] are encoded
         self._position: np.ndarray | None = None  # chunk index -> position, made on first use
+        self._lock = threading.Lock()
 
     def span(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Headers and lengths of send positions ``start:stop`` (views, no copy)."""
@@ -153,22 +155,30 @@ class EncodedRound:
 
     def take(self, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Headers (a copy, contiguous) and lengths of the datagrams ``seqs``, any order."""
-        if self._position is None:
-            self._position = np.empty(self.layout.chunks, np.int64)
-            self._position[self.order] = np.arange(self.layout.chunks)
-        pos = self._position[seqs]
+        position = self._position
+        if position is None:  # made whole before it is shared: senders may run on several threads
+            position = np.empty(self.layout.chunks, np.int64)
+            position[self.order] = np.arange(self.layout.chunks)
+            self._position = position
+        pos = position[seqs]
         if pos.size:
             self._encode_to(int(pos.max()) + 1)
         return self.headers[pos], self.lengths[seqs]
 
     def _encode_to(self, stop: int) -> None:
+        """Encode the headers up to send position ``stop``. One encoding may feed senders driven
+        from several threads (the server's parallel loops, :func:`dblp.transport.pump_parallel`):
+        a header is written by one of them, under the lock, and counted encoded only once whole."""
         if stop <= self._encoded:
             return
-        stop = min(self.layout.chunks, max(stop, self._encoded + ENCODE_SLAB))
-        a = self._encoded
-        encode_headers(self.values, self.layout, self.order[a:stop], run_id=self.run_id, sender=self.sender,
-                       round_no=self.round_no, out=self.headers[a:stop])
-        self._encoded = stop
+        with self._lock:
+            if stop <= self._encoded:
+                return
+            stop = min(self.layout.chunks, max(stop, self._encoded + ENCODE_SLAB))
+            a = self._encoded
+            encode_headers(self.values, self.layout, self.order[a:stop], run_id=self.run_id, sender=self.sender,
+                           round_no=self.round_no, out=self.headers[a:stop])
+            self._encoded = stop
 
 
 class VirtualRound:

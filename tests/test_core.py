@@ -366,3 +366,34 @@ def test_block_order_permutes_runs_of_chunks_and_spreads_loss():
     masks = [run_round(v, 0.5, order="blocks", batch=1, round_no=r)[2].mask.copy() for r in range(6)]
     lost_ever = ~np.logical_and.reduce(masks)
     assert lost_ever.mean() > 0.9  # the tail is not always the part that is lost
+
+
+def test_one_encoding_feeds_senders_on_several_threads():
+    """The server's broadcast encoding is shared by its senders, which its parallel event loops drive
+    from several threads (dblp.transport.pump_parallel): retransmission lookups and lazy encoding
+    racing each other must give every thread the headers a lone thread gets."""
+    import threading
+
+    layout = ChunkLayout(358 * 300 + 7, key=b"k" * 16)
+    values = np.random.default_rng(0).standard_normal(layout.elements).astype(np.float32)
+    order = send_order(layout.chunks, "blocks", 1, 3, 0)
+    seqs = np.random.default_rng(1).permutation(layout.chunks)
+    want = EncodedRound(values, layout, round_no=3, run_id=9, sender=0xFFFF, order=order).take(seqs)[0]
+    errors: list[BaseException] = []
+    for _ in range(100):
+        enc = EncodedRound(values, layout, round_no=3, run_id=9, sender=0xFFFF, order=order)
+        go = threading.Barrier(4)
+
+        def take() -> None:
+            try:
+                go.wait()
+                assert np.array_equal(enc.take(seqs)[0], want)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        ts = [threading.Thread(target=take) for _ in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+    assert not errors, errors[:3]
