@@ -312,8 +312,8 @@ def pump_parallel(
     Why: a server's receive and send loops are C without the GIL, so one
     thread per group of workers uses more than one core. Every object a loop
     touches for data - a peer's sockets, its receiver, its sender - belongs
-    to one peer and so to one thread; the shared broadcast encoding is
-    written idempotently. What several peers share (the driver's session,
+    to one peer and so to one thread; the broadcast encoding the senders
+    share is made under its own lock (:class:`dblp.core.EncodedRound`). What several peers share (the driver's session,
     reached through ``on_message`` for HELLO-era and BYE messages) is the
     caller's to lock. Each loop stops when ``until()`` holds or another loop
     stopped (it wakes the others); the first error is raised here.
