@@ -38,7 +38,7 @@ import numpy as np
 LOCAL_DIR = Path("/dev/shm")
 PREFIX = "dblp-local-"
 #: a slot's path as a HELLO may name it: only files of this module's own naming, in LOCAL_DIR
-PATH_RE = re.compile(r"/dev/shm/dblp-local-(\d{1,10})-[0-9a-f]{32}")
+PATH_RE = re.compile(re.escape(f"{LOCAL_DIR}/{PREFIX}") + r"(\d{1,10})-[0-9a-f]{32}")
 
 
 class LocalSlotError(OSError):
@@ -116,17 +116,12 @@ class LocalSlot:
             pass
 
 
-def leftovers() -> list[Path]:
-    """Slots in ``/dev/shm`` whose creating process is gone (a worker killed in its handshake)."""
+def slots() -> list[tuple[Path, int]]:
+    """Every slot in ``/dev/shm`` with the process id of the worker that made it (its name says
+    it): :mod:`emulation.cleanup` removes those whose creator is gone."""
     out = []
     for p in LOCAL_DIR.glob(PREFIX + "*"):
         m = PATH_RE.fullmatch(str(p))
-        if m is None:
-            continue
-        try:
-            os.kill(int(m.group(1)), 0)
-        except ProcessLookupError:
-            out.append(p)
-        except (PermissionError, OverflowError):
-            pass
+        if m is not None:
+            out.append((p, int(m.group(1))))
     return out

@@ -203,6 +203,7 @@ class ParameterServer:
             if hello.local:  # a worker on this host: its data path is the slot it made (dblp.hostlocal)
                 try:
                     local[conn] = LocalSlot.open(hello.local, int(hello.spec["elements"]))
+                    self._local_slots.append(local[conn])  # closed by close(), whatever happens next
                 except LocalSlotError as exc:
                     refuse(conn, f"host-local slot: {exc}", "hello")
                     return
@@ -311,7 +312,6 @@ class ParameterServer:
             peer = Peer(f"worker {wid}", conn, udp, on_message=self._on_message)
             peer.udp_addr = (conn.getpeername()[0], hello.udp_port)
             if conn in local:
-                self._local_slots.append(local[conn])
                 peer.local = (local[conn].down, local[conn].up)
             peers[wid] = peer
             self.workers.append(_WorkerState(wid, peer))

@@ -119,7 +119,7 @@ def _plan(states: RunStates, all_dblp: bool = False) -> Plan:
 
     plan.netns = [n for n in _netns_names() if not _probe_alive(n) and
                   (n.startswith("dblpem-") or (all_dblp and n.startswith("dblp")))]
-    plan.slots = hostlocal.leftovers()
+    plan.slots = [path for path, pid in hostlocal.slots() if not pid_alive(pid)]
     return plan
 
 

@@ -13,12 +13,13 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from dblp import control as ctl
-from dblp.hostlocal import LOCAL_DIR, PREFIX, LocalSlot, LocalSlotError, leftovers
+from dblp.hostlocal import LOCAL_DIR, PREFIX, LocalSlot, LocalSlotError, slots
 from dblp.policy import FixedPolicy
 from dblp.server import ParameterServer, ServerConfig
 from dblp.shard import find_local_shard
@@ -168,8 +169,8 @@ def test_slot_round_trip_and_leftovers_of_a_dead_creator():
     stale.write_bytes(b"")
     live = LocalSlot.create(4)
     try:
-        found = leftovers()
-        assert stale in found and not any(p.name == os.path.basename(live.path) for p in found)
+        found = dict(slots())
+        assert found[stale] == int(dead) and found[Path(live.path)] == os.getpid()
         if os.geteuid() == 0:  # python -m emulation.cleanup removes it (and only it)
             from emulation.cleanup import cleanup
 
