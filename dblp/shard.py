@@ -35,8 +35,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Sequence
 
-import numpy as np
-
 from .records import RecordWriter, RoundRecord
 from .staging import HostStaging, ResultPool
 from .transport import connect_retry
