@@ -27,7 +27,7 @@ from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 
 from .gradients import MODEL_HELP, model_elements
 from .policy import (DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, PolicySpec, check_tolerance,
-                     parse_runs, run_policy)
+                     default_p_high, parse_runs, run_policy)
 from .wire import ParameterError
 
 __all__ = [
@@ -378,7 +378,7 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         ap.error(f"--model: {exc}")
     check_policy_args(ap, a, a.policy_list)
     if a.p_high is None:  # what run_policy defaults it to
-        a.p_high = a.p_low + DEFAULT_K
+        a.p_high = default_p_high(a.p_low)
     a.bw_mbps = a.bandwidth / 1e6
     a.queue_bytes = a.queue
     if getattr(a, "aggregation", "server") == "sharded" and a.workers < 2:

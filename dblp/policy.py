@@ -27,6 +27,12 @@ from .wire import ParameterError
 # Paper Table I / section III-B defaults.
 DEFAULT_P_LOW = 0.008  # EfficientNetB0's MLT tolerance
 DEFAULT_K = 0.40  # P_high = P_low + k
+
+
+def default_p_high(p_low: float) -> float:
+    """P_high when none is given: P_low + k, rounded at 1e-12 so that 0.008 + 0.4 is 0.408
+    (in flags, file names and tables), not 0.40800000000000003."""
+    return round(p_low + DEFAULT_K, 12)
 DEFAULT_ETA = 0.5  # Accordion's threshold, used by the paper
 DEFAULT_FREQ = 10  # the paper leaves DBLP_freq unstated; 10 iterations is our default
 
@@ -82,7 +88,7 @@ class DblpPolicy:
     """
 
     p_low: float = DEFAULT_P_LOW
-    p_high: float = DEFAULT_P_LOW + DEFAULT_K
+    p_high: float = default_p_high(DEFAULT_P_LOW)
     eta: float = DEFAULT_ETA
     freq: int = DEFAULT_FREQ
     compare: str = "previous_iteration"
@@ -144,7 +150,7 @@ def make_policy(
         return FixedPolicy(p)
     if name == "dblp":
         lo = p if p_low is None else p_low
-        hi = lo + DEFAULT_K if p_high is None else p_high
+        hi = default_p_high(lo) if p_high is None else p_high
         return DblpPolicy(p_low=lo, p_high=hi, eta=eta, freq=freq)
     raise ParameterError(f"policy must be reliable, fixed or dblp, got {name!r}")
 
@@ -206,14 +212,14 @@ def run_policy(
 ) -> PolicySpec:
     """The policy of a named run or policy: ``reliable`` (p = 0), ``baseline`` or
     ``fixed`` (p = ``p_low``), ``dblp`` (``p_low`` in the CLR, ``p_high`` outside,
-    default P_low + k). Parameters a policy does not use are left at their defaults,
+    default :func:`default_p_high`). Parameters a policy does not use are left at their defaults,
     so equal policies compare equal. Checks every value (ParameterError)."""
     if name == "reliable":
         spec = PolicySpec("reliable")
     elif name in ("baseline", "fixed"):
         spec = PolicySpec("fixed", p=p_low)
     elif name == "dblp":
-        spec = PolicySpec("dblp", p=p_low, p_low=p_low, p_high=p_low + DEFAULT_K if p_high is None else p_high,
+        spec = PolicySpec("dblp", p=p_low, p_low=p_low, p_high=default_p_high(p_low) if p_high is None else p_high,
                           eta=eta, freq=freq)
     else:
         raise ParameterError(f"policy must be one of {', '.join(RUNS + ('fixed',))}, got {name!r}")

@@ -31,7 +31,7 @@ from dblp.analysis import RUN_COLORS
 from dblp.cliargs import check_policy_args, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
-from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, parse_runs
+from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, default_p_high, parse_runs
 from traces.argtypes import count_arg, float_arg, int_arg
 from dblp.policy import run_policy as named_policy
 from dblp.watch import Tail
@@ -73,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error("--loss needs root (an nftables rule in a network namespace)")
     check_policy_args(ap, a, a.policy_list)  # the policy objects' own checks, before any process starts
     if a.p_high is None:
-        a.p_high = a.p_low + DEFAULT_K
+        a.p_high = default_p_high(a.p_low)
     from dblp.gradients import model_name
     from dblp.train.models import WORKLOADS
 

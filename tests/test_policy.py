@@ -94,8 +94,9 @@ def test_named_runs_translate_to_one_policy_everywhere():
     assert base.flags() == ["--policy", "fixed", "--p", "0.008"] and isinstance(base.build(), FixedPolicy)
     assert base.config() == run_policy("fixed", 0.008).config()  # the baseline is the fixed policy at P_low
     d = run_policy("dblp", 0.008, None, 0.5, 10)
-    assert d.p_high == pytest.approx(0.408) and isinstance(d.build(), DblpPolicy)
-    assert d.flags()[:2] == ["--policy", "dblp"] and "--p-high" in d.flags()
+    assert d.p_high == 0.408 and isinstance(d.build(), DblpPolicy)  # P_low + k, not 0.40800000000000003
+    assert d.flags() == ["--policy", "dblp", "--p-low", "0.008", "--eta", "0.5", "--freq", "10", "--p-high", "0.408"]
+    assert make_policy("dblp", p_low=0.008).p_high == 0.408
     assert isinstance(run_policy("reliable").build(), ReliablePolicy)
     assert parse_runs("reliable, baseline,dblp") == ["reliable", "baseline", "dblp"]
     for bad in (lambda: run_policy("mlt"), lambda: run_policy("dblp", 0.5, 0.1), lambda: parse_runs("dblp,x"),
