@@ -323,6 +323,9 @@ class ParameterServer:
                                   send_rate_bps=self.cfg.send_rate_bps,
                                   clock_offset=time.time() - time.monotonic()),
         )
+        locals_ = [w for w in self.workers if w.peer.local is not None]
+        for w in locals_:  # a host-local worker's values are received where they already are: its slot
+            self.session.receive_into(w.wid, w.peer.local[1])
         for w in self.workers:
             w.peer.receiver = self.session.receiver(w.wid)
             w.peer.send_control(
@@ -348,7 +351,11 @@ class ParameterServer:
                     }
                 )
             )
-        self.mean = np.zeros(elements, np.float32)
+        # With one host-local worker (the sharded mode's own shard) the mean is reduced straight into
+        # its slot, so its pass copies nothing; the next round's reduce comes after that worker has
+        # sent its next values, hence after it took this mean out. (A member of the run, as the
+        # slot's owner is, can set the mean at will anyway: its own gradient enters it.)
+        self.mean = locals_[0].peer.local[0] if len(locals_) == 1 else np.zeros(elements, np.float32)
         log.info("%d workers connected; %d elements in %d chunks of %d floats",
                  len(self.workers), elements, self.layout.chunks, self.layout.chunk_floats)
 

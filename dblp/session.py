@@ -259,6 +259,15 @@ class ServerSession:
     def buffer(self, w: int) -> np.ndarray | None:
         return self.peers[w].buffer
 
+    def receive_into(self, w: int, buffer: np.ndarray) -> None:
+        """Take worker ``w``'s upstream in ``buffer`` from the next round it opens on: the host-local
+        slot (dblp.hostlocal), where the worker's values already are, so the driver has nothing
+        to copy. Call it before :meth:`start`."""
+        p = self.peers[w]
+        if p.buffer is None or buffer.dtype != np.float32 or buffer.size != self.layout.elements:
+            raise ValueError(f"worker {w}: a receive buffer must be float32 of {self.layout.elements} elements")
+        p.buffer = buffer
+
     def broadcast_done(self, w: int) -> bool:
         """Whether worker ``w``'s broadcast of the current round is stopped (or not started)."""
         p = self.peers.get(w)

@@ -179,7 +179,8 @@ class Peer:
         n = r.layout.chunks
         if self._every_chunk.size != n:
             self._every_chunk = np.arange(n, dtype=np.int64)
-        if r.active and not r.complete and m.round == r.round_no and r.out is not None:
+        if r.active and not r.complete and m.round == r.round_no and r.out is not None \
+                and not _same_memory(r.out, self.local[1]):  # (a server receives in the slot itself)
             np.copyto(r.out, self.local[1])
         r.receive_chunks(m.round, self._every_chunk, now)
         for msg in r.control_to_send():
@@ -191,8 +192,8 @@ class Peer:
         assert s is not None and self.local is not None
         b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
         if b is not None:
-            if s.stats.passes == 1 and b.values is not None:
-                np.copyto(self.local[0], b.values)
+            if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
+                np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
             self.send_control(ctl.Local(s.round_no, s.direction))
         for m in s.control_to_send():
             self.send_control(m)
@@ -215,6 +216,12 @@ class Peer:
         for m in s.control_to_send():
             self.send_control(m)
         return s.ready(now)
+
+
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays are the same floats (one a view of the other's whole memory): then a
+    host-local pass has nothing to copy."""
+    return a.size == b.size and a.ctypes.data == b.ctypes.data
 
 
 def connect_retry(addr: tuple[str, int], timeout_s: float, interval_s: float = 0.2) -> socket.socket:

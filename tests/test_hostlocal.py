@@ -47,6 +47,10 @@ def _run(srv: ParameterServer, workers: list[Worker], rounds: int, before=None):
         try:
             srv.accept_workers()
             seen["server_local"] = sorted(w.wid for w in srv.workers if w.peer.local is not None)
+            # no copy on the host-local path's server side: it receives in the slot, reduces into it
+            seen["in_slot"] = [(np.shares_memory(srv.session.buffer(w.wid), w.peer.local[1]),
+                                np.shares_memory(srv.mean, w.peer.local[0]))
+                               for w in srv.workers if w.peer.local is not None]
             srv.serve()
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -88,6 +92,7 @@ def test_a_local_worker_averages_exactly_without_a_datagram_and_leaves_no_file()
         want = (_grad(0, r) + _grad(1, r)) * np.float32(0.5)
         assert np.array_equal(outs[0][r], want) and np.array_equal(outs[1][r], want), r
     assert seen["server_local"] == [0]
+    assert seen["in_slot"] == [(True, True)]
     assert seen["slots_after_connect"] == []  # unlinked once the server attached
     assert _mine() == []
     chunks = srv.layout.chunks
