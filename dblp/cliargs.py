@@ -28,7 +28,7 @@ from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 from .gradients import MODEL_HELP, model_elements
 from .policy import (DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, PolicySpec, check_tolerance,
                      default_p_high, parse_runs, run_policy)
-from .wire import ParameterError
+from .wire import MAX_MTU, MIN_MTU, ParameterError
 
 __all__ = [
     "MEANINGS",
@@ -353,6 +353,9 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
     ap.add_argument("--gso", action="store_true",
                     help="use UDP GSO/GRO; the links are then segmented so loss rules still drop single "
                          "datagrams (emulation.loss.segment_links)")
+    ap.add_argument("--mtu", type=mtu_arg, default=1500,
+                    help=f"MTU of every link and of the transport, in bytes ({MIN_MTU}-{MAX_MTU}; 9000: jumbo "
+                         "frames, a sixth of the datagrams per gradient)")
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
     ap.add_argument("--insecure", action="store_true",
                     help="the paper's unauthenticated CRC-only wire (default: authenticated, a fresh secret per "
@@ -380,6 +383,8 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.p_high is None:  # what run_policy defaults it to
         a.p_high = default_p_high(a.p_low)
     a.bw_mbps = a.bandwidth / 1e6
+    if not MIN_MTU <= a.mtu <= MAX_MTU:
+        ap.error(f"argument --mtu: a link's MTU is {MIN_MTU}-{MAX_MTU} bytes, got {a.mtu}")
     a.queue_bytes = a.queue
     if getattr(a, "aggregation", "server") == "sharded" and a.workers < 2:
         ap.error(f"--aggregation sharded: needs at least 2 workers (--workers {a.workers})")

@@ -70,6 +70,9 @@ HEADER_SIZE = 24  # the fields both versions share; a version-2 header adds TAG_
 TAG_SIZE = 16
 IP_UDP_OVERHEAD = 28  # IPv4 (20) + UDP (8)
 FLOAT_BYTES = 4
+#: link MTUs in bytes: IPv4's smallest datagram every host must take (the emulation's and the
+#: benchmark's links go no lower), and IPv4's largest datagram (no layout goes higher)
+MIN_MTU, MAX_MTU = 576, 65535
 
 HEADER_DTYPE = np.dtype(
     [
@@ -112,8 +115,8 @@ class ChunkLayout:
                 f"mtu={self.mtu} is too small for the {self.header_size}-byte DBLP header "
                 f"plus IP/UDP headers and one value (minimum {min_mtu})"
             )
-        if self.mtu > 65535:
-            raise ParameterError(f"mtu={self.mtu} exceeds the IPv4 datagram limit 65535")
+        if self.mtu > MAX_MTU:
+            raise ParameterError(f"mtu={self.mtu} exceeds the IPv4 datagram limit {MAX_MTU}")
         if self.chunks > 2**32:  # the header's seq field
             raise ParameterError(f"elements={self.elements} needs {self.chunks} chunks at mtu={self.mtu}; "
                                  f"the 32-bit sequence number allows {2**32}")

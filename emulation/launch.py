@@ -32,7 +32,8 @@ def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable
     return RunArgs(workers=a.workers, iterations=a.iterations, model=a.elements, policy=list(policy),
                    source="emulation", pace_bps=pace_rate(a), seed=a.seed, compute_s=a.compute,
                    peer_timeout_s=60.0, plain=not a.gso, port=SCENARIO_PORT, python=python, server_extra=extra,
-                   insecure=getattr(a, "insecure", False), aggregation=getattr(a, "aggregation", "server"))
+                   insecure=getattr(a, "insecure", False), aggregation=getattr(a, "aggregation", "server"),
+                   mtu=getattr(a, "mtu", None))
 
 
 def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, schedule: Sequence[Any], *,

@@ -38,6 +38,8 @@ from mininet.net import Mininet
 from mininet.node import Host, Node
 from mininet.topo import Topo
 
+from dblp.wire import MAX_MTU, MIN_MTU
+
 from .bridge import IPBridge
 from .mnlink import ShapedLink
 from .shaping import Shape, apply_shape, qdisc_stats
@@ -63,12 +65,17 @@ class EmuNet:
     shape: apply each link's TBF shaping (both ends). static_arp: preload all
     ARP entries, so a loss rule never has to drop ARP and first packets are not
     delayed. signals: install SIGINT/SIGTERM handlers that tear down and then
-    re-raise (main thread only). name: a label used in the run id.
+    re-raise (main thread only). name: a label used in the run id. mtu: every
+    interface's MTU in bytes (9000: jumbo frames, a sixth of the datagrams per
+    gradient; the TBF buckets then hold four such frames, :meth:`Shape.fit_mtu`).
     """
 
     def __init__(self, topo: Topo, *, shape: bool = True, static_arp: bool = True,
                  disable_ipv6: bool = True, signals: bool = True, name: str = "emu",
-                 verbosity: str = "warning") -> None:
+                 verbosity: str = "warning", mtu: int = 1500) -> None:
+        if not (isinstance(mtu, int) and MIN_MTU <= mtu <= MAX_MTU):
+            raise ValueError(f"mtu must be an integer number of bytes in [{MIN_MTU}, {MAX_MTU}], got {mtu!r}")
+        self.mtu = mtu
         self.topo = topo
         self.shape = shape
         self.static_arp = static_arp
@@ -130,6 +137,8 @@ class EmuNet:
                         pid=h.pid, check=False)
             if self.static_arp:
                 self.net.staticArp()
+            if self.mtu != 1500:
+                self._set_mtu()
             if self.shape:
                 self._apply_shapes()
             self._started = True
@@ -260,18 +269,26 @@ class EmuNet:
         })
 
     # ---------------------------------------------------------------- shaping
+    def _set_mtu(self) -> None:
+        """Every link end, then every bridge (a bridge's MTU follows its ports, but say it)."""
+        for link in self.net.links:
+            for intf in (link.intf1, link.intf2):
+                run(["ip", "link", "set", "dev", intf.name, "mtu", str(self.mtu)], pid=_ns_pid(intf.node))
+        for sw in self.net.switches:
+            run(["ip", "link", "set", "dev", sw.name, "mtu", str(self.mtu)], pid=_ns_pid(sw))
+
     def _apply_shapes(self) -> None:
         for link in self.net.links:
             shape = getattr(link, "shape", None)
             if shape is None:
                 continue
             for intf in (link.intf1, link.intf2):
-                apply_shape(intf.name, shape, pid=_ns_pid(intf.node))
+                apply_shape(intf.name, shape.fit_mtu(self.mtu), pid=_ns_pid(intf.node))
 
     def reshape(self, intf_name: str, shape: Shape) -> None:
         """Change one interface's shaping mid-run (e.g. shrink a bottleneck buffer)."""
         node = self._intf_node(intf_name)
-        apply_shape(intf_name, shape, pid=_ns_pid(node))
+        apply_shape(intf_name, shape.fit_mtu(self.mtu), pid=_ns_pid(node))
 
     # ---------------------------------------------------------------- access
     @property

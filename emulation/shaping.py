@@ -17,7 +17,7 @@ it and the drops show up in ``tc -s`` as they would on a switch port.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from traces.units import FRAME_BYTES, parse_rate  # FRAME_BYTES: a packet of a queue (1500 IP + 14 Ethernet)
 
@@ -40,6 +40,17 @@ class Shape:
     buffer_bytes: int = 100 * FRAME_BYTES
     burst_bytes: int = 0
     delay: str | None = None
+
+    def fit_mtu(self, mtu: int) -> "Shape":
+        """The same shape on links of ``mtu`` bytes: a token bucket smaller than one frame would
+        drop every frame (TBF never splits a packet that is not GSO), so the bucket holds at least
+        four frames of that size and the queue at least the bucket. Unchanged at 1500."""
+        if not self.bw_mbps:
+            return self
+        burst = max(self.burst_bytes or default_burst(self.bw_mbps), 4 * frame_bytes(mtu))
+        if burst == (self.burst_bytes or default_burst(self.bw_mbps)):
+            return self
+        return replace(self, burst_bytes=burst, buffer_bytes=max(self.buffer_bytes, burst))
 
     @classmethod
     def tbf(cls, rate: str | float, *, queue_bytes: int = 1 << 20, burst_bytes: int | None = None) -> "Shape":
@@ -71,6 +82,11 @@ class Shape:
         burst = default_burst(bw) if bw else 0
         return cls(bw_mbps=float(bw) if bw else None, buffer_bytes=int(buffer_bytes),
                    burst_bytes=burst, delay=delay)
+
+
+def frame_bytes(mtu: int) -> int:
+    """An Ethernet frame's bytes on a link of ``mtu`` (the IP packet plus the 14-byte header)."""
+    return int(mtu) + FRAME_BYTES - 1500
 
 
 def default_burst(bw_mbps: float) -> int:

@@ -109,7 +109,7 @@ from dblp.policy import run_policy  # noqa: E402
 from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.server import ServerConfig  # noqa: E402
-from dblp.wire import ParameterError  # noqa: E402
+from dblp.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
@@ -546,8 +546,8 @@ def parse_args(argv=None):
         args.sizes = [model_elements(x) for s in args.sizes for x in s.split(",") if x.strip()]
     except ParameterError as exc:
         ap.error(f"--models: {exc}")
-    if not 576 <= args.mtu <= 65535:
-        ap.error(f"--mtu must be in [576, 65535], got {args.mtu}")
+    if not MIN_MTU <= args.mtu <= MAX_MTU:
+        ap.error(f"--mtu must be in [{MIN_MTU}, {MAX_MTU}] bytes, got {args.mtu}")
     try:
         args.calib_loss = [float(x) for x in str(args.calib_loss).split(",") if x.strip()]
     except ValueError:

@@ -103,7 +103,7 @@ def scenario_settings(a: argparse.Namespace) -> dict:
     return {"model": a.elements, "workers": a.workers, "rounds": a.iterations, "bandwidth_bps": a.bandwidth,
             "queue_bytes": a.queue, "send_rate_bps": pace_rate(a),
             "loss": [{"kind": "iteration_bursts", "at": list(a.bursts_list), "loss": a.burst_loss}],
-            "seed": a.seed, "eta": a.eta, "freq": a.freq, "wire": 1 if a.insecure else 2,
+            "seed": a.seed, "eta": a.eta, "freq": a.freq, "wire": 1 if a.insecure else 2, "mtu": a.mtu,
             **({"topology": "leafspine", "racks": a.racks, "spines": 1,
                 "uplink_bandwidth_bps": a.uplink_bandwidth or a.bandwidth} if a.topology == "leafspine" else {})}
 
@@ -131,7 +131,7 @@ def run_mininet(a: argparse.Namespace) -> Path:
                              uplink_bw=(a.uplink_bandwidth or a.bandwidth) / 1e6)
     else:
         topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
-    with EmuNet(topo, name="crosscheck") as net, LossController(net) as lc:
+    with EmuNet(topo, name="crosscheck", mtu=a.mtu) as net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()

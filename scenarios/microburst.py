@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(a).items()}
     rec = RunRecorder("microburst", config, root=a.results)
     out = rec.path
-    lay = ChunkLayout(a.elements, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
+    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     t = a.train
     what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
             if t else "replayed synthetic gradient")
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     cross = 1 if a.burst_kind == "congestion" else 0  # x1 sends the cross-traffic, on a 10x faster link
     topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
     runs: dict[str, list] = {}
-    with EmuNet(topo, name="microburst") as net, LossController(net) as lc:
+    with EmuNet(topo, name="microburst", mtu=a.mtu) as net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()

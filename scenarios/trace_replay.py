@@ -50,7 +50,7 @@ from pathlib import Path
 
 from dblp import analysis
 from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
-from dblp.wire import ChunkLayout
+from dblp.wire import TAG_SIZE, ChunkLayout
 from dblp.cliargs import add_run_args, add_workload_args, check_run_args, check_workload_args, parser
 from dblp.policy import run_policy as named_policy
 from traces.argtypes import float_arg
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(a).items()}
     rec = RunRecorder("trace_replay", config, root=a.results)
     out = rec.path
-    lay = ChunkLayout(a.elements)
+    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     s = summarize(trace)
     span = f"{s.span / 1e6:g} s" if s.form == "segments" else f"{int(s.span):,} packets"
     print(f"trace_replay: {a.trace}\n  {s.form}, {s.provenance}, {span}, mean loss {s.mean_loss:.4%}, "
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[str, list] = {}
     losses: dict[str, dict] = {}
     exposure: dict[str, dict[int, float]] = {}
-    with EmuNet(topo, name="trace_replay") as net, LossController(net) as lc:
+    with EmuNet(topo, name="trace_replay", mtu=a.mtu) as net, LossController(net) as lc:
         if a.gso:  # before the replayer places its rules: on segmented links they sit on the switch ends
             lc.use_segmented_links(net.hosts)
         rec.snapshot("start", net=net, loss=lc)

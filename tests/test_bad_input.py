@@ -146,6 +146,8 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("microburst.py", "--freq", "0"), ("--freq", "0")),
     (_scn("microburst.py", "--iterations", "0"), ("--iterations", "0")),
     (_scn("microburst.py", "--workers", "0"), ("--workers", "0")),
+    (_scn("microburst.py", "--mtu", "100"), ("--mtu", "100", "576")),
+    (_scn("trace_replay.py", "--mtu", "70000"), ("--mtu", "70000")),
     (_scn("microburst.py", "--bursts", "abc"), ("--bursts", "abc")),
     (_scn("microburst.py", "--bursts", "5,500"), ("--bursts", "500")),
     (_scn("microburst.py", "--burst-loss", "1"), ("--burst-loss", "1")),

@@ -22,6 +22,17 @@ def test_shape_from_link_opts():
     assert cmd[cmd.index("limit") + 1] == str(20 * FRAME_BYTES)
 
 
+def test_a_shape_on_jumbo_links_holds_four_frames_in_its_bucket():
+    """A TBF bucket smaller than a frame drops every frame: at MTU 9000 a slow link's bucket grows."""
+    slow = Shape.from_link_opts({"bw": 20, "buffer_pkts": 2})
+    assert slow.fit_mtu(1500) is slow and slow.burst_bytes == 4 * FRAME_BYTES  # 1 ms at 20 Mbit/s is less
+    jumbo = slow.fit_mtu(9000)
+    assert jumbo.burst_bytes == 4 * 9014 and jumbo.buffer_bytes == 4 * 9014  # the queue holds the bucket too
+    fast = Shape.from_link_opts({"bw": 1000, "buffer_pkts": 100})
+    assert fast.fit_mtu(9000) is fast  # 1 ms at 1 Gbit/s (125 kB) holds four jumbo frames already
+    assert Shape(bw_mbps=None).fit_mtu(9000) == Shape(bw_mbps=None)
+
+
 def test_delay_needs_netem():
     from emulation.netem import NetemUnavailable, has_netem
 

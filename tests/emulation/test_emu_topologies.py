@@ -67,6 +67,29 @@ def test_star_up_down(ready_file):
 
 
 @pytest.mark.mininet
+def test_star_with_jumbo_frames():
+    """``mtu=9000``: every link end and bridge carries it, and a full 9000-byte packet crosses a
+    20 Mbit/s TBF link whole (its default bucket, 4 x 1514 bytes, would drop it)."""
+    from emulation.net import EmuNet
+    from topologies.star import StarTopo
+
+    with pytest.raises(ValueError, match="mtu"):
+        EmuNet(StarTopo(n=1), mtu=70000)
+    with EmuNet(StarTopo(n=1, bw=20, buffer_pkts=50), mtu=9000) as net:
+        for h in ("srv", "w1"):
+            link = json.loads(net.cmd(h, ["ip", "-j", "link", "show", "dev", net.host_intf(h)]))[0]
+            assert link["mtu"] == 9000
+            port = json.loads(net.switch_cmd(h, ["ip", "-j", "link", "show", "dev", net.switch_port(h)]))[0]
+            assert port["mtu"] == 9000
+        opts = json.loads(net.cmd("w1", ["tc", "-j", "qdisc", "show", "dev", "w1-eth0"]))[0]["options"]
+        assert abs(opts["burst"] - 4 * 9014) <= 8  # (tc rounds it to its clock ticks)
+        # 8972 bytes of ICMP payload + 28 of headers = a 9000-byte packet, DF set: no fragmenting
+        out = net.cmd("w1", ["ping", "-M", "do", "-s", "8972", "-c", "3", "-i", "0.2", "-W", "2", net.ip("srv")],
+                      check=False, timeout=20)
+        assert " 0% packet loss" in out, out
+
+
+@pytest.mark.mininet
 def test_twosites_and_leafspine_connectivity(ready_file):
     from emulation.net import EmuNet
     from topologies.leafspine import LeafSpineTopo
