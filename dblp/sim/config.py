@@ -43,7 +43,7 @@ from traces.units import FRAME_BYTES
 
 from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
-from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, make_policy
+from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high, make_policy
 from ..shard import AGGREGATIONS, shard_bounds
 from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
@@ -224,7 +224,7 @@ class SimConfig:
 
     @property
     def effective_p_high(self) -> float:
-        return self.baseline_p + DEFAULT_K if self.p_high is None else self.p_high
+        return default_p_high(self.baseline_p) if self.p_high is None else self.p_high
 
     # -- (de)serialisation --------------------------------------------------------------
     def to_dict(self) -> dict:
