@@ -319,7 +319,8 @@ class RoundSender:
         else:
             hdrs, lengths = self.enc.take(seqs)
         self._pos += k
-        self.pacer.consume(int(lengths.sum()))
+        if not self.pacer.unlimited:  # an unlimited bucket ignores what it is charged: no sum to take
+            self.pacer.consume(int(lengths.sum()))
         self.stats.sent += k
         if self._pos >= self._pass.size:
             self.state = SendState.AWAIT_REPLY
@@ -698,7 +699,40 @@ class Receiver:
         datagrams, already past the byte-level checks). Same rules from the
         round check on; nothing is written to ``out``."""
         seqs = np.asarray(seqs, dtype=np.int64)
+        if not self.active or self._stop_sent:
+            return self._accept(seqs, seqs, now, None, 0)  # R9 before anything: ``rounds`` is not read
+        if round_no == self.round_no:
+            got = self._accept_new(seqs, now)
+            if got >= 0:
+                return got
         return self._accept(np.full(seqs.size, round_no, np.int64), seqs, now, None, 0)
+
+    def _accept_new(self, seqs: np.ndarray, now: float) -> int:
+        """:meth:`_accept`'s outcome when this round's ``seqs`` are strictly increasing, in range
+        and all new (the simulator's every call but a few), without its filters: a third of
+        the numpy calls (the round level makes ~50k of these per 64-worker run). -1: not so,
+        take :meth:`_accept`."""
+        n = seqs.size
+        if n == 0:
+            return 0
+        s0, s1 = int(seqs[0]), int(seqs[-1])
+        # (the ufuncs' reduce directly: ndarray.all/any go through a Python wrapper)
+        if not (0 <= s0 and s1 < self.layout.chunks and (n == 1 or np.logical_and.reduce(seqs[1:] > seqs[:-1]))):
+            return -1
+        # strictly increasing from s0 to s1 in n steps: the run s0..s1, whose mask is a slice (no gather)
+        mask = self.mask[s0 : s1 + 1] if s1 - s0 == n - 1 else None
+        if self.mask[s0] if n == 1 else np.logical_or.reduce(self.mask[seqs] if mask is None else mask):
+            return -1
+        if self.received == 0:
+            self.stats.t_first = now
+        if mask is None:
+            self.mask[seqs] = True
+        else:
+            mask[:] = True
+        self.received += n
+        self.stats.accepted += n
+        self._check_threshold(now)
+        return n
 
     def _accept(self, rounds: np.ndarray, seqs: np.ndarray, now: float, rows: np.ndarray | None, size: int) -> int:
         """R4 from the round check on, then R5. ``keep`` maps surviving datagrams

@@ -152,3 +152,114 @@ def test_quiet_gc_only_raises_the_youngest_threshold() -> None:
         assert gc.get_threshold() == (0, 11, 12)
     finally:
         gc.set_threshold(*old)
+
+
+# -- the exact shortcuts of the 64-worker speed-up: each gives what it replaces ---------------------
+
+
+def test_segments_are_the_binary_search_of_each_slot() -> None:
+    """``net._segments`` (breakpoints placed in the slots, counted up) equals a binary search per
+    slot, floored at 0 after the shift - ties, slots before the first breakpoint, long and short."""
+    import numpy as np
+
+    from dblp.sim.net import _segments
+
+    rng = np.random.default_rng(5)
+    bt = np.unique(np.round(rng.random(300), 3))
+    for n, lo in ((2000, 0.0), (2000, 0.5), (600, 0.2), (300, 0.1), (1500, -0.5)):
+        arr = np.sort(np.concatenate((np.round(rng.random(n - 10) * 0.6 + lo, 3), bt[100:110])))
+        want = np.maximum(bt.searchsorted(arr, side="right") - 1, 0)
+        got = _segments(bt, arr, -1)
+        if n <= 512 or lo < bt[0]:
+            assert got is None  # the caller's binary search then
+        else:
+            assert got.tolist() == want.tolist()
+
+
+def test_unique_and_queue_at_one_time_are_numpys() -> None:
+    import numpy as np
+
+    from dblp.sim.net import FluidQueue, Port, _unique
+
+    a = np.array([3.0, 1.0, 2.0, 1.0, 3.0, 0.5, 2.0])
+    assert _unique(a.copy()).tolist() == np.unique(a).tolist() == [0.5, 1.0, 2.0, 3.0]
+
+    class _Pass:
+        fresh_t = -np.inf
+
+        def port_settle(self, t: float) -> None:
+            pass
+
+    q = FluidQueue(Port("srv", 10e9, 100 * 1514), 1514)
+    owners = [_Pass() for _ in range(5)]
+    for k, o in enumerate(owners):  # five passes at 2.4 Gbit/s each: the buffer fills and overflows
+        q.set(o, k * 1e-4, (k * 1e-4, 5e-3 + k * 1e-4, 2e5))
+    ts = np.linspace(0.0, 8e-3, 401)
+    assert max(q.queue_at(ts)) == q.qcap
+    assert [q._queue_at1(float(t)) for t in ts] == q.queue_at(ts).tolist()
+
+
+def test_pass_draws_are_default_rngs_stream() -> None:
+    import numpy as np
+
+    for entropy in ([0, 0x9047, 0, 3, 0, 1], [7, 0x9047, 1, 63, 99, 12, 2], [2**40, 0x9047, 1, 2, 3, 4]):
+        assert fast._rng(entropy).random(50).tolist() == np.random.default_rng(entropy).random(50).tolist()
+
+
+def test_count_le_is_a_capped_binary_search() -> None:
+    import numpy as np
+
+    a = np.array([1.0, 2.0, 2.0, 3.0, 5.0, 8.0])
+    for x in (0.0, 1.0, 1.5, 2.0, 4.0, 5.0, 8.0, 9.0):
+        for limit in range(0, 7):
+            assert fast._count_le(a, x, limit) == min(int(a.searchsorted(x, side="right")), limit)
+
+
+def test_round_robin_patterns_are_the_direct_layout() -> None:
+    """A cached slot pattern, scaled, gives the times the round-robin formula gives directly."""
+    import numpy as np
+
+    from dblp.sim import hostsched
+
+    fi = np.arange(5000, dtype=np.float64)
+    for r, k, q, i in ((2763, 64, 1024, 5), (1024, 3, 1024, 2), (700, 8, 256, 7), (3, 2, 1024, 0)):
+        full, rest = divmod(r, q)
+        want = np.empty(r)
+        if full:
+            np.add.outer(fi[:full] * float(k * q), fi[:q] + float(i * q + 1), out=want[: full * q].reshape(full, q))
+        if rest:
+            np.add(fi[:rest], float(full * k * q + i * rest + 1), out=want[full * q :])
+        want *= 7.5e-6
+        want += 0.123
+        got = hostsched._pattern(lambda m: fi[:m], r, k, q, i) * 7.5e-6
+        got += 0.123
+        assert got.tolist() == want.tolist()
+
+
+def test_receive_chunks_fast_path_keeps_the_cores_state() -> None:
+    """``Receiver.receive_chunks``' shortcut for new, increasing, in-range chunks leaves the receiver
+    as the full R4/R5 path does - also for what it hands back to that path (repeats, out of range,
+    another round, after STOP)."""
+    import numpy as np
+
+    from dblp.core import Receiver
+    from dblp.wire import ChunkLayout
+
+    lay = ChunkLayout(40_000)
+    feeds = [(0, [0]), (0, list(range(1, 50))), (0, [60, 61, 61, 62]), (0, [70, 5, 71]), (1, [80, 81]),
+             (0, [lay.chunks - 1]), (0, [lay.chunks + 3, 90]), (0, list(range(90, 100))), (0, []),
+             (0, list(range(100, lay.chunks - 1))), (0, [3, 4])]
+
+    def run(shortcut: bool) -> tuple:
+        r = Receiver(lay, run_id=1, expected_sender=0, direction=0)
+        if not shortcut:
+            r._accept_new = lambda seqs, now: -1
+        r.begin_round(0, None, 0.0, tolerance=0.35)  # need: 73 of 111 chunks
+        got = [r.receive_chunks(rnd, np.array(s, np.int64), 0.001 * (k + 1)) for k, (rnd, s) in enumerate(feeds)]
+        return (got, r.received, r.mask.tolist(), r.complete, repr(r.stats), repr(r.total_drops),
+                [repr(m) for m in r.control_to_send()])
+
+    fast_run, full_run = run(True), run(False)
+    assert fast_run == full_run
+    assert fast_run[0] == [1, 49, 3, 2, 0, 1, 1, 9, 0, 10, 0] and fast_run[1] == 76 and fast_run[3]
+    assert "stale=4, duplicate=3" in fast_run[5] and "out_of_range=1" in fast_run[5]

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import gc
 import math
+from heapq import heappush
 from typing import Any, Callable
 
 import numpy as np
@@ -94,7 +95,12 @@ _HEAP_KEPT = False
 
 def _rng(entropy: list[int]) -> np.random.Generator:
     """``np.random.default_rng(entropy)``'s very generator (the same stream), built without its
-    argument dispatch: half the cost, and the round level builds one per pass and port."""
+    argument dispatch: half the cost, and the round level builds one per pass and port.
+
+    Entropy words below 2**32 go in as one uint32 array: SeedSequence coerces a list to exactly
+    that (one word per such int), one int at a time (two thirds of its cost)."""
+    if max(entropy) < 1 << 32 and min(entropy) >= 0:
+        return np.random.Generator(np.random.PCG64(np.random.SeedSequence(np.array(entropy, np.uint32))))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
 
 
@@ -180,6 +186,16 @@ def quiet_gc() -> None:
         gc.set_threshold(_GC_GEN0, g1, g2)
 
 
+def _count_le(a: np.ndarray, x: float, limit: int) -> int:
+    """``min(a.searchsorted(x, side="right"), limit)`` for a sorted ``a`` with at least ``limit``
+    entries: the common ends (none or all of the first ``limit``) without a binary search."""
+    if limit <= 0 or x < a[0]:
+        return 0
+    if x >= a[limit - 1]:
+        return limit
+    return min(int(a.searchsorted(x, side="right")), limit)
+
+
 class RoundFlow(FlowBase):
     # Per-pass state that starts as a constant lives here until first assigned (a flow is
     # built per transfer, thousands per round at 1024 workers: fewer stores in __init__).
@@ -197,6 +213,7 @@ class RoundFlow(FlowBase):
     qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
     arr_ok = False  # d_slot/d_t hold the arrivals of the current leave times and limit, without waits
     seqbuf = _EMPTY_I
+    _arr1: np.ndarray | None = None  # leave + path.d1 (single port), made when first needed
     d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
     d_t = _EMPTY_F  # and their arrival times
     dpos = 0  # next undelivered entry
@@ -269,7 +286,8 @@ class RoundFlow(FlowBase):
         env, s = self.env, self.sender
         while not s.done:
             if self.in_pass:
-                self.host.settle(self)
+                if self.host._pending:
+                    self.host.settle(self)
                 if self.leave is None:  # the host lays the pass out at its next commit
                     self._arm(None)
                     return
@@ -328,17 +346,23 @@ class RoundFlow(FlowBase):
         m = min(self.n, max(-(-m0 // b) * b, self.taken))
         self.take_until(m, t)
         self.limit = m
+        was_ok = self.arr_ok and self.wait is None and self.ovf is None
         self.arr_ok = False
         self.b_end = max(t, float(self.leave[m - 1])) if m else t
         self.b_used = m
         self.host.remove(self, self.b_end)  # the host is free once they are out
-        if any(q.congested for q in self.queues):
+        if self.queue.congested if not self.multi else any(q.congested for q in self.queues):
             self.queue_update(t)
         else:  # nothing changes at the port but the end of this pass
             for k, q in enumerate(self.queues):
                 q.set(self, t, self._span(k))
-            k = int(self.d_slot.searchsorted(m, side="left"))
-            self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
+            d_slot = self.d_slot
+            nd = d_slot.size
+            k = min(m, nd) if nd == 0 or int(d_slot[-1]) == nd - 1 else int(d_slot.searchsorted(m, side="left"))
+            self.d_slot, self.d_t = d_slot[:k], self.d_t[:k]
+            # arrivals without waits, of the same leave times: cut at the new limit, they are what
+            # port_refresh would rebuild (it need not)
+            self.arr_ok = was_ok and self.wait is None and self.ovf is None
 
     def after_finish(self, t: float) -> None:
         self.host.settle(self)
@@ -373,6 +397,7 @@ class RoundFlow(FlowBase):
     def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
         """The host set the leave times of slots ``a..n-1`` (all of them for a new pass)."""
         path = self.path
+        self._arr1 = None
         if self.leave is None:
             self.leave = leave
             self.arr_ok = False
@@ -474,15 +499,17 @@ class RoundFlow(FlowBase):
         if leave is None:
             return
         path, limit = self.path, self.limit
-        b = 0 if self.fresh_t == -math.inf else min(
-            int(leave.searchsorted(self.fresh_t - path.d1, side="right")), limit)
-        self.fresh_t, self.qver = self.env.now, self._version()
+        b = 0 if self.fresh_t == -math.inf else _count_le(leave, self.fresh_t - path.d1, limit)
+        self.fresh_t, self.qver = self.env._now, (self._version() if self.multi else self.queue.version)
         wait = ovf = None
         if b < limit:
             if self.multi:
                 wait, ovf = self._outcomes(b)
             elif not self.queue.quiet_after(float(leave[b]) + path.d1):
-                wait, ovf = self.queue.outcome(leave[b:limit] + path.d1, self._draws(0)[b:limit])
+                arr = self._arr1
+                if arr is None:  # the slots' arrival times at the port, kept until the next layout
+                    arr = self._arr1 = leave + path.d1
+                wait, ovf = self.queue.outcome(arr[b:limit], self._draws(0)[b:limit], True)
         if wait is not None or self.wait is not None:
             if self.wait is None:
                 self.wait = np.zeros(self.n)
@@ -498,7 +525,13 @@ class RoundFlow(FlowBase):
             return
         # arrivals: keep those before slot b, rebuild from b on
         d_slot = self.d_slot
-        keep = int(d_slot.searchsorted(b, side="left")) if d_slot.size else 0
+        nd = d_slot.size
+        if nd == 0:
+            keep = 0
+        elif int(d_slot[-1]) == nd - 1:  # slots 0..nd-1, every one (increasing): those below b
+            keep = min(b, nd)
+        else:
+            keep = int(d_slot.searchsorted(b, side="left"))
         ok = None
         if self.lossdrop is not None:
             ok = ~self.lossdrop[b:limit]
@@ -529,7 +562,10 @@ class RoundFlow(FlowBase):
             if keep and t_rx[0] < self.d_t[keep - 1]:
                 np.maximum(t_rx, self.d_t[keep - 1], out=t_rx)
         if keep:
-            self.d_slot = np.concatenate((d_slot[:keep], idx))
+            if ok is None and keep == b and int(d_slot[keep - 1]) == keep - 1:
+                self.d_slot = self.engine.iota(limit)  # slots 0..b-1 kept, b.. added: every slot (no gather)
+            else:
+                self.d_slot = np.concatenate((d_slot[:keep], idx))
             self.d_t = np.concatenate((self.d_t[:keep], t_rx))
         else:
             self.d_slot, self.d_t = idx, t_rx
@@ -610,11 +646,14 @@ class RoundFlow(FlowBase):
 
     def deliver_until(self, t: float) -> None:
         """Give the receiver every datagram that has arrived by ``t``, at its arrival time."""
-        self.host.settle(self)
-        self.ensure_fresh()
-        if self.dpos >= self.d_slot.size:
-            return
-        hi = int(self.d_t.searchsorted(t, side="right"))
+        if self.host._pending:  # settle and ensure_fresh, without two calls (~500 per iteration at 64 workers)
+            self.host.settle(self)
+        if self.leave is not None and self.qver != (self._version() if self.multi else self.queue.version):
+            self.port_refresh(self.env._now)
+        d_t, dpos = self.d_t, self.dpos
+        if dpos >= d_t.size or t < d_t[dpos]:
+            return  # nothing (more) has arrived
+        hi = d_t.size if t >= d_t[-1] else int(d_t.searchsorted(t, side="right"))
         r = self.ep.receiver
         rnd = self.rnd
         while self.dpos < hi:
@@ -670,20 +709,26 @@ class RoundEngine:
         self._zeros = _EMPTY_F
 
     # -- SimPy queue entries ----------------------------------------------------------------
+    # These push onto SimPy's queue the very tuple ``Environment.schedule`` pushes (simpy 4.1:
+    # time, priority, event id, event), without its call: a few thousand per iteration.
     def call(self, delay: float, fn: Callable[[Any], None], arg: Any, priority: int = NORMAL) -> None:
         """``fn(arg)`` in ``delay`` seconds, queued as a SimPy event of that priority would be."""
-        self.env.schedule(_Call(_fire_a, fn, arg), priority, delay)
+        env = self.env
+        heappush(env._queue, (env._now + delay, priority, next(env._eid), _Call(_fire_a, fn, arg)))
 
     def at(self, t: float, fn: Callable[..., None], arg: Any = _NOARG) -> None:
         """``fn(t)`` (``fn(t, arg)``) at simulated time ``t``, now if ``t`` is past: what
         ``Simulation.at`` does with a Timeout and a closure, queued at the very same place."""
         env = self.env
-        env.schedule(_Call(_fire_t if arg is _NOARG else _fire_ta, fn, arg, t), NORMAL, max(0.0, t - env.now))
+        now = env._now
+        heappush(env._queue, (now + max(0.0, t - now), NORMAL, next(env._eid),
+                              _Call(_fire_t if arg is _NOARG else _fire_ta, fn, arg, t)))
 
     def at_msg(self, t: float, fn: Callable[[ctl.Message, float], None], msg: ctl.Message) -> None:
         """``fn(msg, t)`` at simulated time ``t`` (a control message's arrival)."""
         env = self.env
-        env.schedule(_Call(_fire_at, fn, msg, t), NORMAL, max(0.0, t - env.now))
+        now = env._now
+        heappush(env._queue, (now + max(0.0, t - now), NORMAL, next(env._eid), _Call(_fire_at, fn, msg, t)))
 
     def path_info(self, path: Path) -> tuple:
         """What a flow on ``path`` needs of it (see RoundFlow.__init__), computed once per path."""

@@ -33,6 +33,7 @@ simulated seconds since the start.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -463,7 +464,7 @@ class Simulation:
     def run(self) -> SimResult:
         t = time.perf_counter()
         try:
-            self.env.run()
+            run_env(self.env)
         finally:
             if self._writer:
                 self._writer.close()
@@ -474,6 +475,24 @@ class Simulation:
                                f"of {self.cfg.rounds * self.n}")
         return SimResult(self.cfg, self.records, self.env.now, wall, self.datagrams,
                          getattr(self.engine, "events", 0))
+
+
+def run_env(env: simpy.Environment) -> None:
+    """``env.run()`` (until no event is left): the same events in the same order, without a
+    ``step()`` call and its ``try`` per event - a 64-worker round-level run processes ~2,000
+    events per iteration. Reads SimPy's queue as ``Environment.step`` does (simpy 4.1)."""
+    queue = env._queue
+    pop = heapq.heappop
+    while queue:
+        env._now, _, _, event = pop(queue)
+        callbacks, event.callbacks = event.callbacks, None
+        for callback in callbacks:
+            callback(event)
+        if not event._ok and not hasattr(event, "_defused"):
+            # a failed event nobody defused: crash as Environment.step does
+            exc = type(event._value)(*event._value.args)
+            exc.__cause__ = event._value
+            raise exc
 
 
 def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
