@@ -263,3 +263,118 @@ def test_receive_chunks_fast_path_keeps_the_cores_state() -> None:
     assert fast_run == full_run
     assert fast_run[0] == [1, 49, 3, 2, 0, 1, 1, 9, 0, 10, 0] and fast_run[1] == 76 and fast_run[3]
     assert "stale=4, duplicate=3" in fast_run[5] and "out_of_range=1" in fast_run[5]
+
+
+def test_engine_queue_entries_run_in_simpys_order() -> None:
+    """``run_env`` calls the round level's ``(fn, args)`` queue entries where they sit among SimPy's
+    own events (time, priority, insertion), with the arguments ``call``/``at``/``at_msg`` gave."""
+    import simpy
+
+    from dblp.sim.model import run_env
+
+    env = simpy.Environment()
+    eng = fast.RoundEngine.__new__(fast.RoundEngine)
+    eng.env = env
+    got: list = []
+    env.timeout(0.5).callbacks.append(lambda e: got.append(("timeout", env.now)))
+    eng.at(0.5, lambda t: got.append(("at", t)))
+    eng.at(0.2, lambda t, a: got.append(("at2", t, a)), "x")
+    eng.at_msg(0.5, lambda m, t: got.append(("msg", m, t)), "m")
+    eng.call(0.2, lambda a: got.append(("call", a, env.now)), 7)
+    eng.call(0.2, lambda a: got.append(("urgent", a, env.now)), 8, fast.URGENT)
+    env.timeout(0.2).callbacks.append(lambda e: eng.at(0.1, lambda t: got.append(("past", t, env.now))))
+    run_env(env)
+    assert got == [("urgent", 8, 0.2), ("at2", 0.2, "x"), ("call", 7, 0.2), ("past", 0.1, 0.2),
+                   ("timeout", 0.5), ("at", 0.5), ("msg", "m", 0.5)]
+
+
+def test_kept_layout_products_are_the_direct_layout() -> None:
+    """``HostSched._leave``'s kept products (the scaled round-robin pattern, a lone sender's
+    1h..rh) shifted by ``t`` are the times computed afresh, to the bit."""
+    import numpy as np
+
+    from dblp.sim import hostsched
+
+    class _Eng:
+        def fiota(self, m):
+            return np.arange(m, dtype=np.float64)
+
+        def ones(self, m):
+            return np.arange(1, m + 1, dtype=np.float64)
+
+    hs = hostsched.HostSched.__new__(hostsched.HostSched)
+    hs.engine, hs.h, hs.q, hs.pace, hs._hsteps = _Eng(), 1.0 / 200_000.0, 1024, 0.0, np.empty(0)
+    for t in (0.0, 0.123456789, 3.3):
+        for r in (1, 700, 2763, 5000, 10):
+            want = np.arange(1, r + 1, dtype=np.float64) * hs.h
+            want += t
+            assert hs._leave((t, np.array([r]), True), 0, None, 0).tolist() == want.tolist()
+        for r, k, i in ((2763, 64, 5), (1024, 3, 2), (700, 8, 7), (3, 2, 0)):
+            want = hostsched._pattern(_Eng().fiota, r, k, hs.q, i) * hs.h
+            want += t
+            for _ in range(2):  # made, then kept
+                got = hs._leave((t, np.full(k, r), True), i, None, 0)
+                assert got.tolist() == want.tolist() and got.flags.writeable
+
+
+def test_drops_bring_reported_up_to_date_as_add_did() -> None:
+    """``session._drops`` leaves ``reported`` and returns what ``reported.add(DropCounters(**delta))`` did."""
+    from dblp.core import DropCounters
+    from dblp.session import RecordContext, _drops
+
+    class _Rx:
+        total_drops = DropCounters(stale=9, duplicate=4, corrupt=1, foreign=2, malformed=0, out_of_range=3,
+                                   wrong_length=5, unauthenticated=6)
+
+    for scale in (1.0, 2.5):
+        rec = RecordContext(source="sim", policy="dblp", order="inorder", scale=scale)
+        reported = DropCounters(stale=2, duplicate=4, out_of_range=1)
+        ref = DropCounters(stale=2, duplicate=4, out_of_range=1)
+        ref.add(DropCounters(**{k: v - getattr(ref, k) for k, v in vars(_Rx.total_drops).items()}))
+        got = _drops(rec, _Rx(), reported)
+        assert reported == ref == _Rx.total_drops
+        assert got == {"stale": rec.count(7), "duplicate": 0, "corrupt": 1, "foreign": 2, "malformed": 0,
+                       "out_of_range": 2, "wrong_length": 5, "unauthenticated": 6}
+        assert _drops(rec, _Rx(), reported) == dict.fromkeys(got, 0)
+
+
+@pytest.mark.parametrize("pre", [0, 2, 4])
+def test_all_done_resumes_where_all_of_does(pre: int) -> None:
+    """``model.all_done`` wakes its waiter at the same place among the other events as
+    ``env.all_of`` (``pre`` of the events already processed when it is made; none at all)."""
+    import simpy
+
+    from dblp.sim.model import all_done, run_env
+
+    def run(make) -> list:
+        env = simpy.Environment()
+        log: list = []
+        evs = [env.event() for _ in range(4)]
+
+        def fire(k: int, t: float):
+            yield env.timeout(t)
+            evs[k].succeed(k)
+            log.append(("fired", k, env.now))
+
+        def waiter(name: str, which: list):
+            yield env.timeout(0.5 if pre else 0.0)
+            yield make(env, which)
+            log.append((name, env.now))
+
+        def other():
+            for t in (0.5, 1.0, 1.0, 2.0):
+                yield env.timeout(t - env.now) if t > env.now else env.timeout(0)
+                log.append(("other", env.now))
+
+        for k in range(4):
+            env.process(fire(k, 0.2 if k < pre else 1.0 + 0.5 * (k % 2)))
+        env.process(other())
+        env.process(waiter("all", evs))
+        env.process(waiter("none", []))
+        run_env(env)
+        return log
+
+    ref = run(lambda env, evs: env.all_of(evs))
+    assert run(all_done) == ref
+    assert ("all", 0.5 if pre == 4 else 1.5) in ref and ("none", 0.5 if pre else 0.0) in ref
+    assert ref[-1] == ("other", 2.0)

@@ -132,36 +132,11 @@ def keep_heap() -> None:
 _NOARG = object()
 
 
-class _Call:
-    """An entry of SimPy's event queue that calls a function when processed.
-
-    ``Environment.step`` needs of an event only ``callbacks`` (set to None when
-    processed) and ``_ok``; a Timeout plus a closure per call cost several times
-    more, and the round level queues a few dozen of them per worker and round."""
-
-    __slots__ = ("callbacks", "fn", "a", "t")
-    _ok = True
-
-    def __init__(self, fire: Callable[["_Call"], None], fn: Callable[..., None], a: Any, t: float = 0.0) -> None:
-        self.callbacks = (fire,)
-        self.fn, self.a, self.t = fn, a, t
-
-
-def _fire_a(c: _Call) -> None:
-    c.fn(c.a)
-
-
-def _fire_t(c: _Call) -> None:
-    c.fn(c.t)
-
-
-def _fire_ta(c: _Call) -> None:
-    c.fn(c.t, c.a)
-
-
-def _fire_at(c: _Call) -> None:
-    c.fn(c.a, c.t)
-
+# SimPy queue entries of the engine's own: ``(fn, args)`` in place of an event, for ``fn(*args)``.
+# ``dblp.sim.model.run_env`` calls them directly; an event with callbacks cost an object, its
+# ``__init__`` and a dispatching function per call, and the round level queues a few dozen of
+# them per worker and round. Nothing but run_env reads the queue's events (``Environment.step``
+# would not know these; the simulator never calls it).
 
 # control messages whose frame length is fixed by their type (and the length of their bits)
 _FIXED_FRAMES = frozenset({ctl.RoundStart, ctl.Probe, ctl.Stop, ctl.Bitmap, ctl.Held, ctl.Common})
@@ -620,15 +595,11 @@ class RoundFlow(FlowBase):
         return wait, ovf
 
     # -- the receiver side -------------------------------------------------------------------
-    def _open(self) -> bool:
-        r = self.ep.receiver
-        return r.active and r.round_no == self.rnd and not r.complete
-
     def schedule_crossing(self) -> None:
         """Wake at the arrival that brings the receiver to its ``need`` (if this pass has it)."""
         r = self.ep.receiver
         self.xgen += 1
-        if not self._open() or r.tolerance is None:
+        if not (r.active and r.round_no == self.rnd and not r.complete) or r.tolerance is None:  # not open
             return
         left = r.need - r.received
         if 0 < left <= self.d_slot.size - self.dpos:
@@ -659,7 +630,7 @@ class RoundFlow(FlowBase):
         while self.dpos < hi:
             lo = self.dpos
             j = hi
-            if r.active and r.round_no == rnd and not r.complete:  # _open()
+            if r.active and r.round_no == rnd and not r.complete:  # the receiver's round is open
                 if r.received == 0:
                     j = lo + 1  # alone, so the core's t_first is its arrival time
                 elif r.tolerance is not None:
@@ -714,21 +685,23 @@ class RoundEngine:
     def call(self, delay: float, fn: Callable[[Any], None], arg: Any, priority: int = NORMAL) -> None:
         """``fn(arg)`` in ``delay`` seconds, queued as a SimPy event of that priority would be."""
         env = self.env
-        heappush(env._queue, (env._now + delay, priority, next(env._eid), _Call(_fire_a, fn, arg)))
+        heappush(env._queue, (env._now + delay, priority, next(env._eid), (fn, (arg,))))
 
     def at(self, t: float, fn: Callable[..., None], arg: Any = _NOARG) -> None:
         """``fn(t)`` (``fn(t, arg)``) at simulated time ``t``, now if ``t`` is past: what
         ``Simulation.at`` does with a Timeout and a closure, queued at the very same place."""
         env = self.env
         now = env._now
-        heappush(env._queue, (now + max(0.0, t - now), NORMAL, next(env._eid),
-                              _Call(_fire_t if arg is _NOARG else _fire_ta, fn, arg, t)))
+        d = t - now
+        heappush(env._queue, (now + (d if d > 0.0 else 0.0), NORMAL, next(env._eid),  # max(0.0, d), no call
+                              (fn, (t,) if arg is _NOARG else (t, arg))))
 
     def at_msg(self, t: float, fn: Callable[[ctl.Message, float], None], msg: ctl.Message) -> None:
         """``fn(msg, t)`` at simulated time ``t`` (a control message's arrival)."""
         env = self.env
         now = env._now
-        heappush(env._queue, (now + max(0.0, t - now), NORMAL, next(env._eid), _Call(_fire_at, fn, msg, t)))
+        d = t - now
+        heappush(env._queue, (now + (d if d > 0.0 else 0.0), NORMAL, next(env._eid), (fn, (msg, t))))
 
     def path_info(self, path: Path) -> tuple:
         """What a flow on ``path`` needs of it (see RoundFlow.__init__), computed once per path."""

@@ -41,8 +41,9 @@ RoundFlow = Any
 
 # Slot positions (in host intervals) of the equal round-robin: a broadcast's layouts repeat from
 # round to round (64 workers: ~130 distinct of ~12,000 per 100 iterations), and the times are
-# these whole numbers scaled, so they are made once (read-only) and scaled per use.
-_PATTERNS: dict[tuple[int, int, int, int], np.ndarray] = {}
+# these whole numbers scaled by the host interval, so they are made once, scaled (read-only), and
+# only shifted per use. Keyed by (r, k, q, i, host interval).
+_PATTERNS: dict[tuple[int, int, int, int, float], np.ndarray] = {}
 _PATTERNS_KEPT = 4096  # ~1024 distinct per iteration at 1024 workers; cleared beyond this
 
 
@@ -103,6 +104,15 @@ class HostSched:
         self._layout: _Layout | None = None  # the layout the pending senders are owed
         self._pending: dict[RoundFlow, int] = {}  # laid out lazily: sender -> its position in _layout.flows
         self._chain_gen = 0
+        self._hsteps = np.empty(0)  # see _steps
+
+    def _steps(self, r: int) -> np.ndarray:
+        """``engine.ones(r) * h`` (1h, 2h, ..., rh: a lone sender's slot offsets), read-only and kept:
+        the same products, made once per host instead of once per pass."""
+        if self._hsteps.size < r:
+            self._hsteps = self.engine.ones(max(r, 2 * self._hsteps.size)) * self.h
+            self._hsteps.flags.writeable = False
+        return self._hsteps[:r]
 
     def join(self, f: RoundFlow) -> None:
         self.joining.append(f)
@@ -244,9 +254,7 @@ class HostSched:
         r = f.n - a
         if r <= 0:
             return
-        leave = self.engine.ones(r) * self.h
-        leave += t
-        f.laid_out(a, leave, t)
+        f.laid_out(a, self._steps(r) + t, t)
 
     def _drop_head(self, f: RoundFlow, t: float) -> bool:
         """The head of the round-robin, ``f``, left before its pass was out (already
@@ -324,9 +332,7 @@ class HostSched:
         r = int(rem[i])
         h, q, k = self.h, self.q, len(rem)
         if not self.pace and k == 1:
-            leave = self.engine.ones(r) * h
-            leave += t
-            return leave
+            return self._steps(r) + t
         j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
         if self.pace:
             # Paced senders take what their bucket allows each turn: the host is
@@ -334,15 +340,15 @@ class HostSched:
             leave = t + (h * k) * (j + 1).astype(np.float64)
             return np.maximum(leave, f.bucket_times(start + j))
         if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
-            key = (r, k, q, i)
-            slots = _PATTERNS.get(key)
-            if slots is None:
-                slots = _PATTERNS[key] = _pattern(self.engine.fiota, r, k, q, i)
-                if len(_PATTERNS) > _PATTERNS_KEPT:
+            key = (r, k, q, i, h)
+            scaled = _PATTERNS.get(key)
+            if scaled is None:
+                scaled = _pattern(self.engine.fiota, r, k, q, i) * h
+                scaled.flags.writeable = False
+                if len(_PATTERNS) >= _PATTERNS_KEPT:
                     _PATTERNS.clear()
-            leave = slots * h
-            leave += t
-            return leave
+                _PATTERNS[key] = scaled
+            return scaled + t
         else:  # round-robin in quanta of host_slice datagrams, in join order
             uq = j // q
             uq *= q

@@ -41,6 +41,7 @@ from typing import Any, Callable
 
 import numpy as np
 import simpy
+from simpy.events import PENDING
 
 from .. import control as ctl
 from ..gradients import read_norms, synthetic_norms
@@ -343,7 +344,7 @@ class Simulation:
         if self.k > 1:
             extra.update(aggregation=self.cfg.aggregation, shard=sh.j, shards=self.k)
         for rnd in range(self.cfg.rounds):
-            yield env.all_of([w.up_ep.completed for w in sh.links])
+            yield all_done(env, [w.up_ep.completed for w in sh.links])
             server.poll(env.now)  # S2: every upstream is in
             self._dispatch_server(sh, env.now)
             if reduce_s:
@@ -354,7 +355,7 @@ class Simulation:
                 norm = math.sqrt((yield self._norm_exchange(sh, rnd, norm * norm)))
             server.broadcast(norm, env.now, None, extra={**extra, "burst": self.burst(rnd)})
             self._dispatch_server(sh, env.now)
-            yield env.all_of(sh.dones)
+            yield all_done(env, sh.dones)
 
     # -- the worker: dblp.session.WorkerSession over SimPy --------------------------------------
     def _on_control(self, w: _Link, msg: ctl.Message, t: float) -> None:
@@ -477,14 +478,50 @@ class Simulation:
                          getattr(self.engine, "events", 0))
 
 
+def all_done(env: simpy.Environment, events: list) -> simpy.Event:
+    """``env.all_of(events)`` for a waiter that ignores its value: an event that succeeds (or fails)
+    when the last of ``events`` is processed, at the very point a Condition's would - its check sits
+    at the same place in each event's callbacks, its ``succeed`` queues the same entry - without the
+    Condition's bookkeeping (two walks over the events at creation, a ConditionValue of them all at
+    the end; the server waits on one per round of its N workers' upstreams, one of its N broadcasts)."""
+    ev = env.event()
+    left = len(events)
+    if not left:
+        ev.succeed()
+        return ev
+
+    def check(e: simpy.Event) -> None:
+        nonlocal left
+        if ev._value is not PENDING:
+            return
+        left -= 1
+        if not e._ok:  # as Condition._check: the failure is this event's, defused
+            e._defused = True
+            ev.fail(e._value)
+        elif not left:
+            ev.succeed()
+
+    for e in events:
+        if e.callbacks is None:
+            check(e)
+        else:
+            e.callbacks.append(check)
+    return ev
+
+
 def run_env(env: simpy.Environment) -> None:
     """``env.run()`` (until no event is left): the same events in the same order, without a
     ``step()`` call and its ``try`` per event - a 64-worker round-level run processes ~2,000
-    events per iteration. Reads SimPy's queue as ``Environment.step`` does (simpy 4.1)."""
+    events per iteration. Reads SimPy's queue as ``Environment.step`` does (simpy 4.1); an
+    entry whose event is a tuple ``(fn, args)`` (the round level's, ``RoundEngine.call``) is
+    ``fn(*args)``."""
     queue = env._queue
     pop = heapq.heappop
     while queue:
         env._now, _, _, event = pop(queue)
+        if event.__class__ is tuple:
+            event[0](*event[1])
+            continue
         callbacks, event.callbacks = event.callbacks, None
         for callback in callbacks:
             callback(event)
