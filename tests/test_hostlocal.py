@@ -67,9 +67,10 @@ def _run(srv: ParameterServer, workers: list[Worker], rounds: int, before=None):
 
     threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,))
                                                   for i in range(len(workers))]
-    if before is not None:
-        threads.insert(1, threading.Thread(target=before))
-    for t in threads:
+    threads[0].start()
+    if before is not None:  # answered before any worker connects (else it may find the server full)
+        before()
+    for t in threads[1:]:
         t.start()
     for t in threads:
         t.join(60)
