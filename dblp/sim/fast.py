@@ -171,6 +171,15 @@ def _count_le(a: np.ndarray, x: float, limit: int) -> int:
     return min(int(a.searchsorted(x, side="right")), limit)
 
 
+def _slots_below(d_slot: np.ndarray, b: int) -> int:
+    """How many of the increasing slots ``d_slot`` are below ``b``: ``d_slot.searchsorted(b)``,
+    without the search when the slots are every one of 0..n-1 (the common case)."""
+    nd = d_slot.size
+    if nd == 0 or int(d_slot[-1]) == nd - 1:
+        return min(b, nd)
+    return int(d_slot.searchsorted(b, side="left"))
+
+
 class RoundFlow(FlowBase):
     # Per-pass state that starts as a constant lives here until first assigned (a flow is
     # built per transfer, thousands per round at 1024 workers: fewer stores in __init__).
@@ -331,10 +340,8 @@ class RoundFlow(FlowBase):
         else:  # nothing changes at the port but the end of this pass
             for k, q in enumerate(self.queues):
                 q.set(self, t, self._span(k))
-            d_slot = self.d_slot
-            nd = d_slot.size
-            k = min(m, nd) if nd == 0 or int(d_slot[-1]) == nd - 1 else int(d_slot.searchsorted(m, side="left"))
-            self.d_slot, self.d_t = d_slot[:k], self.d_t[:k]
+            k = _slots_below(self.d_slot, m)
+            self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
             # arrivals without waits, of the same leave times: cut at the new limit, they are what
             # port_refresh would rebuild (it need not)
             self.arr_ok = was_ok and self.wait is None and self.ovf is None
@@ -500,13 +507,7 @@ class RoundFlow(FlowBase):
             return
         # arrivals: keep those before slot b, rebuild from b on
         d_slot = self.d_slot
-        nd = d_slot.size
-        if nd == 0:
-            keep = 0
-        elif int(d_slot[-1]) == nd - 1:  # slots 0..nd-1, every one (increasing): those below b
-            keep = min(b, nd)
-        else:
-            keep = int(d_slot.searchsorted(b, side="left"))
+        keep = _slots_below(d_slot, b)
         ok = None
         if self.lossdrop is not None:
             ok = ~self.lossdrop[b:limit]
