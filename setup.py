@@ -34,7 +34,7 @@ setup(
             sorted(str(p) for p in SRC.glob("*.c")),
             depends=sorted(str(p) for p in SRC.glob("*.h")),
             optional=True,
-            extra_compile_args=["-O3", "-pthread"],
+            extra_compile_args=["-O3", "-pthread", "-ffp-contract=off"],  # fluid.c: numpy's doubles, no fused multiply-add
             extra_link_args=["-pthread"],
             # GMAC of the authenticated datagram (mac.c): OpenSSL's GCM, and ipsec-mb's where installed
             libraries=["crypto"] + (["IPSec_MB"] if IPSEC_MB else []),

@@ -88,3 +88,9 @@ def mac_rows(rows: _In, lengths: _In | None, out: _Out, key: bytes, /) -> None:
 
 def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, /) -> float:
     """out = (bufs[0] + bufs[1] + ...) * scale in float32 in one threaded pass (bit-identical to numpy); returns sum(out**2)."""
+
+# fluid.c
+
+def fluid_outcome(bt: _In, ba: _In, bq: _In, cap: float, qcap: float, ser: float, arr: _In, u: _In, wait: _Out,
+                  ovf: _Out, /) -> int:
+    """dblp.sim.net.FluidQueue.outcome's waits (wait) and drops (ovf, bool) of slots reaching a port at arr; bit 1: a wait, bit 2: a drop."""

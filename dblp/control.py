@@ -168,7 +168,7 @@ def _unpack(bits: bytes, chunks: int) -> np.ndarray:
     b = np.frombuffer(bits, dtype=np.uint8)
     if b.size * 8 < chunks:
         raise ControlError(f"bitmap has {b.size * 8} bits for {chunks} chunks")
-    return np.unpackbits(b, count=chunks).astype(bool)
+    return np.unpackbits(b, count=chunks).view(bool)  # 0/1 bytes: a view, not a copy
 
 
 Message = Union[Hello, Meta, RoundStart, Probe, Bitmap, Stop, Bye, Held, Common, Challenge, AuthProof, Local]

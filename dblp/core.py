@@ -77,6 +77,21 @@ ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
 DOWN_STREAM = 1000  # R3 order stream of the server's broadcast; worker i sends upstream with stream 1 + i
 
 
+_INDEX_ORDERS: dict[int, np.ndarray] = {}
+
+
+def index_order(chunks: int) -> np.ndarray:
+    """0, 1, ..., chunks-1: the ``inorder`` order, one read-only array per chunk count, so a
+    sender can tell it by identity (its missing chunks are then simply the unset bits)."""
+    o = _INDEX_ORDERS.get(chunks)
+    if o is None:
+        if len(_INDEX_ORDERS) >= 64:  # a sweep over many tensor sizes: keep it small
+            _INDEX_ORDERS.clear()
+        o = _INDEX_ORDERS[chunks] = np.arange(chunks, dtype=np.int64)
+        o.flags.writeable = False
+    return o
+
+
 def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -> np.ndarray:
     """R3: the chunk order of a round; ``stream`` separates senders sharing a seed.
 
@@ -89,7 +104,7 @@ def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -
     one burst's loss more finely. ``inorder`` loses the tail every round.
     """
     if order == "inorder":
-        return np.arange(chunks, dtype=np.int64)
+        return index_order(chunks)
     rng = np.random.default_rng([seed, round_no, stream])
     if order == "perm":
         return rng.permutation(chunks)
@@ -282,6 +297,7 @@ class RoundSender:
             self.order = order
         else:
             self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
+        self._inorder = self.order is _INDEX_ORDERS.get(self.layout.chunks)  # 0..n-1 (see R3 below)
         # first passes go out as slices of the encoded headers when they are stored in this order
         self._same_order = isinstance(encoded, EncodedRound) and encoded.order is self.order
         self.state = SendState.SENDING
@@ -349,7 +365,8 @@ class RoundSender:
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
             self.stats.received = int(msg.received)
-            self._pass = self.order[~mask[self.order]]  # R3: missing chunks, round order
+            # R3: missing chunks, round order (in index order that is the missing ones as they are)
+            self._pass = (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]]
             self._pos = 0
             if self._pass.size == 0:  # receiver has everything but did not stop: probe again
                 self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
@@ -668,9 +685,9 @@ class Receiver:
         return "unauthenticated" if self.layout.key is not None else "corrupt"
 
     def _drop(self, reason: str, count: int) -> None:
-        if count:
-            setattr(self.stats.drops, reason, getattr(self.stats.drops, reason) + count)
-            setattr(self.total_drops, reason, getattr(self.total_drops, reason) + count)
+        if count:  # (the counters' __dict__: no getattr/setattr pair per counter)
+            vars(self.stats.drops)[reason] += count
+            vars(self.total_drops)[reason] += count
 
     def _receive_rows(self, rows: np.ndarray, now: float) -> int:
         """R4 over a batch of equal-length datagrams, vectorised."""
@@ -701,10 +718,12 @@ class Receiver:
         seqs = np.asarray(seqs, dtype=np.int64)
         if not self.active or self._stop_sent:
             return self._accept(seqs, seqs, now, None, 0)  # R9 before anything: ``rounds`` is not read
-        if round_no == self.round_no:
-            got = self._accept_new(seqs, now)
-            if got >= 0:
-                return got
+        if round_no != self.round_no:  # R9: another round's, every one stale (what _accept finds)
+            self._drop("stale", int(seqs.size))
+            return 0
+        got = self._accept_new(seqs, now)
+        if got >= 0:
+            return got
         return self._accept(np.full(seqs.size, round_no, np.int64), seqs, now, None, 0)
 
     def _accept_new(self, seqs: np.ndarray, now: float) -> int:

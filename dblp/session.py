@@ -149,13 +149,18 @@ def _drops(rec: RecordContext, receiver: Receiver, reported: DropCounters) -> di
     so datagrams classified between rounds (a worker reads what arrived
     during its compute step only when its next round begins) land in the
     next record instead of in none."""
-    total = receiver.total_drops
-    delta = {k: v - getattr(reported, k) for k, v in vars(total).items()}
-    reported.add(DropCounters(**delta))
+    total, seen = vars(receiver.total_drops), vars(reported)
+    if total == seen:  # nothing dropped since (the common case: a record per worker and round)
+        return dict(_NO_DROPS)
+    delta = {k: v - seen[k] for k, v in total.items()}
+    seen.update(total)  # reported + delta
     return {"stale": rec.count(delta["stale"]), "duplicate": rec.count(delta["duplicate"]),
             "corrupt": delta["corrupt"], "foreign": delta["foreign"], "malformed": delta["malformed"],
             "out_of_range": delta["out_of_range"], "wrong_length": delta["wrong_length"],
             "unauthenticated": delta["unauthenticated"]}
+
+
+_NO_DROPS = dict.fromkeys(vars(DropCounters()), 0)  # every counter, none dropped
 
 
 # -- the server -------------------------------------------------------------------------------

@@ -378,3 +378,49 @@ def test_all_done_resumes_where_all_of_does(pre: int) -> None:
     assert run(all_done) == ref
     assert ("all", 0.5 if pre == 4 else 1.5) in ref and ("none", 0.5 if pre else 0.0) in ref
     assert ref[-1] == ("other", 2.0)
+
+
+def test_fluid_outcome_in_c_gives_numpy_verdicts(monkeypatch) -> None:
+    """dblp/_fastpath_c/fluid.c's waits and drops are the numpy path's to the last bit: on a port
+    whose buffer fills and overflows, for slots in order, a hair out of order, before the first
+    breakpoint, and few or many; and None exactly where numpy gives None."""
+    import numpy as np
+
+    import dblp.sim.net as net
+    from dblp.sim.net import FluidQueue, Port
+
+    if net._c_fluid_outcome is None:
+        pytest.skip("the C helper is not built here")
+
+    class _Pass:
+        fresh_t = -np.inf
+
+        def port_settle(self, t: float) -> None:
+            pass
+
+    rng = np.random.default_rng(5)
+    q = FluidQueue(Port("srv", 10e9, 60 * 1514), 1514)
+    for _ in range(7):  # seven passes of 2.4-4.8 Gbit/s into 10: the queue builds, fills, drains
+        lo = float(rng.uniform(0, 4e-3))
+        q.set(_Pass(), 0.0, (lo, lo + float(rng.uniform(1e-3, 4e-3)), float(rng.uniform(2e5, 4e5))))
+    assert q.congested
+    cases = {
+        "ordered": np.sort(rng.uniform(-1e-3, 9e-3, 3000)),
+        "few": np.sort(rng.uniform(2e-3, 3e-3, 7)),
+        "hair": np.sort(rng.uniform(0, 8e-3, 800)) + rng.choice([0.0, 1e-15, -1e-15], 800),
+        "before": np.linspace(-2e-3, -1e-3, 20),
+    }
+    seen_drop = seen_wait = False
+    for name, arr in cases.items():
+        u = rng.random(arr.size)
+        got = q.outcome(arr, u, name != "hair")
+        monkeypatch.setattr(net, "_c_fluid_outcome", None)
+        want = q.outcome(arr, u, name != "hair")
+        monkeypatch.undo()
+        for g, w in zip(got, want):
+            assert (g is None) == (w is None), name
+            if w is not None:
+                assert g.dtype == w.dtype and np.array_equal(g, w), name
+        seen_wait |= want[0] is not None
+        seen_drop |= want[1] is not None
+    assert seen_wait and seen_drop  # both verdicts were exercised

@@ -8,6 +8,7 @@
  *   place.c    receiving payloads straight into the tensor: recv_place, crc_placed
  *   mac.c      the authenticated datagram (version 2): AES-GMAC tags, mac_rows
  *   reduce.c   the server's fused, threaded mean and norm: mean_into
+ *   fluid.c    the simulator's switch port: a pass's queueing waits and overflow drops, fluid_outcome
  *   module.c   the method table and the module's start-up
  *   buffers.h  taking and giving back the Python buffers an entry point works on
  *
@@ -106,6 +107,7 @@ PyObject *fp_recv_place(PyObject *self, PyObject *args);
 PyObject *fp_crc_placed(PyObject *self, PyObject *args);
 PyObject *fp_mean_into(PyObject *self, PyObject *args);
 PyObject *fp_mac_rows(PyObject *self, PyObject *args);
+PyObject *fp_fluid_outcome(PyObject *self, PyObject *args);
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC visibility pop

@@ -20,6 +20,8 @@ static PyMethodDef methods[] = {
     {"mac_rows", fp_mac_rows, METH_VARARGS, "1 where rows[i, :lengths[i]] carries a valid AES-GMAC tag (wire v2), else 0."},
     {"use", fp_use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},
     {"use_mac", fp_use_mac, METH_VARARGS, "Switch the GMAC implementation (ipsec-mb, openssl); returns the previous one."},
+    {"fluid_outcome", fp_fluid_outcome, METH_VARARGS,
+     "Waits and overflow drops of slots at a fluid switch port (dblp.sim.net.FluidQueue.outcome); flags."},
     {"crc_rows", fp_crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},
     {NULL, NULL, 0, NULL},
 };

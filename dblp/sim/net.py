@@ -26,11 +26,19 @@ from __future__ import annotations
 
 import heapq
 import math
+import os
 from itertools import chain
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
+
+try:  # a pass's waits and drops at a port in one C loop (the optional helper, setup.py); numpy below otherwise
+    from .._fastpath import fluid_outcome as _c_fluid_outcome
+except ImportError:
+    _c_fluid_outcome = None
+if os.environ.get("DBLP_NO_C"):
+    _c_fluid_outcome = None
 
 TCP_MSS = 1448
 TCP_OVERHEAD = 66  # Ethernet 14 + IPv4 20 + TCP 32 (timestamps) per segment
@@ -132,6 +140,7 @@ class FluidQueue:
         self._bt = np.array([0.0])  # breakpoints, offered rate and queue at each (past and future)
         self._ba = np.array([0.0])
         self._bq = np.array([0.0])
+        self._pdrop: np.ndarray | None = None  # 1 - cap/offered at each breakpoint (see _drop_share)
         self.congested = False  # a queue or an excess ahead of t_ref
         self.calm_from = 0.0  # no queue and no excess at any time from here on (inf while congested)
 
@@ -215,6 +224,23 @@ class FluidQueue:
         if k:
             bt, ba, bq = np.concatenate((hb, bt)), np.concatenate((ha, ba)), np.concatenate((hq, bq))
         self._bt, self._ba, self._bq = bt, ba, bq
+        self._pdrop = None
+
+    def _drop_share(self) -> np.ndarray:
+        """Drop-tail's share of the excess at each breakpoint, ``1 - cap/offered``
+        (-inf where nothing is offered), made when a verdict first needs it after a change.
+
+        Why per breakpoint: where the buffer is full, a slot is dropped when its draw
+        falls below its breakpoint's share; gathering the share (one value per slot)
+        costs one pass over the slots, the same division per full slot several."""
+        p = self._pdrop
+        if p is None:
+            ba = self._ba
+            p = np.full(ba.size, np.inf)
+            np.divide(self.cap, ba, out=p, where=ba > 0.0)
+            np.subtract(1.0, p, out=p)
+            self._pdrop = p
+        return p
 
     def wait(self, arr: np.ndarray) -> np.ndarray | None:
         """Queueing wait (s) of datagrams reaching the port at ``arr``; None for none."""
@@ -231,24 +257,28 @@ class FluidQueue:
         a port's waits it may be out of order by a hair)."""
         if arr.size == 0 or self.quiet_after(float(arr[0])):
             return None, None
+        if _c_fluid_outcome is not None:  # the same verdicts (dblp/_fastpath_c/fluid.c)
+            wait, ovf = np.empty(arr.size), np.empty(arr.size, bool)
+            got = _c_fluid_outcome(self._bt, self._ba, self._bq, self.cap, self.qcap, self.ser, arr, u, wait, ovf)
+            return (wait if got & 1 else None), (ovf if got & 2 else None)
         i = _segments(self._bt, arr, -1) if ordered else None
         if i is None:
             i = self._bt.searchsorted(arr, side="right")
             i -= 1
             np.maximum(i, 0, out=i)
-        a = self._ba[i]
-        q = a - self.cap
+        q = self._ba[i]
+        q -= self.cap
         q *= arr - self._bt[i]
         q += self._bq[i]
         np.minimum(np.maximum(q, 0.0, out=q), self.qcap, out=q)
         ovf = None
         if np.maximum.reduce(q) >= self.qcap:
-            at_full = q >= self.qcap
-            at_full &= a > self.cap
-            full = at_full.nonzero()[0]
-            if full.size:  # False but where the buffer is full: there, each slot's draw decides
-                ovf = at_full
-                ovf[full] = u[full] < (1.0 - self.cap / a[full])
+            # where the buffer is full, each slot's draw decides: dropped below drop-tail's share
+            # of the excess (none where the port keeps up: a share <= 0 is below every draw)
+            ovf = q >= self.qcap
+            ovf &= u < self._drop_share()[i]
+            if not np.logical_or.reduce(ovf):
+                ovf = None
         if not np.logical_or.reduce(q):
             return None, ovf
         q *= self.ser
