@@ -216,6 +216,11 @@ class VirtualRound:
                 VirtualRound._lengths.clear()
             VirtualRound._lengths[key] = lengths
         self.lengths = lengths
+        self.order = index_order(layout.chunks)  # positions are chunk indices: see span
+
+    def span(self, start: int, stop: int) -> tuple[None, np.ndarray]:
+        """Lengths of send positions ``start:stop`` of a sender in :attr:`order` (a view, no gather)."""
+        return None, self.lengths[start:stop]
 
     def take(self, seqs: np.ndarray) -> tuple[None, np.ndarray]:
         return None, self.lengths[seqs]
@@ -299,7 +304,7 @@ class RoundSender:
             self.order = send_order(self.layout.chunks, order, seed, self.round_no, stream)
         self._inorder = self.order is _INDEX_ORDERS.get(self.layout.chunks)  # 0..n-1 (see R3 below)
         # first passes go out as slices of the encoded headers when they are stored in this order
-        self._same_order = isinstance(encoded, EncodedRound) and encoded.order is self.order
+        self._same_order = getattr(encoded, "order", None) is self.order
         self.state = SendState.SENDING
         self.stats = SendStats(passes=1, t_start=now)
         self._pass = self.order  # chunks of the current pass, in send order
@@ -391,6 +396,12 @@ class RoundSender:
         if self._idle_since is not None:
             self.stats.wait_s += max(0.0, now - self._idle_since)
             self._idle_since = None
+
+    @property
+    def pass_chunks(self) -> np.ndarray:
+        """The chunks the current pass has still to hand out, in send order (a view; read it only):
+        what the next :meth:`datagrams_to_send` calls will return, batch after batch."""
+        return self._pass[self._pos :]
 
     @property
     def pass_remaining(self) -> int:
@@ -496,6 +507,7 @@ class Receiver:
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
+        self._index = index_order(layout.chunks)  # see _accept_new
         self._order = self._pos = self._identity
         self._claim = np.zeros(layout.chunks, np.uint8)
         self._cursor = np.zeros(1, np.int64)
@@ -735,8 +747,11 @@ class Receiver:
         if n == 0:
             return 0
         s0, s1 = int(seqs[0]), int(seqs[-1])
-        # (the ufuncs' reduce directly: ndarray.all/any go through a Python wrapper)
-        if not (0 <= s0 and s1 < self.layout.chunks and (n == 1 or np.logical_and.reduce(seqs[1:] > seqs[:-1]))):
+        # strictly increasing: a run of the shared index order (a slice of a read-only 0..n-1) is,
+        # else checked (the ufuncs' reduce directly: ndarray.all/any go through a Python wrapper)
+        if not (0 <= s0 and s1 < self.layout.chunks
+                and (n == 1 or (seqs.base is self._index and seqs.strides[0] == 8)
+                     or np.logical_and.reduce(seqs[1:] > seqs[:-1]))):
             return -1
         # strictly increasing from s0 to s1 in n steps: the run s0..s1, whose mask is a slice (no gather)
         mask = self.mask[s0 : s1 + 1] if s1 - s0 == n - 1 else None

@@ -165,6 +165,29 @@ def test_duplicates_counted_once_accepted():
     assert r.received == 3 and r.stats.drops.duplicate == 4
 
 
+def test_chunk_indices_without_bytes_follow_the_same_rules():
+    """receive_chunks (the simulator's datagrams): runs of the shared index order (taken without
+    checking their order), other arrays, repeats, out-of-range and another round's chunks count
+    as their datagrams would."""
+    from dblp.core import index_order
+
+    lay = ChunkLayout(20_000)
+    idx = index_order(lay.chunks)
+    assert not idx.flags.writeable and idx is index_order(lay.chunks)
+    r = Receiver(lay, run_id=RUN_ID, expected_sender=1, direction=ctl.UP)
+    r.begin_round(3, None, 0.0)
+    assert r.receive_chunks(3, idx[2:6], 0.0) == 4  # a run of the index order
+    assert r.receive_chunks(3, idx[4:8], 0.0) == 2 and r.stats.drops.duplicate == 2  # 4, 5 again
+    assert r.receive_chunks(3, np.array([9, 8]), 0.0) == 2  # not increasing: the general path
+    assert r.receive_chunks(3, np.array([10, 10, 11]), 0.0) == 2 and r.stats.drops.duplicate == 3
+    assert r.receive_chunks(3, idx[::2][6:8], 0.0) == 2  # a strided view: 12, 14
+    assert r.receive_chunks(2, idx[20:25], 0.0) == 0 and r.stats.drops.stale == 5  # another round
+    assert r.receive_chunks(3, np.array([lay.chunks - 1, lay.chunks]), 0.0) == 1
+    assert r.stats.drops.out_of_range == 1
+    assert r.received == 13 and np.flatnonzero(r.mask).tolist() == [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 14,
+                                                                     lay.chunks - 1]
+
+
 def test_duplicates_inside_one_gro_batch():
     v = vec(3620)
     lay, dg = _datagrams(v)

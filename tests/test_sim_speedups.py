@@ -74,6 +74,7 @@ class _ProcessFlow(fast.RoundFlow):
                 self.n = pass_remaining(s)
                 self.npass += 1
                 self.limit = self.n
+                self.seqbuf = s.pass_chunks
                 self.leave, self.taken, self.in_pass = None, 0, True
                 self.d_slot, self.d_t, self.dpos = fast._EMPTY_I, fast._EMPTY_F, 0
                 self.host.join(self)

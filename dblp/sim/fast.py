@@ -196,7 +196,7 @@ class RoundFlow(FlowBase):
     fresh_t = -math.inf  # port verdicts of slots reaching the port before this are final
     qver = -1  # the port's version they were computed at (another: stale, see FluidQueue)
     arr_ok = False  # d_slot/d_t hold the arrivals of the current leave times and limit, without waits
-    seqbuf = _EMPTY_I
+    seqbuf = _EMPTY_I  # the chunks of the pass, slot by slot (the core's pass_chunks at its start)
     _arr1: np.ndarray | None = None  # leave + path.d1 (single port), made when first needed
     d_slot = _EMPTY_I  # slots that reach the receiver, in arrival order
     d_t = _EMPTY_F  # and their arrival times
@@ -290,6 +290,7 @@ class RoundFlow(FlowBase):
                 if self.n <= 0:
                     raise RuntimeError(f"round {self.rnd}: the core is sending a pass of {self.n} datagrams")
                 self.limit = self.n
+                self.seqbuf = s.pass_chunks  # slot i of the pass carries chunk seqbuf[i] (the core's view)
                 self.leave, self.taken, self.in_pass = None, 0, True
                 self.d_slot, self.d_t, self.dpos = _EMPTY_I, _EMPTY_F, 0
                 self.host.join(self)
@@ -307,8 +308,7 @@ class RoundFlow(FlowBase):
         got = 0 if b is None else b.seqs.size
         if got != k:
             raise RuntimeError(f"round {self.rnd}: the core handed out {got} of the {k} datagrams left in its pass")
-        self.seqbuf[self.taken : m] = b.seqs
-        self.taken = m
+        self.taken = m  # they are seqbuf[taken:m] (the pass's chunks, read at its start)
         self.sim.datagrams += k
         if m == self.n:  # the pass is out: its PROBE follows the last datagram
             self.flush_sender(float(self.leave[-1]))
@@ -383,8 +383,6 @@ class RoundFlow(FlowBase):
         if self.leave is None:
             self.leave = leave
             self.arr_ok = False
-            if self.seqbuf.size < self.n:
-                self.seqbuf = np.empty(self.n, np.int64)
             # the loss process's verdicts, at the arrival times the port gives now
             if not self.loss.procs:
                 self.lossdrop = None
