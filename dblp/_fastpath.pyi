@@ -94,3 +94,7 @@ def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, /) -> 
 def fluid_outcome(bt: _In, ba: _In, bq: _In, cap: float, qcap: float, ser: float, arr: _In, u: _In, wait: _Out,
                   ovf: _Out, /) -> int:
     """dblp.sim.net.FluidQueue.outcome's waits (wait) and drops (ovf, bool) of slots reaching a port at arr; bit 1: a wait, bit 2: a drop."""
+
+def fluid_profile(ent: _In, t0: float, q_ref: float, cap: float, qcap: float, bt: _Out, ba: _Out, bq: _Out,
+                  /) -> tuple[int, bool]:
+    """dblp.sim.net.FluidQueue._rebuild's breakpoints, offered rates and queue from t0 of the passes ent ((lo, hi, rate) triples) into bt, ba, bq (room for 2 * passes + 1); (breakpoints, congested)."""

@@ -425,3 +425,47 @@ def test_fluid_outcome_in_c_gives_numpy_verdicts(monkeypatch) -> None:
         seen_wait |= want[0] is not None
         seen_drop |= want[1] is not None
     assert seen_wait and seen_drop  # both verdicts were exercised
+
+
+@pytest.mark.parametrize("passes", [3, 60, 200])  # 200: over 256 segments, the walk's long form
+def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
+    """dblp/_fastpath_c/fluid.c's profile of a port (breakpoints, offered rate, queue, congested) is
+    FluidQueue._rebuild's numpy one to the last bit, through changes that fill, overflow and drain
+    the buffer, with passes ending before the rebuild's instant and several ending at once."""
+    import numpy as np
+
+    import dblp.sim.net as net
+    from dblp.sim.net import FluidQueue, Port
+
+    if net._c_fluid_profile is None:
+        pytest.skip("the C helper is not built here")
+
+    class _Pass:
+        fresh_t = -np.inf
+
+        def port_settle(self, t: float) -> None:
+            pass
+
+    def run(c: bool) -> list:
+        if not c:
+            monkeypatch.setattr(net, "_c_fluid_profile", None)
+        rng = np.random.default_rng(passes)
+        q = FluidQueue(Port("srv", 10e9, 80 * 1514), 1514)
+        owners = [_Pass() for _ in range(passes)]
+        got = []
+        for step in range(3 * passes):
+            t = step * 2e-5
+            o = owners[int(rng.integers(passes))]
+            lo = t + float(rng.uniform(0, 2e-3))
+            hi = round(lo + float(rng.uniform(1e-4, 3e-3)), 4)  # rounded: several passes end at one instant
+            q.set(o, t, None if rng.random() < 0.2 else (lo, hi, float(rng.uniform(2.5e5, 6e5))))
+            got.append((q._bt.tolist(), q._ba.tolist(), q._bq.tolist(), q.congested))
+        monkeypatch.undo()
+        return got
+
+    c, ref = run(True), run(False)
+    assert c == ref
+    assert any(g[3] for g in ref) and any(max(g[2]) > 0 for g in ref)
+    if passes == 200:
+        assert max(len(g[0]) for g in ref) > net._WALK_SHORT + 1
+

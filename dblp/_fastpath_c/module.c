@@ -22,6 +22,8 @@ static PyMethodDef methods[] = {
     {"use_mac", fp_use_mac, METH_VARARGS, "Switch the GMAC implementation (ipsec-mb, openssl); returns the previous one."},
     {"fluid_outcome", fp_fluid_outcome, METH_VARARGS,
      "Waits and overflow drops of slots at a fluid switch port (dblp.sim.net.FluidQueue.outcome); flags."},
+    {"fluid_profile", fp_fluid_profile, METH_VARARGS,
+     "A congested fluid switch port's profile (dblp.sim.net.FluidQueue._rebuild); (breakpoints, congested)."},
     {"crc_rows", fp_crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},
     {NULL, NULL, 0, NULL},
 };

@@ -33,12 +33,13 @@ from typing import Protocol
 
 import numpy as np
 
-try:  # a pass's waits and drops at a port in one C loop (the optional helper, setup.py); numpy below otherwise
+try:  # a port's profile and a pass's waits and drops in C loops (the optional helper, setup.py); numpy otherwise
     from .._fastpath import fluid_outcome as _c_fluid_outcome
+    from .._fastpath import fluid_profile as _c_fluid_profile
 except ImportError:
-    _c_fluid_outcome = None
+    _c_fluid_outcome = _c_fluid_profile = None
 if os.environ.get("DBLP_NO_C"):
-    _c_fluid_outcome = None
+    _c_fluid_outcome = _c_fluid_profile = None
 
 TCP_MSS = 1448
 TCP_OVERHEAD = 66  # Ethernet 14 + IPv4 20 + TCP 32 (timestamps) per segment
@@ -204,16 +205,23 @@ class FluidQueue:
             bt, ba, bq = np.array([t0]), np.zeros(1), np.zeros(1)
         else:
             ent = np.fromiter(chain.from_iterable(self.entries.values()), np.float64, 3 * len(self.entries))
-            ent = ent.reshape(-1, 3)  # (np.array of the list of tuples: twice the time)
-            lo, hi, rate = ent[:, 0], ent[:, 1], ent[:, 2]
-            bt = _unique(np.concatenate(([t0], lo[lo > t0], hi[hi > t0])))
-            # each pass offers its rate on the breakpoints in [lo, hi): a difference array
-            i0 = bt.searchsorted(lo - 1e-15, side="left")
-            i1 = bt.searchsorted(hi, side="left")
-            d = np.bincount(i0, rate, minlength=bt.size + 1) - np.bincount(i1, rate, minlength=bt.size + 1)
-            ba = d[: bt.size].cumsum()
-            bq = _clamped_walk(self.q_ref, (ba[:-1] - self.cap) * (bt[1:] - bt[:-1]), self.qcap)
-            self.congested = bool(np.logical_or.reduce(ba > self.cap * (1 + 1e-9)) or np.logical_or.reduce(bq > 0))
+            if _c_fluid_profile is not None:  # the same profile (dblp/_fastpath_c/fluid.c)
+                room = 2 * len(self.entries) + 1
+                bt, ba, bq = np.empty(room), np.empty(room), np.empty(room)
+                m, congested = _c_fluid_profile(ent, t0, self.q_ref, self.cap, self.qcap, bt, ba, bq)
+                bt, ba, bq, self.congested = bt[:m], ba[:m], bq[:m], bool(congested)
+            else:
+                ent = ent.reshape(-1, 3)  # (np.array of the list of tuples: twice the time)
+                lo, hi, rate = ent[:, 0], ent[:, 1], ent[:, 2]
+                bt = _unique(np.concatenate(([t0], lo[lo > t0], hi[hi > t0])))
+                # each pass offers its rate on the breakpoints in [lo, hi): a difference array
+                i0 = bt.searchsorted(lo - 1e-15, side="left")
+                i1 = bt.searchsorted(hi, side="left")
+                d = np.bincount(i0, rate, minlength=bt.size + 1) - np.bincount(i1, rate, minlength=bt.size + 1)
+                ba = d[: bt.size].cumsum()
+                bq = _clamped_walk(self.q_ref, (ba[:-1] - self.cap) * (bt[1:] - bt[:-1]), self.qcap)
+                self.congested = bool(np.logical_or.reduce(ba > self.cap * (1 + 1e-9))
+                                      or np.logical_or.reduce(bq > 0))
             self.calm_from = math.inf if self.congested else t0
         k = int(self._bt.searchsorted(t0, side="left"))  # the past, kept for lazy readers
         hb, ha, hq = self._bt[:k], self._ba[:k], self._bq[:k]
@@ -313,6 +321,9 @@ def _unique(a: np.ndarray) -> np.ndarray:
     return a[keep]
 
 
+_WALK_SHORT = 256  # _clamped_walk's two forms (fluid.c's WALK_SHORT is the same: their doubles differ)
+
+
 def _clamped_walk(q0: float, inc: np.ndarray, qcap: float) -> np.ndarray:
     """q[0] = q0, q[i+1] = min(max(q[i] + inc[i], 0), qcap), vectorised.
 
@@ -320,7 +331,7 @@ def _clamped_walk(q0: float, inc: np.ndarray, qcap: float) -> np.ndarray:
     minimum (Lindley); where it would pass ``qcap`` it is clamped there and
     restarted - one numpy pass per time the buffer fills.
     """
-    if inc.size <= 256:  # a short walk: one Python step each is cheaper than numpy calls
+    if inc.size <= _WALK_SHORT:  # a short walk: one Python step each is cheaper than numpy calls
         out_l = [q0]
         q = q0
         for x in inc.tolist():  # min(max(q + x, 0.0), qcap), without two builtin calls a step
