@@ -98,3 +98,7 @@ def fluid_outcome(bt: _In, ba: _In, bq: _In, cap: float, qcap: float, ser: float
 def fluid_profile(ent: _In, t0: float, q_ref: float, cap: float, qcap: float, bt: _Out, ba: _Out, bq: _Out,
                   /) -> tuple[int, bool]:
     """dblp.sim.net.FluidQueue._rebuild's breakpoints, offered rates and queue from t0 of the passes ent ((lo, hi, rate) triples) into bt, ba, bq (room for 2 * passes + 1); (breakpoints, congested)."""
+
+def fluid_arrivals(leave: _In, b: int, limit: int, c: float, lossdrop: _In | None, ovf: _In | None, wait: _In | None,
+                   floor: float, idx: _Out, t: _Out, /) -> int:
+    """dblp.sim.fast.RoundFlow.port_refresh's arrivals: slots b..limit-1 not lost nor dropped into idx, at leave + c (+ wait), kept in order and >= floor, into t; their count."""

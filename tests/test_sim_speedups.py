@@ -469,3 +469,20 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
     if passes == 200:
         assert max(len(g[0]) for g in ref) > net._WALK_SHORT + 1
 
+
+
+@pytest.mark.parametrize("name", ["incast", "early_stops", "leafspine"])
+def test_round_level_records_are_the_same_without_the_c_helper(monkeypatch, name: str) -> None:
+    """The C loops of a congested or lossy port (fluid_profile, fluid_outcome, fluid_arrivals) change
+    no record: the whole run with them and with numpy alone, every field compared exactly."""
+    import dblp.sim.net as net
+
+    if net._c_fluid_outcome is None or fast._c_fluid_arrivals is None:
+        pytest.skip("the C helper is not built here")
+    cfg = SimConfig(**CONFIGS[name])
+    with_c = simulate(cfg)
+    for mod, attr in ((net, "_c_fluid_outcome"), (net, "_c_fluid_profile"), (fast, "_c_fluid_arrivals")):
+        monkeypatch.setattr(mod, attr, None)
+    without = simulate(cfg)
+    assert [dataclasses.asdict(r) for r in with_c.records] == [dataclasses.asdict(r) for r in without.records]
+    assert (with_c.end_time_s, with_c.datagrams) == (without.end_time_s, without.datagrams)
