@@ -575,11 +575,10 @@ class RoundFlow(FlowBase):
             return None
         self.ensure_fresh()
         j = self.limit - 1
-        if self.ovf is not None:
-            inq = (~self.ovf[: self.limit]).nonzero()[0]
-            if inq.size == 0:
+        if self.ovf is not None:  # the last slot the port did not drop
+            j -= int(self.ovf[j::-1].argmin())  # (the first False from the end)
+            if self.ovf[j]:
                 return None
-            j = int(inq[-1])
         w = 0.0 if self.wait is None else float(self.wait[j])
         if self.multi:  # when it leaves the path's last port
             return float(self.leave[j]) + self.c_total + w - self.path.delays[-1]
