@@ -225,7 +225,7 @@ class RoundFlow(FlowBase):
         # no other path's passes cross its ports (nothing else can notice its layout), and the
         # fixed delays (engine.hops; c_total: host -> receiver without waiting)
         (self.host, self.queues, self.queue, self.multi, self.solo, self._hops,
-         self.c_total) = engine.path_info(self.path)
+         self.c_total, self.free) = engine.path_info(self.path)
         self.u_more: dict[int, np.ndarray] = {}  # the further ports' uniform draws of this pass
         self._start()
 
@@ -343,11 +343,12 @@ class RoundFlow(FlowBase):
         self.b_end = max(t, float(self.leave[m - 1])) if m else t
         self.b_used = m
         self.host.remove(self, self.b_end)  # the host is free once they are out
-        if self.queue.congested if not self.multi else any(q.congested for q in self.queues):
+        if not self.free and (self.queue.congested if not self.multi else any(q.congested for q in self.queues)):
             self.queue_update(t)
-        else:  # nothing changes at the port but the end of this pass
-            for k, q in enumerate(self.queues):
-                q.set(self, t, self._span(k))
+        else:  # nothing changes at the port but the end of this pass (of which a free path's ports know nothing)
+            if not self.free:
+                for k, q in enumerate(self.queues):
+                    q.set(self, t, self._span(k))
             k = _slots_below(self.d_slot, m)
             self.d_slot, self.d_t = self.d_slot[:k], self.d_t[:k]
             # arrivals without waits, of the same leave times: cut at the new limit, they are what
@@ -444,6 +445,9 @@ class RoundFlow(FlowBase):
 
     def queue_update(self, t: float) -> None:
         """Tell the port about this pass's (new) interval; re-evaluate what it changed."""
+        if self.free:  # no queue can form on this path: the ports need not know, the arrivals follow the host
+            self.port_refresh(t)
+            return
         if not self.multi:
             others, removed = self.queue.set(self, t, self._span())
             self.port_refresh(t)
@@ -730,9 +734,12 @@ class RoundEngine:
             ports = path.ports
             queues = [self.fluid(p) for p in ports]
             hops = self.hops(path)
-            got = self._paths[id(path)] = (
-                self.sched(path.host), queues, queues[0], len(queues) > 1,
-                all(self.port_users.get(id(p), 0) <= 1 for p in ports), hops, hops[1])
+            sched = self.sched(path.host)
+            solo = all(self.port_users.get(id(p), 0) <= 1 for p in ports)
+            # free: no other path crosses its ports and its host cannot send faster than any of them
+            # serialises, so no queue ever forms there (EAGER_PORT, the reference, keeps every port informed)
+            free = solo and not self.eager and all(sched.h >= q.ser for q in queues)
+            got = self._paths[id(path)] = (sched, queues, queues[0], len(queues) > 1, solo, hops, hops[1], free)
         return got
 
     def hops(self, path: Path) -> tuple[list[tuple[float, float]], float]:
