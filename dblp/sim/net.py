@@ -141,7 +141,6 @@ class FluidQueue:
         self._bt = np.array([0.0])  # breakpoints, offered rate and queue at each (past and future)
         self._ba = np.array([0.0])
         self._bq = np.array([0.0])
-        self._pdrop: np.ndarray | None = None  # 1 - cap/offered at each breakpoint (see _drop_share)
         self.congested = False  # a queue or an excess ahead of t_ref
         self.calm_from = 0.0  # no queue and no excess at any time from here on (inf while congested)
 
@@ -232,23 +231,6 @@ class FluidQueue:
         if k:
             bt, ba, bq = np.concatenate((hb, bt)), np.concatenate((ha, ba)), np.concatenate((hq, bq))
         self._bt, self._ba, self._bq = bt, ba, bq
-        self._pdrop = None
-
-    def _drop_share(self) -> np.ndarray:
-        """Drop-tail's share of the excess at each breakpoint, ``1 - cap/offered``
-        (-inf where nothing is offered), made when a verdict first needs it after a change.
-
-        Why per breakpoint: where the buffer is full, a slot is dropped when its draw
-        falls below its breakpoint's share; gathering the share (one value per slot)
-        costs one pass over the slots, the same division per full slot several."""
-        p = self._pdrop
-        if p is None:
-            ba = self._ba
-            p = np.full(ba.size, np.inf)
-            np.divide(self.cap, ba, out=p, where=ba > 0.0)
-            np.subtract(1.0, p, out=p)
-            self._pdrop = p
-        return p
 
     def wait(self, arr: np.ndarray) -> np.ndarray | None:
         """Queueing wait (s) of datagrams reaching the port at ``arr``; None for none."""
@@ -274,19 +256,20 @@ class FluidQueue:
             i = self._bt.searchsorted(arr, side="right")
             i -= 1
             np.maximum(i, 0, out=i)
-        q = self._ba[i]
-        q -= self.cap
+        a = self._ba[i]
+        q = a - self.cap
         q *= arr - self._bt[i]
         q += self._bq[i]
         np.minimum(np.maximum(q, 0.0, out=q), self.qcap, out=q)
         ovf = None
         if np.maximum.reduce(q) >= self.qcap:
-            # where the buffer is full, each slot's draw decides: dropped below drop-tail's share
-            # of the excess (none where the port keeps up: a share <= 0 is below every draw)
-            ovf = q >= self.qcap
-            ovf &= u < self._drop_share()[i]
-            if not np.logical_or.reduce(ovf):
-                ovf = None
+            at_full = q >= self.qcap
+            at_full &= a > self.cap
+            full = at_full.nonzero()[0]
+            if full.size:  # False but where the buffer is full: there, each slot's draw decides
+                at_full[full] = u[full] < (1.0 - self.cap / a[full])
+                if np.logical_or.reduce(at_full):  # (None: nothing dropped)
+                    ovf = at_full
         if not np.logical_or.reduce(q):
             return None, ovf
         q *= self.ser
