@@ -486,3 +486,26 @@ def test_round_level_records_are_the_same_without_the_c_helper(monkeypatch, name
     without = simulate(cfg)
     assert [dataclasses.asdict(r) for r in with_c.records] == [dataclasses.asdict(r) for r in without.records]
     assert (with_c.end_time_s, with_c.datagrams) == (without.end_time_s, without.datagrams)
+
+
+def test_fluid_loops_refuse_arrays_of_the_wrong_kind() -> None:
+    """The C loops read raw memory: an array of another dtype or length is refused by name, not read."""
+    import numpy as np
+
+    import dblp.sim.net as net
+
+    if net._c_fluid_outcome is None or fast._c_fluid_arrivals is None:
+        pytest.skip("the C helper is not built here")
+    from dblp._fastpath import fluid_arrivals, fluid_outcome, fluid_profile
+
+    f, z = np.zeros, np.zeros(3)
+    with pytest.raises(ValueError, match="fluid_outcome"):  # ba float32
+        fluid_outcome(z, f(3, np.float32), z, 1.0, 1.0, 1.0, f(2), f(2), f(2), f(2, bool))
+    with pytest.raises(ValueError, match="fluid_outcome"):  # ovf shorter than arr
+        fluid_outcome(z, z, z, 1.0, 1.0, 1.0, f(2), f(2), f(2), f(1, bool))
+    with pytest.raises(ValueError, match="fluid_profile"):  # no room for 2 * passes + 1 breakpoints
+        fluid_profile(f(6), 0.0, 0.0, 1.0, 1.0, f(4), f(4), f(4))
+    with pytest.raises(ValueError, match="fluid_arrivals"):  # lossdrop not bool
+        fluid_arrivals(f(4), 0, 4, 0.0, f(4), None, None, 0.0, f(4, np.int64), f(4))
+    with pytest.raises(ValueError, match="fluid_arrivals"):  # limit past the pass
+        fluid_arrivals(f(4), 0, 5, 0.0, None, None, None, 0.0, f(5, np.int64), f(5))

@@ -31,8 +31,9 @@ PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
     Py_buffer v[7];
     if (take_buffers(7, v, o, flags) < 0) return NULL;
     Py_ssize_t nb = v[0].len / 8, n = v[3].len / 8;
-    if (v[0].itemsize != 8 || v[1].len != v[0].len || v[2].len != v[0].len || nb < 1 || v[3].itemsize != 8 ||
-        v[4].len != v[3].len || v[5].len != v[3].len || v[6].len != n || v[6].itemsize != 1) {
+    int ok = nb >= 1 && v[6].len == n && v[6].itemsize == 1;
+    for (int k = 0; k < 6; k++) ok = ok && v[k].itemsize == 8 && v[k].len == v[k < 3 ? 0 : 3].len;
+    if (!ok) {
         give_back_buffers(7, v);
         return value_error("fluid_outcome: bt, ba, bq: float64 of one length >= 1; arr, u, wait: float64 of one "
                            "length; ovf: bool of that length");
@@ -150,8 +151,8 @@ PyObject *fp_fluid_profile(PyObject *self, PyObject *args) {
     Py_buffer v[4];
     if (take_buffers(4, v, o, flags) < 0) return NULL;
     const Py_ssize_t e = v[0].len / 24, room = 2 * e + 1;
-    if (v[0].itemsize != 8 || v[0].len % 24 || v[1].itemsize != 8 || v[1].len / 8 < room || v[2].len != v[1].len ||
-        v[3].len != v[1].len) {
+    if (v[0].itemsize != 8 || v[0].len % 24 || v[1].itemsize != 8 || v[1].len / 8 < room || v[2].itemsize != 8 ||
+        v[2].len != v[1].len || v[3].itemsize != 8 || v[3].len != v[1].len) {
         give_back_buffers(4, v);
         return value_error("fluid_profile: ent: float64 (lo, hi, rate) triples; bt, ba, bq: float64 with room for "
                            "2 * passes + 1");
@@ -218,8 +219,8 @@ PyObject *fp_fluid_arrivals(PyObject *self, PyObject *args) {
     Py_buffer v[6];
     if (take_buffers(6, v, o, flags) < 0) return NULL;
     const Py_ssize_t n = v[0].len / 8;
-    if (v[0].itemsize != 8 || b < 0 || limit < b || limit > n || (v[1].buf && v[1].len < limit) ||
-        (v[2].buf && v[2].len < limit) || (v[3].buf && (v[3].itemsize != 8 || v[3].len / 8 < limit)) ||
+    if (v[0].itemsize != 8 || b < 0 || limit < b || limit > n || (v[1].buf && (v[1].itemsize != 1 || v[1].len < limit)) ||
+        (v[2].buf && (v[2].itemsize != 1 || v[2].len < limit)) || (v[3].buf && (v[3].itemsize != 8 || v[3].len / 8 < limit)) ||
         v[4].itemsize != 8 || v[4].len / 8 < limit - b || v[5].itemsize != 8 || v[5].len / 8 < limit - b) {
         give_back_buffers(6, v);
         return value_error("fluid_arrivals: leave float64; 0 <= b <= limit <= its length; lossdrop, ovf: bool and "
