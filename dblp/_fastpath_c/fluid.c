@@ -42,7 +42,19 @@ PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
     double *wait = v[5].buf;
     unsigned char *ovf = v[6].buf;
     int any_wait = 0, any_ovf = 0;
-    Py_ssize_t k = 0; /* number of breakpoints <= the current slot's time, kept as the slots advance */
+    /* number of breakpoints <= the current slot's time, kept as the slots advance; found by bisection for
+     * the first slot (the profile keeps its past: hundreds of breakpoints may lie before the pass) */
+    Py_ssize_t k = 0;
+    if (n > 0) {
+        Py_ssize_t hi = nb;
+        while (k < hi) {
+            const Py_ssize_t mid = (k + hi) / 2;
+            if (bt[mid] <= arr[0])
+                k = mid + 1;
+            else
+                hi = mid;
+        }
+    }
     for (Py_ssize_t j = 0; j < n; j++) {
         const double x = arr[j];
         while (k < nb && bt[k] <= x) k++;
