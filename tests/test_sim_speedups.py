@@ -41,6 +41,15 @@ CONFIGS = {
 }
 
 
+class _Pass:
+    """A pass's owner as a FluidQueue sees it (dblp.sim.net.PortReader), for the port's own tests."""
+
+    fresh_t = -float("inf")
+
+    def port_settle(self, t: float) -> None:
+        pass
+
+
 class _ProcessFlow(fast.RoundFlow):
     """The sender as the SimPy process it was before the state machine (the reference)."""
 
@@ -184,12 +193,6 @@ def test_unique_and_queue_at_one_time_are_numpys() -> None:
 
     a = np.array([3.0, 1.0, 2.0, 1.0, 3.0, 0.5, 2.0])
     assert _unique(a.copy()).tolist() == np.unique(a).tolist() == [0.5, 1.0, 2.0, 3.0]
-
-    class _Pass:
-        fresh_t = -np.inf
-
-        def port_settle(self, t: float) -> None:
-            pass
 
     q = FluidQueue(Port("srv", 10e9, 100 * 1514), 1514)
     owners = [_Pass() for _ in range(5)]
@@ -393,12 +396,6 @@ def test_fluid_outcome_in_c_gives_numpy_verdicts(monkeypatch) -> None:
     if net._c_fluid_outcome is None:
         pytest.skip("the C helper is not built here")
 
-    class _Pass:
-        fresh_t = -np.inf
-
-        def port_settle(self, t: float) -> None:
-            pass
-
     rng = np.random.default_rng(5)
     q = FluidQueue(Port("srv", 10e9, 60 * 1514), 1514)
     for _ in range(7):  # seven passes of 2.4-4.8 Gbit/s into 10: the queue builds, fills, drains
@@ -439,12 +436,6 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
 
     if net._c_fluid_profile is None:
         pytest.skip("the C helper is not built here")
-
-    class _Pass:
-        fresh_t = -np.inf
-
-        def port_settle(self, t: float) -> None:
-            pass
 
     def run(c: bool) -> list:
         if not c:
