@@ -22,6 +22,21 @@
 
 #include "buffers.h"
 
+/* Breakpoints bt[0..m) (sorted) below x - searchsorted(bt, x, "left") - or at most x (side "right"). */
+static Py_ssize_t bisect(const double *bt, Py_ssize_t m, double x, int right) {
+    Py_ssize_t lo = 0, hi = m;
+    while (lo < hi) {
+        const Py_ssize_t mid = (lo + hi) / 2;
+        if (bt[mid] < x || (right && bt[mid] == x))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+static Py_ssize_t count_below(const double *bt, Py_ssize_t m, double x) { return bisect(bt, m, x, 0); }
+static Py_ssize_t count_at_most(const double *bt, Py_ssize_t m, double x) { return bisect(bt, m, x, 1); }
+
 PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
     PyObject *o[8];
     double cap, qcap, ser;
@@ -44,17 +59,7 @@ PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
     int any_wait = 0, any_ovf = 0;
     /* number of breakpoints <= the current slot's time, kept as the slots advance; found by bisection for
      * the first slot (the profile keeps its past: hundreds of breakpoints may lie before the pass) */
-    Py_ssize_t k = 0;
-    if (n > 0) {
-        Py_ssize_t hi = nb;
-        while (k < hi) {
-            const Py_ssize_t mid = (k + hi) / 2;
-            if (bt[mid] <= arr[0])
-                k = mid + 1;
-            else
-                hi = mid;
-        }
-    }
+    Py_ssize_t k = n > 0 ? count_at_most(bt, nb, arr[0]) : 0;
     for (Py_ssize_t j = 0; j < n; j++) {
         const double x = arr[j];
         while (k < nb && bt[k] <= x) k++;
@@ -98,19 +103,8 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static Py_ssize_t count_below(const double *bt, Py_ssize_t m, double x) { /* searchsorted(bt, x, "left") */
-    Py_ssize_t lo = 0, hi = m;
-    while (lo < hi) {
-        const Py_ssize_t mid = (lo + hi) / 2;
-        if (bt[mid] < x)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    return lo;
-}
 
-#define WALK_SHORT 256 /* net._clamped_walk: a step at a time up to here, the cumulative-sum form above */
+#define WALK_SHORT 256 /* dblp/sim/net.py _WALK_SHORT: _clamped_walk steps one at a time up to here, sums above */
 
 static void clamped_walk(double q0, const double *inc, Py_ssize_t n, double qcap, double *out) {
     if (n <= WALK_SHORT) {

@@ -518,51 +518,47 @@ class RoundFlow(FlowBase):
         # arrivals: keep those before slot b, rebuild from b on
         d_slot = self.d_slot
         keep = _slots_below(d_slot, b)
+        every = False  # the arrivals are every slot from b on (no gather needed for d_slot)
         if _c_fluid_arrivals is not None and (self.lossdrop is not None or self.ovf is not None
                                               or self.wait is not None):
-            # the same arrivals (dblp/_fastpath_c/fluid.c), in one loop instead of the ~10 numpy calls below
+            # the same arrivals (dblp/_fastpath_c/fluid.c), in one loop instead of the numpy calls below
             idx, t_rx = np.empty(limit - b, np.int64), np.empty(limit - b)
             m = _c_fluid_arrivals(leave, b, limit, self.c_total, self.lossdrop, self.ovf, self.wait,
                                   float(self.d_t[keep - 1]) if keep else -math.inf, idx, t_rx)
             idx, t_rx = idx[:m], t_rx[:m]
-            if keep:
-                self.d_slot, self.d_t = np.concatenate((d_slot[:keep], idx)), np.concatenate((self.d_t[:keep], t_rx))
-            else:
-                self.d_slot, self.d_t = idx, t_rx
-            self.arr_ok = True
-            self.schedule_crossing()
-            return
-        ok = None
-        if self.lossdrop is not None:
-            ok = ~self.lossdrop[b:limit]
-        if self.ovf is not None:
-            o = ~self.ovf[b:limit]
-            ok = o if ok is None else (ok & o)
-        c = self.c_total
-        if ok is None:
-            idx = self.engine.iota(limit)[b:]  # a read-only view: d_slot is never written in place
-            t_rx = leave[b:limit] + c
-            if self.wait is not None:
-                t_rx += self.wait[b:limit]
         else:
-            idx = ok.nonzero()[0]  # np.flatnonzero without its wrapper (1-d)
-            idx += b
-            t_rx = leave[idx]
-            t_rx += c
-            if self.wait is not None:
-                t_rx += self.wait[idx]
-        # FIFO: a datagram never arrives before one sent ahead of it on the same path. A path of several
-        # ports is re-evaluated port by port, which can leave arrivals a hair out of order; delivery
-        # (deliver_until's searchsorted, _drain) needs them sorted, else it waits forever. Without a
-        # queueing wait they are sorted already: the host's leave times are (each layout continues
-        # after the slots already out), and the path adds the same constant to each.
-        if t_rx.size:
-            if self.wait is not None:
-                np.maximum.accumulate(t_rx, out=t_rx)
-            if keep and t_rx[0] < self.d_t[keep - 1]:
-                np.maximum(t_rx, self.d_t[keep - 1], out=t_rx)
+            ok = None
+            if self.lossdrop is not None:
+                ok = ~self.lossdrop[b:limit]
+            if self.ovf is not None:
+                o = ~self.ovf[b:limit]
+                ok = o if ok is None else (ok & o)
+            c = self.c_total
+            if ok is None:
+                every = True
+                idx = self.engine.iota(limit)[b:]  # a read-only view: d_slot is never written in place
+                t_rx = leave[b:limit] + c
+                if self.wait is not None:
+                    t_rx += self.wait[b:limit]
+            else:
+                idx = ok.nonzero()[0]  # np.flatnonzero without its wrapper (1-d)
+                idx += b
+                t_rx = leave[idx]
+                t_rx += c
+                if self.wait is not None:
+                    t_rx += self.wait[idx]
+            # FIFO: a datagram never arrives before one sent ahead of it on the same path. A path of
+            # several ports is re-evaluated port by port, which can leave arrivals a hair out of order;
+            # delivery (deliver_until's searchsorted, _drain) needs them sorted, else it waits forever.
+            # Without a queueing wait they are sorted already: the host's leave times are (each layout
+            # continues after the slots already out), and the path adds the same constant to each.
+            if t_rx.size:
+                if self.wait is not None:
+                    np.maximum.accumulate(t_rx, out=t_rx)
+                if keep and t_rx[0] < self.d_t[keep - 1]:
+                    np.maximum(t_rx, self.d_t[keep - 1], out=t_rx)
         if keep:
-            if ok is None and keep == b and int(d_slot[keep - 1]) == keep - 1:
+            if every and keep == b and int(d_slot[keep - 1]) == keep - 1:
                 self.d_slot = self.engine.iota(limit)  # slots 0..b-1 kept, b.. added: every slot (no gather)
             else:
                 self.d_slot = np.concatenate((d_slot[:keep], idx))
