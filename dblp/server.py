@@ -30,7 +30,7 @@ from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import MODES, reduce_mean_norm
 from .shard import NormExchange
-from .session import (CONSISTENCY, ControlToSend, RecordContext, RecordWritten, RoundEnded, RoundOpening,
+from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump, pump_parallel
@@ -473,12 +473,11 @@ class ParameterServer:
         s = self.session
         assert self.layout is not None and self.mean is not None and s is not None
         # 1. DBLP_RECV from every worker (their receivers were opened at the end of the last round).
-        while True:
+        # The upstream may be complete already: a worker lost as the last round ended leaves the
+        # session to end that round, and the poll after it may find every other upstream in.
+        while s.phase is Phase.UPSTREAM:
             self._pump(lambda: s.wants_poll() or any(w.peer.closed for w in self.workers))
-            gone = [w for w in self.workers if w.peer.closed]
-            if not gone:
-                break
-            for w in gone:
+            for w in [w for w in self.workers if w.peer.closed]:
                 if w.peer.bye is None or w.peer.receiver.received:  # died, or left mid-round
                     why = "left in the middle of" if w.peer.bye is not None else "connection lost before"
                     self._drop_worker(PeerError(f"{w.peer.name}: {why} round {self.round}", w.peer))
@@ -486,7 +485,7 @@ class ParameterServer:
                     self._remove(w)
             if not self.workers:
                 return False
-        s.poll(time.monotonic())
+            s.poll(time.monotonic())
         # 2. Reduce by mean; 3.-4. the session feeds the policy and starts the broadcast.
         live = s.live
         norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],

@@ -197,6 +197,44 @@ def test_continue_policy_keeps_serving_remaining_workers():
     assert "error" not in result
 
 
+def test_worker_lost_as_a_round_ends_does_not_stall_the_next_round():
+    """Worker 1 dies with its broadcast of round 0 unstopped while worker 0's upstream of round 1 is
+    already in: its loss ends round 0, and the server must go straight to round 1's reduce (it once
+    waited for an upstream that was complete, until the peer timeout ended the run)."""
+    n = 20_000
+    srv, th, result = _thread_server(workers=2, policy=FixedPolicy(0.0), on_worker_loss="continue", peer_timeout=30)
+    w0 = Worker("127.0.0.1", srv.port, elements=n, worker_id=0)
+    w1 = Worker("127.0.0.1", srv.port, elements=n, worker_id=1)
+    t = threading.Thread(target=w1.connect)
+    t.start()
+    w0.connect()
+    t.join()
+    w1.session.receiver.control_to_send = lambda: []  # w1 never STOPs the server's broadcast to it
+    g = np.ones(n, np.float32)
+    t = threading.Thread(target=w1.allreduce, args=(g * 3,))
+    t.start()
+    assert np.allclose(w0.allreduce(g), 2.0)
+    t.join()
+    first = w0.peer.sender
+    out: dict = {}
+    t = threading.Thread(target=lambda: out.setdefault("mean", w0.allreduce(g)))
+    t.start()
+    deadline = time.monotonic() + 20  # until the server holds all of worker 0's round 1 (it STOPped it)
+    while not (w0.peer.sender is not first and w0.peer.sender.done):
+        assert time.monotonic() < deadline, "worker 0's round 1 upstream did not finish"
+        time.sleep(0.01)
+    t0 = time.monotonic()
+    w1.peer.tcp.close()  # dies without BYE, the broadcast's probes unread
+    w1.peer.udp.close()
+    t.join(timeout=25)
+    assert "error" not in result
+    assert np.allclose(out["mean"], 1.0)  # served alone, at once
+    assert time.monotonic() - t0 < 10
+    w0.close()
+    th.join(timeout=10)
+    assert result.get("rounds") == 2
+
+
 def test_dead_server_gives_workers_a_clear_error_in_bounded_time():
     n = 20_000
     srv, th, result = _thread_server(workers=1, policy=ReliablePolicy())
