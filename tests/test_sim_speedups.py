@@ -462,6 +462,44 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
 
 
 
+def test_a_ports_kept_past_survives_its_buffer() -> None:
+    """FluidQueue keeps its profile in one buffer, rewritten from each change's instant on, its past
+    trimmed, compacted and grown in place: through thousands of changes the past it keeps is always
+    a suffix of the profile before the change, up to the change's instant, and the profile it
+    rebuilds starts at that instant (or, on a calm port, nothing changes)."""
+    import numpy as np
+
+    from dblp.sim.net import FluidQueue, Port
+
+    rng = np.random.default_rng(7)
+    q = FluidQueue(Port("srv", 10e9, 80 * 1514), 1514)
+    owners = [_Pass() for _ in range(40)]
+    trims = grows = compactions = 0
+    for step in range(4000):
+        t = step * 2e-5
+        o = owners[int(rng.integers(len(owners)))]
+        o.fresh_t = t  # its verdicts are final up to now: the past before the oldest such time may go
+        old = (q._bt.copy(), q._ba.copy(), q._bq.copy())
+        buf, lo0 = q._buf, q._lo
+        start = t + float(rng.uniform(0, 2e-3))
+        span = (start, start + float(rng.uniform(1e-4, 3e-3)), float(rng.uniform(2.5e5, 6e5)))
+        q.set(o, t, None if rng.random() < 0.2 else span)
+        new = (q._bt, q._ba, q._bq)
+        k = int(old[0].searchsorted(t, side="left"))
+        kk = int(new[0].searchsorted(t, side="left"))
+        if kk < new[0].size and new[0][kk] == t:  # rebuilt from t: the past kept, then the new profile
+            assert kk <= k
+            for a, b in zip(old, new):
+                assert np.array_equal(b[:kk], a[k - kk : k])
+            trims += kk < k
+        else:  # calm before and after: the profile is what it was
+            for a, b in zip(old, new):
+                assert np.array_equal(a, b)
+        grows += q._buf is not buf
+        compactions += q._buf is buf and q._lo < lo0
+    assert trims and grows and compactions, (trims, grows, compactions)
+
+
 @pytest.mark.parametrize("name", ["incast", "early_stops", "leafspine"])
 def test_round_level_records_are_the_same_without_the_c_helper(monkeypatch, name: str) -> None:
     """The C loops of a congested or lossy port (fluid_profile, fluid_outcome, fluid_arrivals) change
