@@ -144,6 +144,7 @@ class FluidQueue:
         # grow with its history: ~19,000 breakpoints per change at 128 workers).
         self._buf = np.zeros((3, 64))
         self._lo = 0
+        self._trim_next = 0  # the kept past's length at which to look for a horizon again
         self._set_views(1)
         self.congested = False  # a queue or an excess ahead of t_ref
         self.calm_from = 0.0  # no queue and no excess at any time from here on (inf while congested)
@@ -205,11 +206,14 @@ class FluidQueue:
         """Drop the past no reader can still ask about, make room for ``need`` breakpoints from
         ``t0`` on, and return the buffer column where they go (the kept past ends there)."""
         k = int(self._bt.searchsorted(t0, side="left"))  # the past, kept for lazy readers
-        if k > 256 + 4 * len(self.entries):  # drop the past no reader can still ask about
+        if k > max(256 + 4 * len(self.entries), self._trim_next):  # drop the past no reader can still ask about
             horizon = min([o.fresh_t for o in self.entries] + [t0])
             j = max(0, int(self._bt[:k].searchsorted(horizon, side="right")) - 1)
             self._lo += j
             k -= j
+            # a reader that keeps the horizon back keeps it for many changes: look again only once
+            # the past has doubled (an O(passes) scan per change made that cost grow with them)
+            self._trim_next = 2 * k
         buf, lo = self._buf, self._lo
         if lo + k + need > buf.shape[1]:  # compact, or grow (amortised: a copy per doubling)
             if k + need <= buf.shape[1] // 2:
