@@ -175,15 +175,22 @@ def test_dead_worker_gives_the_server_a_clear_error(tmp_path):
             p.kill()
 
 
-def test_continue_policy_keeps_serving_remaining_workers():
-    n = 20_000
-    srv, th, result = _thread_server(workers=2, policy=FixedPolicy(0.0), on_worker_loss="continue", peer_timeout=5)
+def _two_workers_continuing(n: int, peer_timeout: float) -> tuple[ParameterServer, threading.Thread, dict, Worker, Worker]:
+    """A lossless server that goes on without a lost worker, and its two workers, connected."""
+    srv, th, result = _thread_server(workers=2, policy=FixedPolicy(0.0), on_worker_loss="continue",
+                                     peer_timeout=peer_timeout)
     w0 = Worker("127.0.0.1", srv.port, elements=n, worker_id=0)
     w1 = Worker("127.0.0.1", srv.port, elements=n, worker_id=1)
     t = threading.Thread(target=w1.connect)
     t.start()
     w0.connect()
     t.join()
+    return srv, th, result, w0, w1
+
+
+def test_continue_policy_keeps_serving_remaining_workers():
+    n = 20_000
+    srv, th, result, w0, w1 = _two_workers_continuing(n, peer_timeout=5)
     g = np.ones(n, np.float32)
     t = threading.Thread(target=w1.allreduce, args=(g * 3,))
     t.start()
@@ -202,13 +209,7 @@ def test_worker_lost_as_a_round_ends_does_not_stall_the_next_round():
     already in: its loss ends round 0, and the server must go straight to round 1's reduce (it once
     waited for an upstream that was complete, until the peer timeout ended the run)."""
     n = 20_000
-    srv, th, result = _thread_server(workers=2, policy=FixedPolicy(0.0), on_worker_loss="continue", peer_timeout=30)
-    w0 = Worker("127.0.0.1", srv.port, elements=n, worker_id=0)
-    w1 = Worker("127.0.0.1", srv.port, elements=n, worker_id=1)
-    t = threading.Thread(target=w1.connect)
-    t.start()
-    w0.connect()
-    t.join()
+    srv, th, result, w0, w1 = _two_workers_continuing(n, peer_timeout=30)
     w1.session.receiver.control_to_send = lambda: []  # w1 never STOPs the server's broadcast to it
     g = np.ones(n, np.float32)
     t = threading.Thread(target=w1.allreduce, args=(g * 3,))
