@@ -17,9 +17,15 @@ a host in the background. Teardown here works from the kernel's side instead:
 it kills every process living in one of the run's network namespaces (so the
 namespaces and their veth ends vanish), deletes the run's bridges and any
 switch-side veth left, and restores the sysctls it changed. It is idempotent
-and also runs from SIGINT/SIGTERM handlers. A state file under
+and also runs from SIGINT/SIGTERM handlers; a second signal while it runs
+waits until it is done (a Ctrl-C that ``sudo`` forwards to the process group
+as well must not cut it short), and its commands run in a session of their own
+(the group's signal does not kill them half-way). When it is done,
+:func:`teardown_summary` says what was removed and what was not. Each host
+namespace carries the run's label inside it (the loopback's ifalias,
+:func:`emulation.runstate.netns_label`), and a state file under
 ``/run/dblpem/`` lets ``python -m emulation.cleanup`` finish the job after
-``kill -9``.
+``kill -9`` without touching a namespace that is not the run's any more.
 """
 
 from __future__ import annotations
@@ -43,11 +49,33 @@ from dblp.wire import MAX_MTU, MIN_MTU
 from .bridge import IPBridge
 from .mnlink import ShapedLink
 from .shaping import Shape, apply_shape, qdisc_stats
-from .runstate import STATE_DIR, RunLock, read_states, tagged_env, write_state
-from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_in_netns, pids_with_env, run,
-                      sysctl_get, sysctl_set)
+from .runstate import STATE_DIR, RunLock, netns_label, read_states, tagged_env, write_state
+from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_by_netns, pids_in_netns, pids_with_env,
+                      proc_start, run, sysctl_get, sysctl_set)
 
-__all__ = ["EmuNet", "ShapedLink", "STATE_DIR"]
+__all__ = ["EmuNet", "ShapedLink", "STATE_DIR", "teardown_summary"]
+
+#: What the last teardown in this process removed and left (:func:`teardown_summary`).
+_LAST_TEARDOWN: list[dict] = []
+#: Hosts labelled at once (one short ``ip`` each, in parallel on the cores there are).
+_LABEL_BATCH = 64
+
+
+def teardown_summary() -> str:
+    """One sentence on the last teardown in this process: what was removed, what was not.
+
+    For the scenarios' "interrupted" line: it is printed after the network is
+    gone, where the ``EmuNet`` object is out of reach.
+    """
+    if not _LAST_TEARDOWN:
+        return "no emulated network was started"
+    r = _LAST_TEARDOWN[-1]
+    left = r["left"]
+    removed = ", ".join(r["removed"]) or "nothing was left to remove"
+    if not left:
+        return f"the emulated network was torn down ({removed})"
+    return (f"the emulated network was NOT fully torn down: left {'; '.join(left)} "
+            f"(removed: {removed}); run `sudo python -m emulation.cleanup`")
 
 # BRIDGE_NF_SYSCTLS (emulation.sysutil) are turned off during a run: with them on, frames crossing
 # our bridges would also traverse the root namespace's iptables/nftables, whose rules are not ours.
@@ -90,6 +118,7 @@ class EmuNet:
         self._old_handlers: dict[int, Any] = {}
         self._stopped = False
         self._in_teardown = False
+        self.teardown_report: dict | None = None  # what stop() removed and left
         self._pending_signal: int | None = None
         self._started = False
         self._lock = threading.RLock()
@@ -126,6 +155,7 @@ class EmuNet:
                 self._write_state()  # before build: a kill during build still gets undone
                 with tagged_env(self.run_id):  # node shells carry the run id: cleanup tells them apart
                     self.net.build()
+                self._label_hosts()
                 self._netns = {i for h in self.net.hosts if (i := netns_inode(h.pid))}
                 self._write_state()
             self.net.start()
@@ -153,22 +183,65 @@ class EmuNet:
 
         A SIGINT/SIGTERM arriving during teardown is held back until teardown
         is complete, then delivered to the handler that was there before us.
+        "In teardown" is marked before anything else (a signal between "stopped"
+        and "in teardown" once let the second Ctrl-C of a pair interrupt the
+        first one's teardown: bridge, state file and sysctls were left).
         """
         with self._lock:
-            if self._stopped:
+            if self._stopped or self._in_teardown:
                 return
-            self._stopped = True
-        self._in_teardown = True
+            self._in_teardown = True
+        report: dict = {"removed": [], "left": ["everything (teardown did not finish)"]}
         try:
-            self._teardown()
+            report = self._teardown()
         finally:
-            self._in_teardown = False
+            self._stopped = True
+            _LAST_TEARDOWN[:] = [report]
+            self.teardown_report = report
             self._restore_signal_handlers()
+            self._in_teardown = False
             pending, self._pending_signal = self._pending_signal, None
             if pending is not None and threading.current_thread() is threading.main_thread():
                 os.kill(os.getpid(), pending)
 
-    def _teardown(self) -> None:
+    def _teardown(self) -> dict:
+        """Each step goes on whatever the one before did; returns what was removed and what was left."""
+        removed: list[str] = []
+        left: list[str] = []
+
+        def step(what: str, fn) -> None:
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001 - teardown must go on
+                left.append(f"{what} ({type(exc).__name__}: {exc})")
+
+        step("the run's processes", self._end_processes)
+        net = self.net
+        created = [sw.name for sw in (net.switches if net else []) if getattr(sw, "created", False)]
+        ports = [i.name for l in (net.links if net else []) for i in (l.intf1, l.intf2) if not i.node.inNamespace]
+        # never a same-named bridge we did not make; then any switch-side veth left
+        for name in created + ports:
+            if _link_exists(name):
+                step(f"interface {name}", lambda n=name: run(["ip", "link", "del", n], check=False, detach=True))
+        still_in = pids_by_netns(self._netns)
+        gone_ns = [i for i in self._netns if i not in still_in]
+        left_ns = len(self._netns) - len(gone_ns)
+        if gone_ns:
+            removed.append(f"{len(gone_ns)} host namespace{'s' * (len(gone_ns) != 1)}")
+        if left_ns:
+            left.append(f"{left_ns} host namespace{'s' * (left_ns != 1)} (processes still inside)")
+        for what, names in (("bridge", created), ("switch port", ports)):
+            gone = [n for n in names if not _link_exists(n)]
+            still = [n for n in names if _link_exists(n)]
+            if gone:
+                removed.append(f"{what}{'s' * (len(gone) != 1)} {', '.join(gone) if len(gone) <= 3 else len(gone)}")
+            if still:
+                left.append(f"{what}{'s' * (len(still) != 1)} {', '.join(still)}")
+        step("the sysctls and the state file", lambda: self._release(removed, left))
+        return {"removed": removed, "left": left}
+
+    def _end_processes(self) -> None:
+        """End what popen started, the node shells, and everything else inside the hosts' namespaces."""
         for p in self._procs:
             if p.poll() is None:
                 try:
@@ -193,22 +266,26 @@ class EmuNet:
                 pass
         # everything still inside our hosts' namespaces: servers, forgotten '&' jobs
         kill_pids(pids_in_netns(self._netns) + pids_with_env(RUN_ENV, self.run_id), grace_s=0.5)
-        if net is not None:
-            for sw in net.switches:
-                if getattr(sw, "created", False):  # never a same-named bridge we did not make
-                    run(["ip", "link", "del", sw.name], check=False)
-            for link in net.links:
-                for intf in (link.intf1, link.intf2):
-                    if not intf.node.inNamespace and _link_exists(intf.name):
-                        run(["ip", "link", "del", intf.name], check=False)
+
+    def _release(self, removed: list[str], left: list[str]) -> None:
+        """Under the registry's lock: restore sysctls if no other run lives, delete the state file."""
         with RunLock():
             # the last run standing restores; a live run holds the same originals
-            if not read_states(exclude_run=self.run_id).live:
+            others = read_states(exclude_run=self.run_id).live
+            if not others:
                 self._restore_sysctls()
-            try:
-                self.state_file.unlink()
-            except FileNotFoundError:
-                pass
+                changed = [k for k, v in self._saved_sysctls.items() if sysctl_get(k) != v]
+                if changed:
+                    left.append(f"sysctls {', '.join(changed)} not restored")
+                elif self._saved_sysctls:
+                    removed.append("sysctls restored")
+            elif self._saved_sysctls:
+                removed.append(f"sysctls kept for {len(others)} other live run{'s' * (len(others) != 1)}")
+            self.state_file.unlink(missing_ok=True)
+            if self.state_file.exists():
+                left.append(f"state file {self.state_file}")
+            else:
+                removed.append("state file")
 
     # ---------------------------------------------------------------- signals
     def _install_signal_handlers(self) -> None:
@@ -225,8 +302,15 @@ class EmuNet:
         self._old_handlers.clear()
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        """Tear down, restore the previous handler, then let the signal do what it did before."""
-        if self._in_teardown:  # a second Ctrl-C must not cut teardown short
+        """Tear down, restore the previous handler, then let the signal do what it did before.
+
+        Where the signal was ignored before us (a run started in the background
+        with ``&`` inherits SIGINT ignored), the network is gone all the same, so
+        the run cannot go on: KeyboardInterrupt, which the scenarios turn into one
+        line and exit status 130, instead of the next step failing on a network
+        that is not there any more.
+        """
+        if self._in_teardown or self._stopped:  # a second Ctrl-C must not cut teardown short
             self._pending_signal = signum
             return
         old = self._old_handlers.get(signum, signal.SIG_DFL)
@@ -235,6 +319,8 @@ class EmuNet:
             old(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
         elif old == signal.SIG_DFL:
             os.kill(os.getpid(), signum)  # die by the signal, as without us
+        else:
+            raise KeyboardInterrupt(f"signal {signum}")
 
     # ---------------------------------------------------------------- state
     def _save_sysctls(self, live: dict[str, dict]) -> None:
@@ -258,6 +344,7 @@ class EmuNet:
         write_state(self.state_file, {
             "run_id": self.run_id,
             "pid": os.getpid(),
+            "pid_start": proc_start(os.getpid()),  # the pid alone may name another process later
             "netns_inodes": sorted(self._netns),
             "bridges": sorted(self.switch_names.values()),
             # the switch ports Mininet will create (known before build, so a kill during
@@ -267,6 +354,25 @@ class EmuNet:
                 if not i.node.inNamespace}),
             "sysctls": self._saved_sysctls,
         })
+
+    def _label_hosts(self) -> None:
+        """Put the run's label inside each host namespace (the loopback's ifalias).
+
+        Why: the state file records each namespace's inode, and the kernel gives
+        a freed inode to the next namespace within seconds; cleanup after ``kill -9``
+        touches a recorded namespace only if it still carries this label.
+        One short ``ip`` per host, ``_LABEL_BATCH`` at a time.
+        """
+        label = netns_label(self.run_id)
+        hosts = list(self.net.hosts)
+        for i in range(0, len(hosts), _LABEL_BATCH):
+            procs = [subprocess.Popen(["mnexec", "-a", str(h.pid), "ip", "link", "set", "dev", "lo", "alias", label],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                     for h in hosts[i:i + _LABEL_BATCH]]
+            for h, p in zip(hosts[i:i + _LABEL_BATCH], procs):
+                _, err = p.communicate(timeout=30)
+                if p.returncode:
+                    raise RuntimeError(f"could not label host {h.name}'s namespace: {err.decode().strip()}")
 
     # ---------------------------------------------------------------- shaping
     def _set_mtu(self) -> None:

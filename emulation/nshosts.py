@@ -26,7 +26,10 @@ removes its veth ends, the bridge and any nft table or qdisc inside.
 
 Leftovers of a run killed with SIGKILL: ``python -m emulation.nshosts
 --cleanup`` removes ``dblpns-`` namespaces whose creating process is gone
-(``--cleanup --all``: every ``dblpns-`` namespace). Listing them:
+(``--cleanup --all``: every ``dblpns-`` namespace). The creator is its pid
+*and* start time: each namespace carries ``dblpns pid=<pid> start=<ticks>`` as
+its loopback's ifalias, so a namespace whose creator's pid was handed to
+another process is still known to be stale. Listing them:
 ``ip netns list | grep dblpns-``. A new :class:`NsNet` also removes stale
 ones on start.
 """
@@ -53,7 +56,7 @@ from traces.units import HelpFormatter
 
 from . import nft
 from .shaping import Shape, shape_commands, unshape_commands
-from .sysutil import BRIDGE_NF_SYSCTLS
+from .sysutil import BRIDGE_NF_SYSCTLS, kill_pids, proc_start
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -96,24 +99,44 @@ def _owner_pid(ns: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def _label() -> str:
+    """The label each namespace of this process carries (its loopback's ifalias): creator pid and start."""
+    return f"{PREFIX.rstrip('-')} pid={os.getpid()} start={proc_start(os.getpid())}"
+
+
+def _owner_start(ns: str) -> int | None:
+    """The creator's start time from the label inside ``ns`` (None: no label, e.g. made by an older version)."""
+    out = _ip(["-n", ns, "-o", "link", "show", "dev", "lo"], check=False).stdout
+    m = re.search(r"alias " + re.escape(PREFIX.rstrip("-")) + r" pid=\d+ start=(\d+)", out)
+    return int(m.group(1)) if m else None
+
+
+def _creator_alive(ns: str) -> bool:
+    """Whether the process that made ``ns`` still runs: its pid (from the name) with its start time
+    (from the label), so a reused pid does not keep a dead creator's namespace "alive"."""
+    pid = _owner_pid(ns)
+    if pid is None or not _pid_alive(pid):
+        return False
+    start = _owner_start(ns)
+    return start is None or proc_start(pid) == start
+
+
 def _kill_ns_processes(ns: str, grace: float = 1.0) -> None:
-    """End every process inside namespace ``ns`` (ours by construction: only we enter dblpns-)."""
+    """End every process inside namespace ``ns`` (ours by construction: only we enter dblpns-).
+
+    Each process is bound to its start time when found (:func:`emulation.sysutil.kill_pids`),
+    so one that exits and whose pid is reused in the grace period is never killed.
+    """
     def pids() -> list[int]:
         out = _ip(["netns", "pids", ns], check=False).stdout
         return [int(x) for x in out.split() if x.isdigit() and int(x) != os.getpid()]
 
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 2.0)):
+    for _ in range(3):  # a process may start another while we end it
         left = pids()
         if not left:
             return
-        for pid in left:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and pids():
-            time.sleep(0.05)
+        kill_pids(left, grace_s=grace)
+        time.sleep(0.02)
 
 
 def delete_namespace(ns: str) -> None:
@@ -159,8 +182,7 @@ def cleanup_stale(all_: bool = False) -> list[str]:
     """
     gone = []
     for ns in sorted(list_namespaces(), key=lambda n: n.endswith("-sw")):
-        pid = _owner_pid(ns)
-        if all_ or pid is None or not _pid_alive(pid):
+        if all_ or not _creator_alive(ns):
             delete_namespace(ns)
             gone.append(ns)
     return gone
@@ -324,6 +346,7 @@ class NsNet:
     def _add_ns(self, ns: str) -> None:
         _ip(["netns", "add", ns])
         self._made.append(ns)
+        _ip(["-n", ns, "link", "set", "dev", "lo", "alias", _label()])
 
     def close(self) -> None:
         """End our processes, delete our namespaces. Idempotent; never raises."""
@@ -482,8 +505,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         return 2
     if args.list:
         for ns in list_namespaces():
-            pid = _owner_pid(ns)
-            print(f"{ns}\t{'alive' if pid and _pid_alive(pid) else 'stale'}")
+            print(f"{ns}\t{'alive' if _creator_alive(ns) else 'stale'}")
     if args.cleanup:
         gone = cleanup_stale(all_=args.all)
         print(f"nshosts: deleted {len(gone)} namespace(s)" + (f": {' '.join(gone)}" if gone else ""))

@@ -19,6 +19,17 @@ session beside it. Processes (Mininet shells included) carry ``DBLPEM_RUN=<run>`
 in their environment (:func:`tagged_env`); bridges carry the ifalias
 ``dblpem pid=<creator>`` (:func:`bridge_alias`); root-namespace veths are listed
 in the run's state file before they exist.
+
+Ownership is proven, never assumed from an id the kernel recycles:
+
+- a run's process is its pid *and* start time (``pid_start``, clock ticks from
+  ``/proc/<pid>/stat``): a run whose pid now names another process is dead;
+- a host namespace is its inode *and* a label inside it (the loopback's ifalias
+  ``dblpem run=<run>``, :func:`netns_label`): the kernel hands a freed namespace
+  inode to the next namespace within seconds, and the inode alone once made
+  cleanup kill another live run's processes;
+- a bridge carries ``dblpem pid=<creator> start=<ticks>``: stale only when that
+  very process is gone, not when its pid was merely reused.
 """
 
 from __future__ import annotations
@@ -27,13 +38,14 @@ import fcntl
 import json
 import os
 import re
+import subprocess
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
-from .sysutil import BRIDGE_ALIAS, RUN_ENV
+from .sysutil import BRIDGE_ALIAS, RUN_ENV, proc_start
 
 STATE_DIR = Path("/run/dblpem")
 LOCK_FILE = STATE_DIR / ".lock"
@@ -68,13 +80,16 @@ class RunLock:
         RunLock._rlock.release()
 
 
-def pid_alive(pid: int) -> bool:
-    """Running (not gone, not a zombie that nobody reaped)."""
+def pid_alive(pid: int, start: int | None = None) -> bool:
+    """Running (not gone, not a zombie that nobody reaped); with ``start``, still the process
+    that started at that tick (not a later one the kernel gave the same pid)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        rest = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1]
     except (OSError, IndexError):
         return False
-    return state not in "ZX"
+    if rest[0] in "ZX":
+        return False
+    return start is None or proc_start(pid) == start
 
 
 def ppid(pid: int) -> int | None:
@@ -161,41 +176,115 @@ def tagged_env(run_id: str) -> Iterator[None]:
 
 
 def bridge_alias(pid: int | None = None) -> str:
-    """The ifalias a testbed bridge carries: marks it as ours and names the process that made it."""
-    return f"{BRIDGE_ALIAS} pid={pid if pid is not None else os.getpid()}"
+    """The ifalias a testbed bridge carries: marks it as ours and names the process that made it
+    (pid and start time, so a reused pid does not keep a dead creator's bridge "alive")."""
+    pid = pid if pid is not None else os.getpid()
+    start = proc_start(pid)
+    return f"{BRIDGE_ALIAS} pid={pid}" + (f" start={start}" if start is not None else "")
 
 
 def alias_owner(alias: str | None) -> int | None:
     """Creator pid from a bridge's ifalias; 0 for our older bare alias; None: not a testbed bridge."""
+    owner = _alias_fields(alias)
+    return None if owner is None else owner[0]
+
+
+def _alias_fields(alias: str | None) -> tuple[int, int | None] | None:
+    """(creator pid, its start time or None) from a testbed bridge's ifalias; None: not ours."""
     if not alias:
         return None
     if alias == BRIDGE_ALIAS:
-        return 0
-    m = re.fullmatch(re.escape(BRIDGE_ALIAS) + r" pid=(\d+)", alias)
-    return int(m.group(1)) if m else None
+        return 0, None
+    m = re.fullmatch(re.escape(BRIDGE_ALIAS) + r" pid=(\d+)(?: start=(\d+))?", alias)
+    return (int(m.group(1)), int(m.group(2)) if m.group(2) else None) if m else None
 
 
 def stale_bridge(alias: str | None) -> bool:
     """A testbed bridge whose creator is gone (safe to delete); False for anybody else's."""
-    owner = alias_owner(alias)
-    return owner is not None and (owner == 0 or not pid_alive(owner))
+    owner = _alias_fields(alias)
+    return owner is not None and (owner[0] == 0 or not pid_alive(*owner))
 
 
-def read_states(exclude_run: str | None = None) -> RunStates:
-    """Read every state file; a run is live when its recorded process still runs."""
+def netns_label(run_id: str) -> str:
+    """The label a run puts inside each host namespace it makes (the loopback's ifalias)."""
+    return f"{BRIDGE_ALIAS} run={run_id}"
+
+
+def netns_label_of(pid: int, inode: int) -> str | None:
+    """The label inside the network namespace ``inode``, entered through process ``pid``.
+
+    None when ``pid`` is gone or no longer in that namespace, or the namespace
+    carries no label. The namespace is opened first and its inode checked on the
+    open descriptor, and ``ip`` enters through that descriptor, so a pid that
+    exits and is reused meanwhile cannot make us read another namespace's label.
+    """
+    try:
+        fd = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        if os.fstat(fd).st_ino != inode:
+            return None
+        proc = subprocess.run(["nsenter", f"--net=/proc/self/fd/{fd}", "ip", "-j", "-d", "link", "show",
+                               "dev", "lo"], pass_fds=(fd,), capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return (json.loads(proc.stdout) or [{}])[0].get("ifalias") or None
+    except (json.JSONDecodeError, AttributeError, IndexError):
+        return None
+
+
+def owned_netns(run_id: str, inodes: Iterable[int], pids_by_inode: dict[int, list[int]]) -> tuple[set[int], set[int]]:
+    """Split the namespace ``inodes`` a run recorded into (still the run's, not the run's any more).
+
+    A namespace is the run's only when it still exists under that inode *and*
+    carries the run's label; one whose inode the kernel gave to somebody else
+    (no label, or another run's) is not touched, whatever it runs.
+    """
+    want = netns_label(run_id)
+    mine: set[int] = set()
+    other: set[int] = set()
+    for ino in inodes:
+        pids = pids_by_inode.get(ino, [])
+        if not pids:
+            continue  # gone: nothing to do
+        label = next((lab for p in pids[:3] if (lab := netns_label_of(p, ino)) is not None), None)
+        (mine if label == want else other).add(ino)
+    return mine, other
+
+
+def state_dir(path: Path | None = None) -> Path:
+    """The run registry's directory (``STATE_DIR`` unless a test gives its own)."""
+    return STATE_DIR if path is None else Path(path)
+
+
+def run_alive(state: dict) -> bool:
+    """Whether a state file's run still runs: its process, with the recorded start time if any."""
+    pid = int(state.get("pid", 0) or 0)
+    start = state.get("pid_start")
+    return bool(pid) and pid_alive(pid, int(start) if start is not None else None)
+
+
+def read_states(exclude_run: str | None = None, directory: Path | None = None) -> RunStates:
+    """Read every state file; a run is live when its recorded process (pid and start time) still runs."""
     rs = RunStates()
-    if not STATE_DIR.is_dir():
+    d = state_dir(directory)
+    if not d.is_dir():
         return rs
-    for f in sorted(STATE_DIR.glob("*.json")):
+    for f in sorted(d.glob("*.json")):
         try:
             st = json.loads(f.read_text())
         except (OSError, json.JSONDecodeError):
             st = {}
+        if not isinstance(st, dict):
+            st = {}
         run_id = st.get("run_id", f.stem)
         if run_id == exclude_run:
             continue
-        pid = int(st.get("pid", 0) or 0)
-        if pid and pid_alive(pid):
+        if run_alive(st):
             rs.live[run_id] = st
         else:
             rs.dead.append((f, st))
@@ -204,7 +293,7 @@ def read_states(exclude_run: str | None = None) -> RunStates:
 
 def write_state(path: Path, state: dict) -> None:
     """Atomically replace a run's state file."""
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(path)

@@ -41,16 +41,20 @@ def run(
     input: str | None = None,
     check: bool = True,
     timeout: float = 30.0,
+    detach: bool = False,
 ) -> str:
     """Run ``args`` (in the network namespace of ``pid`` when given); return stdout.
 
     ``check=False`` returns stdout even on failure (for best-effort teardown).
+    ``detach``: in a session of its own, so a Ctrl-C sent to our process group
+    (a terminal's, or ``sudo`` forwarding one) does not kill the command half-way;
+    teardown's commands use it.
     """
     cmd = list(args)
     if pid is not None:
         cmd = ["mnexec", "-a", str(pid)] + cmd
     proc = subprocess.run(
-        cmd, input=input, capture_output=True, text=True, timeout=timeout
+        cmd, input=input, capture_output=True, text=True, timeout=timeout, start_new_session=detach
     )
     if check and proc.returncode != 0:
         raise CommandError(
@@ -96,6 +100,21 @@ def pids_in_netns(inodes: Iterable[int]) -> list[int]:
     return found
 
 
+def pids_by_netns(inodes: Iterable[int] | None = None) -> dict[int, list[int]]:
+    """Processes grouped by the inode of their network namespace (only ``inodes`` when given;
+    the root namespace never), in one pass over ``/proc``."""
+    wanted = None if inodes is None else set(inodes)
+    root = root_netns_inode()
+    out: dict[int, list[int]] = {}
+    me = os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            ino = netns_inode(entry)
+            if ino is not None and ino != root and (wanted is None or ino in wanted):
+                out.setdefault(ino, []).append(int(entry))
+    return out
+
+
 def pids_with_env(var: str, value: str | None = None) -> list[int]:
     """Processes whose environment has ``var`` (equal to ``value`` if given)."""
     needle = f"{var}=".encode() + (value.encode() if value is not None else b"")
@@ -129,33 +148,71 @@ def pids_with_cmdline_prefix(prefix: str) -> list[int]:
     return found
 
 
-def kill_pids(pids: Iterable[int], grace_s: float = 1.0) -> int:
-    """SIGTERM, wait up to ``grace_s``, then SIGKILL. Returns how many were signalled."""
-    pids = [p for p in set(pids) if p != os.getpid()]
-    for p in pids:
-        try:
-            os.kill(p, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.monotonic() + grace_s
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.02)
-        alive = [p for p in alive if _alive(p)]
-    for p in alive:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    return len(pids)
+def proc_start(pid: int | str) -> int | None:
+    """A process's start time (clock ticks since boot, field 22 of ``/proc/<pid>/stat``); None if gone.
 
-
-def _alive(pid: int) -> bool:
+    Why: a pid alone does not name a process. The kernel hands a freed pid to the
+    next process that asks, so "kill pid 4242 of the dead run" can hit a stranger.
+    A pid together with its start time names one process for the machine's uptime.
+    """
     try:
         with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ", 1)[1][0] != "Z"
+            return int(fh.read().rsplit(") ", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def kill_pids(pids: Iterable[int], grace_s: float = 1.0, starts: dict[int, int] | None = None) -> int:
+    """SIGTERM, wait up to ``grace_s``, then SIGKILL. Returns how many were signalled.
+
+    Each pid is bound to its start time (from ``starts``, e.g. recorded when the
+    pid was found, else read on entry), and a process is signalled only while its
+    start time is unchanged: a pid that exits during the grace period and is
+    handed to another process is never sent the SIGKILL.
+    """
+    me = os.getpid()
+    bound: dict[int, int] = {}
+    for p in set(pids):
+        st = proc_start(p)
+        want = (starts or {}).get(p, st)
+        if p != me and st is not None and st == want:
+            bound[p] = st
+    for p, st in bound.items():
+        _signal_if(p, st, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    alive = list(bound)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.02)
+        alive = [p for p in alive if _alive(p, bound[p])]
+    for p in alive:
+        _signal_if(p, bound[p], signal.SIGKILL)
+    return len(bound)
+
+
+def _signal_if(pid: int, start: int, sig: int) -> None:
+    """Send ``sig`` to ``pid`` if it is still the process that started at ``start``.
+
+    (A pid freed and reused between this check and the kill is a window of
+    microseconds, against the seconds of a grace period without the check.)
+    """
+    if proc_start(pid) != start:
+        return
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int, start: int | None = None) -> bool:
+    """Running and not a zombie; with ``start``, also still the same process."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            rest = fh.read().rsplit(") ", 1)[1]
     except (OSError, IndexError):
         return False
+    if rest[0] in "ZX":
+        return False
+    return start is None or int(rest.split()[19]) == start
 
 
 def links(pid: int | None = None) -> list[dict]:
