@@ -57,6 +57,9 @@ __all__ = ["EmuNet", "ShapedLink", "STATE_DIR", "teardown_summary"]
 
 #: What the last teardown in this process removed and left (:func:`teardown_summary`).
 _LAST_TEARDOWN: list[dict] = []
+#: Seconds after a teardown run by a signal handler within which the same signal again is a copy
+#: of the one handled (a terminal's Ctrl-C reaches the whole group, ``sudo`` forwards another).
+_DUPLICATE_S = 2.0
 #: Hosts labelled at once (one short ``ip`` each, in parallel on the cores there are).
 _LABEL_BATCH = 64
 
@@ -119,6 +122,7 @@ class EmuNet:
         self._stopped = False
         self._in_teardown = False
         self.teardown_report: dict | None = None  # what stop() removed and left
+        self._teardown_end = 0.0  # time.monotonic() when teardown finished
         self._pending_signal: int | None = None
         self._started = False
         self._lock = threading.RLock()
@@ -133,6 +137,7 @@ class EmuNet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        self._restore_signal_handlers()  # after a teardown run by a signal handler (see _on_signal)
 
     def start(self) -> "EmuNet":
         """Build, start and shape the network; on any failure, tear down and re-raise."""
@@ -178,7 +183,7 @@ class EmuNet:
             raise
         return self
 
-    def stop(self) -> None:
+    def stop(self, _from_signal: bool = False) -> None:
         """Tear everything down. Idempotent; safe after a partial start.
 
         A SIGINT/SIGTERM arriving during teardown is held back until teardown
@@ -198,10 +203,13 @@ class EmuNet:
             self._stopped = True
             _LAST_TEARDOWN[:] = [report]
             self.teardown_report = report
-            self._restore_signal_handlers()
+            self._teardown_end = time.monotonic()
+            if not _from_signal:  # from the handler: it keeps ours a moment for the copies (_on_signal)
+                self._restore_signal_handlers()
             self._in_teardown = False
             pending, self._pending_signal = self._pending_signal, None
-            if pending is not None and threading.current_thread() is threading.main_thread():
+            if (pending is not None and not _from_signal
+                    and threading.current_thread() is threading.main_thread()):
                 os.kill(os.getpid(), pending)
 
     def _teardown(self) -> dict:
@@ -310,15 +318,24 @@ class EmuNet:
         line and exit status 130, instead of the next step failing on a network
         that is not there any more.
         """
-        if self._in_teardown or self._stopped:  # a second Ctrl-C must not cut teardown short
+        if self._in_teardown:  # a second Ctrl-C must not cut teardown short
             self._pending_signal = signum
             return
         old = self._old_handlers.get(signum, signal.SIG_DFL)
-        self.stop()  # also restores the previous handlers
-        if callable(old):
-            old(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
-        elif old == signal.SIG_DFL:
+        if self._stopped:
+            # CPython runs no handler while another runs: the copy that came during a teardown
+            # run by this handler is handled right after it; it is the same Ctrl-C, dropped
+            if time.monotonic() - self._teardown_end < _DUPLICATE_S:
+                return
+            self._restore_signal_handlers()
+            _forward(old, signum, frame)
+            return
+        self.stop(_from_signal=True)
+        if old == signal.SIG_DFL:
+            self._restore_signal_handlers()
             os.kill(os.getpid(), signum)  # die by the signal, as without us
+        elif callable(old):
+            old(signum, frame)  # e.g. default_int_handler raises KeyboardInterrupt
         else:
             raise KeyboardInterrupt(f"signal {signum}")
 
@@ -494,6 +511,14 @@ class EmuNet:
                 if iname != "lo":
                     stats[iname] = s
         return stats
+
+
+def _forward(old: Any, signum: int, frame: Any) -> None:
+    """Do what ``old`` (a handler as ``signal.signal`` returns it) does with ``signum``."""
+    if callable(old):
+        old(signum, frame)
+    elif old == signal.SIG_DFL:
+        os.kill(os.getpid(), signum)
 
 
 def _ns_pid(node: Node) -> int | None:
