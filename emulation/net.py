@@ -49,36 +49,18 @@ from dblp.wire import MAX_MTU, MIN_MTU
 from .bridge import IPBridge
 from .mnlink import ShapedLink
 from .shaping import Shape, apply_shape, qdisc_stats
-from .runstate import STATE_DIR, RunLock, netns_label, read_states, tagged_env, write_state
+from .runstate import STATE_DIR, RunLock, netns_label, read_states, record_teardown, tagged_env, teardown_summary, write_state
 from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_by_netns, pids_in_netns, pids_with_env,
                       proc_start, run, sysctl_get, sysctl_set)
 
 __all__ = ["EmuNet", "ShapedLink", "STATE_DIR", "teardown_summary"]
 
-#: What the last teardown in this process removed and left (:func:`teardown_summary`).
-_LAST_TEARDOWN: list[dict] = []
 #: Seconds after a teardown run by a signal handler within which the same signal again is a copy
 #: of the one handled (a terminal's Ctrl-C reaches the whole group, ``sudo`` forwards another).
 _DUPLICATE_S = 2.0
 #: Hosts labelled at once (one short ``ip`` each, in parallel on the cores there are).
 _LABEL_BATCH = 64
 
-
-def teardown_summary() -> str:
-    """One sentence on the last teardown in this process: what was removed, what was not.
-
-    For the scenarios' "interrupted" line: it is printed after the network is
-    gone, where the ``EmuNet`` object is out of reach.
-    """
-    if not _LAST_TEARDOWN:
-        return "no emulated network was started"
-    r = _LAST_TEARDOWN[-1]
-    left = r["left"]
-    removed = ", ".join(r["removed"]) or "nothing was left to remove"
-    if not left:
-        return f"the emulated network was torn down ({removed})"
-    return (f"the emulated network was NOT fully torn down: left {'; '.join(left)} "
-            f"(removed: {removed}); run `sudo python -m emulation.cleanup`")
 
 # BRIDGE_NF_SYSCTLS (emulation.sysutil) are turned off during a run: with them on, frames crossing
 # our bridges would also traverse the root namespace's iptables/nftables, whose rules are not ours.
@@ -201,7 +183,7 @@ class EmuNet:
             report = self._teardown()
         finally:
             self._stopped = True
-            _LAST_TEARDOWN[:] = [report]
+            record_teardown(report)
             self.teardown_report = report
             self._teardown_end = time.monotonic()
             if not _from_signal:  # from the handler: it keeps ours a moment for the copies (_on_signal)

@@ -51,6 +51,32 @@ STATE_DIR = Path("/run/dblpem")
 LOCK_FILE = STATE_DIR / ".lock"
 
 
+#: What the last teardown in this process removed and left (:func:`teardown_summary`).
+_LAST_TEARDOWN: list[dict] = []
+
+
+def record_teardown(report: dict) -> None:
+    """Keep an ``EmuNet`` teardown's report (``removed``/``left``: phrases) for :func:`teardown_summary`."""
+    _LAST_TEARDOWN[:] = [report]
+
+
+def teardown_summary() -> str:
+    """One sentence on the last teardown in this process: what was removed, what was not.
+
+    For the scenarios' "interrupted" line: it is printed after the network is
+    gone, where the ``EmuNet`` object is out of reach (here, importing needs no Mininet).
+    """
+    if not _LAST_TEARDOWN:
+        return "no emulated network was started"
+    r = _LAST_TEARDOWN[-1]
+    left = r["left"]
+    removed = ", ".join(r["removed"]) or "nothing was left to remove"
+    if not left:
+        return f"the emulated network was torn down ({removed})"
+    return (f"the emulated network was NOT fully torn down: left {'; '.join(left)} "
+            f"(removed: {removed}); run `sudo python -m emulation.cleanup`")
+
+
 class RunLock:
     """Process-wide reentrant lock that is also an ``flock`` across processes.
 

@@ -207,6 +207,8 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        print("\ncrosscheck.py: interrupted; what the run made was removed (partial results stay in the run folder)",
+        from emulation.runstate import teardown_summary  # EmuNet's teardown has run: what it removed, what not
+
+        print(f"\ncrosscheck.py: interrupted; {teardown_summary()} (partial results stay in the run folder)",
               file=sys.stderr)
         sys.exit(130)

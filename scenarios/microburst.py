@@ -180,7 +180,8 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt:
-        # EmuNet has already removed every namespace, link, qdisc and nft table of the run.
-        print("\nmicroburst.py: interrupted; the emulated network was torn down "
-              "(partial results stay in the run folder)", file=sys.stderr)
+        from emulation.runstate import teardown_summary  # EmuNet's teardown has run: what it removed, what not
+
+        print(f"\nmicroburst.py: interrupted; {teardown_summary()} (partial results stay in the run folder)",
+              file=sys.stderr)
         sys.exit(130)

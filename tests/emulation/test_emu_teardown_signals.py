@@ -39,7 +39,8 @@ CHILD = r"""
 import signal, sys, time
 signal.signal(signal.SIGINT, signal.SIG_IGN if sys.argv[1] == "ignored" else signal.default_int_handler)
 from topologies.star import StarTopo
-from emulation.net import EmuNet, teardown_summary
+from emulation.net import EmuNet
+from emulation.runstate import teardown_summary
 try:
     with EmuNet(StarTopo(n=1, bw=50), name="sigtest") as net:
         p = net.popen("w1", ["sleep", "300"])
