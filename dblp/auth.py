@@ -35,6 +35,7 @@ import hashlib
 import hmac
 import os
 import secrets
+import string
 import stat
 from pathlib import Path
 
@@ -63,37 +64,76 @@ def new_secret() -> str:
 def parse_secret(text: str, where: str) -> bytes:
     """The secret's bytes from its hex text; ``where`` names its source in the error."""
     t = text.strip()
-    try:
-        raw = bytes.fromhex(t)
-    except ValueError:
+    bad = sorted({c for c in t if c not in string.hexdigits})
+    if bad:
         raise AuthError(f"{where}: the secret must be hex digits (e.g. from `python -m dblp secret`), "
-                        f"got {len(t)} characters that are not") from None
+                        f"got {sum(c in bad for c in t)} of {len(t)} characters that are not") from None
+    if len(t) % 2:
+        raise AuthError(f"{where}: the secret has an odd number of hex digits ({len(t)}); it is whole bytes, "
+                        f"two digits each (e.g. from `python -m dblp secret`)")
+    raw = bytes.fromhex(t)
     if len(raw) < 16:
         raise AuthError(f"{where}: the secret has {len(raw)} bytes; at least 16 are needed")
     return raw
 
 
 def read_secret_file(path: str | os.PathLike) -> bytes:
-    """The secret in ``path``; refused if missing, empty, not hex, or readable by others."""
+    """The secret in ``path``; refused if missing, empty, not hex, readable by others, or owned by
+    another user.
+
+    Why the owner: a root server would read a 0600 file of any user, and that
+    user can then read and rewrite the run's secret; the secret is only the
+    run's if the user running it owns the file.
+    """
     p = Path(path)
+    if p.is_symlink() and not p.exists():
+        raise AuthError(f"--secret-file {p}: a symbolic link to {os.readlink(p)!r}, which does not exist")
     try:
         st = p.stat()
-        text = p.read_text()
+        text = p.read_bytes().decode("ascii")
+    except UnicodeDecodeError:
+        raise AuthError(f"--secret-file {p}: not text; the secret is hex digits "
+                        f"(e.g. from `python -m dblp secret`)") from None
     except OSError as exc:
         raise AuthError(f"--secret-file {p}: {exc.strerror or exc}") from None
     if st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         raise AuthError(f"--secret-file {p}: readable by others (mode {stat.S_IMODE(st.st_mode):o}); "
                         f"chmod 600 it")
+    if st.st_uid != os.geteuid():
+        raise AuthError(f"--secret-file {p}: owned by {_user(st.st_uid)}, not by {_user(os.geteuid())} who runs "
+                        f"this; another user could read and change the run's secret: chown it, or give a file "
+                        f"of your own")
     return parse_secret(text, f"--secret-file {p}")
 
 
+def _user(uid: int) -> str:
+    """``name (uid N)``, or ``uid N`` where the user has no name here."""
+    try:
+        import pwd
+
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except (KeyError, ImportError):
+        return f"uid {uid}"
+
+
 def write_secret_file(path: str | os.PathLike, secret: str) -> Path:
-    """Write ``secret`` to ``path`` readable by its owner only (created 0600, never widened)."""
+    """Write ``secret`` to a new file ``path`` readable by its owner only (created 0600).
+
+    Never through a symbolic link and never over an existing file (``O_EXCL``):
+    a dangling link planted at ``path`` would otherwise have us create its
+    target, wherever it points, with the run's secret in it.
+    """
     p = Path(path)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        what = (f"a symbolic link to {os.readlink(p)!r}" if p.is_symlink() else "a file that appeared meanwhile")
+        raise AuthError(f"--secret-file {p}: {what}; a new secret is written only to a new file "
+                        f"(give the path of a file that does not exist, or of the secret itself)") from None
+    except OSError as exc:
+        raise AuthError(f"--secret-file {p}: cannot create it: {exc.strerror or exc}") from None
     with os.fdopen(fd, "w") as f:
         f.write(secret + "\n")
-    os.chmod(p, 0o600)
     return p
 
 

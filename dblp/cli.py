@@ -24,6 +24,7 @@ from .control import DEFAULT_PORT
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
 from .policy import make_policy
+from .records import RecordsError
 from .server import ParameterServer, ServerConfig, ServerError
 from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
 from .wire import ParameterError
@@ -45,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--host", type=listen_arg, default="127.0.0.1",
                    help="address, host name or interface name (e.g. eth0) to listen on; 0.0.0.0 = every interface")
     s.add_argument("--port", type=port_arg(allow_any=True), default=DEFAULT_PORT,
-                   help="TCP control port (UDP data uses the same number; 0 = any free port)")
+                   help="TCP control port (0 = any free port). UDP data does not use it: each worker's data "
+                        "runs between a UDP port the server opens for that worker (told in META) and the "
+                        "worker's own (told in HELLO), both picked by the kernel from net.ipv4.ip_local_port_range; "
+                        "a firewall must pass UDP on that range")
     s.add_argument("--workers", type=count_arg(1), default=3, help="number of workers to wait for")
     s.add_argument("--iterations", type=count_arg(1), default=None,
                    help="stop after this many iterations (rounds) (default: until the workers leave)")
@@ -211,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 srv = ParameterServer(cfg)
             except OSError as exc:  # a busy port, an address of no interface here, a name that does not resolve
-                if exc.filename is not None:  # --records
+                if exc.filename is not None or isinstance(exc, RecordsError):  # --records
                     raise
                 print(f"dblp server: error: cannot listen on --host {args.host} --port {args.port}: "
                       f"{exc.strerror or exc}", file=sys.stderr)

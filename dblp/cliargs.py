@@ -216,6 +216,9 @@ class ConfigArgumentParser(argparse.ArgumentParser):
                 values = tomllib.load(fh)
         except (OSError, tomllib.TOMLDecodeError) as exc:
             self.error(f"argument --config: cannot read {path!r}: {exc}")
+        except UnicodeDecodeError as exc:  # TOML is UTF-8 text; tomllib raises this one bare
+            self.error(f"argument --config: {path!r} is not UTF-8 text (byte 0x{exc.object[exc.start]:02x} "
+                       f"at offset {exc.start}); a TOML file is UTF-8")
         actions = {a.dest: a for a in self._actions if a.dest not in ("help", "config")}
         defaults: dict[str, Any] = {}
         for key, v in values.items():
@@ -272,7 +275,7 @@ def server_secret(args: argparse.Namespace, env: dict | None = None) -> tuple[by
     if args.insecure:
         return None, "unauthenticated (--insecure)"
     environ = os.environ if env is None else env
-    if args.secret_file and os.path.exists(args.secret_file):
+    if args.secret_file and os.path.lexists(args.secret_file):  # a dangling link too: refused there, by name
         return auth.read_secret_file(args.secret_file), f"secret from {args.secret_file}"
     if not args.secret_file and environ.get(auth.SECRET_ENV):
         return auth.parse_secret(environ[auth.SECRET_ENV], f"${auth.SECRET_ENV}"), f"secret from ${auth.SECRET_ENV}"

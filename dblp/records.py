@@ -127,6 +127,18 @@ _FLOAT_FIELDS = {f.name for f in fields(RoundRecord) if f.type in (float, "float
 COLUMNS = ["schema", "run"] + [f.name for f in fields(RoundRecord) if f.name != "run"] + ["up_frac", "down_frac"]
 
 
+class RecordsError(OSError):
+    """The records file cannot be written; the message names ``--records`` and the path.
+
+    An OSError, so callers that handle a file they cannot open keep doing so; its
+    own class, so that a path such as ``/proc/version`` (whose error carries no
+    file name) is not taken for a socket's error ("cannot listen on --host").
+    """
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
 class RecordWriter:
     """Appends records to a JSONL file, flushing each line so a killed run keeps its rows."""
 
@@ -134,8 +146,13 @@ class RecordWriter:
         self.path = Path(path) if path else None
         self._fh: IO[str] | None = None
         if self.path:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._fh = open(self.path, "a", encoding="utf-8")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._fh = open(self.path, "a", encoding="utf-8")
+            except OSError as exc:
+                where = f" ({exc.filename} is in the way)" if exc.filename and str(exc.filename) != str(self.path) else ""
+                raise RecordsError(exc.errno, f"--records {self.path}: cannot append records there: "
+                                              f"{exc.strerror or exc}{where}") from None
 
     def write(self, rec: RoundRecord) -> None:
         if self._fh:
