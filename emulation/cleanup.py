@@ -237,7 +237,12 @@ def _cleanup_locked(done: dict[str, list], say: Callable[[str], None], dry_run: 
         done["state_files"].append(str(f))
         if not dry_run:
             f.unlink(missing_ok=True)
-    if not states.live:  # a live run still needs its settings; it restores them itself
+    # a live run still needs its settings and restores them itself; with a private registry the
+    # machine's runs count too (a test's dead run must not restore under a live run's feet)
+    live = set(states.live) | (set(read_states().live) if registry is not None else set())
+    if restore and live:
+        say(f"keeping the sysctls the dead runs changed: {len(live)} run{'s' * (len(live) != 1)} still live")
+    if not live:
         for key, val in restore.items():
             if sysctl_get(key) != val:
                 say(f"restoring sysctl {key} = {val}")

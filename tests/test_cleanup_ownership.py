@@ -149,3 +149,19 @@ def test_nshosts_namespace_of_a_reused_creator_pid_is_stale():
     finally:
         nshosts.delete_namespace(ns)
     assert ns not in nshosts.list_namespaces()
+
+
+@NEEDS_ROOT
+def test_a_private_registry_never_restores_sysctls_under_a_live_run(tmp_path, monkeypatch):
+    """A test's dead run (private registry) restores the sysctls it recorded only when no run is live
+    in the machine's registry either (here a stand-in registry holding one live run: this process)."""
+    from emulation import runstate
+    from emulation.cleanup import cleanup
+
+    key = "dblp.test.not_a_real_sysctl"  # never written: dry runs, and no such key
+    machine, private = tmp_path / "machine", tmp_path / "private"
+    write_state(private / "dead.json", {"run_id": "dead", "pid": 0, "sysctls": {key: "1"}})
+    monkeypatch.setattr(runstate, "STATE_DIR", machine)
+    assert cleanup(dry_run=True, verbose=False, registry=private)["sysctls"] == [key]  # nothing live: restore
+    write_state(machine / "live.json", {"run_id": "live", "pid": os.getpid(), "pid_start": proc_start(os.getpid())})
+    assert cleanup(dry_run=True, verbose=False, registry=private)["sysctls"] == []
