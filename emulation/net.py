@@ -363,7 +363,7 @@ class EmuNet:
         One short ``ip`` per host, ``_LABEL_BATCH`` at a time.
         """
         label = netns_label(self.run_id)
-        hosts = list(self.net.hosts)
+        hosts = [h for h in self.net.hosts if h.inNamespace]  # never the root namespace's loopback
         for i in range(0, len(hosts), _LABEL_BATCH):
             procs = [subprocess.Popen(["mnexec", "-a", str(h.pid), "ip", "link", "set", "dev", "lo", "alias", label],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
