@@ -10,13 +10,11 @@ run's own leftovers and leaves every foreign thing running.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 
