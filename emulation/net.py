@@ -162,6 +162,7 @@ class EmuNet:
             self.start_time = time.time()
         except BaseException:
             self.stop()
+            self._restore_signal_handlers()  # no __exit__ follows a failed start (see _on_signal)
             raise
         return self
 
