@@ -225,7 +225,8 @@ class EmuNet:
             gone = [n for n in names if not _link_exists(n)]
             still = [n for n in names if _link_exists(n)]
             if gone:
-                removed.append(f"{what}{'s' * (len(gone) != 1)} {', '.join(gone) if len(gone) <= 3 else len(gone)}")
+                removed.append(f"{what}{'s' * (len(gone) != 1)} {', '.join(gone)}" if len(gone) <= 3
+                               else f"{len(gone)} {what}s")
             if still:
                 left.append(f"{what}{'s' * (len(still) != 1)} {', '.join(still)}")
         step("the sysctls and the state file", lambda: self._release(removed, left))
