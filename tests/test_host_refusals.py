@@ -155,3 +155,26 @@ def test_the_slot_of_a_worker_killed_in_its_handshake_is_removed_by_cleanup(tmp_
     assert slots[0].exists()  # killed in the handshake: left
     done = cleanup(verbose=False, registry=Path(tempfile.mkdtemp(dir=tmp_path)), sweeps=frozenset({"slots"}))
     assert str(slots[0]) in done["slots"] and not slots[0].exists()
+
+
+def test_a_datagram_of_another_run_counts_unauthenticated_as_the_readme_says():
+    """The README: on the authenticated wire another run's datagram (same secret, its own run id and so
+    its own key) is counted ``unauthenticated``; ``foreign`` counts a valid tag naming another sender."""
+    from dblp import control as ctl
+    from dblp import wire
+    from dblp.core import Receiver
+
+    secret, elements = b"s" * 32, 358 * 4
+    ours, theirs = wire.ChunkLayout(elements, key=auth.data_key(secret, 1)), \
+        wire.ChunkLayout(elements, key=auth.data_key(secret, 2))
+    vals = np.arange(elements, dtype=np.float32)
+    seqs = np.arange(ours.chunks, dtype=np.int64)
+    out = np.zeros(elements, np.float32)
+    r = Receiver(ours, run_id=1, expected_sender=wire.SERVER_ID, direction=ctl.DOWN)
+    r.begin_round(0, out, 0.0, tolerance=0.0)
+    other_run, lens = wire.encode_chunks(vals, theirs, seqs, run_id=2, sender=wire.SERVER_ID, round_no=0)
+    r.receive_batch(other_run, lens, 0.0)
+    other_sender, lens = wire.encode_chunks(vals, ours, seqs, run_id=1, sender=7, round_no=0)
+    r.receive_batch(other_sender, lens, 0.0)
+    d = r.stats.drops
+    assert (d.unauthenticated, d.foreign, r.received) == (ours.chunks, ours.chunks, 0)
