@@ -98,6 +98,8 @@ class KeptHost:
                     w[0].set()
             elif d.get("ev") == "ready":
                 self.ready = d
+                self._log.write(f"# ready: {json.dumps(d)}\n")
+                self._log.flush()
                 self._ready.set()
             elif d.get("ev") in ("rounds", "answered"):
                 self._events.put(d)
