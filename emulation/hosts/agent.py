@@ -1,11 +1,15 @@
-"""The program the launcher starts on each worker host: a DBLP worker that writes what the run gathers.
+"""The programs the launcher starts on the hosts: the worker that writes what the run gathers, and more.
 
 ``python -m emulation.hosts worker ...`` (under ``torchrun`` for training):
 a :class:`dblp.worker.Worker` replaying synthetic gradients, or training a
 :mod:`dblp.train` workload through it, writing ``records.jsonl``,
-``compute.csv`` and ``device.json`` into ``--out``. ``python -m
-emulation.hosts facts`` prints what a host is (preflight). Only
-:mod:`dblp` is used on the host: nothing here starts networks.
+``compute.csv`` and ``device.json`` into ``--out`` (``--exchange gloo|nccl``:
+the same training with torch's all-reduce, the yardstick). ``python -m
+emulation.hosts facts`` prints what a host is (preflight: commit, versions,
+CUDA, the workload's data set). ``python -m emulation.hosts keep`` is the
+kept agent of a policy run: nft for the launcher (libnftables through
+:class:`emulation.replay.LibNftBackend`) and the server's round hook relayed.
+Nothing here starts networks.
 """
 
 from __future__ import annotations
