@@ -547,7 +547,10 @@ def test_bursts_start_within_5ms_of_the_round_they_name(tmp_path):
     assert sorted(c["last"] for c in off) == [k + 1 for k in at]
     summary = json.loads((d / "hook_summary.json").read_text())
     assert summary["late"] == 0 and summary["rules_in_place"]["n"] == 4
-    assert '"nft": "libnftables"' in (d / "hosts" / "srv" / "keep.log").read_text()  # nft in the agent's process
+    keep_log = (d / "hosts" / "srv" / "keep.log").read_text()
+    assert '"nft": "libnftables"' in keep_log  # nft in the agent's process
+    ready = json.loads(keep_log.split("# ready: ", 1)[1].splitlines()[0])
+    assert ready["hook"] and not Path(ready["hook"]).parent.exists()  # the agent removed its hook socket
     assert not our_processes(str(remote)) and not list(remote.iterdir())
 
 

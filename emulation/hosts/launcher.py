@@ -174,6 +174,9 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
                 raise HostsError(f"host {h.name}: cannot make {rdirs[h.name]}: {r.stderr.strip()}")
             started_dirs.append(h)
         static, bursts = loss_targets(inv) if not torch_run else ([], [])
+        if torch_run and any(h.loss for h in inv.hosts):
+            progress(f"  {policy}: torch's all-reduce among the workers, without the inventory's loss rules "
+                     "(UDP drop rules keyed to the DBLP server's rounds)")
         srv = inv.server
         ticker = Progress(n_rounds, policy, out=progress)
         seen = [-1]  # the last round the hook saw open
