@@ -645,3 +645,39 @@ def test_gloo_on_the_same_hosts_is_gathered_and_compared(tmp_path):
         assert float(rows[p][2]) > 0 and float(rows[p][5]) > 0, rows[p]
     assert not list_namespaces(f"dblpns-{os.getpid()}-")
     assert not list((tmp_path / "remote").iterdir())
+
+
+def test_kept_agent_runs_commands_and_relays_the_round_hook(tmp_path):
+    """The kept connection without root (local transport): commands answered over it, and the
+    server's round hook on the host relayed to the launcher's on_rounds and back."""
+    from dblp.watch import RoundHookClient
+    from emulation.hosts.agent import _nft_argv
+
+    inv = hosts.parse_inventory({"run": {"transport": "local"}, "hosts": [{"name": "srv", "role": "server"},
+                                                                          {"name": "w1", "role": "worker"}]})
+    seen: list[tuple[int, int]] = []
+
+    def on_rounds(first: int, last: int) -> tuple[bool, dict]:
+        seen.append((first, last))
+        return last == 2, {"switched": last == 2}
+
+    with hosts.LocalTransport(inv) as tr:
+        k = hosts.KeptHost(tr, inv.server, tmp_path / "keep.log", on_rounds=on_rounds, hook_log=tmp_path / "hook.jsonl")
+        try:
+            r = k.cmd(["sh", "-c", "echo out; echo err >&2; exit 3"])
+            assert (r["rc"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n")
+            assert k.cmd(["no-such-program-xyz"])["rc"] == 127
+            client = RoundHookClient(k.hook_path)
+            assert [client.opening(1), client.opening(2)] == [False, True]
+            client.ended(1)
+            client.close()
+        finally:
+            k.close()
+    assert seen == [(0, 1), (0, 2), (2, 2)]
+    calls = [json.loads(x) for x in (tmp_path / "hook.jsonl").read_text().splitlines()]
+    assert [c["active"] for c in calls] == [False, True, True] and calls[1]["switched"]
+    assert all(0 <= c["hook_s"] < 5 and not c["late"] for c in calls)
+    assert not Path(k.hook_path).parent.exists()  # the agent removed its socket on quit
+    assert _nft_argv(["nft", "-j", "list", "counters", "table", "netdev", "t"]) == (
+        "list counters table netdev t", True)
+    assert _nft_argv(["nft", "-f", "-"]) == ("", False) and _nft_argv(["sudo", "-n", "nft", "-f", "-"]) is None

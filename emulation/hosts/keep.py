@@ -41,8 +41,8 @@ class KeptHost:
     """
 
     def __init__(self, tr: Transport, host: HostSpec, log: Path,
-                 on_rounds: Callable[[int, int], bool] | None = None, hook_log: Path | None = None,
-                 start_timeout: float = 60.0) -> None:
+                 on_rounds: Callable[[int, int], bool | tuple[bool, dict]] | None = None,
+                 hook_log: Path | None = None, start_timeout: float = 60.0) -> None:
         self.host = host
         self.on_rounds = on_rounds
         self._ids = itertools.count()

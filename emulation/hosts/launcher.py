@@ -35,7 +35,7 @@ from .gather import collect_policy, gather_dir, remove_dir, sim_compute_params, 
 from .inventory import ROOT, TORCH_POLICIES, HostsError, HostSpec, Inventory
 from .keep import KeptHost, hook_delays
 from .procs import HostProc
-from .rules import loss_controller, loss_targets
+from .rules import HostsNet, loss_controller, loss_targets
 from .transport import Transport, make_transport
 
 
@@ -162,6 +162,7 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
     injector = None
     lc = None
     kept: dict[str, KeptHost] = {}
+    net: HostsNet | None = None  # the loss controller's view of the hosts (through their kept agents)
     started_dirs: list[HostSpec] = []
     t_begin = time.time()
     n_rounds, n_workers = inv.rounds, len(inv.workers)
@@ -183,7 +184,7 @@ def run_policy(tr: Transport, inv: Inventory, policy: str, out: Path, run_id: st
 
         def on_rounds(first: int, last: int) -> tuple[bool, dict]:
             """The server's round hook (relayed): switch the bursts of the rounds in flight."""
-            assert injector is not None
+            assert injector is not None and net is not None
             n, before = len(injector.events), dict(net.rules_t)
             on = injector.on_rounds(first, last)
             seen[0] = max(seen[0], last)
