@@ -334,6 +334,9 @@ def keep_main(a: argparse.Namespace) -> int:
 
     from dblp.watch import RoundHookServer
 
+    from .keep import urgent
+
+    raised = urgent()  # before any thread starts: the hook's and the command threads inherit it
     out_lock = threading.Lock()
 
     def emit(d: dict) -> None:
@@ -369,7 +372,7 @@ def keep_main(a: argparse.Namespace) -> int:
             except OSError:
                 backend = None
         emit({"ev": "ready", "hook": hook.path if hook else None,
-              "nft": "libnftables" if backend else "nft command", "pid": os.getpid()})
+              "nft": "libnftables" if backend else "nft command", "pid": os.getpid(), "urgent": raised})
         try:
             for line in sys.stdin:
                 try:
