@@ -273,20 +273,26 @@ class BurstInjector:
 
     def _apply_rates(self, targets: Iterable[LossTarget]) -> dict[str, float]:
         """Set each target to the max loss of the bursts now active on it."""
-        applied = {}
+        applied, change = {}, {}
         for t in targets:
             rate = max((b.loss for b in self._active.values() if t in self._targets_of(b)),
                        default=0.0)
             if rate != self.loss.rate(t):
-                self.loss.set_loss(t, rate)
+                change[t] = rate
             applied[t.label()] = rate
+        if change:  # one transaction per host: its rules switch together
+            self.loss.set_losses(change)
         return applied
 
     def _begin(self, i: int) -> None:
         b = self.schedule[i]
-        before = self._counters()
+        # The rules first, the window's counters right after: a burst's start must not wait for a
+        # counter read (a round trip to a remote host's agent). Under the server's round hook nothing
+        # of the burst's round has left yet when the counters are read; a timed burst's window
+        # misses the packets of those few milliseconds.
         self._active[i] = b
         rates = self._apply_rates(self._targets_of(b))
+        before = self._counters()
         self._window_start[i] = before
         self._emit({"event": "apply", "t": time.time(), "burst": i, "kind": b.kind,
                     "iteration": self._iteration, "loss": b.loss, "rates": rates,

@@ -204,24 +204,36 @@ class LossController:
         The first call for a target creates its chain and counters; later calls
         swap the rules atomically (one nft transaction).
         """
-        n = nft.threshold(rate)
-        where, chain = self._where(target)
-        table = self._table(where)
-        key = (where, chain)
-        lines: list[str] = []
+        return self.set_losses({target: rate})
+
+    def set_losses(self, rates: dict[LossTarget, float]) -> float:
+        """:meth:`set_loss` for several targets at once: one nft transaction per namespace, so the
+        rules of one host (a burst on its ingress and egress) switch together, in one command
+        (one round trip on a remote host). Returns time.time() after the last one."""
+        per_site: dict[tuple[str, bool], tuple[Hook, list[str], list[tuple]]] = {}
+        t = time.time()
         with self._lock:
-            existing = self._installed.get(key)
-            if existing is not None and existing != target:
-                raise ValueError(f"{target} collides with {existing} on chain {chain}")
-            if existing is None:
-                lines += nft.chain_lines(table, chain, where.hook, where.dev)
-            lines += nft.drop_lines(table, chain, target.match(), rate)
-            hook_cmd(self.net, where, ["nft", "-f", "-"], input=nft.script(lines))
-            t = time.time()
-            self._installed[key] = target
-            self._rates[target] = n / nft.MOD
-            self._sites.setdefault((where.host, where.switch_end), where)
-            self.log.append({"t": t, "target": target.label(), "rate": n / nft.MOD})
+            for target, rate in rates.items():
+                n = nft.threshold(rate)
+                where, chain = self._where(target)
+                table = self._table(where)
+                key = (where, chain)
+                existing = self._installed.get(key)
+                if existing is not None and existing != target:
+                    raise ValueError(f"{target} collides with {existing} on chain {chain}")
+                site = per_site.setdefault((where.host, where.switch_end), (where, [], []))
+                if existing is None:
+                    site[1].extend(nft.chain_lines(table, chain, where.hook, where.dev))
+                site[1].extend(nft.drop_lines(table, chain, target.match(), rate))
+                site[2].append((key, target, n / nft.MOD))
+            for (host, sw), (where, lines, done) in per_site.items():
+                hook_cmd(self.net, where, ["nft", "-f", "-"], input=nft.script(lines))
+                t = time.time()
+                for key, target, r in done:
+                    self._installed[key] = target
+                    self._rates[target] = r
+                    self.log.append({"t": t, "target": target.label(), "rate": r})
+                self._sites.setdefault((host, sw), where)
             return t
 
     def clear(self, target: LossTarget) -> float:

@@ -128,6 +128,9 @@ def _libnftables() -> ctypes.CDLL:
     lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
     lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
     lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
+    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
+    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
     lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
     lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
     return lib
@@ -175,7 +178,15 @@ class LibNftBackend(NftBackend):
             err = ctypes.get_errno()
             raise OSError(err, f"setns: {os.strerror(err)}")
 
+    #: ``nft_ctx_output_set_flags``: JSON output (``nft -j``)
+    OUTPUT_JSON = 1 << 4
+
     def run(self, pid: int | None, script: str) -> None:
+        self.output(pid, script)
+
+    def output(self, pid: int | None, script: str, json_out: bool = False) -> str:
+        """Run ``script`` (one transaction, or a command such as ``list counters ...``) and return
+        what nft printed (JSON with ``json_out``, as ``nft -j``); raises on failure."""
         if self._home is None or threading.get_ident() != self._thread:
             raise RuntimeError("LibNftBackend.run called off its thread (call open_thread first)")
         if pid is not None and pid not in self._ns:
@@ -191,10 +202,13 @@ class LibNftBackend(NftBackend):
                 self.lib.nft_ctx_buffer_output(ctx)
                 self.lib.nft_ctx_buffer_error(ctx)
                 self._ctx[pid] = ctx
+            self.lib.nft_ctx_output_set_flags(ctx, self.OUTPUT_JSON if json_out else 0)
             rc = self.lib.nft_run_cmd_from_buffer(ctx, script.encode())
+            out = (self.lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
             if rc != 0:
                 err = (self.lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
                 raise RuntimeError(f"nft (libnftables) failed: {err.strip()}\nscript:\n{script[:2000]}")
+            return out
         finally:
             if pid is not None:
                 self._setns(self._home)

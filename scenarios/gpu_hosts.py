@@ -2,7 +2,7 @@
 
     python scenarios/gpu_hosts.py hosts.toml                # run, gather, summarize, cross-check
     python scenarios/gpu_hosts.py hosts.toml --no-crosscheck
-    sudo python scenarios/gpu_hosts.py docs/...netns.toml   # namespace "hosts" on this machine
+    sudo python scenarios/gpu_hosts.py docs/hosts-netns.toml   # namespace "hosts" on this machine
 
 The inventory format and what a run does are in ``docs/hosts.md``; the
 launcher is :mod:`emulation.hosts` (ssh to the hosts, ``torchrun`` for training
@@ -28,7 +28,9 @@ from dblp import analysis
 from dblp.cliargs import parser
 from dblp.crosscheck import compare, own_norms, simulate_policies, write_report
 from emulation.hosts import HostsError, InventoryError, launch, load_inventory
-from traces.units import parse_queue
+from emulation.hosts.gather import policy_comparison
+from emulation.hosts.inventory import DBLP_POLICIES
+from traces.units import parse_queue, parse_rate
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -40,8 +42,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def dblp_policies(inv) -> list[str]:
+    """The inventory's policies that ran through a DBLP server (gloo/nccl have no send latency to compare)."""
+    return [p for p in inv.run.policies if p in DBLP_POLICIES]
+
+
 def report(inv, out: Path) -> dict:
-    runs = {p: analysis.load(out / p / "records") for p in inv.run.policies if (out / p / "records").is_dir()}
+    runs = {p: analysis.load(out / p / "records") for p in dblp_policies(inv) if (out / p / "records").is_dir()}
     bursts = inv.burst_starts()
     sums = {k: analysis.summarize(v, bursts) for k, v in runs.items()}
     if "baseline" in sums and "dblp" in sums:
@@ -52,6 +59,17 @@ def report(inv, out: Path) -> dict:
                     + [f"{x:.4f}" for x in s.at_bursts] + [f"{s.recv_frac_min:.3f}"] for k, s in sums.items()]
     print("\nSend latency (s, slowest worker per iteration):")
     print(analysis.format_table(rows))
+    print("\nEvery policy on the same hosts (exchange: slowest worker per iteration; gloo/nccl: torch's "
+          "all-reduce, no loss rules):")
+    print(analysis.format_table(policy_comparison(out, inv.run.policies, bursts)))
+    for p in dblp_policies(inv):
+        hs = out / p / "hook_summary.json"
+        if hs.exists():
+            h = json.loads(hs.read_text())
+            r = h.get("rules_in_place")
+            if r:
+                print(f"{p}: bursts in place {r['median_ms']:.2f} ms (max {r['max_ms']:.2f}) after their round was due, "
+                      f"before its first datagram (round hook over the kept connection; {r['n']} switches)")
     devices = json.loads((out / "devices.json").read_text())
     print("\nDevices:")
     for h, d in devices.items():
@@ -73,15 +91,21 @@ def crosscheck_hosts(inv, out: Path, fidelity: str = "round") -> dict | None:
     """The cross-check of ``scenarios/crosscheck.py`` for a :mod:`emulation.hosts` run folder: calibrate on
     its baseline (or first) run, take the compute term from the workers' measured compute times (``sim_compute.json``),
     simulate every policy, report into ``out/crosscheck/``."""
-    from traces.units import parse_rate
     from dblp.sim.calibrate import calibrate
 
-    pols = [p for p in inv.run.policies if (out / p / "records").is_dir()]
+    pols = [p for p in dblp_policies(inv) if (out / p / "records").is_dir()]
     if not pols:
-        print("crosscheck: no gathered records", file=sys.stderr)
+        print("crosscheck: not run: no DBLP policy's records were gathered (the simulator models DBLP, "
+              "not torch's all-reduce)")
         return None
     src = "baseline" if "baseline" in pols else pols[0]
-    cal, notes = calibrate(out / src)
+    try:
+        cal, notes = calibrate(out / src)
+    except ValueError as exc:  # ParameterError: a run it cannot calibrate - one line, not a traceback
+        hint = ("; the senders were unpaced ([run].rate = \"0\"): pace them below the link rate "
+                "(docs/hosts.md)") if not parse_rate(inv.run.rate) else ""
+        print(f"crosscheck: not run: cannot calibrate the simulator on this run: {exc}{hint}")
+        return None
     over: dict[str, Any] = {"workers": len(inv.workers), "rounds": inv.rounds, "seed": inv.run.seed,
                             "eta": inv.run.eta, "freq": inv.run.freq}
     if inv.network.bandwidth:

@@ -411,3 +411,273 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
     finally:
         if made_run_sshd:
             Path("/run/sshd").rmdir()
+
+
+# ---------------------------------------------------------------------------- the real-host path (#24 item 5)
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "gpu_hosts.py"
+
+
+def test_every_example_file_the_docs_name_exists_and_parses():
+    """docs/hosts.md and gpu_hosts.py's docstring name example inventories; each exists and is valid."""
+    import re
+
+    named = set()
+    for text in (DOCS / "hosts.md").read_text(), SCENARIO.read_text():
+        named |= set(re.findall(r"docs/[\w.-]+\.toml", text))
+    assert "docs/hosts-netns.toml" in named
+    for rel in sorted(named):
+        inv = hosts.load_inventory(DOCS.parent / rel)
+        assert hosts.describe(inv).startswith(f"transport {inv.run.transport}")
+    ex = hosts.load_inventory(DOCS / "hosts-netns.toml")
+    assert ex.run.transport == "netns" and ex.run.policies == ["baseline", "dblp", "gloo"]
+    from traces.units import parse_rate
+
+    # paced below each sender's share of the server's link (docs: unpaced senders needed 7-20+ passes)
+    assert 0 < parse_rate(ex.run.rate) * len(ex.workers) <= parse_rate(ex.network.bandwidth)
+    assert ex.burst_starts() == [8, 14]
+
+
+def test_torch_policies_need_training(tmp_path):
+    with pytest.raises(hosts.InventoryError, match=r": run.policies\[1\]: 'gloo' trains with torch's"):
+        hosts.load_inventory(inventory(tmp_path, GOOD.replace("[run]", '[run]\npolicies = ["dblp", "gloo"]')))
+
+
+@pytest.mark.netns
+@needs_netns
+def test_preflight_refuses_a_missing_data_set_by_name(tmp_path):
+    """A missing data set stops the run in preflight, named, before any program starts (it used to
+    surface only as torchrun's ChildFailedError box)."""
+    pytest.importorskip("torch")
+    from emulation.nshosts import list_namespaces
+
+    remote = tmp_path / "remote"
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "nodata"
+        transport = "netns"
+        mode = "train"
+        remote_dir = "{remote}"
+        [train]
+        workload = "resnet50"
+        iterations = 2
+        data_root = "{tmp_path / 'no-such-data'}"
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        """)
+    with pytest.raises(hosts.HostsError) as ei:
+        hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    msg = str(ei.value)
+    assert "host w1: train.data_root: CIFAR-100 (resnet50's data set)" in msg
+    assert str(tmp_path / "no-such-data") in msg and "nothing is downloaded" in msg
+    assert "srv" not in msg.split("preflight:", 1)[1]  # the server trains nothing: not asked
+    (out,) = (tmp_path / "results").iterdir()
+    assert not (out / "dblp").exists()  # nothing started
+    assert not list_namespaces(f"dblpns-{os.getpid()}-")
+    assert not remote.exists() or not list(remote.iterdir())
+
+
+def test_preflight_refuses_hosts_on_different_commits():
+    from emulation.hosts.launcher import _version_problems
+
+    inv = hosts.parse_inventory(__import__("tomllib").loads(GOOD), "t")
+    notes: list[str] = []
+    facts = {"ps": {"commit": "a" * 40, "python": "3.11.7"}, "gpu1": {"commit": "b" * 40, "python": "3.12.1"}}
+    (err,) = _version_problems(inv, facts, notes.append)
+    assert "different commits" in err and "aaaaaaaaaaaa on ps" in err and "bbbbbbbbbbbb on gpu1" in err
+    assert notes == ["preflight: note: Python differs: 3.11.7 on ps; 3.12.1 on gpu1"]
+    facts["gpu1"]["commit"] = "a" * 40
+    assert _version_problems(inv, facts, notes.append) == []
+
+
+@pytest.mark.netns
+@needs_netns
+def test_bursts_start_within_5ms_of_the_round_they_name(tmp_path):
+    """Bursts go through the kept agents, switched by the server's round hook: each one's rules are
+    in place at most 5 ms after its round was due, before the round's first datagram, and only
+    the rounds it names carry it."""
+    remote = tmp_path / "remote"
+    at = [3, 7]
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "hook"
+        transport = "netns"
+        policies = ["baseline"]
+        model = "1e5"
+        rounds = 10
+        compute_ms = 2
+        rate = "90M"
+        remote_dir = "{remote}"
+        [network]
+        bandwidth = "200M"
+        queue_packets = 100
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        loss = [{{kind = "iteration_bursts", at = {at}, loss = 0.5, direction = "ingress"}},
+                {{kind = "iteration_bursts", at = {at}, loss = 0.5, direction = "egress"}}]
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        [[hosts]]
+        name = "w2"
+        role = "worker"
+        """)
+    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    check_run(out, ["baseline"], ["w1", "w2"], 10)
+    d = out / "baseline"
+    calls = [json.loads(x) for x in (d / "hook.jsonl").read_text().splitlines()]
+    srv = {(r.worker, r.round): r for r in read_records(d / "records" / "server.jsonl")}
+    assert {k for (_, k), r in srv.items() if r.extra.get("burst")} == set(at)
+    on = {c["last"]: c for c in calls if c.get("switched") and c["active"]}
+    assert sorted(on) == at  # switched on by the call that opens round k
+    for k in at:
+        c = on[k]
+        lag = c["t_rules"] - c["t_ask"]  # rules in place, after the server asked to open round k
+        assert 0 < lag <= 0.005, (k, lag, c)
+        # ... and before the hook's answer reached the server host: no datagram of round k was out yet
+        assert c["t_rules"] <= c["t_answered"], k
+        for w in (0, 1):  # it hit round k's broadcast, and round k-1's and k+1's were clean of it
+            assert srv[(w, k)].down_passes > max(srv[(w, k - 1)].down_passes, srv[(w, k + 1)].down_passes), (w, k)
+    off = [c for c in calls if c.get("switched") and not c["active"]]
+    assert sorted(c["last"] for c in off) == [k + 1 for k in at]
+    summary = json.loads((d / "hook_summary.json").read_text())
+    assert summary["late"] == 0 and summary["rules_in_place"]["n"] == 4
+    keep_log = (d / "hosts" / "srv" / "keep.log").read_text()
+    assert '"nft": "libnftables"' in keep_log  # nft in the agent's process
+    ready = json.loads(keep_log.split("# ready: ", 1)[1].splitlines()[0])
+    assert ready["hook"] and not Path(ready["hook"]).parent.exists()  # the agent removed its hook socket
+    assert not our_processes(str(remote)) and not list(remote.iterdir())
+
+
+@pytest.mark.netns
+@needs_netns
+def test_crosscheck_of_a_run_it_cannot_calibrate_says_why_in_one_line(tmp_path):
+    """5% loss on every round: no lossless round to measure the send rate from; the scenario still
+    prints its tables and ends 0, the cross-check one line instead of a traceback."""
+    import subprocess
+    import sys
+
+    remote = tmp_path / "remote"
+    inv = inventory(tmp_path, f"""
+        [run]
+        name = "nocal"
+        transport = "netns"
+        policies = ["baseline"]
+        model = "1e5"
+        rounds = 5
+        rate = "90M"
+        remote_dir = "{remote}"
+        [network]
+        bandwidth = "200M"
+        [[hosts]]
+        name = "srv"
+        role = "server"
+        loss = [{{kind = "bernoulli", p = 0.05, direction = "ingress"}}]
+        [[hosts]]
+        name = "w1"
+        role = "worker"
+        [[hosts]]
+        name = "w2"
+        role = "worker"
+        """)
+    r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "Traceback" not in r.stdout + r.stderr
+    lines = [x for x in (r.stdout + r.stderr).splitlines() if x.startswith("crosscheck:")]
+    assert len(lines) == 1 and "cannot calibrate" in lines[0] and "no lossless rounds" in lines[0], lines
+    assert "Every policy on the same hosts" in r.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.netns
+@needs_netns
+def test_gloo_on_the_same_hosts_is_gathered_and_compared(tmp_path):
+    """docs/hosts-netns.toml, shortened: DBLP and then torch's gloo all-reduce train the same model on
+    the same namespace hosts; both are gathered, and the scenario compares them in one table."""
+    pytest.importorskip("torch")
+    import subprocess
+    import sys
+    import tomllib
+
+    from emulation.nshosts import list_namespaces
+
+    data = tomllib.loads((DOCS / "hosts-netns.toml").read_text())
+    data["run"].update(policies=["dblp", "gloo"], remote_dir=str(tmp_path / "remote"))
+    data["train"]["iterations"] = 3
+    for rule in data["hosts"][0]["loss"]:
+        rule["at"] = [1]
+    body = "\n".join(f"[{sec}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in data[sec].items())
+                     for sec in ("run", "network", "train"))
+    body += "\n" + "\n".join(
+        "[[hosts]]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in h.items() if k != "loss")
+        + ("\nloss = [" + ", ".join("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in r.items()) + "}"
+                                    for r in h["loss"]) + "]" if h.get("loss") else "")
+        for h in data["hosts"])
+    inv = inventory(tmp_path, body)
+    r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (out,) = (tmp_path / "results").iterdir()
+    assert json.loads((out / "summary.json").read_text())["complete"]
+    g = out / "gloo"
+    for w in range(3):
+        recs = list(read_records(g / "records" / f"worker{w}.jsonl"))
+        assert [x.round for x in recs] == [0, 1, 2] and all(x.policy == "gloo" for x in recs)
+        assert all(x.round_latency_s > 0 and x.extra["compute_s"] > 0 for x in recs)
+    assert not (g / "records" / "server.jsonl").exists()  # no DBLP server in a gloo run
+    assert not (g / "bursts.jsonl").exists()  # nor the UDP loss rules keyed to its rounds
+    assert len((g / "compute.csv").read_text().strip().splitlines()) == 1 + 3 * 3
+    for h in ("w1", "w2", "w3"):
+        s = json.loads((g / "hosts" / h / "train_summary.json").read_text())
+        assert s["iterations"] == 3 and s["workers"] == 3
+    # both policies in one table, each with its 3 iterations and a final accuracy
+    table = r.stdout.split("Every policy on the same hosts", 1)[1]
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[1:6] if line.split()}
+    assert rows["dblp"][1] == "3" and rows["gloo"][1] == "3"
+    assert rows["dblp"][-2] == "accuracy" and rows["gloo"][-2] == "accuracy"
+    for p in ("dblp", "gloo"):  # exchange p50 and at the burst's iteration (gloo: no loss rules) measured
+        assert float(rows[p][2]) > 0 and float(rows[p][5]) > 0, rows[p]
+    assert not list_namespaces(f"dblpns-{os.getpid()}-")
+    assert not list((tmp_path / "remote").iterdir())
+
+
+def test_kept_agent_runs_commands_and_relays_the_round_hook(tmp_path):
+    """The kept connection without root (local transport): commands answered over it, and the
+    server's round hook on the host relayed to the launcher's on_rounds and back."""
+    from dblp.watch import RoundHookClient
+    from emulation.hosts.agent import _nft_argv
+
+    inv = hosts.parse_inventory({"run": {"transport": "local"}, "hosts": [{"name": "srv", "role": "server"},
+                                                                          {"name": "w1", "role": "worker"}]})
+    seen: list[tuple[int, int]] = []
+
+    def on_rounds(first: int, last: int) -> tuple[bool, dict]:
+        seen.append((first, last))
+        return last == 2, {"switched": last == 2}
+
+    with hosts.LocalTransport(inv) as tr:
+        k = hosts.KeptHost(tr, inv.server, tmp_path / "keep.log", on_rounds=on_rounds, hook_log=tmp_path / "hook.jsonl")
+        try:
+            r = k.cmd(["sh", "-c", "echo out; echo err >&2; exit 3"])
+            assert (r["rc"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n")
+            assert k.cmd(["no-such-program-xyz"])["rc"] == 127
+            client = RoundHookClient(k.hook_path)
+            assert [client.opening(1), client.opening(2)] == [False, True]
+            client.ended(1)
+            client.close()
+        finally:
+            k.close()
+    assert seen == [(0, 1), (0, 2), (2, 2)]
+    calls = [json.loads(x) for x in (tmp_path / "hook.jsonl").read_text().splitlines()]
+    assert [c["active"] for c in calls] == [False, True, True] and calls[1]["switched"]
+    assert all(0 <= c["hook_s"] < 5 and not c["late"] for c in calls)
+    assert not Path(k.hook_path).parent.exists()  # the agent removed its socket on quit
+    assert _nft_argv(["nft", "-j", "list", "counters", "table", "netdev", "t"]) == (
+        "list counters table netdev t", True)
+    assert _nft_argv(["nft", "-f", "-"]) == ("", False) and _nft_argv(["sudo", "-n", "nft", "-f", "-"]) is None

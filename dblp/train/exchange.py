@@ -410,7 +410,7 @@ class AllreduceExchange:
 
 
 class TorchDistExchange:
-    """Reliable mean over a ``torch.distributed`` group (gloo): the lossless multi-process baseline."""
+    """Reliable mean over a ``torch.distributed`` group (gloo, or NCCL on the GPU): the lossless baseline."""
 
     def __init__(self, group: Any = None) -> None:
         import torch.distributed as dist
@@ -423,7 +423,9 @@ class TorchDistExchange:
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        buf = flat_grad.detach().to("cpu", torch.float32).clone()
+        # NCCL reduces on the GPU where the gradient is; gloo on the CPU
+        dev = flat_grad.device if self._dist.get_backend(self.group) == "nccl" else "cpu"
+        buf = flat_grad.detach().to(dev, torch.float32).clone()
         self._dist.all_reduce(buf, op=self._dist.ReduceOp.SUM, group=self.group)
         buf /= self._dist.get_world_size(self.group)
         self._info = {"latency_s": time.perf_counter() - t0}

@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from dblp.gradients import MODEL_ALIASES, model_name
 from dblp.train.data import (
     ArrayDataset,
+    DatasetMissingError,
     load_cifar10,
     load_cifar100,
     load_digits,
@@ -64,6 +65,7 @@ __all__ = [
     "WORKLOAD_DEFAULTS",
     "workload_key",
     "train_samples",
+    "dataset_problem",
     "SmallCNN",
     "SmallTransformer",
     "GPT2Logits",
@@ -462,3 +464,35 @@ def train_samples(name: str) -> int | None:
 
 
 _ALIASES = MODEL_ALIASES  # one table of spellings: dblp.gradients
+
+
+#: The data set each paper workload reads, and the ``$DBLP_DATA_ROOT`` subfolder it is looked for in.
+_DATASETS: dict[str, tuple[str, str]] = {"efficientnet_b0": ("CIFAR-10", "cifar"), "resnet50": ("CIFAR-100", "cifar"),
+                                         "alexnet": ("CIFAR-100", "cifar"), "gpt2_s": ("WikiText-2", "wikitext-2")}
+
+
+def dataset_problem(name: str, data_root: str | os.PathLike | None = None, *, synthetic: bool = False) -> str | None:
+    """Why workload ``name`` cannot find its data set on this machine, or None when it can.
+
+    Why: a training worker that misses its data set dies inside ``torchrun``,
+    whose error box does not say why; the real-host launcher asks every host
+    this first (``python -m emulation.hosts facts``) and refuses the run by
+    the data set's name. The check is the loader itself (the one place that
+    knows the files and layouts), so it reads the data once; the shipped data
+    sets (digits, the tiny corpus) and ``synthetic`` data need nothing.
+    """
+    key = workload_key(name)
+    if synthetic or key not in _DATASETS:
+        return None
+    what, sub = _DATASETS[key]
+    root = _data_root(data_root, sub)
+    try:
+        if key == "efficientnet_b0":
+            load_cifar10(root)
+        elif key == "gpt2_s":
+            load_wikitext2(root)
+        else:
+            load_cifar100(root)
+    except DatasetMissingError as exc:
+        return f"{what} ({key}'s data set): {exc}"
+    return None

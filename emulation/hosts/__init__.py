@@ -25,7 +25,7 @@ fresh folder ``<remote_dir>/<run id>-<host>`` holding the process's pid file,
 its records (``records.jsonl``, :class:`dblp.records.RoundRecord` rows with
 ``source="hosts"``), and on workers ``compute.csv`` and ``device.json``. The
 launcher streams each process's output into a local log, applies loss rules
-(static, or iteration-keyed bursts driven by the server's records), waits for
+(static, or iteration-keyed bursts switched by the server's round hook), waits for
 every process, then gathers each host's folder (``tar`` through the
 transport: ``ssh host tar -C DIR -cf - .``), removes it, and removes its nft
 table. Results::
@@ -39,6 +39,7 @@ table. Results::
         <policy>/rounds.jsonl           all records merged
         <policy>/compute.csv            per-iteration compute time of every worker
         <policy>/bursts.jsonl           loss rules applied and removed (when any)
+        <policy>/hook.jsonl             the server's round-hook calls (bursts switched before their round)
         devices.json                    host -> device name(s) used
         compute.csv                     all policies' compute times
         sim_compute.json                compute_s / compute_jitter_s for dblp.sim (SimConfig keys)
@@ -46,7 +47,9 @@ table. Results::
 
 The package, by concern: :mod:`.inventory` (the TOML file, checked by
 field), :mod:`.transport` (ssh / netns / local), :mod:`.commands` (the
-command lines), :mod:`.rules` (nft loss rules through the transport),
+command lines), :mod:`.keep` (one kept agent per host with loss rules:
+commands, and the server's round hook relayed, so bursts switch before the
+round they name), :mod:`.rules` (nft loss rules through the kept agents),
 :mod:`.procs` (programs watched through pid files), :mod:`.gather` (``tar``
 back, records placed and counted), :mod:`.launcher` (preflight and runs),
 :mod:`.agent` (the program on the hosts), :mod:`.cli`. It sits in
@@ -67,14 +70,15 @@ from .agent import host_facts, worker_main
 from .cli import build_parser, describe, main
 from .commands import host_script, policy_args, server_argv, worker_argv
 from .gather import collect_policy, gather_dir, policy_config, remove_dir, sim_compute_params
-from .inventory import (HostSpec, HostsError, Inventory, InventoryError, LossRule, NetworkSpec, RunSpec, TrainSpec,
-                        load_inventory, parse_inventory)
+from .inventory import (DBLP_POLICIES, TORCH_POLICIES, HostSpec, HostsError, Inventory, InventoryError, LossRule,
+                        NetworkSpec, RunSpec, TrainSpec, load_inventory, parse_inventory)
+from .keep import KeptHost, hook_delays
 from .launcher import launch, preflight, run_policy
 from .procs import HostProc
 from .rules import NFT_TABLE, HostsNet, loss_controller, loss_targets
 from .transport import LocalTransport, NetnsTransport, SshTransport, Transport, make_transport
 
-__all__ = ["HostProc", "HostSpec", "HostsError", "HostsNet", "Inventory", "InventoryError", "LocalTransport",
+__all__ = ["DBLP_POLICIES", "KeptHost", "TORCH_POLICIES", "hook_delays", "HostProc", "HostSpec", "HostsError", "HostsNet", "Inventory", "InventoryError", "LocalTransport",
            "LossRule", "NFT_TABLE", "NetnsTransport", "NetworkSpec", "RunSpec", "SshTransport", "TrainSpec",
            "Transport", "build_parser", "collect_policy", "describe", "gather_dir", "host_facts", "host_script",
            "launch", "load_inventory", "loss_controller", "loss_targets", "main", "make_transport",

@@ -1,11 +1,15 @@
-"""The program the launcher starts on each worker host: a DBLP worker that writes what the run gathers.
+"""The programs the launcher starts on the hosts: the worker that writes what the run gathers, and more.
 
 ``python -m emulation.hosts worker ...`` (under ``torchrun`` for training):
 a :class:`dblp.worker.Worker` replaying synthetic gradients, or training a
 :mod:`dblp.train` workload through it, writing ``records.jsonl``,
-``compute.csv`` and ``device.json`` into ``--out``. ``python -m
-emulation.hosts facts`` prints what a host is (preflight). Only
-:mod:`dblp` is used on the host: nothing here starts networks.
+``compute.csv`` and ``device.json`` into ``--out`` (``--exchange gloo|nccl``:
+the same training with torch's all-reduce, the yardstick). ``python -m
+emulation.hosts facts`` prints what a host is (preflight: commit, versions,
+CUDA, the workload's data set). ``python -m emulation.hosts keep`` is the
+kept agent of a policy run: nft for the launcher (libnftables through
+:class:`emulation.replay.LibNftBackend`) and the server's round hook relayed.
+Nothing here starts networks.
 """
 
 from __future__ import annotations
@@ -31,8 +35,14 @@ from dblp.cliargs import add_auth_args, worker_secret
 from .inventory import MODES
 
 
-def host_facts(with_torch: bool = False) -> dict:
-    """What a host is: name, python, CPU, GPUs (nvidia-smi; torch.cuda with ``with_torch``)."""
+def host_facts(with_torch: bool = False, workload: str | None = None, data_root: str = "",
+               synthetic: bool = False) -> dict:
+    """What a host is: name, python, CPU, GPUs (nvidia-smi; torch.cuda with ``with_torch``), the
+    checkout's commit and the package versions (:func:`dblp.provenance.provenance`), and with
+    ``workload`` whether its data set is there (``dataset_problem``: None, or why not).
+
+    Why all of it before a run: a worker on another commit, without torch or without its data
+    set fails minutes later inside ``torchrun``, whose error box does not say why."""
     f: dict[str, Any] = {"hostname": socket.gethostname(), "python": sys.version.split()[0],
                          "executable": sys.executable, "platform": platform.platform(),
                          "cpus": os.cpu_count(), "cpu": _cpu_model(), "gpus": [], "cuda_available": False}
@@ -57,10 +67,21 @@ def host_facts(with_torch: bool = False) -> dict:
             f["torch_error"] = f"{type(exc).__name__}: {exc}"
     try:
         import dblp
+        from dblp.provenance import provenance
 
         f["dblp"] = str(Path(dblp.__file__).resolve().parent)
-    except Exception:  # noqa: BLE001
-        pass
+        p = provenance()
+        f.update(commit=p["git_commit"], dirty=p["git_dirty"],
+                 versions={k: p["packages"].get(k) for k in ("dblp-testbed", "numpy", "torch")})
+    except Exception as exc:  # noqa: BLE001
+        f["provenance_error"] = f"{type(exc).__name__}: {exc}"
+    if workload:
+        try:
+            from dblp.train.models import dataset_problem
+
+            f["dataset_problem"] = dataset_problem(workload, data_root or None, synthetic=synthetic)
+        except Exception as exc:  # noqa: BLE001 - torch missing, unknown workload: said by name
+            f["dataset_problem"] = f"cannot check the data set of {workload!r}: {type(exc).__name__}: {exc}"
     return f
 
 
@@ -166,6 +187,8 @@ def worker_main(a: argparse.Namespace) -> int:
         info.update(device=name, device_index=str(device), workload=wl.name, parameters=n_params,
                     cuda_available=torch.cuda.is_available(), torch=torch.__version__)
         (out / "device.json").write_text(json.dumps(info, indent=1) + "\n")
+        if a.exchange != "dblp":
+            return _train_torch_allreduce(a, wl, cfg, rank, host, name, writer, cw, comp, out)
         with Worker(server_host, int(server_port), elements=n_params, worker_id=rank,
                     send_rate_bps=a.pace, peer_timeout=a.peer_timeout, source="hosts",
                     fast=False if a.plain else None, secret=worker_secret(a), insecure=a.insecure) as wk:
@@ -186,6 +209,54 @@ def worker_main(a: argparse.Namespace) -> int:
         writer.close()
         comp.close()
 
+
+
+def _train_torch_allreduce(a: argparse.Namespace, wl: Any, cfg: Any, rank: int, host: str, name: str,
+                           writer: Any, cw: csv.DictWriter, comp: Any, out: Path) -> int:
+    """The same training with torch's own all-reduce (``--exchange gloo|nccl``): the yardstick.
+
+    Why here and not in a scenario: it must run on the same hosts, from the same
+    inventory, with the same workload, batches and seed as the DBLP runs it is
+    compared with, and write the same ``compute.csv`` and per-round records
+    (``policy`` = the backend, ``round_latency_s`` = the all-reduce time;
+    no server side). The process group rendezvous is torchrun's (``env://``) or
+    ``--dist-init``; gloo/NCCL use ``--iface`` unless ``GLOO_SOCKET_IFNAME`` /
+    ``NCCL_SOCKET_IFNAME`` are set already."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from dblp.records import RoundRecord
+    from dblp.train.exchange import TorchDistExchange
+    from dblp.train.loop import train
+
+    if a.iface:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", a.iface)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", a.iface)
+    timeout = timedelta(seconds=max(a.peer_timeout, 30.0))
+    if "MASTER_ADDR" in os.environ and not a.dist_init:  # under torchrun
+        dist.init_process_group(a.exchange, timeout=timeout)
+    else:
+        dist.init_process_group(a.exchange, init_method=a.dist_init, rank=rank, world_size=a.world_size,
+                                timeout=timeout)
+    try:
+        ex = TorchDistExchange()
+
+        def on_iteration(it: dict) -> None:
+            writer.write(RoundRecord(source="hosts", role="worker", worker=rank, round=it["iteration"],
+                                     t_start=time.time() - it["iteration_s"], policy=a.exchange,
+                                     round_latency_s=it["exchange_latency_s"],
+                                     extra={"host": host, "device": name, "compute_s": it["compute_s"],
+                                            "loss": it.get("loss")}))
+            cw.writerow({"worker": rank, "round": it["iteration"], "compute_s": it["compute_s"],
+                         "exchange_s": it["exchange_latency_s"], "iteration_s": it["iteration_s"], "device": name})
+            comp.flush()
+
+        s = train(wl, ex, cfg, on_iteration=on_iteration)
+        (out / "train_summary.json").write_text(json.dumps(s.to_dict(), indent=1, default=str) + "\n")
+    finally:
+        dist.destroy_process_group()
+    return 0
 
 
 def add_worker_args(w: argparse.ArgumentParser) -> None:
@@ -214,5 +285,157 @@ def add_worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--threads", type=count_arg(1), default=None, help="torch CPU threads (default: torch's)")
     w.add_argument("--data-root", default="", help="dataset folder (default: the workload's)")
     w.add_argument("--synthetic-data", action="store_true", help="random data of the dataset's shape")
+    w.add_argument("--exchange", choices=["dblp", "gloo", "nccl"], default="dblp",
+                   help="dblp: through the DBLP server; gloo/nccl: torch's all-reduce among the workers")
+    w.add_argument("--iface", default="", help="gloo/nccl: the network interface (GLOO_/NCCL_SOCKET_IFNAME)")
+    w.add_argument("--dist-init", default="",
+                   help="gloo/nccl without torchrun: the process group's init URL, e.g. tcp://10.0.0.2:29400")
     w.add_argument("--eval-batches", type=int, default=0,
                    help="test batches per evaluation (default 0: the whole test set)")
+
+
+# -- the kept connection: nft for the launcher, the server's round hook relayed ---------------------
+def _nft_argv(argv: list[str]) -> tuple[str, bool] | None:
+    """``nft [-j] -f -`` / ``nft [-j] COMMAND...`` as (libnftables command, JSON output); None: not nft."""
+    if not argv or argv[0] != "nft":
+        return None
+    rest, json_out = list(argv[1:]), False
+    if rest[:1] == ["-j"]:
+        rest, json_out = rest[1:], True
+    if rest == ["-f", "-"]:
+        return "", json_out
+    if any(a.startswith("-") for a in rest):
+        return None
+    return " ".join(rest), json_out
+
+
+def keep_main(a: argparse.Namespace) -> int:
+    """``python -m emulation.hosts keep``: the long-lived agent the launcher keeps one connection to.
+
+    Why: a loss burst named for round k must be on when round k starts. One ssh
+    process per rule switch put bursts 21-85 ms late on real hosts; over this
+    kept connection a switch is a line each way, and ``nft`` runs in this
+    process through libnftables (~0.05 ms, where it loads and we are root;
+    otherwise the nft command, ~2 ms). With ``--round-hook`` it also serves
+    the DBLP server's round hook (:class:`dblp.watch.RoundHookServer`, a Unix
+    socket on this host) and relays each call to the launcher, waiting for its
+    answer: nothing of round k leaves the server before the launcher switched
+    the bursts of round k, on whichever hosts they are.
+
+    Protocol (JSON lines; stdout carries only these): launcher -> agent
+    ``{"id", "op": "run", "argv", "input", "timeout"}``, ``{"op": "answer", "seq", "active"}``,
+    ``{"op": "quit"}``; agent -> launcher ``{"ev": "ready", "hook", "nft"}``, replies
+    ``{"id", "rc", "stdout", "stderr", "t"}`` and ``{"ev": "rounds", "seq", "first", "last", "t"}``,
+    then ``{"ev": "answered", "seq", "t"}`` (times: this host's clock). End of input ends it.
+    """
+    import itertools
+    import tempfile
+    import threading
+
+    from dblp.watch import RoundHookServer
+
+    from .keep import urgent
+
+    raised = urgent()  # before any thread starts: the hook's and the command threads inherit it
+    out_lock = threading.Lock()
+
+    def emit(d: dict) -> None:
+        with out_lock:
+            sys.stdout.write(json.dumps(d) + "\n")
+            sys.stdout.flush()
+
+    waiting: dict[int, tuple[threading.Event, list]] = {}
+    seq = itertools.count()
+    hook: RoundHookServer | None = None
+    hook_dir = None
+
+    def on_rounds(first: int, last: int) -> bool | None:
+        s = next(seq)
+        ev, box = threading.Event(), [None]
+        waiting[s] = (ev, box)
+        emit({"ev": "rounds", "seq": s, "first": first, "last": last, "t": time.time()})
+        ok = ev.wait(a.hook_timeout)
+        waiting.pop(s, None)
+        emit({"ev": "answered", "seq": s, "t": time.time(), "late": not ok})
+        return box[0] if ok else None
+
+    def serve() -> None:
+        """Read the launcher's lines and run its commands, on this thread (LibNftBackend's setns
+        would move the main thread); one thread from the pipe to nft and back, no hand-over."""
+        from ..replay import LibNftBackend, have_libnftables
+
+        backend = None
+        if os.geteuid() == 0 and have_libnftables():
+            try:
+                backend = LibNftBackend()
+                backend.open_thread()
+            except OSError:
+                backend = None
+        emit({"ev": "ready", "hook": hook.path if hook else None,
+              "nft": "libnftables" if backend else "nft command", "pid": os.getpid(), "urgent": raised})
+        try:
+            for line in sys.stdin:
+                try:
+                    req = json.loads(line)
+                except json.JSONDecodeError:
+                    print(f"keep: not JSON: {line[:200]!r}", file=sys.stderr)
+                    continue
+                op = req.get("op")
+                if op == "quit":
+                    break
+                if op == "answer":
+                    w = waiting.get(int(req["seq"]))
+                    if w is not None:
+                        w[1][0] = bool(req.get("active"))
+                        w[0].set()
+                elif op == "run":
+                    emit({"id": req["id"], **_keep_run(req, backend), "t": time.time()})
+                else:
+                    print(f"keep: unknown op {op!r}", file=sys.stderr)
+        finally:
+            if backend is not None:
+                backend.close()
+
+    try:
+        if a.round_hook:
+            hook_dir = tempfile.mkdtemp(prefix="dblp-hook-")  # short: a Unix socket name has 108 bytes
+            hook = RoundHookServer(os.path.join(hook_dir, "rounds.sock"), on_rounds)
+            hook.start()
+        server = threading.Thread(target=serve, name="keep", daemon=True)
+        server.start()
+        server.join()
+    finally:
+        for ev, _ in list(waiting.values()):
+            ev.set()
+        if hook is not None:
+            hook.stop()
+        if hook_dir:
+            shutil.rmtree(hook_dir, ignore_errors=True)
+    return 0
+
+
+def _keep_run(req: dict, backend: Any) -> dict:
+    """One ``run`` request of the kept agent: nft through libnftables when ``backend`` is one and the
+    command is plain ``nft``, else the program; ``{"rc", "stdout", "stderr"}``."""
+    argv, inp = list(req["argv"]), req.get("input")
+    parsed = _nft_argv(argv) if backend is not None else None
+    try:
+        if parsed is not None:
+            cmd, json_out = parsed
+            try:
+                return {"rc": 0, "stdout": backend.output(None, (inp or "") if cmd == "" else cmd, json_out),
+                        "stderr": ""}
+            except RuntimeError as exc:
+                return {"rc": 1, "stdout": "", "stderr": str(exc)}
+        r = subprocess.run(argv, input=inp, capture_output=True, text=True, timeout=float(req.get("timeout") or 60))
+        return {"rc": r.returncode, "stdout": r.stdout, "stderr": r.stderr}
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"rc": 127, "stdout": "", "stderr": f"{type(exc).__name__}: {exc}"}
+
+
+def add_keep_args(k: argparse.ArgumentParser) -> None:
+    """The kept agent's flags (written by :class:`emulation.hosts.keep.KeptHost`)."""
+    k.add_argument("--round-hook", action="store_true",
+                   help="serve the DBLP server's round hook on a Unix socket here and relay it to the launcher")
+    k.add_argument("--hook-timeout", type=duration_arg(allow_zero=False), default="30s",
+                   help="wait at most this long for the launcher's answer to a round (then: no burst)")

@@ -9,9 +9,9 @@ import sys
 
 from traces.units import HelpFormatter
 
-from .agent import add_worker_args, host_facts, worker_main
+from .agent import add_keep_args, add_worker_args, host_facts, keep_main, worker_main
 from .commands import host_script, server_argv, worker_argv
-from .inventory import ROOT, HostsError, HostSpec, Inventory, InventoryError, load_inventory
+from .inventory import ROOT, TORCH_POLICIES, HostsError, HostSpec, Inventory, InventoryError, load_inventory
 from .launcher import launch
 from .rules import loss_targets
 from .transport import SshTransport, Transport
@@ -34,13 +34,18 @@ def describe(inv: Inventory) -> str:
     lines = [f"transport {inv.run.transport}; {len(inv.workers)} workers; {inv.rounds} iterations; "
              f"policies {', '.join(inv.run.policies)}; mode {inv.run.mode}"]
     for policy in inv.run.policies:
-        lines.append(f"[{policy}]")
-        sa = server_argv(inv, policy, rdir + srv.name, tr.bind_address(srv), inv.run.port)
-        lines.append(f"  {srv.name} (server): {shlex.join(tr.argv(srv, host_script(srv, rdir + srv.name, 'server', sa)))}"
-                     if inv.run.transport == "ssh" else f"  {srv.name} (server): {shlex.join(sa)}")
+        torch_run = policy in TORCH_POLICIES
+        lines.append(f"[{policy}]" + (" torch's all-reduce among the workers; no server, no loss rules"
+                                      if torch_run else ""))
+        if not torch_run:
+            sa = server_argv(inv, policy, rdir + srv.name, tr.bind_address(srv), inv.run.port,
+                             round_hook="<round hook of the kept agent>" if inv.burst_starts() else None)
+            lines.append(f"  {srv.name} (server): {shlex.join(tr.argv(srv, host_script(srv, rdir + srv.name, 'server', sa)))}"
+                         if inv.run.transport == "ssh" else f"  {srv.name} (server): {shlex.join(sa)}")
         for wid, h in enumerate(inv.workers):
-            wa = worker_argv(inv, h, wid, rdir + h.name, tr.data_address(srv), inv.run.port,
-                             tr.data_address(inv.workers[0]))
+            wa = worker_argv(inv, h, wid, rdir + h.name, "" if torch_run else tr.data_address(srv),
+                             0 if torch_run else inv.run.port, tr.data_address(inv.workers[0]),
+                             exchange=policy if torch_run else "dblp")
             lines.append(f"  {h.name} (worker {wid}{', gpu' if h.gpu else ''}): "
                          + (shlex.join(tr.argv(h, host_script(h, rdir + h.name, 'worker', wa)))
                             if inv.run.transport == "ssh" else shlex.join(wa)))
@@ -67,9 +72,15 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--results", default=str(ROOT / "results"), help="parent folder of the run folder")
     f = sub.add_parser("facts", help="(on a host) print this host's facts as JSON", formatter_class=HelpFormatter)
     f.add_argument("--torch", action="store_true", help="import torch for CUDA device names")
+    f.add_argument("--workload", default=None, help="check that this training workload's data set is here")
+    f.add_argument("--data-root", default="", help="the workload's data folder (default: $DBLP_DATA_ROOT)")
+    f.add_argument("--synthetic-data", action="store_true", help="the workload uses random data: nothing to check")
     w = sub.add_parser("worker", help="(on a host) the worker program the launcher starts",
                        formatter_class=HelpFormatter)
     add_worker_args(w)
+    k = sub.add_parser("keep", help="(on a host) the kept agent: nft for the launcher, the round hook relayed",
+                       formatter_class=HelpFormatter)
+    add_keep_args(k)
     return ap
 
 
@@ -77,10 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
         if a.cmd == "facts":
-            print(json.dumps(host_facts(a.torch)))
+            print(json.dumps(host_facts(a.torch, a.workload, a.data_root, a.synthetic_data)))
             return 0
         if a.cmd == "worker":
             return worker_main(a)
+        if a.cmd == "keep":
+            return keep_main(a)
         inv = load_inventory(a.inventory)
         if a.cmd == "check":
             print(describe(inv))

@@ -8,6 +8,7 @@ inventory's values, the remote run folder and, for training, torchrun.
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from typing import Sequence
 
 from dblp.policy import run_policy
@@ -57,19 +58,29 @@ def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
                    insecure=inv.insecure)
 
 
-def server_argv(inv: Inventory, policy: str, rdir: str, bind: str, port: int) -> list[str]:
-    """``python -m dblp server`` on the server host, records into its run folder ``rdir``."""
-    return _server_argv(run_args(inv, policy, inv.server.python), f"{rdir}/records.jsonl", bind=bind, port=port)
+def server_argv(inv: Inventory, policy: str, rdir: str, bind: str, port: int,
+                round_hook: str | None = None) -> list[str]:
+    """``python -m dblp server`` on the server host, records into its run folder ``rdir``;
+    ``round_hook``: the Unix socket of the server host's kept agent (``--round-hook``)."""
+    a = run_args(inv, policy, inv.server.python)
+    if round_hook:
+        a = replace(a, server_extra=[*a.server_extra, "--round-hook", round_hook])
+    return _server_argv(a, f"{rdir}/records.jsonl", bind=bind, port=port)
 
 
 def worker_argv(inv: Inventory, host: HostSpec, wid: int, rdir: str, server: str, port: int,
-                master: str | None = None) -> list[str]:
-    """The worker's program: ``python -m emulation.hosts worker ...``, under torchrun for training."""
+                master: str | None = None, exchange: str = "dblp") -> list[str]:
+    """The worker's program: ``python -m emulation.hosts worker ...``, under torchrun for training.
+
+    ``exchange``: ``dblp`` (through the DBLP server at ``server:port``) or ``gloo``/``nccl``
+    (torch's all-reduce among the workers, rendezvous on ``master``; ``server`` unused)."""
     r, t = inv.run, inv.train
     a = run_args(inv, "reliable", host.python)
-    argv = _worker_argv(a, wid, f"{server}:{port}", None, program=AGENT)
+    argv = _worker_argv(a, wid, f"{server or master}:{port or t.torchrun_port}", None, program=AGENT)
     agent = argv[len(AGENT) + 1:]  # the flags after the program
     agent += ["--out", rdir, "--mode", r.mode]
+    if exchange != "dblp":
+        agent += ["--exchange", exchange, "--iface", host.intf]
     if r.mode == "synthetic":
         return [host.python, *AGENT, *agent]
     i = agent.index("--id")
@@ -85,6 +96,8 @@ def worker_argv(inv: Inventory, host: HostSpec, wid: int, rdir: str, server: str
     if t.synthetic_data:
         agent.append("--synthetic-data")
     if t.launcher == "python":
+        if exchange != "dblp":
+            agent += ["--dist-init", f"tcp://{master}:{t.torchrun_port}"]
         return [host.python, *AGENT, "--id", str(wid), *agent]
     # torchrun: static rendezvous on the first worker; RANK (= node rank) becomes the DBLP worker id
     return [host.python, "-m", "torch.distributed.run", f"--nnodes={len(inv.workers)}", "--nproc-per-node=1",

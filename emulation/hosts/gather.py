@@ -22,7 +22,7 @@ from typing import Any
 from dblp.records import read_records, write_records
 from traces.units import parse_rate
 
-from .inventory import HostsError, HostSpec, Inventory
+from .inventory import TORCH_POLICIES, HostsError, HostSpec, Inventory
 from .transport import Transport
 
 
@@ -52,7 +52,9 @@ def collect_policy(inv: Inventory, policy: str, out: Path, problems: list[str], 
     all_recs = []
     compute_rows: list[dict] = []
     srv_file = out / "hosts" / inv.server.name / "records.jsonl"
-    if srv_file.exists():
+    if policy in TORCH_POLICIES:  # torch's all-reduce among the workers: no server ran
+        pass
+    elif srv_file.exists():
         shutil.copyfile(srv_file, out / "records" / "server.jsonl")
         recs = list(read_records(srv_file))
         all_recs += recs
@@ -91,6 +93,7 @@ def collect_policy(inv: Inventory, policy: str, out: Path, problems: list[str], 
     if len(ids) != len(inv.workers):
         problems.append(f"worker ids {sorted(ids)}: expected {len(inv.workers)} distinct ids")
     all_recs.sort(key=lambda r: (r.round, r.role, r.worker))
+
     if (out / "rounds.jsonl").exists():
         (out / "rounds.jsonl").unlink()
     write_records(out / "rounds.jsonl", all_recs)
@@ -158,3 +161,40 @@ def sim_compute_params(rows: list[dict], skip_first: int = 1) -> dict:
             "_devices": devices, "_samples": int(vals.size), "_p90_s": float(np.percentile(vals, 90)),
             "compute_s": float(np.median(vals)), "compute_jitter_s": float(np.std(vals))}
 
+
+
+def policy_comparison(out: Path, policies: list[str], bursts: list[int]) -> list[list[str]]:
+    """Every policy of a run side by side, DBLP's and torch's all-reduce alike, from what every
+    run writes (``<policy>/compute.csv``, ``hosts/<worker>/train_summary.json``): per iteration
+    the slowest worker's exchange (p50, p99, max, at each burst), the iteration time (p50),
+    the training time (sum over iterations of the slowest worker's), and the final training
+    metric (the workers' mean; ``-`` in synthetic mode). Rows: a header, then one per policy."""
+    import numpy as np
+
+    hdr = ["policy", "iterations", "exch p50 s", "exch p99 s", "exch max s"] + [f"exch @{b} s" for b in bursts] \
+        + ["iter p50 s", "train time s", "final metric"]
+    rows = [hdr]
+    for p in policies:
+        f = out / p / "compute.csv"
+        if not f.exists():
+            continue
+        ex: dict[int, float] = {}
+        it: dict[int, float] = {}
+        with open(f, newline="", encoding="utf-8") as fh:
+            for r in csv.DictReader(fh):
+                k = int(r["round"])
+                ex[k] = max(ex.get(k, 0.0), float(r["exchange_s"]))
+                it[k] = max(it.get(k, 0.0), float(r["iteration_s"]))
+        if not ex:
+            continue
+        e = np.array([ex[k] for k in sorted(ex)])
+        metric = []
+        for s in sorted((out / p / "hosts").glob("*/train_summary.json")):
+            d = json.loads(s.read_text())
+            if d.get("final_metric") is not None:
+                metric.append((d.get("metric", ""), float(d["final_metric"])))
+        m = f"{metric[0][0]} {np.mean([v for _, v in metric]):.4g}" if metric else "-"
+        rows.append([p, str(len(e)), f"{np.median(e):.4f}", f"{np.percentile(e, 99):.4f}", f"{e.max():.4f}"]
+                    + [f"{ex[b]:.4f}" if b in ex else "-" for b in bursts]
+                    + [f"{np.median(list(it.values())):.4f}", f"{sum(it.values()):.2f}", m])
+    return rows

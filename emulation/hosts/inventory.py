@@ -30,7 +30,11 @@ from traces.units import parse_rate
 ROOT = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("ssh", "netns", "local")
 ROLES = ("server", "worker")
-POLICIES = ("reliable", "baseline", "dblp")
+#: the DBLP server's policies (:mod:`dblp.policy`)
+DBLP_POLICIES = ("reliable", "baseline", "dblp")
+#: the same training with torch's own all-reduce (``torch.distributed``, no DBLP server): the yardstick
+TORCH_POLICIES = ("gloo", "nccl")
+POLICIES = DBLP_POLICIES + TORCH_POLICIES
 MODES = ("synthetic", "train")
 LAUNCHERS = ("torchrun", "python")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
@@ -300,7 +304,7 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
     if run.transport not in TRANSPORTS:
         raise _err(src, "run.transport", f"must be one of {', '.join(TRANSPORTS)}, got {run.transport!r}")
     if not run.policies:
-        raise _err(src, "run.policies", "give at least one of reliable, baseline, dblp")
+        raise _err(src, "run.policies", f"give at least one of {', '.join(POLICIES)}")
     for i, p in enumerate(run.policies):
         if p not in POLICIES:
             raise _err(src, f"run.policies[{i}]", f"must be one of {', '.join(POLICIES)}, got {p!r}")
@@ -316,8 +320,11 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
     for name in ("compute_ms", "timeout_s", "peer_timeout_s"):
         if not (getattr(run, name) >= 0 and math.isfinite(getattr(run, name))):
             raise _err(src, f"run.{name}", f"must be a non-negative number, got {getattr(run, name)}")
+    for i, p in enumerate(run.policies):
+        if p in TORCH_POLICIES and run.mode != "train":
+            raise _err(src, f"run.policies[{i}]", f"{p!r} trains with torch's own all-reduce: it needs mode = 'train'")
     try:  # the policy objects' own checks (tolerances in [0, 1), P_high >= P_low, eta, freq)
-        for p in run.policies:
+        for p in (p for p in run.policies if p in DBLP_POLICIES):
             run_policy(p, run.p_low, run.p_high, run.eta, run.freq)
     except (ParameterError, TypeError) as exc:
         field_ = next((f for f in ("p_high", "p_low", "eta", "freq") if f in str(exc)), "p_low")

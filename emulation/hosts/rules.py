@@ -15,6 +15,7 @@ from typing import Sequence
 from ..bursts import IterationBurst
 from ..loss import LossController, LossTarget
 from .inventory import HostsError, Inventory
+from .keep import KeptHost
 from .transport import Transport
 
 #: the nft table the launcher makes on each host (removed after every run)
@@ -22,27 +23,41 @@ NFT_TABLE = "dblp_hosts"
 
 
 class HostsNet:
-    """What :class:`emulation.loss.LossController` needs of a network, over a transport."""
+    """What :class:`emulation.loss.LossController` needs of a network, over a transport.
 
-    def __init__(self, tr: Transport) -> None:
+    ``kept``: hosts with a kept agent (:class:`emulation.hosts.keep.KeptHost`): their commands
+    go through it (one line each way, nft in the agent's process) instead of a transport
+    process per command. ``rules_t``: per kept host, when its last rule transaction
+    (``nft -f -``) finished, on its clock: when a burst was really on there."""
+
+    def __init__(self, tr: Transport, kept: dict[str, KeptHost] | None = None) -> None:
         self.tr = tr
+        self.kept = dict(kept or {})
+        self.rules_t: dict[str, float] = {}
 
     def cmd(self, host: str, args: Sequence[str], *, input: str | None = None, check: bool = True,
             timeout: float = 30.0) -> str:
         h = self.tr.inv.host(host)
-        script = ("sudo -n " if h.sudo else "") + shlex.join(list(args))
-        r = self.tr.run(h, script, input=input, timeout=timeout)
-        if check and r.returncode != 0:
-            raise HostsError(f"host {host}: {script!r} failed (rc={r.returncode}): {r.stderr.strip()}")
-        return r.stdout
+        argv = (["sudo", "-n"] if h.sudo else []) + list(args)
+        if host in self.kept:
+            r = self.kept[host].cmd(argv, input=input, timeout=timeout)
+            rc, out, err = r["rc"], r["stdout"], r["stderr"]
+            if "-f" in argv:
+                self.rules_t[host] = r["t"]
+        else:
+            p = self.tr.run(h, shlex.join(argv), input=input, timeout=timeout)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        if check and rc != 0:
+            raise HostsError(f"host {host}: {shlex.join(argv)!r} failed (rc={rc}): {err.strip()}")
+        return out
 
     def host_intf(self, host: str) -> str:
         return self.tr.inv.host(host).intf
 
 
-def loss_controller(tr: Transport) -> LossController:
-    """A loss controller acting on the inventory's hosts through ``tr``."""
-    return LossController(HostsNet(tr), table=NFT_TABLE)
+def loss_controller(tr: Transport, kept: dict[str, KeptHost] | None = None) -> LossController:
+    """A loss controller acting on the inventory's hosts through ``tr`` (or their kept agents)."""
+    return LossController(HostsNet(tr, kept), table=NFT_TABLE)
 
 
 def loss_targets(inv: Inventory) -> tuple[list[tuple[LossTarget, float]], list[IterationBurst]]:
