@@ -44,6 +44,7 @@ from traces.units import HelpFormatter
 from .runstate import STATE_DIR, RunLock, RunStates, pid_alive, read_states, run_tag, stale_bridge
 from .sysutil import (kill_pids, links, netns_inode, pids_in_netns, pids_with_cmdline_prefix,
                       root_netns_inode, run, sysctl_get, sysctl_set)
+from traces.argtypes import add_version
 
 
 @dataclass
@@ -264,6 +265,7 @@ def _probe_alive(name: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.cleanup", description=__doc__, formatter_class=HelpFormatter)
+    add_version(ap)  # every entry point answers --version
     ap.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     ap.add_argument("--all-dblp", action="store_true",
                     help="also remove dblp-* netns and dblp* nft tables of other testbed tools")
