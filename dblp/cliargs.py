@@ -16,6 +16,7 @@ parser against both.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -222,8 +223,6 @@ class ConfigArgumentParser(argparse.ArgumentParser):
     """
 
     def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
-        import sys
-        import weakref
 
         argv = list(sys.argv[1:] if args is None else args)
         top = not _COLLECTING
@@ -573,6 +572,9 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
         ap.error(f"--workload {a.workload}: a worker's shard ({len(wl.train_set) // a.workers} samples of "
                  f"{len(wl.train_set)} over {a.workers} workers) is smaller than one batch of {batch}")
     epochs = -(-a.iterations // per_epoch)
+    if epochs * per_epoch != a.iterations:  # said, not silent; config.json keeps the flag and, under derived, this
+        print(f"--iterations {a.iterations} -> {epochs * per_epoch}: training runs whole epochs "
+              f"({epochs} of {per_epoch} iterations)", file=sys.stderr)
     a.iterations = epochs * per_epoch
     a.elements = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
     a.train = {"workload": wl.name, "epochs": epochs, "iterations_per_epoch": per_epoch, "batch_size": batch,

@@ -45,8 +45,8 @@ class RunRecorder:
             n += 1
             path = Path(f"{base}-{n}")
         self.path = path
-        self.records_dir = self.path / "records"
-        self.records_dir.mkdir(parents=True)
+        self.records_dir = self.path / "records"  # made by record_path: a run whose records live elsewhere
+        self.path.mkdir(parents=True)               # (per policy subfolders) leaves no empty records/
         self.bursts_path = self.path / "bursts.jsonl"
         self.t_start = time.time()
         self.config = dict(config or {})
@@ -57,6 +57,7 @@ class RunRecorder:
     def record_path(self, role: str, worker: int | None = None) -> Path:
         """Where one process writes its RoundRecords: ``records/server.jsonl``, ``records/worker1.jsonl``."""
         name = role if worker is None else f"{role}{worker}"
+        self.records_dir.mkdir(exist_ok=True)
         return self.records_dir / f"{name}.jsonl"
 
     def file(self, name: str) -> Path:
