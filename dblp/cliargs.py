@@ -489,6 +489,8 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
                     help="server: the paper's parameter server on srv; sharded: a shard server on every worker "
                          "host (beyond the paper, dblp.shard), bursts then on every worker's incoming link")
     ap.add_argument("--results", default=str(results), help="parent folder of the run folder")
+    ap.add_argument("--out", default=None,
+                    help="folder of this run's files (default: a new timestamped folder under --results)")
     add_quiet(ap, "per-iteration progress")
 
 
@@ -511,6 +513,8 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if not MIN_MTU <= a.mtu <= MAX_MTU:
         ap.error(f"argument --mtu: a link's MTU is {MIN_MTU}-{MAX_MTU} bytes, got {a.mtu}")
     a.queue_bytes = a.queue
+    if getattr(a, "out", None) and Path(a.out, "config.json").exists():
+        ap.error(f"argument --out: {a.out} already holds a run (config.json); name another folder")
     if getattr(a, "aggregation", "server") == "sharded" and a.workers < 2:
         ap.error(f"--aggregation sharded: needs at least 2 workers (--workers {a.workers})")
 

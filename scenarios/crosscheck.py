@@ -118,7 +118,7 @@ def run_mininet(a: argparse.Namespace) -> Path:
     from topologies.star import StarTopo
 
     config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
-    rec = RunRecorder("crosscheck", config, root=a.results)
+    rec = RunRecorder("crosscheck", config, root=a.results, out=a.out)
     out = rec.path
     print(f"crosscheck: {a.topology}, {a.elements:,} float32 gradient, {a.workers} workers, {a.bw_mbps:g} Mbit/s links, "
           f"{a.queue:,}-byte queues, {a.iterations} iterations, {a.burst_loss:.0%} bursts at {a.bursts_list}, "

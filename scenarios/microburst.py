@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     from topologies.star import StarTopo
 
     config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
-    rec = RunRecorder("microburst", config, root=a.results)
+    rec = RunRecorder("microburst", config, root=a.results, out=a.out)
     out = rec.path
     lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     t = a.train

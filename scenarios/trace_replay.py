@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     from traces import SegmentTrace, summarize
 
     config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
-    rec = RunRecorder("trace_replay", config, root=a.results)
+    rec = RunRecorder("trace_replay", config, root=a.results, out=a.out)
     out = rec.path
     lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     s = summarize(trace)
