@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dblp.control import DEFAULT_PORT
-from dblp.policy import run_policy
+from dblp.policy import RUNS, run_policy
 from dblp.wire import ParameterError
 from traces.argtypes import check_host
 from traces.processes import NFT_KINDS, LossSpecError, burst_iterations, burst_windows, check_spec, undeliverable
@@ -30,7 +30,7 @@ from traces.units import parse_rate
 ROOT = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("ssh", "netns", "local")
 ROLES = ("server", "worker")
-POLICIES = ("reliable", "baseline", "dblp")
+POLICIES = RUNS  # the one list of run names (dblp.policy)
 MODES = ("synthetic", "train")
 LAUNCHERS = ("torchrun", "python")
 _NAME_RE = re.compile(r"^[a-z][a-z0-9]{0,9}$")
