@@ -406,6 +406,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ap.error(f"--skip must be >= 0, got {a.skip}")
     try:
         compare(a.run_a, a.run_b, a.out, a.skip, plot=not a.no_plot)
+        from .provenance import write_config
+
+        write_config(a.out, a)  # which runs were compared, with the commit and package versions
     except ValueError as exc:
         print(f"python -m dblp.analysis compare: error: {exc}", file=sys.stderr)
         return 2

@@ -4,12 +4,15 @@ The server owns the policy (Algorithm 3) and announces the tolerance of each
 round to the receiver of each direction. Three policies:
 
 * ``reliable``: p = 0, every chunk is retransmitted until delivered;
-* ``fixed``: a constant p, MLT's bounded-loss baseline (paper Table I);
+* ``baseline``: a constant p, MLT's bounded-loss baseline (paper Table I);
 * ``dblp``: critical-learning-regime (CLR) switching between ``P_low`` and
   ``P_high`` (paper section III-B, equation 1).
 
-Experiments name their *runs* ``reliable``, ``baseline`` (fixed p = P_low,
-the paper's MLT baseline) and ``dblp``. :func:`run_policy` is the one
+One name per policy everywhere - flags, records, tables, ``DBLPComm``: the
+fixed-tolerance policy is ``baseline`` (the paper's word). ``fixed``, its
+name before, is accepted wherever a policy is named, and records that say
+``fixed`` read as ``baseline`` (:func:`policy_name`). Experiments' runs are
+``reliable``, ``baseline`` (fixed p = P_low) and ``dblp``. :func:`run_policy` is the one
 translation of such a name (or a policy name) into a :class:`PolicySpec`,
 which gives the server's flags, a simulator config's fields and the policy
 object. :func:`passes_needed` is the one form of the tolerance arithmetic
@@ -56,7 +59,7 @@ class ReliablePolicy:
 @dataclass
 class FixedPolicy:
     p: float
-    name: str = "fixed"
+    name: str = "baseline"
     clr: bool = False
 
     def __post_init__(self) -> None:
@@ -144,15 +147,16 @@ def make_policy(
     freq: int = DEFAULT_FREQ,
 ) -> Policy:
     """Build a policy from CLI-style arguments, refusing bad values by name."""
+    name = policy_name(name)
     if name == "reliable":
         return ReliablePolicy()
-    if name == "fixed":
+    if name == "baseline":
         return FixedPolicy(p)
     if name == "dblp":
         lo = p if p_low is None else p_low
         hi = default_p_high(lo) if p_high is None else p_high
         return DblpPolicy(p_low=lo, p_high=hi, eta=eta, freq=freq)
-    raise ParameterError(f"policy must be reliable, fixed or dblp, got {name!r}")
+    raise ParameterError(f"policy must be reliable, baseline or dblp, got {name!r}")
 
 
 def needed_chunks(chunks: int, tolerance: float) -> int:
@@ -165,10 +169,19 @@ def needed_chunks(chunks: int, tolerance: float) -> int:
 
 
 # -- names of runs and policies ---------------------------------------------------------------
-#: The server's policies (``--policy``).
-POLICIES: tuple[str, ...] = ("reliable", "fixed", "dblp")
+#: The policies (``--policy``), one name each.
+POLICIES: tuple[str, ...] = ("reliable", "baseline", "dblp")
 #: An experiment's named runs (``--policies``): ``baseline`` is the fixed policy at P_low.
 RUNS: tuple[str, ...] = ("reliable", "baseline", "dblp")
+#: Older names, still accepted (and read from records written before): name -> the one name
+POLICY_ALIASES: dict[str, str] = {"fixed": "baseline"}
+#: what a policy flag's help says about the alias
+ALIAS_NOTE = "fixed is accepted as the old name of baseline"
+
+
+def policy_name(name: str) -> str:
+    """The one name of a policy (``fixed`` -> ``baseline``); other names are returned as they are."""
+    return POLICY_ALIASES.get(name, name)
 
 
 @dataclass(frozen=True)
@@ -178,7 +191,7 @@ class PolicySpec:
     and :meth:`build` (the policy object)."""
 
     policy: str  # one of POLICIES
-    p: float = 0.0  # the fixed tolerance (fixed), P_low (dblp)
+    p: float = 0.0  # the fixed tolerance (baseline), P_low (dblp)
     p_low: float | None = None
     p_high: float | None = None
     eta: float = DEFAULT_ETA
@@ -191,8 +204,8 @@ class PolicySpec:
         """The server's command-line flags of this policy."""
         if self.policy == "reliable":
             return ["--policy", "reliable"]
-        if self.policy == "fixed":
-            return ["--policy", "fixed", "--p", repr(float(self.p))]
+        if self.policy == "baseline":
+            return ["--policy", "baseline", "--p", repr(float(self.p))]
         a = ["--policy", "dblp", "--p-low", repr(float(self.p if self.p_low is None else self.p_low)),
              "--eta", repr(float(self.eta)), "--freq", str(int(self.freq))]
         return a + (["--p-high", repr(float(self.p_high))] if self.p_high is not None else [])
@@ -216,20 +229,20 @@ def run_policy(
     so equal policies compare equal. Checks every value (ParameterError)."""
     if name == "reliable":
         spec = PolicySpec("reliable")
-    elif name in ("baseline", "fixed"):
-        spec = PolicySpec("fixed", p=p_low)
+    elif policy_name(name) == "baseline":
+        spec = PolicySpec("baseline", p=p_low)
     elif name == "dblp":
         spec = PolicySpec("dblp", p=p_low, p_low=p_low, p_high=default_p_high(p_low) if p_high is None else p_high,
                           eta=eta, freq=freq)
     else:
-        raise ParameterError(f"policy must be one of {', '.join(RUNS + ('fixed',))}, got {name!r}")
+        raise ParameterError(f"policy must be one of {', '.join(RUNS)} ({ALIAS_NOTE}), got {name!r}")
     spec.build()  # refuse bad values here, by name
     return spec
 
 
 def parse_runs(text: str) -> list[str]:
     """``"reliable,baseline,dblp"`` -> the list, each checked against :data:`RUNS`."""
-    runs = [x.strip() for x in text.split(",") if x.strip()]
+    runs = [policy_name(x.strip()) for x in text.split(",") if x.strip()]
     bad = [r for r in runs if r not in RUNS]
     if bad:
         raise ParameterError(f"unknown run {bad[0]!r}: use a comma list of {', '.join(RUNS)}")

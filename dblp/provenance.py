@@ -12,9 +12,10 @@ import subprocess
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
-__all__ = ["provenance", "write_config", "PACKAGES"]
+__all__ = ["provenance", "write_config", "PACKAGES", "code_version", "remember_flags", "flags_of", "config_record",
+           "run_values", "plain"]
 
 ROOT = Path(__file__).resolve().parent.parent
 #: the distributions whose versions a run records
@@ -51,6 +52,72 @@ def provenance() -> dict[str, Any]:
     }
 
 
+def code_version() -> str:
+    """The testbed's version and commit (``--version``'s answer; one home: :func:`traces.argtypes.code_version`)."""
+    from traces.argtypes import code_version as version
+
+    return version()
+
+
+#: id(namespace) -> (weak reference, {dest: (flag name, value as given)}): every Namespace that
+#: dblp.cliargs' parser returned, so that write_config writes the flags as they were given ("500M",
+#: not the 500000000.0 bit/s they became) and keeps the values the run used apart; and the dests that
+#: steer the parser only (--config, --print-config), written nowhere
+_FLAGS: dict[int, tuple[Any, dict[str, tuple[str, Any]], frozenset[str]]] = {}
+
+
+def remember_flags(ns: Any, flags: dict[str, tuple[str, Any]], hidden: Iterable[str] = ()) -> None:
+    """Record a parsed Namespace's flags: dest -> (long flag name, value as given); ``hidden``: dests
+    that are not the run's (``config``, ``print_config``)."""
+    import weakref
+
+    key = id(ns)
+    _FLAGS[key] = (weakref.ref(ns, lambda _r: _FLAGS.pop(key, None)), dict(flags), frozenset(hidden))
+
+
+def flags_of(args: Any) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """``(flags, derived)`` of a Namespace the parser returned (None for any other object).
+
+    ``flags``: long flag name -> value as given (what ``--config`` reads back: the same flags give the
+    same Namespace). ``derived``: every value of the Namespace that is not its flag's text as given -
+    a rate in bit/s, a count the run rounded to whole epochs, what the run added (``elements``,
+    ``policy_list``) - so that readers of a run's config (``dblp.sim.calibrate``) find the values the
+    run used, under the names the Namespace has."""
+    entry = _FLAGS.get(id(args))
+    if entry is None or entry[0]() is not args:
+        return None
+    _, by_dest, hidden = entry
+    flags = {key: raw for key, raw in by_dest.values()}
+    derived = {k: v for k, v in vars(args).items()
+               if k not in hidden and (k not in by_dest or _plain(v) != _plain(by_dest[k][1]))}
+    return flags, derived
+
+
+def config_record(args: Any) -> dict[str, Any]:
+    """What a run's ``config.json`` holds besides ``_run``: the flags at the top level and ``derived``
+    apart (:func:`flags_of`), or, for a dict or a Namespace the testbed's parser did not make, all of it."""
+    split = flags_of(args) if not isinstance(args, dict) else None
+    if split is None:
+        return _plain(dict(args if isinstance(args, dict) else vars(args)))
+    flags, derived = split
+    return {**_plain(flags), "derived": _plain(derived)}
+
+
+def run_values(config: dict[str, Any]) -> dict[str, Any]:
+    """The values a run used, from its ``config.json``: the flags overlaid with ``derived`` (older files,
+    without ``derived``, are already that)."""
+    derived = config.get("derived")
+    flat = {k: v for k, v in config.items() if k != "derived"}
+    if isinstance(derived, dict):
+        flat.update(derived)
+    return flat
+
+
+def plain(v: Any) -> Any:
+    """A value as JSON holds it: paths and other objects as their text, NaN as null."""
+    return _plain(v)
+
+
 def _plain(v: Any) -> Any:
     if isinstance(v, Path):
         return str(v)
@@ -64,9 +131,15 @@ def _plain(v: Any) -> Any:
 
 
 def write_config(folder: str | os.PathLike, args: Any, name: str = "config.json") -> Path:
-    """Write the run's resolved flags (``vars(args)``) and :func:`provenance` into ``folder/name``."""
+    """Write the run's flags and :func:`provenance` into ``folder/name``.
+
+    For a Namespace from the testbed's parser (:mod:`dblp.cliargs`) the top level holds exactly the
+    flags, as given (``"bandwidth": "500M"``), so ``--config folder/config.json`` reruns the run; what
+    the run derived from them (or changed after parsing: whole epochs, a resolved model size) goes
+    under ``derived``, the provenance under ``_run``; ``--config`` skips both. Any other object
+    (a dict, a plain Namespace) is written whole.
+    """
     path = Path(folder) / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    flags = vars(args) if not isinstance(args, dict) else args
-    path.write_text(json.dumps({**_plain(dict(flags)), "_run": provenance()}, indent=1))
+    path.write_text(json.dumps({**config_record(args), "_run": provenance()}, indent=1))
     return path

@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any, Iterable, Iterator, Mapping
 
+from .policy import policy_name
+
 #: Version of the JSONL line format written by :meth:`RoundRecord.to_dict`.
 #: 1: strict JSON (null for NaN), ``schema`` and ``run`` at the top level.
 SCHEMA_VERSION = 1
@@ -55,7 +57,7 @@ class RoundRecord:
     worker: int
     round: int
     t_start: float = 0.0  # seconds (wall clock, or simulated time) when the round began here
-    policy: str = ""  # "reliable" | "fixed" | "dblp"
+    policy: str = ""  # "reliable" | "baseline" | "dblp" (older records' "fixed" reads as "baseline")
     tolerance_up: float = 0.0
     tolerance_down: float = 0.0
     clr: bool = False  # server's CLR state when it set tolerance_down
@@ -118,6 +120,8 @@ class RoundRecord:
         if not kw.get("run") and isinstance(kw.get("extra"), dict) and "run" in kw["extra"]:  # schema 0
             kw["extra"] = dict(kw["extra"])
             kw["run"] = str(kw["extra"].pop("run"))
+        if isinstance(kw.get("policy"), str):  # records written before the one vocabulary say "fixed"
+            kw["policy"] = policy_name(kw["policy"])
         return cls(**kw)
 
 

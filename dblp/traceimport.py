@@ -41,6 +41,7 @@ from traces.model import PacketTrace
 from traces.pcap import IPPROTO_UDP, Capture, read_capture
 
 from .wire import HEADER_DTYPE, HEADER_SIZE, KIND_DATA, MAGIC, VERSION, parse_headers
+from traces.argtypes import add_version
 
 KEY_FIELDS = ("run_id", "sender", "round", "seq")
 KEY_DTYPE = np.dtype([("run_id", "<u4"), ("sender", "<u2"), ("round", "<u4"), ("seq", "<u4")])
@@ -196,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "or receiver only). Writes a traces/FORMAT.md file for `python -m traces show` and the replayers.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_version(ap)  # every entry point answers --version
     ap.add_argument("--received", required=True, help="receiver-side capture (pcap or pcapng)")
     ap.add_argument("--sent", default=None, help="sender-side capture (all transmissions); without it, "
                     "--expected-chunks defines what should have arrived")

@@ -54,6 +54,7 @@ from .runstate import (RunLock, RunStates, netns_label, netns_label_of, owned_ne
                        run_tag, stale_bridge, state_dir)
 from .sysutil import (kill_pids, links, netns_inode, pids_by_netns, pids_with_cmdline_prefix, proc_start,
                       root_netns_inode, run, sysctl_get, sysctl_set)
+from traces.argtypes import add_version
 
 #: What one cleanup may sweep besides the runs its registry records (the default: everything).
 SWEEPS = frozenset({"strays", "bridges", "nft", "netns", "slots"})
@@ -337,6 +338,7 @@ def _probe_alive(name: str) -> bool:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.cleanup", description=__doc__, formatter_class=HelpFormatter)
+    add_version(ap)  # every entry point answers --version
     ap.add_argument("--dry-run", action="store_true", help="show what would be removed, remove nothing")
     ap.add_argument("--all-dblp", action="store_true",
                     help="also remove dblp-* netns and dblp* nft tables of other testbed tools")

@@ -68,6 +68,29 @@ def shape_opts(params: dict[str, Any]) -> dict[str, Any]:
     return opts
 
 
+#: the options of ``mn ... --link tc,KEY=VALUE`` (set by mn's ``validate`` hook, before anything is built)
+_COMMAND_LINE: dict[str, Any] = {}
+#: the keys that name a link's queue, in either vocabulary
+QUEUE_KEYS = ("max_queue_size", "buffer_pkts", "buffer_bytes")
+
+
+def merge_link_params(topology: dict[str, Any], command_line: dict[str, Any]) -> dict[str, Any]:
+    """A link's options under ``mn --link tc,...``: the command line's win over the topology's.
+
+    Why: Mininet hands ``--link`` options to the link as defaults that the topology's own link
+    options override, and the testbed's topologies always set ``bw`` and a queue, so ``--link
+    tc,bw=50,max_queue_size=50`` was ignored (``bw``) or refused as two queues (the topology's
+    ``buffer_pkts`` beside the command line's ``max_queue_size``). A queue the command line names
+    replaces the topology's, in whichever vocabulary each gave it.
+    """
+    merged = dict(topology)
+    if any(k in command_line for k in QUEUE_KEYS):
+        for k in QUEUE_KEYS:
+            merged.pop(k, None)
+    merged.update(command_line)
+    return merged
+
+
 def link_shape(params: dict[str, Any]):  # -> emulation.shaping.Shape | None
     """:func:`shape_opts`, then the :class:`~emulation.shaping.Shape` (None: an unshaped link)."""
     from .shaping import Shape
@@ -87,7 +110,7 @@ class TBFLink(ShapedLink):
     """A shaped veth pair that applies its shape to both ends as soon as it exists (``mn --link tc``)."""
 
     def __init__(self, node1: Node, node2: Node, **params: Any) -> None:
-        super().__init__(node1, node2, **params)
+        super().__init__(node1, node2, **merge_link_params(params, _COMMAND_LINE))
         if self.shape is not None:
             from .shaping import apply_shape
 
@@ -119,6 +142,8 @@ def _validate(shaping_error: str | None) -> Callable[[Any], None]:
         link, _, link_kw = splitArgs(str(getattr(opts, "link", None) or "default"))
         if link not in ("tc", "tbf"):
             return
+        _COMMAND_LINE.clear()
+        _COMMAND_LINE.update(link_kw)  # they win over the topology's link options (merge_link_params)
         if shaping_error:
             raise SystemExit(f"--link {opts.link}: the testbed's TBF link could not be loaded "
                              f"({shaping_error}), and Mininet's TCLink would ignore the topology's "
@@ -126,7 +151,7 @@ def _validate(shaping_error: str | None) -> Callable[[Any], None]:
                              "python3-numpy), or run `sudo .venv/bin/python $(which mn) ...`.")
         topos = getattr(sys.modules.get("__main__"), "TOPOS", None)
         topo = buildTopo(topos, opts.topo) if topos and getattr(opts, "topo", None) else None
-        infos = [dict(link_kw, **topo.linkInfo(a, b)) for a, b in topo.links()] if topo else [link_kw]
+        infos = [merge_link_params(topo.linkInfo(a, b), link_kw) for a, b in topo.links()] if topo else [link_kw]
         try:
             for info in infos:
                 delay = shape_opts(dict(info)).get("delay")

@@ -53,7 +53,7 @@ from .runstate import STATE_DIR, RunLock, netns_label, read_states, record_teard
 from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_by_netns, pids_in_netns, pids_with_env,
                       proc_start, run, sysctl_get, sysctl_set)
 
-__all__ = ["EmuNet", "ShapedLink", "STATE_DIR", "teardown_summary"]
+__all__ = ["EmuNet", "HostsKilled", "ShapedLink", "STATE_DIR", "teardown_summary"]
 
 #: Seconds after a teardown run by a signal handler within which the same signal again is a copy
 #: of the one handled (a terminal's Ctrl-C reaches the whole group, ``sudo`` forwards another).
@@ -70,6 +70,22 @@ MININET_SYSCTLS = ("fs.file-max", "net.core.wmem_max", "net.core.rmem_max",
                    "net.ipv4.neigh.default.gc_thresh1", "net.ipv4.neigh.default.gc_thresh2",
                    "net.ipv4.neigh.default.gc_thresh3", "net.ipv4.route.max_size",
                    "kernel.pty.max")
+
+
+class HostsKilled(SystemExit):
+    """The run's Mininet hosts were killed from outside (``sudo mn -c`` kills every Mininet shell on
+    the machine), so the run cannot go on.
+
+    A SystemExit, so that a scenario ends with its one-line message, not with the traceback of
+    whatever failed first in a dead host (a worker's ``LaunchError``, an ``nft`` that found no
+    namespace); the message names the hosts and the command that removes what the run left.
+    """
+
+    def __init__(self, hosts: Sequence[str], run_id: str) -> None:
+        self.hosts = list(hosts)
+        super().__init__(f"emulation: the hosts of run {run_id} were killed from outside "
+                         f"({', '.join(self.hosts)} gone; `mn -c`?): the run cannot go on. Remove what it "
+                         "left with: sudo .venv/bin/python -m emulation.cleanup")
 
 
 class EmuNet:
@@ -117,9 +133,19 @@ class EmuNet:
     def __enter__(self) -> "EmuNet":
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        killed = self.killed_hosts() if exc_type is not None and not issubclass(exc_type, SystemExit) else []
         self.stop()
         self._restore_signal_handlers()  # after a teardown run by a signal handler (see _on_signal)
+        if killed:  # what failed failed because its host is gone: say that, in one line
+            raise HostsKilled(killed, self.run_id) from None
+
+    def killed_hosts(self) -> list[str]:
+        """The hosts whose shell is gone (killed from outside, e.g. by ``mn -c``) while the net runs."""
+        if self.net is None or not self._started or self._stopped:
+            return []
+        # the shell is our child: poll() reaps it (a killed child stays a zombie, which kill(pid, 0) still finds)
+        return [h.name for h in self.net.hosts if getattr(h, "shell", None) is None or h.shell.poll() is not None]
 
     def start(self) -> "EmuNet":
         """Build, start and shape the network; on any failure, tear down and re-raise."""

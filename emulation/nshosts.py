@@ -57,6 +57,7 @@ from traces.units import HelpFormatter
 from . import nft
 from .shaping import Shape, shape_commands, unshape_commands
 from .sysutil import BRIDGE_NF_SYSCTLS, kill_pids, proc_start
+from traces.argtypes import add_version
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -490,6 +491,7 @@ def _sigterm_to_interrupt(signum, frame) -> None:
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.nshosts", formatter_class=HelpFormatter,
                                  description="Namespace hosts on one bridge: list or clean up leftovers, or a quick self-check.")
+    add_version(ap)  # every entry point answers --version
     ap.add_argument("--cleanup", action="store_true",
                     help="delete dblpns- namespaces whose creating process is gone")
     ap.add_argument("--all", action="store_true", help="with --cleanup: delete every dblpns- namespace")

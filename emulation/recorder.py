@@ -33,20 +33,27 @@ from dblp.records import RoundRecord, read_records, write_records
 class RunRecorder:
     """Creates and fills a run folder.
 
-    name: run label (folder prefix). root: parent folder (default ``results``).
+    name: run label (folder prefix). root: parent folder (default ``results``) of a new
+    timestamped folder; out: the folder itself instead (``--out``; refused if it holds a run).
     config: JSON-able dict saved as config.json (extended with machine facts).
     """
 
-    def __init__(self, name: str, config: dict | None = None, root: str | Path = "results") -> None:
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        base = Path(root) / f"{name}-{stamp}"
-        path, n = base, 1
-        while path.exists():  # two runs in the same second
-            n += 1
-            path = Path(f"{base}-{n}")
+    def __init__(self, name: str, config: dict | None = None, root: str | Path = "results",
+                 out: str | Path | None = None) -> None:
+        if out is not None:  # the folder itself (--out); never mixed into another run's files
+            path = Path(out)
+            if (path / "config.json").exists():
+                raise FileExistsError(f"--out {out}: that folder already holds a run (config.json); name another")
+        else:
+            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+            base = Path(root) / f"{name}-{stamp}"
+            path, n = base, 1
+            while path.exists():  # two runs in the same second
+                n += 1
+                path = Path(f"{base}-{n}")
         self.path = path
-        self.records_dir = self.path / "records"
-        self.records_dir.mkdir(parents=True)
+        self.records_dir = self.path / "records"  # made by record_path: a run whose records live elsewhere
+        self.path.mkdir(parents=True, exist_ok=out is not None)  # (per policy subfolders): no empty records/
         self.bursts_path = self.path / "bursts.jsonl"
         self.t_start = time.time()
         self.config = dict(config or {})
@@ -57,6 +64,7 @@ class RunRecorder:
     def record_path(self, role: str, worker: int | None = None) -> Path:
         """Where one process writes its RoundRecords: ``records/server.jsonl``, ``records/worker1.jsonl``."""
         name = role if worker is None else f"{role}{worker}"
+        self.records_dir.mkdir(exist_ok=True)
         return self.records_dir / f"{name}.jsonl"
 
     def file(self, name: str) -> Path:

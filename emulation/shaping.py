@@ -60,7 +60,7 @@ class Shape:
         GSO/TSO super-packets of 64 KiB pass unsplit; the queue is at least
         the bucket.
         """
-        bps = parse_rate(rate)  # text: tc's units ('1gbit', '500M'); a bare number: bit/s
+        bps = parse_rate(rate, tc=True)  # text: tc's units ('1gbit', '500M', 125mbps = bytes/s); a bare number: bit/s
         if not bps > 0:
             raise ValueError(f"rate must be positive, got {rate!r}")
         burst = burst_bytes or gso_burst(bps / 1e6)

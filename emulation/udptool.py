@@ -19,6 +19,7 @@ import time
 
 from traces.argtypes import count_arg, host_arg, port_arg
 from traces.units import duration_arg, rate_arg, size_arg, use_help_formatter
+from traces.argtypes import add_version
 
 HDR = struct.Struct("!IQ")  # magic, sequence number
 MAGIC = 0xDB1BE31
@@ -76,6 +77,7 @@ def recv(port: int, idle: float, deadline: float, ready_file: str | None = None)
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.udptool", description=__doc__)
+    add_version(ap)  # every entry point answers --version
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("send", help="send numbered datagrams")
     s.add_argument("--dst", type=host_arg, required=True, help="destination address")

@@ -42,6 +42,7 @@ from dblp import auth, wire  # noqa: E402
 from dblp.cliargs import model_arg, parser  # noqa: E402
 from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
 from dblp.loopback import loopback_rounds  # noqa: E402
+from dblp.provenance import write_config  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 
 
@@ -90,7 +91,7 @@ def _env(extra: dict[str, str]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = parser("bench_auth.py", __doc__.splitlines()[0], config=False)
+    ap = parser("bench_auth.py", __doc__.splitlines()[0])
     ap.add_argument("--model", type=model_arg, default="25M", help="tensor size: " + MODEL_HELP)
     ap.add_argument("--workers", type=count_arg(1), default=3, help="worker processes of the loopback rounds")
     ap.add_argument("--iterations", type=count_arg(1), default=5, help="timed iterations (rounds) per loopback run")
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"lossless {elements:,}-element rounds, {a.workers} workers on loopback: {wname} / CRC-only = "
               f"{med:.3f} (median of {repeats}; range {min(ratios):.3f}-{max(ratios):.3f}; target <= 1.10)")
     a.out.mkdir(parents=True, exist_ok=True)
+    write_config(a.out, a)  # the flags as given, commit and package versions (--config takes it back)
     with open(a.out / "bench_auth.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["repeat", "wire", "median_ms"])
         w.writeheader()

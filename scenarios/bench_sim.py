@@ -38,6 +38,7 @@ from pathlib import Path
 
 import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
+from dblp.provenance import config_record, provenance  # noqa: E402
 from dblp.sim import SimConfig, simulate  # noqa: E402
 from dblp.cliargs import parser  # noqa: E402
 from traces.argtypes import count_arg, int_list_arg  # noqa: E402
@@ -202,24 +203,28 @@ def main() -> int:
     if a.only_sweep:
         res = {"sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs,
                                     a.sweep_model)}
-        if a.output:
-            Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
+        _write(a, res)
         return 0
     wk, wp = a.workers, a.workers_provisioned
     scale = (bench_workers(wk, a.workers_iterations, False, a.topology)
              + bench_workers(wp, a.workers_iterations, True, a.topology))
     print_worker_targets(scale)
     if a.only_workers:
-        if a.output:
-            Path(a.output).write_text(json.dumps({"workers": scale}, indent=2, default=float) + "\n")
+        _write(a, {"workers": scale})
         return 0
     res = {"workers": scale, "round": bench_round(a.iterations, groups),
            "packet": bench_packet(a.packet_model, a.packet_iterations),
            "sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs,
                                 a.sweep_model)}
-    if a.output:
-        Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
+    _write(a, res)
     return 0
+
+
+def _write(a, res: dict) -> None:
+    """``--output``: the numbers, with the flags and the provenance that made them."""
+    if a.output:
+        body = {**res, "config": config_record(a), "_run": provenance()}
+        Path(a.output).write_text(json.dumps(body, indent=2, default=float) + "\n")
 
 
 if __name__ == "__main__":

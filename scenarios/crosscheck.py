@@ -57,6 +57,7 @@ from dblp.cliargs import add_burst_args, add_run_args, check_burst_args, check_r
 from traces.argtypes import count_arg
 from traces.units import rate_arg
 from dblp.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
+from dblp.provenance import config_record, run_values
 
 
 # ============================================================================ scenario
@@ -116,8 +117,8 @@ def run_mininet(a: argparse.Namespace) -> Path:
     from emulation.recorder import RunRecorder
     from topologies.star import StarTopo
 
-    config = {k: v for k, v in vars(a).items() if not k.startswith("_")}
-    rec = RunRecorder("crosscheck", config, root=a.results)
+    config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
+    rec = RunRecorder("crosscheck", config, root=a.results, out=a.out)
     out = rec.path
     print(f"crosscheck: {a.topology}, {a.elements:,} float32 gradient, {a.workers} workers, {a.bw_mbps:g} Mbit/s links, "
           f"{a.queue:,}-byte queues, {a.iterations} iterations, {a.burst_loss:.0%} bursts at {a.bursts_list}, "
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"crosscheck: {out} is not a run folder (no config.json)", file=sys.stderr)
             return 2
         own = {"params", "calibrate_from", "fidelity", "from_run"}
-        for k, v in json.loads((out / "config.json").read_text()).items():
+        for k, v in run_values(json.loads((out / "config.json").read_text())).items():  # the values it used
             if not k.startswith("_") and k not in own:
                 setattr(a, k, v)  # the run's scenario, whatever the command line says
     else:

@@ -36,6 +36,7 @@ from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check
                           check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
+from dblp.provenance import config_record
 from dblp.records import merge_runs
 from dblp.wire import TAG_SIZE, ChunkLayout
 
@@ -91,8 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     from emulation.recorder import RunRecorder
     from topologies.star import StarTopo
 
-    config = {k: v for k, v in vars(a).items()}
-    rec = RunRecorder("microburst", config, root=a.results)
+    config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
+    rec = RunRecorder("microburst", config, root=a.results, out=a.out)
     out = rec.path
     lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     t = a.train

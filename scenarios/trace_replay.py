@@ -53,6 +53,7 @@ from dblp.exposure import exposure_by_direction, exposure_by_round, received_fra
 from dblp.wire import TAG_SIZE, ChunkLayout
 from dblp.cliargs import add_run_args, add_workload_args, check_run_args, check_workload_args, parser
 from dblp.policy import run_policy as named_policy
+from dblp.provenance import config_record
 from traces.argtypes import float_arg
 from traces.units import duration_arg
 
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     from topologies.star import StarTopo
     from traces import SegmentTrace, summarize
 
-    config = {k: v for k, v in vars(a).items()}
-    rec = RunRecorder("trace_replay", config, root=a.results)
+    config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
+    rec = RunRecorder("trace_replay", config, root=a.results, out=a.out)
     out = rec.path
     lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
     s = summarize(trace)

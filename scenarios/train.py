@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None,
                     help="cap on iterations per epoch (default: all)")
     ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
+    ap.add_argument("--out", default=None,
+                    help="folder of this run's files (default: a new timestamped folder under --results)")
     return ap
 
 
@@ -117,8 +119,12 @@ def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
-    out = Path(a.results) / f"train-{time.strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True)
+    out = Path(a.out) if a.out else Path(a.results) / f"train-{time.strftime('%Y%m%d-%H%M%S')}"
+    if (out / "config.json").exists():
+        print(f"train.py: error: argument --out: {out} already holds a run (config.json); name another folder",
+              file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     write_config(out, a)  # the resolved flags, commit and package versions (--config takes it back)
     print(f"train: {a.workload}, {a.workers} workers, {a.epochs} epochs, policies {a.policy_list}, "
           f"loss {a.loss:.1%}\n  results: {out}", flush=True)

@@ -45,8 +45,8 @@ PY=${DBLP_PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# torch/torchvision pinned to the builds that pip takes from this machine's disk
-# (see DESIGN.md); the CUDA build also runs on CPU.
+# torch/torchvision pinned together: torch 2.13.0 alone takes a CPU build beside which torchvision
+# does not import; 2.14.1 + 0.29.1 install as a pair (the CUDA build, ~5.5 GB, which also runs on CPU).
 .venv/bin/python -m pip install -q torch==2.14.1 torchvision==0.29.1
 .venv/bin/python -m pip install -q -e '.[dev,all]'  # all: train, gpt2, stats - the test suite uses every extra
 # The helper's build is optional (the install succeeds without it), so say here when a compiler was found

@@ -165,3 +165,67 @@ def test_one_meaning_per_name(options):
 def test_units_go_in_values_not_in_names(options):
     bad = sorted({n for o in _visible(options) for n in o["opts"] if n.endswith(UNIT_SUFFIXES)})
     assert not bad, f"flags with a unit in the name (give it in the value: --compute 5ms): {bad}"
+
+
+# -- issue 28: one name per policy, one folder flag, --version everywhere, completion -------------------
+def test_every_entry_point_answers_version(options):
+    commands = {o["command"] for o in options}
+    answering = {o["command"] for o in options if "--version" in o["opts"]}
+    assert commands - answering == set(), f"entry points without --version: {sorted(commands - answering)}"
+    r = subprocess.run([sys.executable, "-m", "dblp", "--version"], capture_output=True, text=True, timeout=120,
+                       cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.startswith("dblp 0.1.0"), r.stdout + r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "sweep.py"), "--version"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and "0.1.0" in r.stdout, r.stdout + r.stderr
+
+
+def test_one_name_per_policy_and_the_old_name_still_reads():
+    """``baseline`` everywhere: flags, the policy object, records; ``fixed`` (the old name) accepted and
+    read back as ``baseline``."""
+    from dblp.cli import build_parser as dblp_parser
+    from dblp.policy import POLICIES, FixedPolicy, make_policy, parse_runs, run_policy
+    from dblp.records import RoundRecord
+    from dblp.sim.cli import build_parser as sim_parser
+    from dblp.sim.config import SimConfig
+
+    assert POLICIES == ("reliable", "baseline", "dblp")
+    for name in ("baseline", "fixed"):
+        assert dblp_parser().parse_args(["server", "--policy", name]).policy == "baseline"
+        assert sim_parser().parse_args(["run", "--policy", name]).policy == "baseline"
+        assert run_policy(name, 0.01).flags() == ["--policy", "baseline", "--p", "0.01"]
+        assert make_policy(name, p=0.01).name == "baseline"
+        assert SimConfig(policy=name, p=0.01).policy == "baseline"
+    assert FixedPolicy(0.01).name == "baseline" and parse_runs("reliable,fixed,dblp") == list(POLICIES)
+    old = RoundRecord(source="emulation", role="worker", worker=0, round=1, policy="fixed").to_dict()
+    assert RoundRecord.from_dict(old).policy == "baseline"
+
+
+def test_policy_flags_name_the_alias(options):
+    bad = [f"{o['cmd']}: {o['text']!r}" for o in _visible(options) if "--policy" in o["opts"]
+           and "fixed is accepted as the old name of baseline" not in o["text"]]
+    assert not bad, bad
+
+
+def test_output_flags_one_per_meaning(options):
+    """A run's folder is ``--out``, the parent of timestamped run folders ``--results``, a file ``--output``
+    (``-o``): never another spelling, and ``-o`` never a folder."""
+    short_o = [f"{o['cmd']} {o['opts']}: {o['help']!r}" for o in _visible(options) if "-o" in o["opts"]
+               and ("--output" not in o["opts"] or "file" not in o["help"].lower())]
+    assert not short_o, short_o
+    outs = [o for o in _visible(options) if "--out" in o["opts"]]
+    assert len(outs) >= 8 and all("folder" in o["help"].lower() for o in outs), [o["help"] for o in outs]
+
+
+def test_shell_completion_scripts_come_from_the_parsers():
+    """``shtab --shell=bash dblp.sim.cli.build_parser`` (docs/protocol.md): every library entry point's
+    parser gives a completion script that knows its flags."""
+    import shtab
+
+    for name, p in _library_parsers().items():
+        script = shtab.complete(p, shell="bash")
+        assert "--version" in script and "complete -o" in script, name
+    from dblp.sim.cli import build_parser as sim_parser
+
+    script = shtab.complete(sim_parser(), shell="zsh")
+    assert "--bandwidth" in script and "--print-config" in script

@@ -91,7 +91,7 @@ def test_named_runs_translate_to_one_policy_everywhere():
 
     assert run_policy("reliable").flags() == ["--policy", "reliable"]
     base = run_policy("baseline", 0.008)
-    assert base.flags() == ["--policy", "fixed", "--p", "0.008"] and isinstance(base.build(), FixedPolicy)
+    assert base.flags() == ["--policy", "baseline", "--p", "0.008"] and isinstance(base.build(), FixedPolicy)
     assert base.config() == run_policy("fixed", 0.008).config()  # the baseline is the fixed policy at P_low
     d = run_policy("dblp", 0.008, None, 0.5, 10)
     assert d.p_high == 0.408 and isinstance(d.build(), DblpPolicy)  # P_low + k, not 0.40800000000000003

@@ -20,6 +20,8 @@ from typing import Callable
 
 __all__ = [
     "MAX_PORT",
+    "add_version",
+    "code_version",
     "count_arg",
     "float_arg",
     "host_arg",
@@ -205,3 +207,51 @@ def unresolvable(host: str) -> str | None:
     except UnicodeError as exc:
         return str(exc)
     return None
+
+
+# -- --version ------------------------------------------------------------------------------------
+def code_version() -> str:
+    """The testbed's version, with the commit (and "+modified") in a git checkout.
+
+    Here, in the lowest package, because every entry point answers ``--version`` with it (the
+    ``traces`` tools cannot import ``dblp``); :mod:`dblp.provenance` records the same facts per run.
+    """
+    import subprocess
+    from importlib import metadata
+    from pathlib import Path
+
+    try:
+        version = metadata.version("dblp-testbed")
+    except metadata.PackageNotFoundError:
+        version = "unknown"
+    root = str(Path(__file__).resolve().parent.parent)
+
+    def git(*args: str) -> str:
+        try:
+            out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    if not commit:
+        return version
+    dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    return f"{version} (git {commit}{'+modified' if dirty else ''})"
+
+
+class VersionAction(argparse.Action):
+    """``--version``: the answer is looked up when asked (it runs git), not when the parser is built."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kw: object) -> None:
+        kw.pop("default", None)
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        print(f"{parser.prog} {code_version()}")  # stdout, as argparse's own "version" action
+        parser.exit()
+
+
+def add_version(p: argparse.ArgumentParser) -> None:
+    """``--version`` (every entry point has it): the testbed's version and git commit."""
+    p.add_argument("--version", action=VersionAction, help="print the testbed's version (and git commit) and exit")

@@ -28,6 +28,7 @@ from .io import read_trace, write_trace
 from .model import PacketTrace, SegmentTrace
 from .stats import summarize
 from .units import HelpFormatter, UnitError, parse_duration, use_help_formatter
+from .argtypes import add_version
 
 
 def micros(text: str, *, allow_zero: bool = False) -> int:
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m traces", description=__doc__, formatter_class=HelpFormatter
     )
+    add_version(ap)  # every entry point answers --version
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="sample a trace from a loss model", description="Sample a trace from a loss model.")

@@ -88,7 +88,7 @@ def parse_rate(tok: str) -> float:
     """A tc rate (``100mbit``, ``1gbit``, ``125mbps`` = bytes/s, bare number = bit/s) in bit/s
     (:func:`traces.units.parse_rate`, tc's meaning of every suffix)."""
     try:
-        return units.parse_rate(tok, "bit", allow_zero=False)
+        return units.parse_rate(tok, "bit", allow_zero=False, tc=True)
     except units.UnitError as exc:
         raise TraceError(str(exc)) from None
 

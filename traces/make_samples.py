@@ -94,6 +94,22 @@ def readme() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Rewrite the samples (and their README) - only when asked: ``--help`` and ``--check`` write nothing."""
+    import argparse
+
+    from .argtypes import add_version
+    from .units import HelpFormatter
+
+    ap = argparse.ArgumentParser(prog="python -m traces.make_samples", description=__doc__.split("\n\n")[0],
+                                 formatter_class=HelpFormatter)
+    add_version(ap)
+    ap.add_argument("--check", action="store_true",
+                    help="only say whether the committed samples equal what the generators make now (exit 1 if not)")
+    a = ap.parse_args(argv)
+    if a.check:
+        stale = check()
+        print("samples up to date" if not stale else f"samples that differ: {', '.join(stale)}")
+        return 1 if stale else 0
     SAMPLES_DIR.mkdir(exist_ok=True)
     for name in SAMPLES:
         p = write_trace(build(name), SAMPLES_DIR / name)

@@ -11,7 +11,10 @@ rate ends in a tc command or comes from one:
 
 * ``500M``, ``10G``, ``1.5k``: a bare prefix means *bits* per second;
 * ``500mbit``, ``500Mbit/s``, ``1gbit``: bits per second;
-* ``125mbps``, ``1Gbps``: **bytes** per second (tc's ``bps``; 125mbps = 1 Gbit/s);
+* ``125mbps``, ``1Gbps``: refused on a command line or in a config file, naming both readings:
+  tc reads ``bps`` as **bytes** per second (125mbps = 1 Gbit/s), most network tools and papers as
+  bits; a silent guess would be wrong for one of them (``--bandwidth 500Mbps`` was 4 Gbit/s).
+  What reads tc's own text (``tc``/netem descriptions, ``tc=True``) keeps tc's bytes;
 * prefixes ``k M G T`` are powers of 1000, ``Ki Mi Gi Ti`` powers of 1024;
   case does not matter (``m`` is mega, never milli);
 * a bare number is in the flag's documented unit (``default_unit``; the
@@ -99,13 +102,19 @@ def _check(v: float, text: object, what: str, *, allow_zero: bool) -> float:
     return v
 
 
-def parse_rate(text: str | float, default_unit: str = "bit", *, allow_zero: bool = True) -> float:
+def parse_rate(text: str | float, default_unit: str = "bit", *, allow_zero: bool = True, tc: bool = False) -> float:
     """A bit rate in bit/s; a bare number (or a float) is in ``default_unit``
-    (a key of :data:`RATE_UNITS`, e.g. ``"Mbit"``)."""
+    (a key of :data:`RATE_UNITS`, e.g. ``"Mbit"``). ``tc``: the text is tc's (``bps`` = bytes per
+    second); otherwise a ``bps`` unit is refused with both of its readings (see the module)."""
     v, unit = _split(text, "rate")
     unit = unit or default_unit.lower()
     if unit not in RATE_UNITS:
-        raise UnitError(f"rate {text!r}: unknown unit {unit!r} (use e.g. 500M, 500mbit, 10G, 125mbps = bytes/s)")
+        raise UnitError(f"rate {text!r}: unknown unit {unit!r} (use e.g. 500M, 500mbit, 10G)")
+    if unit.endswith("bps") and not tc:
+        prefix = unit[:-3]
+        as_bits, as_bytes = fmt_rate(v * RATE_UNITS[prefix or "bit"] if prefix else v), fmt_rate(v * RATE_UNITS[unit])
+        raise UnitError(f"rate {text!r} is ambiguous: {unit!r} is bits per second to most tools ({as_bits}) but "
+                        f"bytes per second to tc ({as_bytes}); write {v:g}{prefix}bit for {as_bits}")
     return _check(v * RATE_UNITS[unit], text, "rate", allow_zero=allow_zero)
 
 

@@ -60,6 +60,7 @@ from traces.units import HelpFormatter, UnitError, parse_duration
 
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ
+from ..provenance import run_values
 from ..records import RoundRecord
 from ..wire import TAG_SIZE, ChunkLayout, ParameterError
 from .config import SimConfig
@@ -118,7 +119,7 @@ def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], d
     if config_path is not None:  # a policy's subfolder of a RunRecorder folder: the run's config is above
         try:
             c = json.loads(config_path.read_text(encoding="utf-8"))
-            config = c if isinstance(c, dict) else {}
+            config = run_values(c) if isinstance(c, dict) else {}  # the values the run used, not its flags' text
         except (OSError, json.JSONDecodeError):
             config = {}
     bursts: list[dict] = []
@@ -196,7 +197,7 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
     policy = next((r.policy for r in sv + wk if r.policy), "") or base.policy
     d["policy"] = policy
     tols = sorted({r.tolerance_down for r in sv} | {r.tolerance_up for r in wk})
-    if policy == "fixed":
+    if policy == "baseline":  # RoundRecord reads the older "fixed" as "baseline"
         d["p"] = float(tols[0]) if tols else base.p
     elif policy == "dblp" and tols:
         d["p_low"], d["p_high"] = float(tols[0]), float(tols[-1])

@@ -14,6 +14,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..cliargs import add_config_flags, parser
+from ..provenance import write_config
 from ..wire import ParameterError
 from traces.units import HelpFormatter
 
@@ -30,6 +32,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if out:
         out.mkdir(parents=True, exist_ok=True)
         cfg.to_json(out / "params.json")
+        write_config(out, args)  # the flags as given, commit and package versions (--config takes it back)
     runs = [("dblp" if cfg.policy == "dblp" else cfg.policy, cfg)]
     if args.baseline:
         runs.append(("baseline", baseline_of(cfg)))
@@ -63,17 +66,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         from .plots import plot_run
 
         plot_run({k: r.records for k, r in results.items()}, out)
-        print(f"wrote {out}/ (params.json, records-*.jsonl, summary.json, latency.png, cdf.png)")
+        print(f"wrote {out}/ (config.json, params.json, records-*.jsonl, summary.json, latency.png, cdf.png)")
     elif args.summary:
         Path(args.summary).write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m dblp.sim", description=__doc__, formatter_class=HelpFormatter)
+    # the testbed's parser (its subcommands are of the same class): --version here, --config on run and sweep
+    p = parser(prog="python -m dblp.sim", description=__doc__, config=False)
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="simulate one configuration", formatter_class=HelpFormatter,
                        description="Simulate one configuration; print its summary and write records/plots.")
+    add_config_flags(r)
     add_config_args(r)
     add_target_arg(r)
     r.add_argument("--baseline", action="store_true", help="also run the baseline (fixed p = P_low) and compare")

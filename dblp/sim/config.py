@@ -43,7 +43,7 @@ from traces.units import FRAME_BYTES
 
 from ..core import DEFAULT_ORDER, ORDERS
 from ..gradients import model_elements
-from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high, make_policy
+from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high, make_policy, policy_name
 from ..shard import AGGREGATIONS, shard_bounds
 from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
@@ -115,6 +115,7 @@ class SimConfig:
     consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
 
     def __post_init__(self) -> None:
+        self.policy = policy_name(self.policy)  # "fixed", the old name, is "baseline"
         self.validate()
 
     # -- checks ------------------------------------------------------------------------

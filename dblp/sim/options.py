@@ -18,8 +18,19 @@ from traces.argtypes import count_arg, float_arg
 from traces.units import duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
 
 from ..gradients import MODEL_HELP
-from ..policy import run_policy
+from ..policy import ALIAS_NOTE, POLICIES, policy_name, run_policy
 from .config import SimConfig
+
+def policy_arg(text: str) -> str:
+    """``type=`` for the simulator's ``--policy``: the one name (``fixed`` -> ``baseline``), checked."""
+    name = policy_name(text)
+    if name not in POLICIES:
+        raise argparse.ArgumentTypeError(f"{text!r}: one of {', '.join(POLICIES)} ({ALIAS_NOTE})")
+    return name
+
+
+policy_arg.__name__ = "policy"
+
 
 def _num(v: str) -> Any:
     try:
@@ -67,7 +78,7 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--compute", "compute_s", duration_arg(), "per-iteration compute time, e.g. 50ms; a bare number is seconds"),
     ("--compute-jitter", "compute_jitter_s", duration_arg(), "std-dev of the compute time, e.g. 1ms"),
     ("--reduce", "reduce_s", duration_arg(), "server reduce time, e.g. 2ms"),
-    ("--policy", "policy", str, "tolerance policy: reliable|fixed|dblp"),
+    ("--policy", "policy", policy_arg, f"tolerance policy: reliable|baseline|dblp ({ALIAS_NOTE})"),
     ("--p", "p", float, "the fixed policy's tolerance, and P_low's default"),
     ("--p-low", "p_low", float, "DBLP's tolerance in the CLR"),
     ("--p-high", "p_high", float, "DBLP's tolerance outside the CLR"),

@@ -328,6 +328,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="sweep a parameter grid, DBLP vs baseline, in parallel",
                        description=__doc__, formatter_class=HelpFormatter)
+    from ..cliargs import add_config_flags
+
+    add_config_flags(p)
     add_sweep_args(p)
     p.set_defaults(func=cmd_sweep)
     return p

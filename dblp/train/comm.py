@@ -108,6 +108,11 @@ class DBLPComm:
             (self.records_dir / f"worker{self.rank}.jsonl").unlink(missing_ok=True)
             if self.rank == 0:
                 (self.records_dir / "server.jsonl").unlink(missing_ok=True)
+                # what made these records: the policy, the world, the commit and the package versions
+                from dblp.provenance import write_config
+
+                write_config(self.records_dir, {"policy": policy, **policy_kw, "server_args": list(server_args),
+                                                "world_size": self.world, "peer_timeout": peer_timeout})
         status: list[Any] = [None]
         if self.rank == 0:
             # the run's secret goes to the ranks over torch's own rendezvous (as torchrun's store does)

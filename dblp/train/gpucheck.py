@@ -36,6 +36,7 @@ from dblp.train.exchange import AllreduceExchange
 from dblp.train.loop import TrainConfig, resolve_device, train
 from dblp.train.models import PAPER_WORKLOADS, get_workload, workload_key
 from dblp.worker import Worker
+from traces.argtypes import add_version
 
 __all__ = ["CheckResult", "check_model", "main"]
 
@@ -130,6 +131,7 @@ def check_model(name: str, *, device: str | None = None, workers: int = 2, steps
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m dblp.train.gpucheck", description=__doc__.split("\n\n")[0])
+    add_version(ap)  # every entry point answers --version
     ap.add_argument("--models", default=",".join(PAPER_WORKLOADS), help="comma-separated workloads (default: the paper's four)")
     ap.add_argument("--device", default=None, help="cuda | cpu | cuda:N (default: cuda when available)")
     ap.add_argument("--workers", type=int, default=None, help="workers (threads; default 2 on CUDA, 1 on CPU)")

@@ -15,6 +15,7 @@ from .inventory import ROOT, TORCH_POLICIES, HostsError, HostSpec, Inventory, In
 from .launcher import launch
 from .rules import loss_targets
 from .transport import SshTransport, Transport
+from traces.argtypes import add_version
 
 
 def describe(inv: Inventory) -> str:
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m emulation.hosts",
                                  description="Run the real DBLP server and workers on the machines of an inventory file.",
                                  formatter_class=HelpFormatter)
+    add_version(ap)  # every entry point answers --version
     sub = ap.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("check", help="validate an inventory and print the commands each host would run",
                        formatter_class=HelpFormatter)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dblp.control import DEFAULT_PORT
-from dblp.policy import run_policy
+from dblp.policy import RUNS, run_policy
 from dblp.wire import ParameterError
 from traces.argtypes import check_host
 from traces.processes import NFT_KINDS, LossSpecError, burst_iterations, burst_windows, check_spec, undeliverable
@@ -30,8 +30,8 @@ from traces.units import parse_rate
 ROOT = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("ssh", "netns", "local")
 ROLES = ("server", "worker")
-#: the DBLP server's policies (:mod:`dblp.policy`)
-DBLP_POLICIES = ("reliable", "baseline", "dblp")
+#: the DBLP server's policies (:mod:`dblp.policy`: the one list of run names)
+DBLP_POLICIES = RUNS
 #: the same training with torch's own all-reduce (``torch.distributed``, no DBLP server): the yardstick
 TORCH_POLICIES = ("gloo", "nccl")
 POLICIES = DBLP_POLICIES + TORCH_POLICIES

@@ -162,6 +162,21 @@ def test_link_options_in_both_vocabularies():
             shape_opts(dict(bad))
 
 
+def test_command_line_link_options_win_over_the_topologys():
+    """``mn --link tc,bw=50,max_queue_size=50`` on a topology that sets bw and buffer_pkts: the
+    command line's rate and queue, one queue (not "both given")."""
+    from emulation.mnlink import link_shape, merge_link_params
+    from emulation.shaping import FRAME_BYTES
+
+    topo = {"bw": 100.0, "buffer_pkts": 100}
+    merged = merge_link_params(topo, {"bw": 50, "max_queue_size": 50})
+    assert merged == {"bw": 50, "max_queue_size": 50}
+    shape = link_shape(dict(merged))
+    assert shape.bw_mbps == 50 and shape.buffer_bytes == 50 * FRAME_BYTES
+    assert merge_link_params({"bw": 100.0, "buffer_bytes": 9000}, {"bw": 20}) == {"bw": 20, "buffer_bytes": 9000}
+    assert merge_link_params(topo, {}) == topo
+
+
 def _mn(tmp_path, *args: str):
     import shutil
     import subprocess
@@ -176,20 +191,35 @@ def _mn(tmp_path, *args: str):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
+def _srv_tbf_after_pingall(tmp_path, topo: str, link: str) -> dict:
+    """Run ``mn --topo TOPO --link LINK --test pingall``; srv's root qdisc (tc's JSON) as it was built."""
+    (tmp_path / "pre").write_text("srv tc -j qdisc show dev srv-eth0\n")
+    out = _mn(tmp_path, "--topo", topo, "--link", link, "--pre", str(tmp_path / "pre"), "--test", "pingall")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "0% dropped" in text, text[-2000:]
+    return json.loads(next(line for line in text.splitlines() if line.startswith("[{")))[0]
+
+
+def _assert_tbf(qd: dict, mbit: float, pkts: int) -> None:
+    from emulation.shaping import FRAME_BYTES
+
+    rate = mbit * 1e6 / 8
+    assert qd["kind"] == "tbf" and qd["options"]["rate"] == rate
+    assert abs(qd["options"]["lat"] - (pkts * FRAME_BYTES - qd["options"]["burst"]) / rate * 1e6) < 50
+
+
 @pytest.mark.mininet
 def test_mn_link_tc_honours_max_queue_size_and_refuses_loss(tmp_path):
     """``--link tc`` is the testbed's TBF: rate and a finite queue of max_queue_size packets; a
     refused option exits before anything is built (mn's error path would run ``mn -c``)."""
-    from emulation.shaping import FRAME_BYTES
-
-    (tmp_path / "pre").write_text("srv tc -j qdisc show dev srv-eth0\n")
-    out = _mn(tmp_path, "--topo", "star,n=1,bw=50,max_queue_size=20", "--link", "tc",
-              "--pre", str(tmp_path / "pre"), "--test", "pingall")
-    text = out.stdout + out.stderr
-    assert out.returncode == 0 and "0% dropped" in text, text[-2000:]
-    qd = json.loads(next(line for line in text.splitlines() if line.startswith("[{")))[0]
-    assert qd["kind"] == "tbf" and qd["options"]["rate"] == 50e6 / 8
-    assert abs(qd["options"]["lat"] - (20 * FRAME_BYTES - qd["options"]["burst"]) / (50e6 / 8) * 1e6) < 50
+    _assert_tbf(_srv_tbf_after_pingall(tmp_path, "star,n=1,bw=50,max_queue_size=20", "tc"), 50, 20)
     out = _mn(tmp_path, "--topo", "star,n=1", "--link", "tc,loss=1", "--test", "none")
     assert out.returncode != 0 and "loss=1: link loss needs netem" in out.stderr
     assert "Cleanup" not in out.stdout + out.stderr
+
+
+@pytest.mark.mininet
+def test_mn_link_tc_takes_max_queue_size_on_the_command_line(tmp_path):
+    """Mininet's habit, ``--link tc,bw=50,max_queue_size=50`` on the testbed's star (which sets its
+    own bw and queue): accepted, and the link is 50 Mbit/s with a 50-packet queue."""
+    _assert_tbf(_srv_tbf_after_pingall(tmp_path, "star,n=1", "tc,bw=50,max_queue_size=50"), 50, 50)

@@ -26,12 +26,26 @@ from traces.units import (
 @pytest.mark.parametrize("text, bps", [
     ("500M", 500e6), ("500m", 500e6), ("10G", 10e9), ("1.5k", 1500.0),          # a bare prefix: bits
     ("500mbit", 500e6), ("500Mbit/s", 500e6), ("1gbit", 1e9), ("2bits", 2.0),   # bits
-    ("125mbps", 1e9), ("1Gbps", 8e9), ("1bps", 8.0),                            # tc: bps = BYTES per second
-    ("1kibit", 1024.0), ("1Mi", 1024.0**2), ("1mibps", 8 * 1024.0**2),          # IEC prefixes
+    ("1kibit", 1024.0), ("1Mi", 1024.0**2),                                     # IEC prefixes
     ("2.5e9", 2.5e9), ("0", 0.0),                                               # bare: default unit bit
 ])
 def test_rate_suffixes_have_one_meaning(text, bps):
     assert parse_rate(text) == pytest.approx(bps)
+
+
+@pytest.mark.parametrize("text, bps", [("125mbps", 1e9), ("1Gbps", 8e9), ("1bps", 8.0), ("1mibps", 8 * 1024.0**2)])
+def test_tc_text_reads_bps_as_bytes(text, bps):
+    assert parse_rate(text, tc=True) == pytest.approx(bps)  # tc: bps = BYTES per second
+
+
+def test_mbps_on_a_command_line_is_refused_naming_both_readings():
+    """``--bandwidth 500Mbps`` was 4 Gbit/s (tc's bytes), silently; now it says both and what to write."""
+    with pytest.raises(UnitError) as exc:
+        parse_rate("500Mbps", "Mbit")
+    assert str(exc.value) == ("rate '500Mbps' is ambiguous: 'mbps' is bits per second to most tools (500 Mbit/s) "
+                              "but bytes per second to tc (4 Gbit/s); write 500mbit for 500 Mbit/s")
+    with pytest.raises(argparse.ArgumentTypeError, match="ambiguous"):
+        rate_arg()("10Gbps")
 
 
 def test_a_bare_rate_is_in_the_flags_unit():

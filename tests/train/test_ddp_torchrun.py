@@ -85,6 +85,8 @@ def test_torchrun_ddp_script_over_dblp(tmp_path: Path, how: str) -> None:
     for rank in (0, 1):
         assert len(list(read_records(run / f"worker{rank}.jsonl"))) == STEPS
     assert "served" in (run / "server.log").read_text()
+    cfg = json.loads((run / "config.json").read_text())  # provenance beside the records
+    assert (cfg["policy"], cfg["world_size"]) == ("dblp", 2) and cfg["_run"]["packages"]["torch"]
     assert DEFAULT_PORT != 29500  # torch's own rendezvous port stays free
 
 
