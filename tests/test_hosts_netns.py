@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -484,7 +485,7 @@ def test_preflight_refuses_a_missing_data_set_by_name(tmp_path):
 def test_preflight_refuses_hosts_on_different_commits():
     from emulation.hosts.launcher import _version_problems
 
-    inv = hosts.parse_inventory(__import__("tomllib").loads(GOOD), "t")
+    inv = hosts.parse_inventory(tomllib.loads(GOOD), "t")
     notes: list[str] = []
     facts = {"ps": {"commit": "a" * 40, "python": "3.11.7"}, "gpu1": {"commit": "b" * 40, "python": "3.12.1"}}
     (err,) = _version_problems(inv, facts, notes.append)
