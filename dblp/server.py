@@ -128,6 +128,7 @@ class _Handshake:
     parsing: Future | None = None  # a large HELLO being parsed on the login thread
 
 
+_LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
 _INLINE_HELLO_BYTES = 64 * 1024  # a HELLO larger than this is parsed off the login loop
 
 
@@ -230,8 +231,11 @@ class ParameterServer:
 
         def refuse(conn: socket.socket, why: str, kind: str) -> None:
             hs = shaking.pop(conn)
-            log.warning("connection from %s:%s refused: %s", hs.addr[0], hs.addr[1], why)
             self.refused[kind] = self.refused.get(kind, 0) + 1
+            if self.refused[kind] <= _LOGGED_REFUSALS:  # a flood is counted, not logged line by line
+                log.warning("connection from %s:%s refused: %s%s", hs.addr[0], hs.addr[1], why,
+                            f" (further {kind!r} refusals are counted, not logged)"
+                            if self.refused[kind] == _LOGGED_REFUSALS else "")
             try:  # (after AUTH the worker expects tagged frames: this one is)
                 conn.send(ctl.encode(ctl.Bye(f"refused: {why}"),
                                      ctl.ControlMac(hs.keys[1]) if hs.keys else None))
@@ -409,6 +413,9 @@ class ParameterServer:
             for conn in list(shaking):
                 refuse(conn, ending, "late")
             sel.close()
+            if sum(self.refused.values()) > _LOGGED_REFUSALS:
+                log.warning("refused %d connections before login: %s", sum(self.refused.values()),
+                            ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items())))
             parser.shutdown(wait=False, cancel_futures=True)
             wake_r.close()
             wake_w.close()

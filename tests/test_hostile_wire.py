@@ -11,8 +11,12 @@ and the records' cross-check flags the round.
 
 from __future__ import annotations
 
+import json
+import resource
 import socket
 import struct
+import subprocess
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -25,7 +29,7 @@ from dblp.analysis import tolerance_mismatches
 from dblp.records import read_records
 from dblp.server import ParameterServer, ServerConfig
 from dblp.worker import Worker
-from procs import free_port
+from procs import PY, ROOT, env, free_port
 
 SECRET = bytes(range(32))
 ELEMENTS = 362 * 50
@@ -190,3 +194,145 @@ def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp
     assert proxy.injected == ["forged ROUND"]
     bad = tolerance_mismatches(recs)
     assert [(b["worker"], b["round"], b["server_down"], b["worker_down"]) for b in bad] == [(0, 1, 0.0, 0.99)]
+
+
+# -- before login: floods against a server process under limits --------------------------------------
+def _limited_server(*args: str) -> tuple[subprocess.Popen, int]:
+    log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads until the end could fill and stall the server)
+    p = subprocess.Popen([PY, str(ROOT / "tests" / "limited_server.py"), *args], stdout=subprocess.PIPE,
+                         stderr=log, text=True, env=env(), cwd=ROOT)
+    p.log = log  # type: ignore[attr-defined]
+    line = p.stdout.readline()
+    assert line.startswith("ready "), (line, _log(p))
+    return p, int(line.split()[1])
+
+
+def _log(p: subprocess.Popen) -> str:
+    p.log.seek(0)  # type: ignore[attr-defined]
+    return p.log.read()[-3000:]  # type: ignore[attr-defined]
+
+
+def _workers(port: int, n: int = 2, rounds: int = 3) -> tuple[list[threading.Thread], list[int], list]:
+    exact: list[int] = []
+    errors: list[BaseException] = []
+
+    def work(wid: int) -> None:
+        try:
+            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=wid, connect_timeout=20,
+                        peer_timeout=30) as w:
+                ok = 0
+                for k in range(rounds):
+                    out = w.allreduce(np.full(ELEMENTS, float(wid + 1 + k), np.float32))
+                    ok += bool(np.all(out == np.float32(sum(i + 1 + k for i in range(n)) / n)))
+                exact.append(ok)
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    return threads, exact, errors
+
+
+def _finish(p: subprocess.Popen, threads: list[threading.Thread], errors: list) -> dict:
+    for t in threads:
+        t.join(60)
+    out, _ = p.communicate(timeout=60)
+    assert not errors, (errors, _log(p))
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def _bye(s: socket.socket) -> str | None:
+    """The reason of the BYE the server sent this connection (None: closed without one)."""
+    s.settimeout(10)
+    dec = ctl.ControlDecoder()
+    try:
+        while True:
+            data = s.recv(65536)
+            if not data:
+                return None
+            msgs = dec.feed(data)
+            if msgs:
+                return msgs[0].reason if isinstance(msgs[0], ctl.Bye) else repr(msgs[0])
+    except OSError:
+        return None
+
+
+@pytest.fixture
+def many_files():
+    """This test process's open-file limit raised for the flood's own sockets."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"the hard open-file limit is {hard}; the flood needs 1,100 sockets")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 4096), hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("max_pending", [64, 5000], ids=["pending-cap", "out-of-descriptors"])
+def test_1100_silent_connections_under_a_1024_file_limit_and_the_run_stays_exact(many_files, max_pending):
+    """Before: the server died after ~6.7 s with "[Errno 24] Too many open files". Now the oldest
+    waiting login is let go - at the cap of 64, or (cap raised past the limit) when accept fails
+    with EMFILE - and the workers that log in among the flood run every round exact."""
+    p, port = _limited_server("--nofile", "1024", "--max-pending", str(max_pending))
+    flood = []
+    try:
+        for i in range(1100):
+            flood.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+            if i == 1050:  # the workers arrive late in the flood, after the descriptors ran out
+                threads, exact, errors = _workers(port)
+        rep = _finish(p, threads, errors)
+        assert rep.get("rounds") == 3, rep
+        assert exact == [3, 3]
+        assert rep["refused"]["shed"] >= 1050 - min(max_pending, 1024), rep["refused"]
+        reasons = [_bye(s) for s in flood[:20]]  # the oldest: let go, and told why
+        if max_pending == 64:
+            assert all(r is not None and "64 logins were waiting" in r for r in reasons), reasons[:3]
+        else:
+            assert all(r is not None and "out of file descriptors" in r for r in reasons), reasons[:3]
+    finally:
+        for s in flood:
+            s.close()
+        p.kill()
+
+
+def test_16_first_frames_of_64_mib_keep_the_server_small_and_the_run_exact():
+    """Before: 16 connections each sending a 64 MiB first frame drove the server to 1.10 GB (the 4 MiB
+    HELLO limit was checked after the frame was buffered). Now the length is refused on the frame's
+    header; and 16 frames of an allowed 4 MiB, sent slowly, hit the 16 MiB budget of all logins."""
+    p, port = _limited_server("--handshake-timeout", "20")
+    stop = threading.Event()
+    replies: dict[str, list] = {"huge": [], "budget": []}
+
+    def push(kind: str, length: int) -> None:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        try:
+            s.sendall(struct.pack("!IB", length, 1))
+            chunk = b"x" * (1 << 20)
+            for _ in range(length >> 20):
+                if stop.is_set():
+                    break
+                s.sendall(chunk)
+        except OSError:
+            pass
+        replies[kind].append(_bye(s))
+        s.close()
+
+    pushers = [threading.Thread(target=push, args=("huge", 64 << 20)) for _ in range(16)]
+    pushers += [threading.Thread(target=push, args=("budget", (4 << 20) - 1)) for _ in range(16)]
+    for t in pushers:
+        t.start()
+    time.sleep(1.0)
+    threads, exact, errors = _workers(port)
+    rep = _finish(p, threads, errors)
+    stop.set()
+    for t in pushers:
+        t.join(30)
+    assert rep.get("rounds") == 3 and exact == [3, 3], rep
+    assert rep["maxrss_kib"] < 200 * 1024, rep  # peak resident size of the server process
+    assert len(replies["huge"]) == 16 and all(r and "control frame length 67108864 out of range" in r
+                                              for r in replies["huge"]), replies["huge"][:2]
+    shed = [r for r in replies["budget"] if r and "bytes of logins were buffered" in r]
+    assert len(shed) >= 8, replies["budget"]  # at most 4 of 4 MiB fit the 16 MiB budget at once;
+    assert all(r and r.startswith("refused: ") for r in replies["budget"]), replies["budget"]  # (others: malformed)
+    print(f"server peak RSS {rep['maxrss_kib'] / 1024:.0f} MiB; refused {rep['refused']}")
