@@ -181,7 +181,8 @@ class ParameterServer:
             assert cfg.shard_hub is not None
             try:
                 self.norm_exchange = NormExchange(cfg.shard, cfg.shards, cfg.shard_hub, self.secret,
-                                                  timeout=cfg.peer_timeout, connect_timeout=cfg.accept_timeout)
+                                                  timeout=cfg.peer_timeout, connect_timeout=cfg.accept_timeout,
+                                                  login_timeout=cfg.handshake_timeout)
             except OSError:
                 self.listener.close()
                 raise

@@ -28,6 +28,7 @@ from dblp import control as ctl
 from dblp.analysis import tolerance_mismatches
 from dblp.records import read_records
 from dblp.server import ParameterServer, ServerConfig
+from dblp.shard import NormExchange
 from dblp.worker import Worker
 from procs import PY, ROOT, env, free_port
 
@@ -336,3 +337,24 @@ def test_16_first_frames_of_64_mib_keep_the_server_small_and_the_run_exact():
     assert len(shed) >= 8, replies["budget"]  # at most 4 of 4 MiB fit the 16 MiB budget at once;
     assert all(r and r.startswith("refused: ") for r in replies["budget"]), replies["budget"]  # (others: malformed)
     print(f"server peak RSS {rep['maxrss_kib'] / 1024:.0f} MiB; refused {rep['refused']}")
+
+
+def test_silent_clients_at_the_norm_hub_hold_up_nothing():
+    """Before: the sharded mode's norm hub served one connection at a time, waiting the peer timeout
+    for each - two silent connections failed the run at round 0. Now every login runs at once."""
+    hub = NormExchange(0, 2, ("127.0.0.1", 0), SECRET, timeout=30, connect_timeout=20, login_timeout=5)
+    silent = [socket.create_connection(("127.0.0.1", hub.port), timeout=10) for _ in range(10)]
+    silent[0].sendall(b"\x00" * 29)  # one byte short of an introduction
+    good = NormExchange(1, 2, ("127.0.0.1", hub.port), SECRET, timeout=30, connect_timeout=5)
+    got: list[float] = []
+    t = threading.Thread(target=lambda: got.append(good.total(0, 1.5)))
+    t.start()
+    t0 = time.monotonic()
+    try:
+        assert hub.total(0, 2.0) == 3.5
+        assert time.monotonic() - t0 < 2.5  # not a silent connection's 5 s, let alone the peer timeout's 30
+        t.join(10)
+        assert got == [3.5] and hub.refused == 10  # the silent ones closed once the hub had its shard
+    finally:
+        for x in (hub, good, *silent):
+            x.close()
