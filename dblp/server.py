@@ -29,7 +29,7 @@ from .core import DEFAULT_ORDER
 from .hostlocal import LocalSlot, LocalSlotError
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
-from .reduce import MODES, reduce_mean_norm
+from .reduce import DEFAULT_MAX_NORM, MODES, guarded_mean_norm
 from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
@@ -57,6 +57,8 @@ class ServerConfig:
     peer_timeout: float = DEFAULT_PEER_TIMEOUT_S
     accept_timeout: float = 120.0
     handshake_timeout: float = 10.0  # a connection must say HELLO within this many seconds
+    max_grad_norm: float = DEFAULT_MAX_NORM  # the aggregation guard: a contribution's norm above it is left out
+    clip_norm: float | None = None  # robust aggregation: contributions scaled down to this norm (None: off)
     max_pending: int = MAX_PENDING  # logins in progress at once; one more lets the oldest go
     max_login_bytes: int = 16 << 20  # bytes buffered over all logins; beyond, the largest is let go
     elements: int | None = None  # the tensor size this server serves (None: the first valid HELLO's)
@@ -97,6 +99,9 @@ class ServerConfig:
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
+        if not self.max_grad_norm > 0 or (self.clip_norm is not None and not self.clip_norm > 0):
+            raise ParameterError(f"max_grad_norm and clip_norm must be positive, got {self.max_grad_norm}, "
+                                 f"{self.clip_norm}")
         if self.max_pending < 1:
             raise ParameterError(f"max_pending must be >= 1, got {self.max_pending}")
         if self.max_login_bytes < ctl.MAX_HELLO + 5:
@@ -162,6 +167,7 @@ class ParameterServer:
         self.secret: bytes | None = None if cfg.insecure else (cfg.secret or _env_secret() or
                                                                bytes.fromhex(auth.new_secret()))
         self.refused: dict[str, int] = {}  # refused connections by reason kind (hostile-client accounting)
+        self.excluded: list[tuple[int, dict[str, str]]] = []  # (round, worker -> why) left out of a mean
         self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False,
                                              backlog=LISTEN_BACKLOG)
         self._fd_warned = False
@@ -624,11 +630,20 @@ class ParameterServer:
             s.poll(time.monotonic())
         # 2. Reduce by mean; 3.-4. the session feeds the policy and starts the broadcast.
         live = s.live
-        norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
-                                self.layout, self.mean, self.cfg.reduce)
+        g = guarded_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
+                              self.layout, self.mean, self.cfg.reduce, self.cfg.max_grad_norm, self.cfg.clip_norm)
+        norm = g.norm
         if self.norm_exchange is not None:  # the sharded mode: the policy sees the whole mean's norm
             norm = math.sqrt(self.norm_exchange.total(s.round, norm * norm))
         extra: dict = {"reduce": self.cfg.reduce}
+        if g.excluded:  # the aggregation guard (dblp.reduce G2-G3): left out of this round's mean
+            extra["excluded"] = {str(live[i]): why for i, why in g.excluded.items()}
+            self.excluded.append((s.round, extra["excluded"]))
+            for i, why in g.excluded.items():
+                log.warning("round %d: worker %d left out of the mean: %s; %d of %d contributions averaged",
+                            s.round, live[i], why, len(live) - len(g.excluded), len(live))
+        if g.clipped:
+            extra["clipped"] = [live[i] for i in g.clipped]
         refused = self.control_refused()
         if refused:  # control frames injected, replayed or reordered on the path: dropped, counted
             extra["control_refused"] = refused

@@ -12,6 +12,7 @@ and the records' cross-check flags the round.
 from __future__ import annotations
 
 import json
+import math
 import resource
 import socket
 import struct
@@ -358,3 +359,102 @@ def test_silent_clients_at_the_norm_hub_hold_up_nothing():
     finally:
         for x in (hub, good, *silent):
             x.close()
+
+
+# -- a bad insider: the aggregation guard (dblp.reduce G1-G4) ------------------------------------------
+@pytest.mark.parametrize("c_helper", [True, False], ids=["C", "numpy"])
+def test_the_guard_leaves_out_non_finite_and_absurd_contributions(monkeypatch, c_helper):
+    from dblp import reduce as red
+    from dblp.wire import ChunkLayout
+
+    if c_helper and red._c_mean_into is None:
+        pytest.skip("C helper not built")
+    if not c_helper:
+        monkeypatch.setattr(red, "_c_mean_into", None)
+    n = 362 * 300
+    lay = ChunkLayout(n)
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(n).astype(np.float32) for _ in range(2))
+    nan, huge = a.copy(), b.copy()
+    nan[7] = np.nan
+    huge[n - 1] = 1e30
+    masks = [np.ones(lay.chunks, bool)] * 4
+    out = np.empty(n, np.float32)
+    g = red.guarded_mean_norm([a, nan, b, huge], masks, lay, out)
+    assert sorted(g.excluded) == [1, 3] and "not finite" in g.excluded[1] and "1e+30 above" in g.excluded[3]
+    want = (a + b) * np.float32(0.5)
+    assert np.array_equal(out, want)  # the mean of the other two, bit for bit
+    assert math.isfinite(g.norm) and g.norm == pytest.approx(float(np.linalg.norm(want.astype(np.float64))), rel=1e-6)
+    assert g.norms[0] == pytest.approx(float(np.sqrt(np.dot(a.astype(np.float64), a))), rel=1e-12)
+    assert g.norms[3] == pytest.approx(1e30, rel=1e-6)  # squared in double: finite, and named
+    g = red.guarded_mean_norm([a, b], masks[:2], lay, out)  # the common case: nothing left out
+    assert g.excluded == {} and np.array_equal(out, (a + b) * np.float32(0.5))
+    g = red.guarded_mean_norm([nan, huge], masks[:2], lay, out)  # all left out: a zero mean
+    assert g.norm == 0.0 and not out.any()
+    g = red.guarded_mean_norm([a, b * np.float32(1000)], masks[:2], lay, out, clip_norm=float(np.linalg.norm(a)))
+    assert g.clipped == [1] and np.linalg.norm(out) < np.linalg.norm(a)  # b scaled down to a's norm
+
+
+def test_a_non_finite_norm_never_reaches_the_clr_detector():
+    """Before: a NaN at a DBLP check round switched the run's tolerance from P_low to P_high."""
+    from dblp.policy import DblpPolicy
+    from dblp.session import Phase, RecordContext, ServerSession
+    from dblp.wire import ChunkLayout
+
+    fooled = DblpPolicy(freq=2)
+    fooled.update(0, 1.0), fooled.update(1, 1.0)
+    assert (fooled.update(2, float("nan")), fooled.clr) == (fooled.p_high, False)  # what NaN did
+    policy = DblpPolicy(freq=2)
+    s = ServerSession(ChunkLayout(362 * 4), range(1), policy=policy, run_id=1, values=False,
+                      context=RecordContext(source="test", policy="dblp", order="blocks"))
+    for k, norm in enumerate([1.0, 1.0, float("nan")]):
+        s.round, s.phase = k, Phase.REDUCE
+        s.broadcast(norm, 0.0)
+    assert (s._p_down, s._clr, s._extra) == (policy.p_low, True, {"norm_not_finite": True})
+
+
+def test_a_nan_and_1e30_insider_leaves_the_others_means_exact_and_is_recorded(tmp_path):
+    """Before: one worker's 1e30, NaN or inf became 3.33e29 / NaN / inf on every element of every
+    worker's mean. Now it is left out of the round's mean, logged and recorded; the others' mean is
+    exactly theirs."""
+    port = free_port()
+    records = tmp_path / "server.jsonl"
+    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=3, rounds=ROUNDS, accept_timeout=30,
+                                       peer_timeout=20, records=str(records), secret=SECRET))
+    bad = {0: np.nan, 1: 1e30, 2: np.inf}  # worker 2's poison per round; round 3 is clean
+    errors: list[BaseException] = []
+    exact: dict[int, list[bool]] = {}
+
+    def serve() -> None:
+        try:
+            srv.serve()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def work(wid: int) -> None:
+        try:
+            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=wid, connect_timeout=10, peer_timeout=20,
+                        secret=SECRET) as w:
+                for k in range(ROUNDS):
+                    g = np.full(ELEMENTS, float(wid + 1 + k), np.float32)
+                    if wid == 2 and k in bad:
+                        g[123] = bad[k]
+                    out = w.allreduce(g)
+                    kept = [0, 1] if k in bad else [0, 1, 2]
+                    want = np.float32(sum(i + 1 + k for i in kept)) * np.float32(1 / len(kept))
+                    exact.setdefault(wid, []).append(bool(np.all(out == want)))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert exact == {w: [True] * ROUNDS for w in range(3)}
+    assert [(k, sorted(ex)) for k, ex in srv.excluded] == [(0, ["2"]), (1, ["2"]), (2, ["2"])]
+    recs = [r for r in read_records(records) if r.worker == 0]
+    assert [sorted(r.extra.get("excluded", {})) for r in recs] == [["2"], ["2"], ["2"], []]
+    assert all(math.isfinite(r.grad_norm) for r in recs)
+    assert "not finite" in recs[0].extra["excluded"]["2"] and "above the limit" in recs[1].extra["excluded"]["2"]
