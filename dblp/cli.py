@@ -15,7 +15,7 @@ import time
 
 
 from traces.argtypes import count_arg, float_arg, int_arg, port_arg, unresolvable
-from traces.units import HelpFormatter, duration_arg, rate_arg
+from traces.units import HelpFormatter, duration_arg, rate_arg, size_arg
 
 from .auth import AuthError, new_secret
 from .cliargs import (add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
@@ -74,9 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-pending", type=count_arg(1), default=MAX_PENDING,
                    help="connections logging in at once; one more lets the oldest go (as does running out of "
                         "file descriptors), so a flood cannot fill the server")
-    s.add_argument("--max-login-bytes", type=count_arg(MAX_HELLO + 5), default=16 << 20,
-                   help="bytes buffered over all logins in progress; beyond, the connection holding the most "
-                        f"is let go (a first message may have at most {MAX_HELLO} bytes, checked on its header)")
+    s.add_argument("--login-buffer", type=size_arg(), default="16MiB",
+                   help="bytes buffered over all logins in progress, e.g. 16MiB; beyond, the connection holding "
+                        f"the most is let go (a first message may have at most {MAX_HELLO >> 20} MiB, checked on "
+                        f"its header)")
     s.add_argument("--max-grad-norm", type=float_arg(0.0, lo_open=True), default=DEFAULT_MAX_NORM,
                    help="the aggregation guard: a worker's gradient whose L2 norm is above this, or not finite "
                         "(NaN, inf), is left out of that round's mean, logged and recorded")
@@ -220,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
-                               max_pending=args.max_pending, max_login_bytes=args.max_login_bytes,
+                               max_pending=args.max_pending, max_login_bytes=args.login_buffer,
                                max_grad_norm=args.max_grad_norm, clip_norm=args.clip_norm,
                                elements=elements, consistency=args.consistency, round_hook=args.round_hook,
                                secret=secret, insecure=args.insecure, shard=args.shard, shards=args.shards,
