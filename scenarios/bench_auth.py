@@ -15,7 +15,10 @@ machine slows both alike:
 3. **the control-message MAC** (one process, no sockets): encoding and
    decoding each kind of control message a round carries (ROUND, PROBE,
    STOP, a BITMAP of the tensor's chunks, BYE) with and without its tag
-   (:class:`dblp.control.ControlMac`), in microseconds, side by side.
+   (:class:`dblp.control.ControlMac`), in microseconds, side by side;
+4. **the aggregation guard** (one process): the server's reduce of
+   ``--workers`` gradients with and without the guard's per-worker norms
+   (:func:`dblp.reduce.guarded_mean_norm`), alternating, in milliseconds.
 
 The C helper computes tags with Intel's ipsec-mb where it was built with it
 (``libipsec-mb-dev``), else with OpenSSL's GCM; part 1 prices every
@@ -107,6 +110,28 @@ def control_cost(chunks: int, repeats: int, n: int = 2000) -> list[dict]:
     return rows
 
 
+def guard_cost(elements: int, workers: int, repeats: int) -> dict[str, float]:
+    """Median ms of the server's reduce without and with the aggregation guard, alternating."""
+    from dblp.reduce import guarded_mean_norm, reduce_mean_norm
+
+    rng = np.random.default_rng(0)
+    bufs = [rng.standard_normal(elements).astype(np.float32) for _ in range(workers)]
+    lay = wire.ChunkLayout(elements)
+    masks = [np.ones(lay.chunks, bool)] * workers
+    out = np.empty(elements, np.float32)
+    t: dict[str, list[float]] = {"plain_ms": [], "guarded_ms": []}
+    for _ in range(repeats):
+        for name, fn in (("plain_ms", reduce_mean_norm), ("guarded_ms", guarded_mean_norm)):
+            t0 = time.perf_counter()
+            fn(bufs, masks, lay, out)
+            t[name].append((time.perf_counter() - t0) * 1e3)
+    r = {k: statistics.median(v) for k, v in t.items()}
+    r["ratio"] = r["guarded_ms"] / r["plain_ms"]
+    r["ratios_min"] = min(g / p for g, p in zip(t["guarded_ms"], t["plain_ms"]))
+    r["ratios_max"] = max(g / p for g, p in zip(t["guarded_ms"], t["plain_ms"]))
+    return r
+
+
 @contextlib.contextmanager
 def _env(extra: dict[str, str]):
     """``extra`` in the environment the loopback's server and worker processes inherit."""
@@ -151,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     for c in control:
         print(f"  {c['message']:28s} {c['plain_us']:8.2f} {c['tagged_us']:8.2f} {c['ratio']:6.2f} "
               f"{c['extra_us']:6.2f} {c['plain_bytes']:6d}->{c['tagged_bytes']:<6d}")
+    guard = guard_cost(elements, a.workers, 7)
+    print(f"the server's reduce of {a.workers} x {elements:,} floats (ms, median of 7, alternating): "
+          f"{guard['plain_ms']:.2f} without the guard, {guard['guarded_ms']:.2f} with: ratio {guard['ratio']:.3f} "
+          f"(range {guard['ratios_min']:.3f}-{guard['ratios_max']:.3f})")
+    cost["guard"] = guard
     a.out.mkdir(parents=True, exist_ok=True)
     with open(a.out / "bench_control_mac.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(control[0]))
