@@ -385,7 +385,7 @@ def test_the_guard_leaves_out_non_finite_and_absurd_contributions(monkeypatch, c
     want = (a + b) * np.float32(0.5)
     assert np.array_equal(out, want)  # the mean of the other two, bit for bit
     assert math.isfinite(g.norm) and g.norm == pytest.approx(float(np.linalg.norm(want.astype(np.float64))), rel=1e-6)
-    assert g.norms[0] == pytest.approx(float(np.sqrt(np.dot(a.astype(np.float64), a))), rel=1e-12)
+    assert g.norms[0] == pytest.approx(float(np.sqrt(np.dot(a.astype(np.float64), a))), rel=1e-5)  # (C: float32 lanes)
     assert g.norms[3] == pytest.approx(1e30, rel=1e-6)  # squared in double: finite, and named
     g = red.guarded_mean_norm([a, b], masks[:2], lay, out)  # the common case: nothing left out
     assert g.excluded == {} and np.array_equal(out, (a + b) * np.float32(0.5))
