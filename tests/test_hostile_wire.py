@@ -458,3 +458,15 @@ def test_a_nan_and_1e30_insider_leaves_the_others_means_exact_and_is_recorded(tm
     assert [sorted(r.extra.get("excluded", {})) for r in recs] == [["2"], ["2"], ["2"], []]
     assert all(math.isfinite(r.grad_norm) for r in recs)
     assert "not finite" in recs[0].extra["excluded"]["2"] and "above the limit" in recs[1].extra["excluded"]["2"]
+
+
+def test_a_login_cut_short_by_the_servers_own_failure_is_told_so():
+    """Before: connections still waiting when the server died were told "the server has its workers"."""
+    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=0, workers=2, accept_timeout=1.0, secret=SECRET))
+    waiting = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+    with pytest.raises(Exception, match="only 0 of 2 workers connected within 1 s"):
+        srv.serve()
+    reason = _bye(waiting)
+    assert reason is not None and "the server stopped before this login completed" in reason, reason
+    assert "only 0 of 2 workers connected" in reason and "has its workers" not in reason
+    waiting.close()
