@@ -175,7 +175,7 @@ class Peer:
             msgs = self.decoder.feed(data)
         except ctl.ControlError as exc:
             raise PeerError(f"{self.name}: protocol error on the control channel: {exc}", self) from exc
-        if self.decoder.refused_total != refused:
+        if self.decoder.refused_total != refused and _worth_logging(refused, self.decoder.refused_total):
             log.warning("%s: %d control message(s) refused as not from this peer (%s); last: %r", self.name,
                         self.decoder.refused_total - refused,
                         ", ".join(f"{k} {v}" for k, v in self.decoder.refused.items() if v),
@@ -283,6 +283,12 @@ class Peer:
         for m in s.control_to_send():
             self.send_control(m)
         return s.ready(now)
+
+
+def _worth_logging(before: int, after: int) -> bool:
+    """Whether refusals going from ``before`` to ``after`` are logged: the first ten, then at each
+    power of ten (an injector cannot flood the log; the records count them all)."""
+    return before < 10 or len(str(after)) > len(str(before))
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
