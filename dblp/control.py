@@ -73,6 +73,10 @@ PROTOCOL_VERSION = 1
 # away from torch.distributed's 29500, so a torchrun job and its DBLP server can share a host.
 DEFAULT_PORT = 29600
 MAX_HELLO = 4 * 1024 * 1024  # tensor names and shapes of the largest models fit in far less
+# A HELLO's tensor list: the largest models have a few thousand parameter tensors. The bound keeps
+# the check of a 4 MiB HELLO to a fraction of a second (a million 1-element shapes took seconds).
+MAX_TENSORS = 65536
+MAX_DIMS = 16
 MAX_ELEMENTS = (1 << 32) * 362  # the wire's u32 chunk index at the largest payload
 TAG_BYTES = 16  # an authenticated frame's truncated HMAC-SHA256
 CHALLENGE_TYPE, AUTH_TYPE = 10, 11  # the handshake's last frame of each direction before the keys
@@ -324,11 +328,16 @@ def _hello(d: object) -> Hello:
         raise ControlError(f"HELLO spec must be an object, got {spec!r}")
     elements = _int(spec, "elements", 1, MAX_ELEMENTS, "spec.elements")
     names, shapes = spec.get("names", []), spec.get("shapes", [])
+    for what, v in (("names", names), ("shapes", shapes)):  # counted before their items are checked
+        if isinstance(v, list) and len(v) > MAX_TENSORS:
+            raise ControlError(f"HELLO spec.{what} lists {len(v)} tensors, more than {MAX_TENSORS}")
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise ControlError("HELLO spec.names must be a list of strings")
     if not isinstance(shapes, list) or not all(
-            isinstance(sh, list) and all(type(x) is int and x >= 0 for x in sh) for sh in shapes):
-        raise ControlError("HELLO spec.shapes must be a list of lists of non-negative integers")
+            isinstance(sh, list) and len(sh) <= MAX_DIMS and all(type(x) is int and x >= 0 for x in sh)
+            for sh in shapes):
+        raise ControlError(f"HELLO spec.shapes must be a list of lists of at most {MAX_DIMS} "
+                           f"non-negative integers")
     held = sum(map(math.prod, shapes))  # (math.prod, not np.prod: a 4 MiB HELLO of 1-element shapes
     if shapes and held != elements:     # took 2.8 s of the login loop with np.prod, 0.1 s now)
         raise ControlError(f"HELLO spec.shapes hold {held} elements, spec.elements says {elements}")

@@ -18,7 +18,10 @@ import selectors
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+import multiprocessing
+import os
+import stat
+from multiprocessing.pool import AsyncResult, Pool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -130,18 +133,29 @@ class _Handshake:
     nonce: bytes = b""  # the server's nonce of the CHALLENGE sent
     canon: bytes = b""  # the HELLO's canonical bytes, which the proofs and keys are bound to
     keys: tuple[bytes, bytes] | None = None  # the control keys (worker->server, server->worker), after AUTH
-    parsing: Future | None = None  # a large HELLO being parsed on the login thread
+    parsing: AsyncResult | None = None  # a large HELLO being parsed in the login process
 
 
 _LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
-_INLINE_HELLO_BYTES = 64 * 1024  # a HELLO larger than this is parsed off the login loop
+_INLINE_HELLO_BYTES = 64 * 1024  # a HELLO larger than this is parsed in a process of its own
 
 
 def _parse_hello(body: bytes) -> tuple[ctl.Message, bytes | None]:
-    """A HELLO frame's message and canonical bytes (the login thread's work: ~0.3 s per MiB
-    of shapes, which would otherwise stall every other login)."""
+    """A HELLO frame's message and canonical bytes (the login process's work: up to ~0.5 s for a
+    4 MiB HELLO of the most tensors, which would otherwise stall every other login)."""
     msg = ctl.decode_frame(1, body)
     return msg, ctl.canonical_hello(msg) if isinstance(msg, ctl.Hello) else None
+
+
+def _drop_inherited_sockets() -> None:
+    """The login process (forked from the server) closes the sockets it inherited: a connection the
+    server closes must close, and the listening port must go with the server."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                os.close(int(name))
+        except OSError:
+            pass
 
 
 def _poke(sock: socket.socket) -> None:
@@ -217,7 +231,7 @@ class ParameterServer:
         want of file descriptors), a first frame of at most :data:`dblp.control.MAX_HELLO`
         bytes (refused on its 5-byte header, before its body is buffered), at most
         ``cfg.max_login_bytes`` buffered over all logins (the largest is let go), and
-        ``cfg.handshake_timeout`` seconds each. A large HELLO is parsed on a thread of its
+        ``cfg.handshake_timeout`` seconds each. A large HELLO is parsed in a process of its
         own, so the loop keeps answering the others meanwhile.
         """
         spec: dict | None = {"elements": self.cfg.elements} if self.cfg.elements else None
@@ -233,7 +247,7 @@ class ParameterServer:
         wake_r.setblocking(False)
         wake_w.setblocking(False)
         sel.register(wake_r, selectors.EVENT_READ)
-        parser = ThreadPoolExecutor(1, thread_name_prefix="dblp-login")
+        parser: Pool | None = None  # made at the first large HELLO
         listener_paused_until = 0.0
 
         def refuse(conn: socket.socket, why: str, kind: str) -> None:
@@ -325,18 +339,19 @@ class ParameterServer:
             admit(conn, hs.hello)
 
         def parsed(conn: socket.socket) -> None:
-            """A HELLO parsed on the login thread: on with its handshake."""
+            """A HELLO parsed in the login process: on with its handshake."""
             hs = shaking[conn]
             fut, hs.parsing = hs.parsing, None
             assert fut is not None
             try:
-                msg, canon = fut.result()
-            except ctl.ControlError as exc:
+                msg, canon = fut.get()
+            except Exception as exc:  # noqa: BLE001 - ControlError, or whatever the parse raised there
                 refuse(conn, str(exc), "malformed")
                 return
             on_message(conn, msg, canon)
 
         def read(conn: socket.socket) -> None:
+            nonlocal parser
             hs = shaking[conn]
             try:
                 data = conn.recv(1 << 16)
@@ -359,8 +374,10 @@ class ParameterServer:
                     refuse(conn, "sent another message before its HELLO was answered", "malformed")
                     return
                 if t == 1 and len(body) > _INLINE_HELLO_BYTES and hs.hello is None:
-                    hs.parsing = parser.submit(_parse_hello, body)
-                    hs.parsing.add_done_callback(lambda _f: _poke(wake_w))
+                    if parser is None:  # a process, not a thread: a parse holds no lock the loop needs (the GIL)
+                        parser = multiprocessing.get_context("fork").Pool(1, initializer=_drop_inherited_sockets)
+                    hs.parsing = parser.apply_async(_parse_hello, (body,), callback=lambda _r: _poke(wake_w),
+                                                    error_callback=lambda _e: _poke(wake_w))
                     continue
                 try:
                     msg = ctl.decode_frame(t, body)
@@ -401,7 +418,7 @@ class ParameterServer:
                             wake_r.recv(4096)
                         except OSError:
                             pass
-                        for conn in [c for c, h in shaking.items() if h.parsing is not None and h.parsing.done()]:
+                        for conn in [c for c, h in shaking.items() if h.parsing is not None and h.parsing.ready()]:
                             parsed(conn)
                     elif key.fileobj is self.listener:
                         if accept_logins(self.listener, lambda: len(shaking), self.cfg.max_pending, take, shed):
@@ -423,7 +440,8 @@ class ParameterServer:
             if sum(self.refused.values()) > _LOGGED_REFUSALS:
                 log.warning("refused %d connections before login: %s", sum(self.refused.values()),
                             ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items())))
-            parser.shutdown(wait=False, cancel_futures=True)
+            if parser is not None:
+                parser.terminate()  # a parse still running is of a login that no longer matters
             wake_r.close()
             wake_w.close()
             self.listener.setblocking(True)
@@ -708,8 +726,6 @@ def _close_peer(peer: Peer, reason: str | None = None) -> None:
 
 def _env_secret() -> bytes | None:
     """``$DBLP_SECRET`` when set (how launchers hand a run its secret), else None."""
-    import os
-
     text = os.environ.get(auth.SECRET_ENV)
     if not text:
         return None
