@@ -65,6 +65,9 @@ class Worker:
             elements = int(sum(int(np.prod(s)) for s in shapes)) if shapes else 0
         if elements <= 0:
             raise ParameterError(f"elements must be positive (give elements= or shapes=), got {elements}")
+        if max(len(names), len(shapes)) > ctl.MAX_TENSORS or any(len(s) > ctl.MAX_DIMS for s in shapes):
+            raise ParameterError(f"a HELLO lists at most {ctl.MAX_TENSORS} tensors of at most {ctl.MAX_DIMS} "
+                                 f"dimensions; got {max(len(names), len(shapes))} (flatten into fewer buffers)")
         if peer_timeout <= 0:
             raise ParameterError(f"peer_timeout must be positive, got {peer_timeout}")
         try:
