@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from dblp import control as ctl
+from dblp.analysis import main as analysis_main
 from dblp.analysis import tolerance_mismatches
 from dblp.records import read_records
 from dblp.server import ParameterServer, ServerConfig
@@ -189,6 +190,7 @@ def test_an_on_path_attacker_cannot_inject_or_replay_control_messages(tmp_path):
     srv_last = [r for r in recs if r.role == "server"][-1]
     assert srv_last.extra["control_refused"] == {"forged": 1}  # the BYE: the run went on
     assert tolerance_mismatches(recs) == []
+    assert analysis_main(["check", str(tmp_path)]) == 0  # python -m dblp.analysis check: all agree
 
 
 def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp_path):
@@ -196,6 +198,7 @@ def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp
     assert proxy.injected == ["forged ROUND"]
     bad = tolerance_mismatches(recs)
     assert [(b["worker"], b["round"], b["server_down"], b["worker_down"]) for b in bad] == [(0, 1, 0.0, 0.99)]
+    assert analysis_main(["check", str(tmp_path)]) == 1  # flagged, with exit status 1
 
 
 # -- before login: floods against a server process under limits --------------------------------------
