@@ -86,8 +86,8 @@ def mac_rows(rows: _In, lengths: _In | None, out: _Out, key: bytes, /) -> None:
 
 # reduce.c
 
-def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, /) -> float:
-    """out = (bufs[0] + bufs[1] + ...) * scale in float32 in one threaded pass (bit-identical to numpy); returns sum(out**2)."""
+def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, sumsq: _Out | None = None, /) -> float:
+    """out = (bufs[0] + bufs[1] + ...) * scale in float32 in one threaded pass (bit-identical to numpy); returns sum(out**2); sumsq (float64, len(bufs)) receives each buffer's own sum of squares."""
 
 # fluid.c
 

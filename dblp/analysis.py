@@ -373,6 +373,44 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
     return rows
 
 
+def tolerance_mismatches(records: Sequence[RoundRecord]) -> list[dict]:
+    """The rounds where a worker's record and the server's disagree on a tolerance.
+
+    Why: the server decides every round's tolerance (Algorithm 3) and announces it with
+    ROUND; a worker that recorded another one applied something the server never sent
+    (a forged announcement on the ``--insecure`` wire, whose control messages carry no
+    tag, or a bug). One row per (run, worker, round, server record) that differs."""
+    server: dict[tuple[str, int, int], list[RoundRecord]] = {}
+    for r in records:
+        if r.role == "server":
+            server.setdefault((r.run, r.worker, r.round), []).append(r)
+    out = []
+    for r in records:
+        if r.role != "worker":
+            continue
+        for s in server.get((r.run, r.worker, r.round), []):
+            if (s.tolerance_up, s.tolerance_down) != (r.tolerance_up, r.tolerance_down):
+                out.append({"run": r.run, "worker": r.worker, "round": r.round,
+                            "server_up": s.tolerance_up, "worker_up": r.tolerance_up,
+                            "server_down": s.tolerance_down, "worker_down": r.tolerance_down})
+    return out
+
+
+def check(path: str | Path) -> list[dict]:
+    """Print the rounds whose server and worker records disagree on the tolerance (none: one line)."""
+    recs = load_run(path)
+    bad = tolerance_mismatches(recs)
+    if not bad:
+        print(f"{path}: {len(recs)} records; server and workers agree on every round's tolerance")
+        return bad
+    print(f"{path}: {len(bad)} worker round(s) whose tolerance differs from the server's "
+          f"(a forged ROUND on an --insecure run?)")
+    print(format_table([["run", "worker", "round", "server up", "worker up", "server down", "worker down"]]
+                       + [[b["run"] or "-", b["worker"], b["round"], b["server_up"], b["worker_up"],
+                           b["server_down"], b["worker_down"]] for b in bad]))
+    return bad
+
+
 def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
@@ -391,6 +429,11 @@ def build_parser() -> "argparse.ArgumentParser":
     c.add_argument("--out", default="compare", help="folder for compare.csv and the plots")
     c.add_argument("--skip", type=int, default=1, help="leave out rounds below this (warm-up)")
     c.add_argument("--no-plot", action="store_true", help="write compare.csv only")
+    k = sub.add_parser("check", formatter_class=ap.formatter_class,
+                       help="flag rounds whose server and worker records disagree on the tolerance",
+                       description="Flag every worker round whose tolerance (up or down) differs from the "
+                                   "server's record of that round; exit status 1 if there is one.")
+    k.add_argument("run", metavar="RUN", help="results folder or records JSONL holding server and worker records")
     return ap
 
 
@@ -402,6 +445,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd is None:
         ap.print_help(sys.stderr)
         return 2
+    if a.cmd == "check":
+        try:
+            return 1 if check(a.run) else 0
+        except ValueError as exc:
+            print(f"python -m dblp.analysis check: error: {exc}", file=sys.stderr)
+            return 2
     if a.skip < 0:
         ap.error(f"--skip must be >= 0, got {a.skip}")
     try:

@@ -170,6 +170,19 @@ def check_proof(secret: bytes, role: str, nonce_worker: bytes, nonce_server: byt
     return hmac.compare_digest(proof(secret, role, nonce_worker, nonce_server, hello), got)
 
 
+def control_keys(secret: bytes, nonce_worker: bytes, nonce_server: bytes, hello: bytes) -> tuple[bytes, bytes]:
+    """The connection's two control-message keys, (worker -> server, server -> worker).
+
+    Why per connection: bound to both handshake nonces, so a message recorded on one
+    connection (or in another run) fails on every other; why per direction: a message
+    reflected back to its sender fails too. Both sides derive them once the proofs are
+    checked; the secret itself never keys a message."""
+    base = hmac.new(secret, b"dblp control v1|" + nonce_worker + b"|" + nonce_server + b"|"
+                    + hashlib.sha256(hello).digest(), hashlib.sha256).digest()
+    return (hmac.new(base, b"worker->server", hashlib.sha256).digest(),
+            hmac.new(base, b"server->worker", hashlib.sha256).digest())
+
+
 # -- data: the per-run key and the datagram tag -----------------------------------------------
 def data_key(secret: bytes, run_id: int) -> bytes:
     """The run's 16-byte AES-GMAC key: HKDF-SHA256 of the secret, bound to the run id."""

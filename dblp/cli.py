@@ -14,17 +14,19 @@ import sys
 import time
 
 
-from traces.argtypes import count_arg, int_arg, port_arg, unresolvable
-from traces.units import HelpFormatter, duration_arg, rate_arg
+from traces.argtypes import count_arg, float_arg, int_arg, port_arg, unresolvable
+from traces.units import HelpFormatter, duration_arg, rate_arg, size_arg
 
 from .auth import AuthError, new_secret
 from .cliargs import (add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       server_secret, tolerance_arg, worker_secret)
-from .control import DEFAULT_PORT
+from .control import DEFAULT_PORT, MAX_HELLO
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
 from .policy import make_policy
 from .records import RecordsError
+from .reduce import DEFAULT_MAX_NORM
+from .transport import MAX_PENDING
 from .server import ParameterServer, ServerConfig, ServerError
 from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
 from .wire import ParameterError
@@ -71,7 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the tensor this server serves: " + MODEL_HELP + "; workers with another size are "
                         "refused (default: the first valid worker's, bounded by half the free memory)")
     s.add_argument("--handshake-timeout", type=duration_arg(allow_zero=False), default="10s",
-                   help="a connection that says no HELLO within this time is closed")
+                   help="a connection that has not logged in (HELLO, and AUTH) within this time is closed; "
+                        "also the shard hub's limit for a shard server's introduction")
+    s.add_argument("--max-pending", type=count_arg(1), default=MAX_PENDING,
+                   help="connections logging in at once; one more lets the oldest go (as does running out of "
+                        "file descriptors), so a flood cannot fill the server")
+    s.add_argument("--login-buffer", type=size_arg(), default="16MiB",
+                   help="bytes buffered over all logins in progress, e.g. 16MiB; beyond, the connection holding "
+                        f"the most is let go (a first message may have at most {MAX_HELLO >> 20} MiB, checked on "
+                        f"its header)")
+    s.add_argument("--max-grad-norm", type=float_arg(0.0, lo_open=True), default=DEFAULT_MAX_NORM,
+                   help="the aggregation guard: a worker's gradient whose L2 norm is above this, or not finite "
+                        "(NaN, inf), is left out of that round's mean, logged and recorded")
+    s.add_argument("--clip-norm", type=float_arg(0.0, lo_open=True), default=None,
+                   help="robust aggregation: scale each worker's gradient down to this L2 norm before "
+                        "averaging (default: off)")
     s.add_argument("--consistency", choices=["none", "intersect"], default="none",
                    help="none: each worker applies what it received (the paper; replicas drift); intersect: "
                         "every worker applies only the chunks all received (identical replicas, one more "
@@ -209,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,
+                               max_pending=args.max_pending, max_login_bytes=args.login_buffer,
+                               max_grad_norm=args.max_grad_norm, clip_norm=args.clip_norm,
                                elements=elements, consistency=args.consistency, round_hook=args.round_hook,
                                secret=secret, insecure=args.insecure, shard=args.shard, shards=args.shards,
                                shard_hub=hub, threads=args.threads)

@@ -18,6 +18,10 @@ import selectors
 import socket
 import threading
 import time
+import multiprocessing
+import os
+import stat
+from multiprocessing.pool import AsyncResult, Pool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,12 +32,13 @@ from .core import DEFAULT_ORDER
 from .hostlocal import LocalSlot, LocalSlotError
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
-from .reduce import MODES, reduce_mean_norm
+from .reduce import DEFAULT_MAX_NORM, MODES, guarded_mean_norm
 from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
-from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, pump, pump_parallel
+from .transport import (DEFAULT_PEER_TIMEOUT_S, FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError,
+                        accept_logins, pump, pump_parallel)
 from .udp import DataSocket, family_of
 from .wire import ChunkLayout, ParameterError
 
@@ -55,6 +60,10 @@ class ServerConfig:
     peer_timeout: float = DEFAULT_PEER_TIMEOUT_S
     accept_timeout: float = 120.0
     handshake_timeout: float = 10.0  # a connection must say HELLO within this many seconds
+    max_grad_norm: float = DEFAULT_MAX_NORM  # the aggregation guard: a contribution's norm above it is left out
+    clip_norm: float | None = None  # robust aggregation: contributions scaled down to this norm (None: off)
+    max_pending: int = MAX_PENDING  # logins in progress at once; one more lets the oldest go
+    max_login_bytes: int = 16 << 20  # bytes buffered over all logins; beyond, the largest is let go
     elements: int | None = None  # the tensor size this server serves (None: the first valid HELLO's)
     max_memory_bytes: int | None = None  # a first HELLO may not need more (None: half the available memory)
     consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
@@ -93,6 +102,14 @@ class ServerConfig:
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
+        if not self.max_grad_norm > 0 or (self.clip_norm is not None and not self.clip_norm > 0):
+            raise ParameterError(f"max_grad_norm and clip_norm must be positive, got {self.max_grad_norm}, "
+                                 f"{self.clip_norm}")
+        if self.max_pending < 1:
+            raise ParameterError(f"max_pending must be >= 1, got {self.max_pending}")
+        if self.max_login_bytes < ctl.MAX_HELLO + 5:
+            raise ParameterError(f"max_login_bytes must be at least one HELLO ({ctl.MAX_HELLO + 5}), "
+                                 f"got {self.max_login_bytes}")
         if not 1 <= self.threads <= 64:
             raise ParameterError(f"threads must be in [1, 64], got {self.threads}")
         if self.shards < 1 or not 0 <= self.shard < self.shards:
@@ -114,6 +131,42 @@ class _Handshake:
     until: float
     hello: ctl.Hello | None = None  # set once the HELLO passed its checks
     nonce: bytes = b""  # the server's nonce of the CHALLENGE sent
+    canon: bytes = b""  # the HELLO's canonical bytes, which the proofs and keys are bound to
+    keys: tuple[bytes, bytes] | None = None  # the control keys (worker->server, server->worker), after AUTH
+    parsing: AsyncResult | None = None  # a large HELLO being parsed in the login process
+
+
+_LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
+# A HELLO larger than this is parsed in a process of its own (forked: no main module re-imported, as
+# spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
+# that runs the server never forks for its own workers; an attacker's HELLO below it costs the loop
+# ~0.2 s at most (0.7 us per byte, measured at load 8 on 2 cores).
+_INLINE_HELLO_BYTES = 256 * 1024
+
+
+def _parse_hello(body: bytes) -> tuple[ctl.Message, bytes | None]:
+    """A HELLO frame's message and canonical bytes (the login process's work: up to ~0.5 s for a
+    4 MiB HELLO of the most tensors, which would otherwise stall every other login)."""
+    msg = ctl.decode_frame(1, body)
+    return msg, ctl.canonical_hello(msg) if isinstance(msg, ctl.Hello) else None
+
+
+def _drop_inherited_sockets() -> None:
+    """The login process (forked from the server) closes the sockets it inherited: a connection the
+    server closes must close, and the listening port must go with the server."""
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if stat.S_ISSOCK(os.fstat(int(name)).st_mode):
+                os.close(int(name))
+        except OSError:
+            pass
+
+
+def _poke(sock: socket.socket) -> None:
+    try:
+        sock.send(b".")
+    except OSError:  # full (already poked) or closed (the login is over)
+        pass
 
 
 @dataclass
@@ -132,7 +185,10 @@ class ParameterServer:
         self.secret: bytes | None = None if cfg.insecure else (cfg.secret or _env_secret() or
                                                                bytes.fromhex(auth.new_secret()))
         self.refused: dict[str, int] = {}  # refused connections by reason kind (hostile-client accounting)
-        self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False)
+        self.excluded: list[tuple[int, dict[str, str]]] = []  # (round, worker -> why) left out of a mean
+        self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False,
+                                             backlog=LISTEN_BACKLOG)
+        self._fd_warned = False
         self.listener.settimeout(cfg.accept_timeout)
         self.port = self.listener.getsockname()[1]
         self.layout: ChunkLayout | None = None
@@ -149,7 +205,8 @@ class ParameterServer:
             assert cfg.shard_hub is not None
             try:
                 self.norm_exchange = NormExchange(cfg.shard, cfg.shards, cfg.shard_hub, self.secret,
-                                                  timeout=cfg.peer_timeout, connect_timeout=cfg.accept_timeout)
+                                                  timeout=cfg.peer_timeout, connect_timeout=cfg.accept_timeout,
+                                                  login_timeout=cfg.handshake_timeout)
             except OSError:
                 self.listener.close()
                 raise
@@ -172,27 +229,59 @@ class ParameterServer:
         without delaying the others. The tensor size is the server's
         (``cfg.elements``) when configured, else the first valid HELLO's -
         bounded by the memory the server would need for it.
+
+        Before login a connection is bounded (the pre-login limits, :mod:`dblp.transport`):
+        at most ``cfg.max_pending`` logins at once (one more lets the oldest go, as does a
+        want of file descriptors), a first frame of at most :data:`dblp.control.MAX_HELLO`
+        bytes (refused on its 5-byte header, before its body is buffered), at most
+        ``cfg.max_login_bytes`` buffered over all logins (the largest is let go), and
+        ``cfg.handshake_timeout`` seconds each. A large HELLO is parsed in a process of its
+        own, so the loop keeps answering the others meanwhile.
         """
         spec: dict | None = {"elements": self.cfg.elements} if self.cfg.elements else None
         taken: set[int] = set()
-        pending: list[tuple[socket.socket, ctl.Hello]] = []
-        shaking: dict[socket.socket, _Handshake] = {}
+        pending: list[tuple[socket.socket, ctl.Hello, tuple[bytes, bytes] | None]] = []
+        shaking: dict[socket.socket, _Handshake] = {}  # in accept order: the first is the oldest
         local: dict[socket.socket, LocalSlot] = {}
         deadline = time.monotonic() + self.cfg.accept_timeout
         sel = selectors.DefaultSelector()
         self.listener.setblocking(False)
         sel.register(self.listener, selectors.EVENT_READ)
+        wake_r, wake_w = socket.socketpair()  # a parsed HELLO wakes the loop
+        wake_r.setblocking(False)
+        wake_w.setblocking(False)
+        sel.register(wake_r, selectors.EVENT_READ)
+        parser: Pool | None = None  # made at the first large HELLO
+        listener_paused_until = 0.0
 
         def refuse(conn: socket.socket, why: str, kind: str) -> None:
             hs = shaking.pop(conn)
-            log.warning("connection from %s:%s refused: %s", hs.addr[0], hs.addr[1], why)
             self.refused[kind] = self.refused.get(kind, 0) + 1
-            try:
-                conn.sendall(ctl.encode(ctl.Bye(f"refused: {why}")))
+            if self.refused[kind] <= _LOGGED_REFUSALS:  # a flood is counted, not logged line by line
+                log.warning("connection from %s:%s refused: %s%s", hs.addr[0], hs.addr[1], why,
+                            f" (further {kind!r} refusals are counted, not logged)"
+                            if self.refused[kind] == _LOGGED_REFUSALS else "")
+            try:  # (after AUTH the worker expects tagged frames: this one is)
+                conn.send(ctl.encode(ctl.Bye(f"refused: {why}"),
+                                     ctl.ControlMac(hs.keys[1]) if hs.keys else None))
             except OSError:
                 pass
             sel.unregister(conn)
             conn.close()
+
+        def shed(why: str) -> bool:
+            """Let the oldest waiting login go: one that has not passed its HELLO, else any."""
+            victim = next((c for c, h in shaking.items() if h.hello is None and h.parsing is None),
+                          next(iter(shaking), None))
+            if victim is None:
+                return False
+            refuse(victim, f"shed: {why}", "shed")
+            return True
+
+        def take(conn: socket.socket, addr: tuple) -> None:
+            shaking[conn] = _Handshake(addr, ctl.ControlDecoder(max_frame=ctl.MAX_HELLO + 1),
+                                       time.monotonic() + self.cfg.handshake_timeout)
+            sel.register(conn, selectors.EVENT_READ)
 
         def admit(conn: socket.socket, hello: ctl.Hello) -> None:
             nonlocal spec
@@ -210,12 +299,12 @@ class ParameterServer:
             spec = spec or hello.spec  # only an authenticated worker fixes the tensor size
             if hello.worker >= 0:
                 taken.add(hello.worker)
-            del shaking[conn]
+            keys = shaking.pop(conn).keys
             sel.unregister(conn)
             conn.setblocking(True)
-            pending.append((conn, hello))
+            pending.append((conn, hello, keys))
 
-        def on_message(conn: socket.socket, msg: ctl.Message) -> None:
+        def on_message(conn: socket.socket, msg: ctl.Message, canon: bytes | None = None) -> None:
             hs = shaking[conn]
             if hs.hello is None:  # expecting the HELLO
                 why = self._check_hello(msg, spec, taken)
@@ -235,8 +324,8 @@ class ParameterServer:
                                  f"(--secret-file or ${auth.SECRET_ENV}), or run both with --insecure", "auth")
                     return
                 hs.hello, hs.nonce = msg, auth.new_nonce()
-                proof = auth.proof(self.secret, "server", bytes.fromhex(msg.nonce), hs.nonce,
-                                   ctl.canonical_hello(msg))
+                hs.canon = canon if canon is not None else ctl.canonical_hello(msg)
+                proof = auth.proof(self.secret, "server", bytes.fromhex(msg.nonce), hs.nonce, hs.canon)
                 try:
                     conn.sendall(ctl.encode(ctl.Challenge(hs.nonce, proof)))
                 except OSError as exc:
@@ -246,56 +335,119 @@ class ParameterServer:
                 refuse(conn, f"expected AUTH, got {type(msg).__name__}", "auth")
                 return
             assert self.secret is not None
-            if not auth.check_proof(self.secret, "worker", bytes.fromhex(hs.hello.nonce), hs.nonce,
-                                    ctl.canonical_hello(hs.hello), msg.proof):
+            nonce_w = bytes.fromhex(hs.hello.nonce)
+            if not auth.check_proof(self.secret, "worker", nonce_w, hs.nonce, hs.canon, msg.proof):
                 refuse(conn, "authentication failed: the worker does not hold this run's secret", "auth")
                 return
+            hs.keys = auth.control_keys(self.secret, nonce_w, hs.nonce, hs.canon)
             admit(conn, hs.hello)
 
+        def parsed(conn: socket.socket) -> None:
+            """A HELLO parsed in the login process: on with its handshake."""
+            hs = shaking[conn]
+            fut, hs.parsing = hs.parsing, None
+            assert fut is not None
+            try:
+                msg, canon = fut.get()
+            except Exception as exc:  # noqa: BLE001 - ControlError, or whatever the parse raised there
+                refuse(conn, str(exc), "malformed")
+                return
+            on_message(conn, msg, canon)
+
+        def read(conn: socket.socket) -> None:
+            nonlocal parser
+            hs = shaking[conn]
+            try:
+                data = conn.recv(1 << 16)
+                frames = hs.decoder.frames(data) if data else []
+            except (BlockingIOError, InterruptedError):
+                return
+            except ctl.ControlError as exc:
+                refuse(conn, f"{exc}: a first message may have at most {ctl.MAX_HELLO} bytes", "malformed")
+                return
+            except OSError as exc:
+                refuse(conn, str(exc), "closed")
+                return
+            if not data:
+                refuse(conn, "closed during its handshake", "closed")
+                return
+            for t, body in frames:
+                if conn not in shaking or len(pending) >= self.cfg.workers:
+                    return
+                if hs.parsing is not None:
+                    refuse(conn, "sent another message before its HELLO was answered", "malformed")
+                    return
+                if t == 1 and len(body) > _INLINE_HELLO_BYTES and hs.hello is None:
+                    if parser is None:  # a process, not a thread: a parse holds no lock the loop needs (the GIL)
+                        parser = multiprocessing.get_context("fork").Pool(1, initializer=_drop_inherited_sockets)
+                    hs.parsing = parser.apply_async(_parse_hello, (body,), callback=lambda _r: _poke(wake_w),
+                                                    error_callback=lambda _e: _poke(wake_w))
+                    continue
+                try:
+                    msg = ctl.decode_frame(t, body)
+                except ctl.ControlError as exc:
+                    refuse(conn, str(exc), "malformed")
+                    return
+                on_message(conn, msg)
+            buffered = sum(h.decoder.pending for h in shaking.values())
+            if buffered > self.cfg.max_login_bytes:
+                big = max(shaking, key=lambda c: shaking[c].decoder.pending)
+                refuse(big, f"shed: {buffered} bytes of logins were buffered, more than the limit of "
+                            f"{self.cfg.max_login_bytes}, and this connection held the most "
+                            f"({shaking[big].decoder.pending})", "shed")
+
+        ending = "the server has its workers"
         try:
             while len(pending) < self.cfg.workers:
                 now = time.monotonic()
                 for conn, hs in list(shaking.items()):
-                    if now >= hs.until:
+                    if now >= hs.until and hs.parsing is None:
                         refuse(conn, f"no {'HELLO' if hs.hello is None else 'AUTH'} within "
                                      f"{self.cfg.handshake_timeout:g} s", "timeout")
                 if now >= deadline:
                     raise ServerError(f"only {len(pending)} of {self.cfg.workers} workers connected "
                                       f"within {self.cfg.accept_timeout:.0f} s")
-                wake = min([deadline, *(hs.until for hs in shaking.values())])
-                for key, _ in sel.select(max(0.0, wake - now)):
-                    if key.fileobj is self.listener:
+                if listener_paused_until and now >= listener_paused_until:
+                    sel.register(self.listener, selectors.EVENT_READ)
+                    listener_paused_until = 0.0
+                wake = min([deadline, *(hs.until for hs in shaking.values()),
+                            *([listener_paused_until] if listener_paused_until else [])])
+                events = sel.select(max(0.0, wake - now))
+                # the logins first: a worker whose HELLO is in is served before more are accepted
+                for key, _ in sorted(events, key=lambda e: e[0].fileobj is self.listener):
+                    if len(pending) >= self.cfg.workers:
+                        break
+                    if key.fileobj is wake_r:
                         try:
-                            conn, addr = self.listener.accept()
-                        except (BlockingIOError, InterruptedError):
-                            continue
-                        conn.setblocking(False)
-                        shaking[conn] = _Handshake(addr, ctl.ControlDecoder(),
-                                                   time.monotonic() + self.cfg.handshake_timeout)
-                        sel.register(conn, selectors.EVENT_READ)
-                        continue
-                    conn = key.fileobj
-                    if conn not in shaking:  # refused or admitted earlier in this batch
-                        continue
-                    try:
-                        data = conn.recv(1 << 16)
-                        msgs = shaking[conn].decoder.feed(data) if data else []
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except (OSError, ctl.ControlError) as exc:
-                        refuse(conn, str(exc), "malformed")
-                        continue
-                    if not data:
-                        refuse(conn, "closed during its handshake", "closed")
-                        continue
-                    for msg in msgs:
-                        if conn not in shaking or len(pending) >= self.cfg.workers:
-                            break
-                        on_message(conn, msg)
+                            wake_r.recv(4096)
+                        except OSError:
+                            pass
+                        for conn in [c for c, h in shaking.items() if h.parsing is not None and h.parsing.ready()]:
+                            parsed(conn)
+                    elif key.fileobj is self.listener:
+                        if accept_logins(self.listener, lambda: len(shaking), self.cfg.max_pending, take, shed):
+                            if not self._fd_warned:
+                                log.warning("out of file descriptors with no login to let go: accepting "
+                                            "again in %g s", FD_PAUSE_S)
+                                self._fd_warned = True
+                            sel.unregister(self.listener)
+                            listener_paused_until = time.monotonic() + FD_PAUSE_S
+                    elif key.fileobj in shaking:  # (not refused or admitted earlier in this batch)
+                        read(key.fileobj)
+        except BaseException as exc:
+            ending = f"the server stopped before this login completed ({type(exc).__name__}: {exc})"
+            raise
         finally:
             for conn in list(shaking):
-                refuse(conn, "the server has its workers", "late")
+                refuse(conn, ending, "late")
             sel.close()
+            if sum(self.refused.values()) > _LOGGED_REFUSALS:
+                log.warning("refused %d connections before login: %s", sum(self.refused.values()),
+                            ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items())))
+            if parser is not None:
+                parser.terminate()  # a parse still running is of a login that no longer matters
+            wake_r.close()
+            wake_w.close()
             self.listener.setblocking(True)
         assert spec is not None
         spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers
@@ -304,12 +456,14 @@ class ParameterServer:
         # cfg.mtu is the link's; ChunkLayout counts IPv4's 20-byte header, IPv6's is 40
         mtu = self.cfg.mtu - 20 if family_of(self.cfg.host) == socket.AF_INET6 else self.cfg.mtu
         self.layout = ChunkLayout(elements, mtu, key=key)
-        ids = _assign_ids([h.worker for _, h in pending], self.cfg.workers)
+        ids = _assign_ids([h.worker for _, h, _ in pending], self.cfg.workers)
         peers: dict[int, Peer] = {}
-        for (conn, hello), wid in zip(pending, ids):
+        for (conn, hello, keys), wid in zip(pending, ids):
             conn.settimeout(self.cfg.peer_timeout)
             udp = DataSocket(conn.getsockname()[0], 0, fast=self.cfg.fast)
             peer = Peer(f"worker {wid}", conn, udp, on_message=self._on_message)
+            if keys is not None:  # every control frame from now on is tagged and numbered, both ways
+                peer.authenticate(key_in=keys[0], key_out=keys[1])
             peer.udp_addr = (conn.getpeername()[0], hello.udp_port)
             if conn in local:
                 peer.local = (local[conn].down, local[conn].up)
@@ -395,6 +549,16 @@ class ParameterServer:
             if w is not None:
                 self.session.handle_control(w, msg, time.monotonic())
                 self._dispatch()
+
+    def control_refused(self) -> dict[str, int]:
+        """Control frames refused so far on the workers' connections, by why (dblp.control):
+        a forged, replayed or reordered frame is dropped and counted, never acted on."""
+        out: dict[str, int] = {}
+        for w in self.workers:
+            for why, n in w.peer.decoder.refused.items():
+                if n:
+                    out[why] = out.get(why, 0) + n
+        return out
 
     # -- the session's events ------------------------------------------------------
     def _peer(self, wid: int) -> Peer | None:
@@ -488,11 +652,23 @@ class ParameterServer:
             s.poll(time.monotonic())
         # 2. Reduce by mean; 3.-4. the session feeds the policy and starts the broadcast.
         live = s.live
-        norm = reduce_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
-                                self.layout, self.mean, self.cfg.reduce)
+        g = guarded_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
+                              self.layout, self.mean, self.cfg.reduce, self.cfg.max_grad_norm, self.cfg.clip_norm)
+        norm = g.norm
         if self.norm_exchange is not None:  # the sharded mode: the policy sees the whole mean's norm
             norm = math.sqrt(self.norm_exchange.total(s.round, norm * norm))
         extra: dict = {"reduce": self.cfg.reduce}
+        if g.excluded:  # the aggregation guard (dblp.reduce G2-G3): left out of this round's mean
+            extra["excluded"] = {str(live[i]): why for i, why in g.excluded.items()}
+            self.excluded.append((s.round, extra["excluded"]))
+            for i, why in g.excluded.items():
+                log.warning("round %d: worker %d left out of the mean: %s; %d of %d contributions averaged",
+                            s.round, live[i], why, len(live) - len(g.excluded), len(live))
+        if g.clipped:
+            extra["clipped"] = [live[i] for i in g.clipped]
+        refused = self.control_refused()
+        if refused:  # control frames injected, replayed or reordered on the path: dropped, counted
+            extra["control_refused"] = refused
         if self._hook is not None:
             extra["burst"] = self._bursts.pop(s.round, False)
         s.broadcast(norm, time.monotonic(), self.mean, extra=extra)
@@ -542,8 +718,8 @@ class ParameterServer:
 def _close_peer(peer: Peer, reason: str | None = None) -> None:
     if reason and not peer.closed:
         try:
-            peer.tcp.sendall(ctl.encode(ctl.Bye(reason)))
-        except OSError:
+            peer.send_control(ctl.Bye(reason))
+        except PeerError:
             pass
     for s in (peer.tcp, peer.udp):
         try:
@@ -554,8 +730,6 @@ def _close_peer(peer: Peer, reason: str | None = None) -> None:
 
 def _env_secret() -> bytes | None:
     """``$DBLP_SECRET`` when set (how launchers hand a run its secret), else None."""
-    import os
-
     text = os.environ.get(auth.SECRET_ENV)
     if not text:
         return None

@@ -16,7 +16,10 @@ S2  When every live worker's upstream is complete (the core's STOP rule),
     the server closes those rounds and asks its driver to reduce: the mean
     and its L2 norm are data work the driver does (numpy/C on real hosts, a
     model in the simulator) (l.6-7).
-S3  The norm goes to the tolerance policy (CLR detection, eq. (1)); the
+S3  The norm goes to the tolerance policy (CLR detection, eq. (1)) - unless
+    it is not finite (a driver without the aggregation guard of
+    :mod:`dblp.reduce`): then the policy is not fed and its tolerance and
+    CLR state hold for the round (recorded ``norm_not_finite``); the
     returned ``p_down`` is announced with ROUND(k, down, p_down, clr) and the
     mean broadcast to every live worker in one chunk order
     (:data:`dblp.core.DOWN_STREAM`), encoded once (l.8-10).
@@ -46,6 +49,7 @@ aioquic's ``QuicConnection.next_event``.
 from __future__ import annotations
 
 import enum
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -316,9 +320,13 @@ class ServerSession:
         k = self.round
         self.norms.append(norm)
         self._norm = norm
-        self._p_down = float(self.policy.update(k, norm))
-        self._clr = bool(self.policy.clr)
         self._extra = dict(extra or {})
+        if math.isfinite(norm):
+            self._p_down = float(self.policy.update(k, norm))
+        else:  # S3': the CLR detector never sees a non-finite norm; the tolerance and CLR state hold
+            self._p_down = float(self.policy.tolerance)
+            self._extra["norm_not_finite"] = True
+        self._clr = bool(self.policy.clr)
         order = send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM)  # once, for every worker
         if mean is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(

@@ -26,8 +26,10 @@ per-shard records make one round record (:func:`merge_records`).
 from __future__ import annotations
 
 import hmac
+import logging
 import math
 import secrets
+import selectors
 import socket
 import struct
 import time
@@ -37,9 +39,11 @@ from typing import Any, Sequence
 
 from .records import RecordWriter, RoundRecord
 from .staging import HostStaging, ResultPool
-from .transport import connect_retry
+from .transport import FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, accept_logins, connect_retry
 from .wire import ParameterError
 from .worker import Worker
+
+log = logging.getLogger("dblp.shard")
 
 AGGREGATIONS = ("server", "sharded")  # the paper's single server; k shard servers on the workers' hosts
 _MSG = struct.Struct("!IHd")  # round, shard, squared norm (peer -> hub) or total (hub -> peer)
@@ -105,17 +109,19 @@ class NormExchange:
     ``timeout`` seconds ends the run with a :class:`NormExchangeError` naming it."""
 
     def __init__(self, shard: int, shards: int, hub: tuple[str, int], secret: bytes | None,
-                 timeout: float = 120.0, connect_timeout: float = 60.0) -> None:
+                 timeout: float = 120.0, connect_timeout: float = 60.0, login_timeout: float = 10.0) -> None:
         if not 0 <= shard < shards:
             raise ParameterError(f"shard must be in [0, {shards}), got {shard}")
         self.shard, self.shards, self.hub, self.secret = shard, shards, hub, secret
         self.timeout, self.connect_timeout = timeout, connect_timeout
+        self.login_timeout = min(login_timeout, timeout)  # a connection's time to introduce itself
+        self.refused = 0  # connections to the hub closed before they were a shard server's
         self.listener: socket.socket | None = None
         self.peers: dict[int, tuple[socket.socket, bytes]] = {}  # hub: shard -> (connection, nonce)
         self.conn: tuple[socket.socket, bytes] | None = None  # a peer's connection to the hub, its nonce
         if shard == 0:
             fam = socket.AF_INET6 if ":" in hub[0] else socket.AF_INET
-            self.listener = socket.create_server(hub, family=fam, backlog=max(shards, 8))
+            self.listener = socket.create_server(hub, family=fam, backlog=LISTEN_BACKLOG)
 
     @property
     def port(self) -> int:
@@ -136,7 +142,10 @@ class NormExchange:
         conn.sendall(body + self._tag(nonce, body, self.shard == 0))
 
     def _recv(self, conn: socket.socket, nonce: bytes, round_no: int, who: str) -> tuple[int, float]:
-        data = _recv_exact(conn, _MSG.size + _TAG, who, self.timeout)
+        return self._check(_recv_exact(conn, _MSG.size + _TAG, who, self.timeout), nonce, round_no, who)
+
+    def _check(self, data: bytes, nonce: bytes, round_no: int, who: str) -> tuple[int, float]:
+        """(shard, value) of one message, refused unless tagged by this run, of this round, finite."""
         body, tag = data[:_MSG.size], data[_MSG.size:]
         if not hmac.compare_digest(tag, self._tag(nonce, body, self.shard != 0)):
             raise NormExchangeError(f"{who}: a norm message without this run's tag (another run, or a forgery)")
@@ -148,28 +157,98 @@ class NormExchange:
         return shard, value
 
     def _accept_peers(self) -> None:
+        """Take the other shard servers' connections, every login at once, each under its own
+        deadline (``login_timeout``): a connection that says nothing, or not this run's
+        introduction, is closed when it fails without holding up the others - the pre-login
+        rules of every listener (:func:`dblp.transport.accept_logins`: a cap on logins in
+        progress, the oldest let go, EMFILE survived)."""
         assert self.listener is not None
         deadline = time.monotonic() + self.connect_timeout
-        while len(self.peers) < self.shards - 1:
-            self.listener.settimeout(max(0.01, deadline - time.monotonic()))
-            try:
-                conn, addr = self.listener.accept()
-            except socket.timeout:
-                missing = sorted(set(range(1, self.shards)) - set(self.peers))
-                raise NormExchangeError(f"shard hub: shard server(s) {missing} did not connect within "
-                                        f"{self.connect_timeout:g} s") from None
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        logins: dict[socket.socket, tuple[tuple, bytes, bytearray, float]] = {}  # addr, nonce, bytes, until
+        sel = selectors.DefaultSelector()
+        self.listener.setblocking(False)
+        sel.register(self.listener, selectors.EVENT_READ)
+        paused_until = 0.0
+
+        def drop(conn: socket.socket, why: str) -> None:
+            addr = logins.pop(conn)[0]
+            log.warning("shard hub: connection from %s:%s closed: %s", addr[0], addr[1], why)
+            self.refused += 1
+            sel.unregister(conn)
+            conn.close()
+
+        def shed(why: str) -> bool:
+            if not logins:
+                return False
+            drop(next(iter(logins)), f"shed: {why}")
+            return True
+
+        def take(conn: socket.socket, addr: tuple) -> None:
             nonce = secrets.token_bytes(_NONCE)
             try:
-                conn.sendall(nonce)
-                shard, _ = self._recv(conn, nonce, 0, f"shard peer {addr[0]}:{addr[1]}")
-            except (NormExchangeError, OSError):
-                conn.close()  # not one of ours (or broken): the hub keeps waiting for the real peers
-                continue
-            if not 0 < shard < self.shards or shard in self.peers:
+                conn.send(nonce)  # 16 bytes into an empty send buffer
+            except OSError:
                 conn.close()
-                continue
+                return
+            logins[conn] = (addr, nonce, bytearray(), time.monotonic() + self.login_timeout)
+            sel.register(conn, selectors.EVENT_READ)
+
+        def read(conn: socket.socket) -> None:
+            addr, nonce, buf, _ = logins[conn]
+            try:
+                data = conn.recv(_MSG.size + _TAG - len(buf))
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                drop(conn, str(exc))
+                return
+            if not data:
+                drop(conn, "closed before its introduction")
+                return
+            buf += data
+            if len(buf) < _MSG.size + _TAG:
+                return
+            try:
+                shard, _ = self._check(bytes(buf), nonce, 0, f"shard peer {addr[0]}:{addr[1]}")
+            except NormExchangeError as exc:
+                drop(conn, str(exc))
+                return
+            if not 0 < shard < self.shards or shard in self.peers:
+                drop(conn, f"introduced itself as shard {shard}, which is not a free shard of {self.shards}")
+                return
+            logins.pop(conn)
+            sel.unregister(conn)
+            conn.setblocking(True)
             self.peers[shard] = (conn, nonce)
+
+        try:
+            while len(self.peers) < self.shards - 1:
+                now = time.monotonic()
+                for conn in [c for c, (_, _, _, until) in logins.items() if now >= until]:
+                    drop(conn, f"no introduction within {self.login_timeout:g} s")
+                if now >= deadline:
+                    missing = sorted(set(range(1, self.shards)) - set(self.peers))
+                    raise NormExchangeError(f"shard hub: shard server(s) {missing} did not connect within "
+                                            f"{self.connect_timeout:g} s")
+                if paused_until and now >= paused_until:
+                    sel.register(self.listener, selectors.EVENT_READ)
+                    paused_until = 0.0
+                wake = min([deadline, *(v[3] for v in logins.values()), *([paused_until] if paused_until else [])])
+                for key, _ in sel.select(max(0.0, wake - now)):
+                    if key.fileobj is self.listener:
+                        if accept_logins(self.listener, lambda: len(logins), MAX_PENDING, take, shed):
+                            sel.unregister(self.listener)
+                            paused_until = time.monotonic() + FD_PAUSE_S
+                    elif key.fileobj in logins:
+                        read(key.fileobj)
+                    if len(self.peers) >= self.shards - 1:
+                        break
+        finally:
+            for conn in list(logins):
+                drop(conn, "the hub has its shard servers" if len(self.peers) >= self.shards - 1
+                     else "the hub stopped waiting")
+            sel.close()
+            self.listener.setblocking(True)
 
     def _connect(self) -> None:
         try:

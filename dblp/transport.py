@@ -12,6 +12,8 @@ enforces liveness (a peer that closes or stays silent too long raises
 
 from __future__ import annotations
 
+import errno
+import logging
 import selectors
 import socket
 import threading
@@ -24,11 +26,56 @@ from . import control as ctl
 from .core import Receiver, RoundSender
 from .udp import DataSocket, addr_key
 
+log = logging.getLogger("dblp.transport")
+
 DEFAULT_PEER_TIMEOUT_S = 120.0  # silence allowed while peers compute; dead hosts: TCP keepalive below
 KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 4  # a vanished host fails recv in ~13 s
 UNACKED_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT: control data unacknowledged this long fails the connection
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
 RECV_ROWS = 2048  # datagrams taken from a socket per core call
+
+
+# -- before login: the rules every listener (the server's control port, the shard hub) applies ----------
+MAX_PENDING = 64  # connections in their login at once; one more lets the oldest go
+LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a flood must not drop a worker's SYN)
+ACCEPT_BATCH = 16  # connections taken per wake, so the accepted ones are read before more are taken
+_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+FD_PAUSE_S = 0.05  # out of descriptors with no login to let go: the listener is ignored this long
+
+
+def accept_logins(listener: socket.socket, pending: Callable[[], int], max_pending: int,
+                  admit: Callable[[socket.socket, tuple], None], shed: Callable[[str], bool]) -> bool:
+    """Take up to :data:`ACCEPT_BATCH` new connections from the non-blocking ``listener``.
+
+    Each goes to ``admit(conn, addr)`` (non-blocking). When ``pending()`` logins are
+    already in progress, or an accept fails for want of descriptors (EMFILE, ENFILE: a flood
+    under the usual 1024 limit), ``shed(why)`` lets the oldest waiting login go (False: none
+    to let go) - a flood cannot fill the server, and a worker that logs in within its first
+    round trip is never the oldest. Returns True when the listener should be left alone for
+    :data:`FD_PAUSE_S` (out of descriptors, nothing to shed: the kernel keeps the connection
+    queued, and retrying at once would spin)."""
+    for _ in range(ACCEPT_BATCH):
+        try:
+            conn, addr = listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            break
+        except OSError as exc:
+            if exc.errno not in _FD_ERRNOS:
+                raise
+            if not shed(f"the server ran out of file descriptors ({exc.strerror}) and let the oldest "
+                        f"waiting login go"):
+                return True
+            continue
+        conn.setblocking(False)
+        if pending() >= max_pending:
+            shed(f"{max_pending} logins were waiting (the limit) and this was the oldest")
+        admit(conn, addr)
+    return False
+
+
+def listen_backlog(listener: socket.socket) -> None:
+    """A deep accept queue (the kernel caps it at net.core.somaxconn)."""
+    listener.listen(LISTEN_BACKLOG)
 
 
 class PeerError(RuntimeError):
@@ -56,6 +103,10 @@ class Peer:
         self.sender: RoundSender | None = None
         self.on_message = on_message
         self.decoder = ctl.ControlDecoder()
+        # The authenticated control channel (dblp.auth.control_keys): set once the handshake's
+        # proofs are checked; None on the --insecure wire and during the handshake.
+        self.mac_out: ctl.ControlMac | None = None
+        self._send_lock = threading.Lock()  # a frame's sequence number and its bytes leave together
         self._rows = np.empty((0, 0), np.uint8)
         self._lengths = np.zeros(RECV_ROWS, np.int64)
         self._srcs = np.zeros(RECV_ROWS, np.int64)  # source address keys (udp.addr_key)
@@ -82,9 +133,15 @@ class Peer:
             if hasattr(socket, opt):
                 tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
+    def authenticate(self, key_in: bytes, key_out: bytes) -> None:
+        """From now on every control frame either way is tagged and numbered (dblp.control)."""
+        self.decoder.key(ctl.ControlMac(key_in))
+        self.mac_out = ctl.ControlMac(key_out)
+
     def send_control(self, msg: ctl.Message) -> None:
         try:
-            self.tcp.sendall(ctl.encode(msg))
+            with self._send_lock:
+                self.tcp.sendall(ctl.encode(msg, self.mac_out))
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
 
@@ -107,12 +164,22 @@ class Peer:
             if self.closed:  # after its BYE: an orderly close
                 return
             self.closed = True
-            raise PeerError(f"{self.name}: closed the control connection (process died or exited mid-round)", self)
+            said = self.decoder.last_refused
+            unauth = (f"; its last message was refused as unauthenticated: {said!r}"
+                      if self.decoder.refused_total and said is not None else "")
+            raise PeerError(f"{self.name}: closed the control connection (process died or exited mid-round)"
+                            f"{unauth}", self)
         self.last_heard = time.monotonic()
+        refused = self.decoder.refused_total
         try:
             msgs = self.decoder.feed(data)
         except ctl.ControlError as exc:
             raise PeerError(f"{self.name}: protocol error on the control channel: {exc}", self) from exc
+        if self.decoder.refused_total != refused and _worth_logging(refused, self.decoder.refused_total):
+            log.warning("%s: %d control message(s) refused as not from this peer (%s); last: %r", self.name,
+                        self.decoder.refused_total - refused,
+                        ", ".join(f"{k} {v}" for k, v in self.decoder.refused.items() if v),
+                        self.decoder.last_refused)
         for m in msgs:
             self.dispatch(m, now)
 
@@ -216,6 +283,12 @@ class Peer:
         for m in s.control_to_send():
             self.send_control(m)
         return s.ready(now)
+
+
+def _worth_logging(before: int, after: int) -> bool:
+    """Whether refusals going from ``before`` to ``after`` are logged: the first ten, then at each
+    power of ten (an injector cannot flood the log; the records count them all)."""
+    return before < 10 or len(str(after)) > len(str(before))
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:

@@ -65,6 +65,9 @@ class Worker:
             elements = int(sum(int(np.prod(s)) for s in shapes)) if shapes else 0
         if elements <= 0:
             raise ParameterError(f"elements must be positive (give elements= or shapes=), got {elements}")
+        if max(len(names), len(shapes)) > ctl.MAX_TENSORS or any(len(s) > ctl.MAX_DIMS for s in shapes):
+            raise ParameterError(f"a HELLO lists at most {ctl.MAX_TENSORS} tensors of at most {ctl.MAX_DIMS} "
+                                 f"dimensions; got {max(len(names), len(shapes))} (flatten into fewer buffers)")
         if peer_timeout <= 0:
             raise ParameterError(f"peer_timeout must be positive, got {peer_timeout}")
         try:
@@ -101,6 +104,8 @@ class Worker:
         tcp.settimeout(self.peer_timeout)
         udp = DataSocket(tcp.getsockname()[0], 0, fast=self.fast)
         self.peer = Peer("server", tcp, udp, on_message=self._on_message)
+        if self.secret is not None:  # nothing after the CHALLENGE is read before the keys are set
+            self.peer.decoder = ctl.ControlDecoder(hold_after=ctl.CHALLENGE_TYPE)
         nonce = auth.new_nonce() if self.secret is not None else b""
         if self.local:
             try:
@@ -161,6 +166,8 @@ class Worker:
                               f"secret (its proof failed): wrong --secret-file / ${auth.SECRET_ENV}, "
                               f"or not our server")
         self.peer.send_control(ctl.AuthProof(auth.proof(self.secret, "worker", nonce, ch.nonce, canon)))
+        up, down = auth.control_keys(self.secret, nonce, ch.nonce, canon)
+        self.peer.authenticate(key_in=down, key_out=up)  # from META on, every frame is tagged and numbered
 
     def _on_message(self, peer: Peer, msg: ctl.Message) -> None:
         now = time.monotonic()
@@ -218,7 +225,9 @@ class Worker:
         if held is not None:  # consistency mode: apply only what every worker holds (session S7)
             self.peer.send_control(held)
             self._pump(s.can_finish, f"the common chunks of round {k}")
-        rec = s.finish_round(time.monotonic())
+        refused = self.peer.decoder.refused_total
+        rec = s.finish_round(time.monotonic(), extra={"control_refused": dict(self.peer.decoder.refused)}
+                             if refused else None)
         self.last_record = rec
         self._writer.write(rec)
         return staged.restore(out)
@@ -227,7 +236,7 @@ class Worker:
         if self.peer is not None:
             tcp = self.peer.tcp
             try:
-                tcp.sendall(ctl.encode(ctl.Bye(reason)))
+                tcp.sendall(ctl.encode(ctl.Bye(reason), self.peer.mac_out))
                 # Half-close and drain until the server closes, so unread
                 # control bytes do not turn our close into a reset that could
                 # destroy the BYE before the server reads it.

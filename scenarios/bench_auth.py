@@ -10,7 +10,15 @@ machine slows both alike:
    work the tag adds, in ns per datagram;
 2. **lossless rounds on loopback** (``python -m dblp loopback``: a server
    and ``--workers`` worker processes): the median round time of each wire,
-   ``--repeats`` times, and their ratio (target: authenticated within 1.10x).
+   ``--repeats`` times, and their ratio (target: authenticated within 1.10x);
+   the authenticated wire's control messages carry their tag too;
+3. **the control-message MAC** (one process, no sockets): encoding and
+   decoding each kind of control message a round carries (ROUND, PROBE,
+   STOP, a BITMAP of the tensor's chunks, BYE) with and without its tag
+   (:class:`dblp.control.ControlMac`), in microseconds, side by side;
+4. **the aggregation guard** (one process): the server's reduce of
+   ``--workers`` gradients with and without the guard's per-worker norms
+   (:func:`dblp.reduce.guarded_mean_norm`), alternating, in milliseconds.
 
 The C helper computes tags with Intel's ipsec-mb where it was built with it
 (``libipsec-mb-dev``), else with OpenSSL's GCM; part 1 prices every
@@ -39,6 +47,7 @@ import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo ro
 import numpy as np  # noqa: E402
 
 from dblp import auth, wire  # noqa: E402
+from dblp import control as ctl  # noqa: E402
 from dblp.cliargs import model_arg, parser  # noqa: E402
 from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
 from dblp.loopback import loopback_rounds  # noqa: E402
@@ -75,6 +84,55 @@ def integrity_cost(elements: int, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in out.items()}
 
 
+def control_cost(chunks: int, repeats: int, n: int = 2000) -> list[dict]:
+    """Microseconds per control message, encoded and decoded, without and with the tag (medians
+    of ``repeats`` runs of ``n`` messages), and the frame sizes."""
+    bits = np.packbits(np.ones(chunks, bool)).tobytes()
+    msgs = {"ROUND": ctl.RoundStart(7, ctl.DOWN, 0.008, True), "PROBE": ctl.Probe(7, ctl.UP, 1),
+            "STOP": ctl.Stop(7, ctl.UP, chunks), f"BITMAP ({chunks:,} chunks)": ctl.Bitmap(7, ctl.UP, chunks, bits),
+            "BYE": ctl.Bye("worker done")}
+    rows = []
+    for name, msg in msgs.items():
+        times: dict[str, list[float]] = {"plain": [], "tagged": []}
+        for _ in range(repeats):
+            for kind in ("plain", "tagged"):
+                send = ctl.ControlMac(bytes(32)) if kind == "tagged" else None
+                dec = ctl.ControlDecoder()
+                if kind == "tagged":
+                    dec.key(ctl.ControlMac(bytes(32)))
+                t = time.perf_counter()
+                for _ in range(n):
+                    dec.feed(ctl.encode(msg, send))
+                times[kind].append((time.perf_counter() - t) / n * 1e6)
+        plain, tagged = statistics.median(times["plain"]), statistics.median(times["tagged"])
+        rows.append({"message": name, "plain_us": plain, "tagged_us": tagged, "ratio": tagged / plain,
+                     "extra_us": tagged - plain, "plain_bytes": len(ctl.encode(msg)),
+                     "tagged_bytes": len(ctl.encode(msg, ctl.ControlMac(bytes(32))))})
+    return rows
+
+
+def guard_cost(elements: int, workers: int, repeats: int) -> dict[str, float]:
+    """Median ms of the server's reduce without and with the aggregation guard, alternating."""
+    from dblp.reduce import guarded_mean_norm, reduce_mean_norm
+
+    rng = np.random.default_rng(0)
+    bufs = [rng.standard_normal(elements).astype(np.float32) for _ in range(workers)]
+    lay = wire.ChunkLayout(elements)
+    masks = [np.ones(lay.chunks, bool)] * workers
+    out = np.empty(elements, np.float32)
+    t: dict[str, list[float]] = {"plain_ms": [], "guarded_ms": []}
+    for _ in range(repeats):
+        for name, fn in (("plain_ms", reduce_mean_norm), ("guarded_ms", guarded_mean_norm)):
+            t0 = time.perf_counter()
+            fn(bufs, masks, lay, out)
+            t[name].append((time.perf_counter() - t0) * 1e3)
+    r = {k: statistics.median(v) for k, v in t.items()}
+    r["ratio"] = r["guarded_ms"] / r["plain_ms"]
+    r["ratios_min"] = min(g / p for g, p in zip(t["guarded_ms"], t["plain_ms"]))
+    r["ratios_max"] = max(g / p for g, p in zip(t["guarded_ms"], t["plain_ms"]))
+    return r
+
+
 @contextlib.contextmanager
 def _env(extra: dict[str, str]):
     """``extra`` in the environment the loopback's server and worker processes inherit."""
@@ -99,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="1M elements, 1 repeat: a smoke run")
     ap.add_argument("--gmac-all", action="store_true",
                     help="time the rounds with every GMAC implementation of the C helper (default: the one it uses)")
+    ap.add_argument("--no-rounds", action="store_true",
+                    help="skip the loopback rounds (part 2): the per-datagram and per-message costs only")
     ap.add_argument("--out", type=Path, default=Path("results/bench_auth"), help="folder for the CSV and JSON")
     a = ap.parse_args(argv)
     elements = model_elements("1M" if a.quick else a.model)
@@ -110,6 +170,27 @@ def main(argv: list[str] | None = None) -> int:
     for what in ("encode", "check"):
         print(f"  {what + (' headers' if what == 'encode' else ' datagrams'):16s} {cost[f'{what}_crc_ns']:8.0f}"
               + "".join(f" {cost[f'{what}_{t}_ns']:14.0f}" for t in tags))
+    control = control_cost(wire.ChunkLayout(elements).chunks, 5)
+    print("control messages, encoded and decoded (us per message, median of 5 x 2000; the tag adds "
+          f"{ctl.MAC_TRAILER} bytes to a frame):")
+    print(f"  {'':28s} {'plain':>8s} {'tagged':>8s} {'ratio':>6s} {'+us':>6s} {'bytes':>13s}")
+    for c in control:
+        print(f"  {c['message']:28s} {c['plain_us']:8.2f} {c['tagged_us']:8.2f} {c['ratio']:6.2f} "
+              f"{c['extra_us']:6.2f} {c['plain_bytes']:6d}->{c['tagged_bytes']:<6d}")
+    guard = guard_cost(elements, a.workers, 7)
+    print(f"the server's reduce of {a.workers} x {elements:,} floats (ms, median of 7, alternating): "
+          f"{guard['plain_ms']:.2f} without the guard, {guard['guarded_ms']:.2f} with: ratio {guard['ratio']:.3f} "
+          f"(range {guard['ratios_min']:.3f}-{guard['ratios_max']:.3f})")
+    cost["guard"] = guard
+    a.out.mkdir(parents=True, exist_ok=True)
+    with open(a.out / "bench_control_mac.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(control[0]))
+        w.writeheader()
+        w.writerows(control)
+    if a.no_rounds:
+        (a.out / "bench_auth.json").write_text(json.dumps({"elements": elements, **cost, "control": control},
+                                                          indent=1) + "\n")
+        return 0
     # the rounds: the authenticated wire with the default GMAC, and (--gmac-all) each other one
     impls = auth.gmac_implementations()
     auth_wires = [f"authenticated ({i})" for i in (impls if a.gmac_all else impls[:1])] or ["authenticated"]
@@ -142,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         w.writeheader()
         w.writerows(rows)
     (a.out / "bench_auth.json").write_text(json.dumps({"elements": elements, "workers": a.workers, **cost,
-                                                       "rounds": summary}, indent=1) + "\n")
+                                                       "rounds": summary, "control": control}, indent=1) + "\n")
     return 0
 
 

@@ -16,7 +16,7 @@ static PyMethodDef methods[] = {
     {"recv_place", fp_recv_place, METH_VARARGS,
      "recv_rows with payloads received in place when predicted; (k, calls, placed)."},
     {"crc_placed", fp_crc_placed, METH_VARARGS, "CRC-32C of header rows followed by their payload slots in out."},
-    {"mean_into", fp_mean_into, METH_VARARGS, "out = sum(bufs) * scale in one threaded pass; returns sum(out**2)."},
+    {"mean_into", fp_mean_into, METH_VARARGS, "out = sum(bufs) * scale in one threaded pass; returns sum(out**2) (and each buffer's sum of squares into sumsq)."},
     {"mac_rows", fp_mac_rows, METH_VARARGS, "1 where rows[i, :lengths[i]] carries a valid AES-GMAC tag (wire v2), else 0."},
     {"use", fp_use, METH_VARARGS, "Switch the CRC implementation; returns the previous one."},
     {"use_mac", fp_use_mac, METH_VARARGS, "Switch the GMAC implementation (ipsec-mb, openssl); returns the previous one."},
