@@ -58,6 +58,7 @@ from traces.argtypes import count_arg
 from traces.units import rate_arg
 from dblp.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
 from dblp.provenance import config_record, run_values
+from dblp.wire import ParameterError
 
 
 # ============================================================================ scenario
@@ -200,7 +201,11 @@ def main(argv: list[str] | None = None) -> int:
                   "(or --from-run FOLDER to re-analyse a run)", file=sys.stderr)
             return 2
         out = run_mininet(a)
-    analyse(a, out)
+    try:
+        analyse(a, out)
+    except ParameterError as exc:  # a run it cannot calibrate (e.g. no lossless rounds): one line, not a traceback
+        print(f"crosscheck: cannot calibrate the simulator on {out}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,17 @@ def test_small_crosscheck_run(tmp_path):
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "transferred" in json.loads((run / "transferred" / "crosscheck.json").read_text())["how"]
     assert "calibrated on this run" in json.loads((run / "crosscheck.json").read_text())["how"]
+    # a run it cannot calibrate (here: no worker records left) gets one line, not a traceback
+    bare = tmp_path / "bare"
+    shutil.copytree(run, bare)
+    for f in bare.glob("*/records/worker*.jsonl"):
+        f.unlink()
+    cant = subprocess.run([sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(bare)],
+                          capture_output=True, text=True, timeout=200)
+    assert cant.returncode == 1, cant.stdout[-3000:] + cant.stderr[-3000:]
+    assert "Traceback" not in cant.stderr
+    (line,) = cant.stderr.strip().splitlines()
+    assert line.startswith(f"crosscheck: cannot calibrate the simulator on {bare}: ") and "no worker records" in line
 
 
 @pytest.mark.mininet
