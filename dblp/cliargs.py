@@ -457,6 +457,10 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
     derive ``train`` (None for a replayed gradient): the workload's gradient size becomes
     ``elements``, and ``--iterations`` is rounded up to whole epochs of a worker's shard."""
     a.train = None
+    if a.device not in DEVICES:  # a --config value skips argparse's choices
+        ap.error(f"argument --device {a.device!r}: one of {', '.join(DEVICES)}")
+    if a.data not in ("real", "teacher"):
+        ap.error(f"argument --data {a.data!r}: one of real, teacher")
     if a.workload == "none":
         if a.data != "real" or a.data_size is not None or a.device != "auto":
             ap.error("--data, --data-size and --device are for training workers: give --workload")

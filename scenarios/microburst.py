@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the server's replica consistency mode (none: the paper's; intersect: every worker "
                          "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check every flag (and --config file), build the workload, print the run it would make "
+                         "(and a JSON line of it), start nothing; needs no root")
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
@@ -94,6 +97,10 @@ def run_policy(name: str, a: argparse.Namespace, net, lc, out: Path, schedule) -
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.dry_run:  # every flag checked, the workload built: what a run would be, nothing started
+        print(describe(a, "(not made: --dry-run)"))
+        print(json.dumps(plan(a)))
+        return 0
     if os.geteuid() != 0:
         print("microburst.py needs root for the emulated hosts (namespaces, tc, nft): run it as "
               "`sudo python scenarios/microburst.py`", file=sys.stderr)
@@ -106,17 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     config = {k: v for k, v in vars(a).items()}
     rec = RunRecorder("microburst", config, root=a.results)
     out = rec.path
-    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
-    t = a.train
-    what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
-            if t else "replayed synthetic gradient")
-    print(f"microburst: {what}, {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
-          f"{a.workers} workers, {a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations, "
-          f"{a.burst_loss:.0%} bursts at {a.bursts_list}\n  hosts: {a.hosts_kind} ({a.hosts_why})"
-          + (f"\n  workers compute on: {t['device']}" + (f" (all {a.workers} share one GPU)" if t['device'] == 'cuda'
-                                                          and a.workers > 1 else "") if t else "")
-          + (f"\n  data: {t['data_size']:,} teacher-labelled images; {t['data_limits']}" if t and t.get('data_limits')
-             else "") + f"\n  results: {out}", flush=True)
+    print(describe(a, out), flush=True)
     if a.burst_kind == "drop":
         spec = {"kind": "iteration_bursts", "at": a.bursts_list, "loss": a.burst_loss}  # traces.processes
         schedule = bursts_from_spec(spec, rounds=a.iterations, seed=a.seed)
@@ -158,6 +155,32 @@ def main(argv: list[str] | None = None) -> int:
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
         training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm)
     return 0
+
+
+def describe(a: argparse.Namespace, out: Path | str) -> str:
+    """The run's header: workload, gradient, network, bursts, host kind, device, data and its limits."""
+    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
+    t = a.train
+    what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
+            if t else "replayed synthetic gradient")
+    lines = [f"microburst: {what}, {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
+             f"{a.workers} workers, {a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations, "
+             f"{a.burst_loss:.0%} bursts at {a.bursts_list}, P_low {a.p_low:g}, P_high {a.p_high:g}",
+             f"  hosts: {a.hosts_kind} ({a.hosts_why})"]
+    if t:
+        share = f" (all {a.workers} workers share one GPU)" if t["device"] == "cuda" and a.workers > 1 else ""
+        lines.append(f"  workers compute on: {t['device']}{share}")
+        if t.get("data_limits"):
+            lines.append(f"  data: {t['data_size']:,} teacher-labelled images; {t['data_limits']}")
+    lines.append(f"  results: {out}")
+    return "\n".join(lines)
+
+
+def plan(a: argparse.Namespace) -> dict:
+    """The resolved run as one JSON object (``--dry-run``; tests and the GPU check read it)."""
+    return {"iterations": a.iterations, "bursts": a.bursts_list, "burst_loss": a.burst_loss, "p_low": a.p_low,
+            "p_high": a.p_high, "workers": a.workers, "policies": a.policy_list, "elements": a.elements,
+            "bandwidth_bps": a.bandwidth, "queue_bytes": a.queue, "hosts": a.hosts_kind, "train": a.train}
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
