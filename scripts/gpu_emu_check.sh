@@ -27,7 +27,8 @@
 #
 # Usage (device machine, repository root):  bash scripts/gpu_emu_check.sh
 # CPU dry run here (every step but setup, tiny: 6 iterations of batch 128 on the CPU; root for the namespaces):
-#   OUT=/tmp/ge GE_DRY=1 GE_BUDGET=1800 GE_STEPS="emu xemu hosts xhosts compute predict" bash scripts/gpu_emu_check.sh
+#   OUT=/tmp/ge GE_DRY=1 GE_SCALE=4 GE_BUDGET=2400 GE_STEPS="emu xemu hosts xhosts compute predict" \
+#     bash scripts/gpu_emu_check.sh
 set -uo pipefail  # no -e: every step is guarded
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
@@ -42,8 +43,10 @@ exec > >(tee -a "$OUT/gpu_emu_check.log") 2>&1
 T0=$SECONDS
 note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
 want() { [[ " $STEPS " == *" $1 "* ]]; }
+SCALE=${GE_SCALE:-1}  # the caps times this (a CPU dry run is slower than the GPU run the caps are sized for)
 budget() {  # a step's timeout: its cap, or less so that `reserve` seconds stay for the later steps (>= 15)
-  local left=$((BUDGET - (SECONDS - T0) - $2)); ((left > $1)) && left=$1; ((left < 15)) && left=15; echo "$left"
+  local cap=$(($1 * SCALE)) left=$((BUDGET - (SECONDS - T0) - $2 * SCALE))
+  ((left > cap)) && left=$cap; ((left < 15)) && left=15; echo "$left"
 }
 [[ -d .device-tools/bin ]] && export PATH="$PWD/.device-tools/bin:$PATH"
 if [[ -z "${GE_PY:-}" ]]; then
@@ -104,8 +107,12 @@ HOSTS=""
 if want hosts; then
   note "4 hosts: start"
   inv="$OUT/hosts_inventory.toml"
-  pace=$("$PY" -c "import tomllib; c = tomllib.load(open('$CONFIG', 'rb')); from traces.units import parse_rate
-print(f\"{c['pace-share'] * parse_rate(c['bandwidth']) / c['workers']:.0f}\")")
+  # each sender's pacing as in the emulation run (its config.json; else the shortened config's)
+  pace=$("$PY" -c "import json, sys, tomllib; from traces.units import parse_rate
+e = sys.argv[1] + '/config.json'
+try: c = json.load(open(e)); print(f\"{c['pace_share'] * float(c['bandwidth']) / c['workers']:.0f}\")
+except OSError: c = tomllib.load(open('$CONFIG', 'rb')); print(f\"{c['pace-share'] * parse_rate(c['bandwidth']) / c['workers']:.0f}\")" "${EMU:-none}")
+  echo "  senders paced at $pace bit/s (as in the emulation run)"
   cat >"$inv" <<EOF
 # written by scripts/gpu_emu_check.sh: $CONFIG on this machine's own network stack (no emulated links,
 # no bursts: loss rules need ssh or netns hosts), senders paced as there; random-label inputs of the same
