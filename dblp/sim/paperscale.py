@@ -27,6 +27,7 @@ import argparse
 import csv
 import json
 import math
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         model = model.strip()
         if model not in PAPER_RUNS:
             print(f"dblp.sim predict: error: --models: {model!r} is not one of the paper's microburst runs "
-                  f"({', '.join(PAPER_RUNS)})")
+                  f"({', '.join(PAPER_RUNS)})", file=sys.stderr)
             return 2
         run = PAPER_RUNS[model]
         if args.compute is not None:
@@ -152,7 +153,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         else:
             print(f"dblp.sim predict: error: {model}: the calibration {'is of a ' + format(cal.model, ',') + '-float model' if args.params else 'is missing'}, "
                   f"not {model} ({run.elements:,} floats): give --compute, {model}'s compute per iteration "
-                  f"(e.g. measured on the GPU: scripts/device_check.sh prints it)")
+                  f"(e.g. measured on the GPU: python -m dblp.train.computetime)", file=sys.stderr)
             status = 2
             continue
         print(f"\n== {model}: the paper's run simulated ({run.iterations} iterations, 70% bursts at "
