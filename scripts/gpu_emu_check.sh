@@ -203,9 +203,11 @@ if want predict && [[ -n "$EMU" && -f "$EMU/calibration.json" ]]; then
   note "7 predict: start"
   for m in efficientnet_b0 resnet50; do
     c=$("$PY" -c "import json; print(json.load(open('$OUT/compute.json'))['$m']['3'])" 2>/dev/null)
+    dev=$("$PY" -c "import json; d = json.load(open('$OUT/compute.json')); print(d['_device'], 'batch', d['_batch'])" 2>/dev/null)
     if [[ -n "$c" ]]; then
       timeout -k 5 "$(budget 45 5)" "$PY" -m dblp.sim predict --params "$EMU/calibration.json" --models "$m" \
-        --compute "${c}s" --out "$OUT/predict"
+        --compute "${c}s" --out "$OUT/predict" \
+        --compute-source "measured in step 6 (python -m dblp.train.computetime: 3 processes at once on $dev)"
     else
       echo "predict $m: no measured compute (step 6): skipped"
     fi

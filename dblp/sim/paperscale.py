@@ -147,7 +147,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
             return 2
         run = PAPER_RUNS[model]
         if args.compute is not None:
-            compute, how = args.compute, "stated on the command line (--compute), not measured in this calibration"
+            compute, how = args.compute, args.compute_source or "stated on the command line (--compute), not measured"
         elif args.params and cal.model == run.elements:
             compute, how = cal.compute_s, f"measured: the calibration's ({args.params}, a run of this model)"
         else:
@@ -190,6 +190,8 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--compute", type=duration_arg(), default=None,
                    help="per-iteration compute time of a worker (e.g. 45ms; a bare number is seconds); default: the "
                         "calibration's, when it was made on a run of the same model")
+    p.add_argument("--compute-source", default=None,
+                   help="where --compute comes from, printed beside it (default: 'stated on the command line')")
     p.add_argument("--fidelity", choices=["round", "packet"], default="round", help="simulator level")
     p.add_argument("--no-calm", action="store_true", help="skip the runs without bursts (Table V's second condition)")
     p.add_argument("--out", default=None, help="folder for the tables (CSV), records (JSONL) and plots (PNG)")
