@@ -39,6 +39,9 @@ __all__ = [
     "VOCABULARY",
     "HelpFormatter",
     "add_burst_args",
+    "add_hosts_arg",
+    "HOST_KINDS",
+    "DEVICES",
     "add_policy_args",
     "add_quiet",
     "add_run_args",
@@ -545,14 +548,38 @@ def check_burst_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None
             ap.error(f"argument --burst-loss: {a.burst_loss:g}: {why}")
 
 
+#: the values of the emulation scenarios' ``--hosts`` (resolved by :func:`emulation.hostnet.resolve_hosts`)
+HOST_KINDS: tuple[str, ...] = ("auto", "mininet", "netns")
+#: the values of the scenarios' ``--device`` for training workers
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda")
+
+
+def add_hosts_arg(ap: argparse.ArgumentParser) -> None:
+    """``--hosts``: how an emulation scenario makes its hosts (one emulation layer, two host makers)."""
+    ap.add_argument("--hosts", choices=list(HOST_KINDS), default="auto",
+                    help="the emulated hosts: mininet (Mininet hosts), netns (plain network namespaces on a bridge "
+                         "in a namespace of its own: no Mininet needed), auto (mininet where `import mininet` works "
+                         "and mnexec is on PATH, else netns); the choice is printed and recorded in config.json")
+
+
 def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> None:
     """Real training workers in the emulated hosts (``--workload``), or a replayed gradient."""
     ap.add_argument("--workload", default=default if default is not None else "none",
                     help="train this dblp.train workload in the worker hosts (digits_mlp: ~1M parameters on the "
                          "bundled digits; small_cnn, small_transformer; efficientnet_b0, resnet50, alexnet, gpt2_s "
-                         "with --data-root), or 'none' to replay a synthetic gradient of --model's size")
+                         "with --data-root or --data teacher), or 'none' to replay a synthetic gradient of --model's size")
     ap.add_argument("--data-root", default=None,
                     help="folder of the paper workloads' data sets (default: $DBLP_DATA_ROOT)")
+    ap.add_argument("--data", choices=["real", "teacher"], default="real",
+                    help="the training data: real (the workload's data set) or teacher (efficientnet_b0, resnet50, "
+                         "alexnet: a learnable synthetic image set of CIFAR's shape, labels from a fixed random "
+                         "teacher network; nothing read from disk; its limits are printed)")
+    ap.add_argument("--data-size", type=count_arg(1), default=None,
+                    help="--data teacher: training images, a count (default 35,712: 93 iterations per epoch of "
+                         "3 workers at batch 128)")
+    ap.add_argument("--device", choices=list(DEVICES), default="auto",
+                    help="where the training workers compute: auto (cuda when this machine has a GPU, else cpu), "
+                         "cpu or cuda (all workers of a host share its first GPU)")
     ap.add_argument("--no-weights", action="store_true",
                     help="do not snapshot the workers' weights per epoch (no replica divergence table)")
 
@@ -562,15 +589,29 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
     derive ``train`` (None for a replayed gradient): the workload's gradient size becomes
     ``elements``, and ``--iterations`` is rounded up to whole epochs of a worker's shard."""
     a.train = None
+    if a.device not in DEVICES:  # a --config value skips argparse's choices
+        ap.error(f"argument --device {a.device!r}: one of {', '.join(DEVICES)}")
+    if a.data not in ("real", "teacher"):
+        ap.error(f"argument --data {a.data!r}: one of real, teacher")
     if a.workload == "none":
+        if a.data != "real" or a.data_size is not None or a.device != "auto":
+            ap.error("--data, --data-size and --device are for training workers: give --workload")
         return
+    if a.data_size is not None and a.data != "teacher":
+        ap.error(f"argument --data-size: only with --data teacher (--data {a.data} reads the data set as it is)")
     try:
+        import torch
+
         from .train import get_workload
         from .train.data import DatasetMissingError
     except ImportError as exc:
         ap.error(f"--workload {a.workload}: training needs the [train] extra ({exc})")
+    cuda = torch.cuda.is_available()
+    if a.device == "cuda" and not cuda:
+        ap.error("argument --device: cuda, but torch sees no CUDA device on this machine (use auto or cpu)")
+    device = ("cuda" if cuda else "cpu") if a.device == "auto" else a.device
     try:
-        wl = get_workload(a.workload, a.data_root, seed=a.seed)
+        wl = get_workload(a.workload, a.data_root, seed=a.seed, data=a.data, data_size=a.data_size)
     except (KeyError, ValueError, ImportError, DatasetMissingError) as exc:
         ap.error(f"--workload {a.workload}: {exc.args[0] if isinstance(exc, KeyError) else exc}")
     batch = int(wl.defaults.get("batch_size", 32))
@@ -585,7 +626,9 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
     a.iterations = epochs * per_epoch
     a.elements = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
     a.train = {"workload": wl.name, "epochs": epochs, "iterations_per_epoch": per_epoch, "batch_size": batch,
-               "metric": wl.metric, "data_root": a.data_root, "save_weights": not a.no_weights}
+               "metric": wl.metric, "data_root": a.data_root, "save_weights": not a.no_weights,
+               "data": a.data, "data_size": len(wl.train_set) if a.data == "teacher" else None,
+               "data_limits": wl.info.get("data_limits"), "device": device}
 
 
 def pace_rate(a: argparse.Namespace) -> float:

@@ -117,7 +117,8 @@ def worker_argv(a: RunArgs, wid: int, server: str, records: str | os.PathLike | 
 def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: str | os.PathLike,
                       out: str | os.PathLike) -> list[str]:
     """A real training worker (``python -m dblp.train worker``) of a run: ``train`` holds the
-    workload and epochs, optionally ``iterations_per_epoch`` (a cap), ``data_root``,
+    workload and epochs, optionally ``iterations_per_epoch`` (a cap), ``data_root``, ``data``/``data_size``
+    (a teacher-labelled synthetic set), ``device`` (cpu/cuda; several workers may share one GPU),
     ``save_weights`` and ``progress`` (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
     argv = [a.python, "-m", "dblp.train", "worker", "--server", server, "--id", str(wid), "--workers", str(a.workers),
             "--workload", train["workload"], "--epochs", str(train["epochs"]), "--seed", str(a.seed),
@@ -127,6 +128,10 @@ def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: s
         argv += ["--max-iters-per-epoch", str(train["iterations_per_epoch"])]
     if train.get("data_root"):
         argv += ["--data-root", str(train["data_root"])]
+    if train.get("data", "real") != "real":
+        argv += ["--data", train["data"]] + (["--data-size", str(train["data_size"])] if train.get("data_size") else [])
+    if train.get("device"):
+        argv += ["--device", str(train["device"])]
     if train.get("save_weights"):
         argv.append("--save-weights")
     if train.get("progress"):

@@ -97,7 +97,9 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
 
     flags = run_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
     if getattr(a, "gso", False) and not getattr(lc, "segmented", True):
-        lc.use_segmented_links(net.hosts)  # GSO senders, loss still per datagram (emulation.loss)
+        from .hostnet import host_names
+
+        lc.use_segmented_links(host_names(net))  # GSO senders, loss still per datagram (emulation.loss)
     return run_with_bursts(net, lc, scenario_run_args(a, flags, python=python), Path(out) / name, schedule,
                            label=name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env,
                            train=getattr(a, "train", None))

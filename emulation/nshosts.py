@@ -55,7 +55,7 @@ from dblp.watch import end_process_group
 from traces.units import HelpFormatter
 
 from . import nft
-from .shaping import Shape, shape_commands, unshape_commands
+from .shaping import Shape, parse_qdisc_stats, qdisc_stats_args, shape_commands, unshape_commands
 from .sysutil import BRIDGE_NF_SYSCTLS, kill_pids, proc_start
 from traces.argtypes import add_version
 
@@ -436,6 +436,21 @@ class NsNet:
             raise NsError(f"bridge of {host}: {shlex.join(map(str, args))!r} failed (rc={proc.returncode}): "
                           f"{proc.stderr.strip()}")
         return proc.stdout
+
+    def qdisc_stats(self) -> dict[str, dict]:
+        """Root-qdisc counters of every link end, keyed ``<host>:eth0`` and ``<bridge port>``
+        (the run recorder's snapshot, as :meth:`emulation.net.EmuNet.qdisc_stats`)."""
+        stats: dict[str, dict] = {}
+        for h in self.hosts:
+            out = h.run(qdisc_stats_args(h.intf), check=False).stdout
+            stats.update({f"{h.name}:{k}": v for k, v in parse_qdisc_stats(out, h.intf).items()})
+        out = self.switch_cmd(self.names[0], qdisc_stats_args(), check=False)
+        stats.update({k: v for k, v in parse_qdisc_stats(out).items() if k.startswith("p")})
+        return stats
+
+    def shapes(self) -> dict[str, dict | None]:
+        """Configured shaping per host link (both ends carry it), for the run recorder."""
+        return {n: None if s is None else s.__dict__.copy() for n, s in self._shapes.items()}
 
     def namespaces(self) -> list[str]:
         """Every namespace this network made (hosts and bridge)."""

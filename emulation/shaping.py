@@ -164,8 +164,17 @@ def qdisc_stats(pid: int | None = None, dev: str | None = None) -> dict[str, dic
 
     Keyed by interface name; ``qdiscs`` keeps the full list for nested setups.
     """
-    args = ["tc", "-s", "-j", "qdisc", "show"] + (["dev", dev] if dev else [])
-    out = run(args, pid=pid, check=False)
+    return parse_qdisc_stats(run(qdisc_stats_args(dev), pid=pid, check=False), dev)
+
+
+def qdisc_stats_args(dev: str | None = None) -> list[str]:
+    """The ``tc`` command whose JSON :func:`parse_qdisc_stats` reads (run it in any namespace)."""
+    return ["tc", "-s", "-j", "qdisc", "show"] + (["dev", dev] if dev else [])
+
+
+def parse_qdisc_stats(out: str, dev: str | None = None) -> dict[str, dict]:
+    """:func:`qdisc_stats`'s counters from the text of :func:`qdisc_stats_args` (namespace hosts run
+    the command with ``ip netns exec``, Mininet hosts with ``mnexec``: one parser for both)."""
     try:
         entries = json.loads(out) if out.strip() else []
     except json.JSONDecodeError:

@@ -1,4 +1,5 @@
-"""Cross-check: the simulator against Mininet on the same scenario (and against real hosts).
+"""Cross-check: the simulator against Mininet (or namespace hosts, ``--hosts``) on the same scenario (and
+against real hosts).
 
     sudo python scenarios/crosscheck.py                              # default scenario, ~2-3 minutes
     sudo python scenarios/crosscheck.py --bandwidth 300 --bursts 25,45,70 --burst-loss 0.5     # an unseen one
@@ -53,7 +54,8 @@ import time
 from pathlib import Path
 
 from dblp import analysis
-from dblp.cliargs import add_burst_args, add_run_args, check_burst_args, check_run_args, pace_rate, parser
+from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, check_burst_args, check_run_args, pace_rate,
+                          parser)
 from traces.argtypes import count_arg
 from traces.units import rate_arg
 from dblp.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap = parser(description=__doc__.split("\n\n")[0])
     add_run_args(ap, iterations=80, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
     add_burst_args(ap, bursts="30,60")
+    add_hosts_arg(ap)
     ap.set_defaults(quiet=True)
     ap.add_argument("--params", default=None,
                     help="use this dblp.sim params file (a calibration from another run) instead of calibrating on this run")
@@ -94,6 +97,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"argument --params: no file {a.params!r}")
     if a.from_run and not Path(a.from_run, "config.json").is_file():
         ap.error(f"argument --from-run: {a.from_run!r} is not a crosscheck run folder (no config.json)")
+    if not a.from_run:
+        from emulation.hostnet import resolve_hosts
+
+        try:
+            a.hosts_kind, a.hosts_why = resolve_hosts(a.hosts)
+        except ValueError as exc:
+            ap.error(str(exc))
+        if a.topology != "star" and a.hosts_kind != "mininet":
+            ap.error(f"--topology {a.topology}: Mininet hosts only ({a.hosts_why}); namespace hosts make the star")
     if not a.params and not a.from_run and a.calibrate_from not in a.policy_list:
         ap.error(f"argument --calibrate-from: {a.calibrate_from!r} is not one of the runs of --policies "
                  f"({', '.join(a.policy_list)})")
@@ -113,34 +125,39 @@ def scenario_settings(a: argparse.Namespace) -> dict:
 def run_mininet(a: argparse.Namespace) -> Path:
     from emulation.bursts import bursts_from_spec
     from emulation.launch import run_scenario_policy
+    from emulation.hostnet import star_net
     from emulation.loss import LossController
-    from emulation.net import EmuNet
     from emulation.recorder import RunRecorder
-    from topologies.star import StarTopo
 
     config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
     rec = RunRecorder("crosscheck", config, root=a.results, out=a.out)
     out = rec.path
     print(f"crosscheck: {a.topology}, {a.elements:,} float32 gradient, {a.workers} workers, {a.bw_mbps:g} Mbit/s links, "
           f"{a.queue:,}-byte queues, {a.iterations} iterations, {a.burst_loss:.0%} bursts at {a.bursts_list}, "
-          f"policies {', '.join(a.policy_list)}\n  results: {out}", flush=True)
+          f"policies {', '.join(a.policy_list)}\n  hosts: {a.hosts_kind} ({a.hosts_why})\n  results: {out}", flush=True)
     (spec,) = scenario_settings(a)["loss"]  # the simulator's loss spec, injected as it is
     schedule = bursts_from_spec(spec, rounds=a.iterations, seed=a.seed)
-    if a.topology == "leafspine":
-        from topologies.leafspine import LeafSpineTopo
 
-        topo = LeafSpineTopo(racks=a.racks, spines=1, n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue,
-                             uplink_bw=(a.uplink_bandwidth or a.bandwidth) / 1e6)
-    else:
-        topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
-    with EmuNet(topo, name="crosscheck", mtu=a.mtu) as net, LossController(net) as lc:
+    def topo():  # the Mininet topology (topologies import Mininet: only when it is the host kind)
+        if a.topology == "leafspine":
+            from topologies.leafspine import LeafSpineTopo
+
+            return LeafSpineTopo(racks=a.racks, spines=1, n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue,
+                                 uplink_bw=(a.uplink_bandwidth or a.bandwidth) / 1e6)
+        from topologies.star import StarTopo
+
+        return StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
+
+    net = star_net(a.hosts_kind, workers=a.workers, bw_mbps=a.bw_mbps, queue_bytes=a.queue, mtu=a.mtu,
+                   name="crosscheck", topo=topo)
+    with net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()
             d = run_scenario_policy(name, a, net, lc, out, schedule, env={"PYTHONPATH": str(_bootstrap.ROOT)})
             # the calibration reads the scenario (link rate, buffer, workers...) from the run folder
             (d / "config.json").write_text(json.dumps({**config, "policy_run": name}, indent=1, default=str))
-            print(f"  mininet {name:9s}: {a.iterations} iterations in {time.time() - t:.0f} s", flush=True)
+            print(f"  {a.hosts_kind} {name:9s}: {a.iterations} iterations in {time.time() - t:.0f} s", flush=True)
         rec.finish(net=net, loss=lc)
     return out
 
@@ -173,10 +190,11 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))
-    cmp = compare(real, sim, a.bursts_list)
+    kind = getattr(a, "hosts_kind", "mininet")  # a run folder from before --hosts: Mininet's
+    cmp = compare(real, sim, a.bursts_list, real_label=kind)
     net = "star" if a.topology == "star" else (
         f"leaf-spine, {a.racks} racks, uplink {(a.uplink_bandwidth or a.bandwidth) / 1e6:g} Mbit/s")
-    title = (f"Cross-check: Mininet vs simulator ({a.fidelity} level, {how}); {net}, {a.bw_mbps:g} Mbit/s host links, "
+    title = (f"Cross-check: {'Mininet' if kind == 'mininet' else 'namespace hosts'} vs simulator ({a.fidelity} level, {how}); {net}, {a.bw_mbps:g} Mbit/s host links, "
              f"{a.workers} workers, {a.elements:,} elements, bursts {a.bursts_list} at {a.burst_loss:.0%}")
     write_report(cmp, out, title, a.bursts_list,
                  extra={"scenario": scen, "calibration": cal.to_dict() | {"norms": "..." if cal.norms else None},

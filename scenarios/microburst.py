@@ -1,9 +1,13 @@
-"""Microbursts against DBLP and its baselines in Mininet (paper section V-B, Table II).
+"""Microbursts against DBLP and its baselines in emulated hosts (paper section V-B, Table II).
 
     sudo python scenarios/microburst.py            # defaults: a few minutes on 2 cores
+    sudo python scenarios/microburst.py --config docs/experiments/efficientnet_b0.toml   # the paper's run (GPU)
 
-The real DBLP server and three real workers run as processes in Mininet
-hosts on a star of TBF-shaped links (Linux bridges, no controller). A burst
+The real DBLP server and three real workers run as processes in emulated
+hosts on a star of TBF-shaped links (Linux bridges, no controller): Mininet
+hosts, or plain network namespaces where Mininet is missing (``--hosts``,
+:mod:`emulation.hostnet`; the same scenario code on either). Training workers
+compute on the GPU when there is one (``--device``; several share it). A burst
 of 70% loss on the server's link, UDP only (the control channel stays
 reliable), hits chosen iterations. The same schedule is run for:
 
@@ -32,8 +36,8 @@ from pathlib import Path
 
 from dblp import analysis
 from dblp.control import DEFAULT_PORT
-from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
-                          check_workload_args, parser)
+from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, add_workload_args, check_burst_args,
+                          check_run_args, check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.provenance import config_record
@@ -49,18 +53,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_run_args(ap, a)
     check_workload_args(ap, a)  # before the bursts: it rounds --iterations up to whole epochs
     check_burst_args(ap, a)
+    from emulation.hostnet import resolve_hosts
+
+    try:
+        a.hosts_kind, a.hosts_why = resolve_hosts(a.hosts)
+    except ValueError as exc:
+        ap.error(str(exc))
     return a
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags (dblp.cliargs: the emulation scenarios' shared vocabulary, plus bursts)."""
-    ap = parser(description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in Mininet.")
+    ap = parser(description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in emulated "
+                            "hosts (Mininet or network namespaces).")
     add_run_args(ap, iterations=150, policies="reliable,baseline,dblp", results=_bootstrap.ROOT / "results")
+    add_hosts_arg(ap)
     add_workload_args(ap, default="digits_mlp")
     ap.add_argument("--consistency", choices=["none", "intersect"], default="none",
                     help="the server's replica consistency mode (none: the paper's; intersect: every worker "
                          "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check every flag (and --config file), build the workload, print the run it would make "
+                         "(and a JSON line of it), start nothing; needs no root")
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
@@ -83,25 +98,23 @@ def run_policy(name: str, a: argparse.Namespace, net, lc, out: Path, schedule) -
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.dry_run:  # every flag checked, the workload built: what a run would be, nothing started
+        print(describe(a, "(not made: --dry-run)"))
+        print(json.dumps(plan(a)))
+        return 0
     if os.geteuid() != 0:
-        print("microburst.py needs root for Mininet: run it as `sudo python scenarios/microburst.py`", file=sys.stderr)
+        print("microburst.py needs root for the emulated hosts (namespaces, tc, nft): run it as "
+              "`sudo python scenarios/microburst.py`", file=sys.stderr)
         return 2
     from emulation.bursts import CongestionBurst, bursts_from_spec
+    from emulation.hostnet import star_net
     from emulation.loss import LossController
-    from emulation.net import EmuNet
     from emulation.recorder import RunRecorder
-    from topologies.star import StarTopo
 
     config = config_record(a)  # the flags as given (--config reruns the run) and, apart, what it derived
     rec = RunRecorder("microburst", config, root=a.results, out=a.out)
     out = rec.path
-    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
-    t = a.train
-    what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
-            if t else "replayed synthetic gradient")
-    print(f"microburst: {what}, {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
-          f"{a.workers} workers, {a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations, "
-          f"{a.burst_loss:.0%} bursts at {a.bursts_list}\n  results: {out}", flush=True)
+    print(describe(a, out), flush=True)
     if a.burst_kind == "drop":
         spec = {"kind": "iteration_bursts", "at": a.bursts_list, "loss": a.burst_loss}  # traces.processes
         schedule = bursts_from_spec(spec, rounds=a.iterations, seed=a.seed)
@@ -109,9 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         schedule = [CongestionBurst(src="x1", dst="srv", rate_mbps=a.bw_mbps * 3, duration_s=1.0, at_iteration=b)
                     for b in a.bursts_list]
     cross = 1 if a.burst_kind == "congestion" else 0  # x1 sends the cross-traffic, on a 10x faster link
-    topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
+
+    def topo():  # the Mininet star (topologies import Mininet: only when it is the host kind)
+        from topologies.star import StarTopo
+
+        return StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
+
     runs: dict[str, list] = {}
-    with EmuNet(topo, name="microburst", mtu=a.mtu) as net, LossController(net) as lc:
+    net = star_net(a.hosts_kind, workers=a.workers, bw_mbps=a.bw_mbps, queue_bytes=a.queue, mtu=a.mtu,
+                   cross_hosts=cross, cross_bw_mbps=10 * a.bw_mbps, name="microburst", topo=topo)
+    with net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             t = time.time()
@@ -136,6 +156,32 @@ def main(argv: list[str] | None = None) -> int:
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
         training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm)
     return 0
+
+
+def describe(a: argparse.Namespace, out: Path | str) -> str:
+    """The run's header: workload, gradient, network, bursts, host kind, device, data and its limits."""
+    lay = ChunkLayout(a.elements, a.mtu, key=None if a.insecure else bytes(TAG_SIZE))  # sizes only: the run's wire
+    t = a.train
+    what = (f"training {t['workload']} ({t['epochs']} epochs of {t['iterations_per_epoch']} iterations)"
+            if t else "replayed synthetic gradient")
+    lines = [f"microburst: {what}, {a.elements:,} float32 gradient ({lay.chunks:,} datagrams/worker/direction), "
+             f"{a.workers} workers, {a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations, "
+             f"{a.burst_loss:.0%} bursts at {a.bursts_list}, P_low {a.p_low:g}, P_high {a.p_high:g}",
+             f"  hosts: {a.hosts_kind} ({a.hosts_why})"]
+    if t:
+        share = f" (all {a.workers} workers share one GPU)" if t["device"] == "cuda" and a.workers > 1 else ""
+        lines.append(f"  workers compute on: {t['device']}{share}")
+        if t.get("data_limits"):
+            lines.append(f"  data: {t['data_size']:,} teacher-labelled images; {t['data_limits']}")
+    lines.append(f"  results: {out}")
+    return "\n".join(lines)
+
+
+def plan(a: argparse.Namespace) -> dict:
+    """The resolved run as one JSON object (``--dry-run``; tests and the GPU check read it)."""
+    return {"iterations": a.iterations, "bursts": a.bursts_list, "burst_loss": a.burst_loss, "p_low": a.p_low,
+            "p_high": a.p_high, "workers": a.workers, "policies": a.policy_list, "elements": a.elements,
+            "bandwidth_bps": a.bandwidth, "queue_bytes": a.queue, "hosts": a.hosts_kind, "train": a.train}
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:

@@ -82,6 +82,7 @@ def _library_parsers() -> dict[str, argparse.ArgumentParser]:
     from dblp.cli import build_parser as dblp_parser
     from dblp.sim.cli import build_parser as sim_parser
     from dblp.train.__main__ import build_parser as train_parser
+    from dblp.train.computetime import build_parser as computetime_parser
     from dblp.traceimport import build_parser as traceimport_parser
     from emulation.cleanup import build_parser as cleanup_parser
     from emulation.hosts.cli import build_parser as hosts_parser
@@ -91,6 +92,7 @@ def _library_parsers() -> dict[str, argparse.ArgumentParser]:
 
     return {"python -m dblp": dblp_parser(), "python -m dblp.sim": sim_parser(), "python -m dblp.analysis": analysis_parser(),
             "python -m dblp.train": train_parser(), "python -m dblp.traceimport": traceimport_parser(),
+            "python -m dblp.train.computetime": computetime_parser(),
             "python -m emulation.cleanup": cleanup_parser(), "python -m emulation.hosts": hosts_parser(),
             "python -m emulation.nshosts": nshosts_parser(), "python -m emulation.udptool": udptool_parser(),
             "python -m traces": traces_parser()}

@@ -1,10 +1,11 @@
-"""``python -m dblp.sim run | sweep | calibrate``.
+"""``python -m dblp.sim run | sweep | calibrate | predict``.
 
 ``run`` simulates one configuration (optionally beside its baseline) and
 writes the round records (JSONL, the schema of :mod:`dblp.records`), a
 summary (JSON) and plots (latency per iteration, CDF); ``sweep`` runs a grid
 in parallel (see :mod:`dblp.sim.sweep`); ``calibrate`` turns an emulation
-run's results folder into ``params.json`` (see :mod:`dblp.sim.calibrate`).
+run's results folder into ``params.json`` (see :mod:`dblp.sim.calibrate`); ``predict`` simulates the
+paper's full-length microburst runs from a calibration (see :mod:`dblp.sim.paperscale`).
 """
 
 from __future__ import annotations
@@ -86,10 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--records", default=None, help="JSONL file for the round records (without --out)")
     r.add_argument("--summary", default=None, help="JSON file for the summary (without --out)")
     r.set_defaults(func=cmd_run)
-    from . import calibrate, sweep
+    from . import calibrate, paperscale, sweep
 
     sweep.add_parser(sub)
     calibrate.add_parser(sub)
+    paperscale.add_parser(sub)
     return p
 
 

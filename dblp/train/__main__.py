@@ -34,12 +34,18 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--workload", default="small_cnn",
                    help="small_cnn|small_transformer|efficientnet_b0|resnet50|alexnet|gpt2_s")
     w.add_argument("--data-root", default=None, help="folder with the data set (CIFAR/WikiText-2)")
+    w.add_argument("--data", choices=["real", "teacher"], default="real",
+                   help="real: the workload's data set; teacher: a learnable synthetic image set of CIFAR's shape "
+                        "labelled by a fixed random teacher network (efficientnet_b0, resnet50, alexnet)")
+    w.add_argument("--data-size", type=count_arg(1), default=None,
+                   help="--data teacher: training images (default 35,712: 93 iterations per epoch of 3 workers)")
     w.add_argument("--epochs", type=count_arg(1), default=10, help="training epochs")
     w.add_argument("--lr", type=float_arg(0.0, lo_open=True), default=None, help="learning rate (default: the workload's)")
     w.add_argument("--batch-size", type=count_arg(1), default=None, help="per-worker mini-batch (default: the workload's)")
     w.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None, help="cap on iterations per epoch (default: all)")
     w.add_argument("--seed", type=int_arg(0), default=0, help="model init and data order (same on every worker)")
-    w.add_argument("--device", default=None, help="cpu|cuda (default: cuda when present)")
+    w.add_argument("--device", default=None, help="cpu|cuda|cuda:N (default: cuda when present; several workers "
+                                                   "of one host may share one GPU)")
     w.add_argument("--threads", type=count_arg(1), default=1, help="torch CPU threads")
     w.add_argument("--out", required=True, help="folder for iterations/epochs records and summary.json")
     w.add_argument("--records", default=None, help="JSONL file for the transport's per-round records")
@@ -75,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dblp.train worker: error: {exc}", file=sys.stderr)
         return 2
     try:
-        wl = get_workload(a.workload, a.data_root, seed=a.seed)
+        wl = get_workload(a.workload, a.data_root, seed=a.seed, data=a.data, data_size=a.data_size)
     except (DatasetMissingError, KeyError, ValueError, ImportError) as exc:  # ImportError: an optional dependency
         print(f"dblp.train worker: error: {exc}", file=sys.stderr)
         return 2

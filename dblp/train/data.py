@@ -41,6 +41,8 @@ __all__ = [
     "load_wikitext2",
     "load_digits",
     "load_tiny_corpus",
+    "teacher_images",
+    "TEACHER_LIMITS",
     "lm_blocks",
     "iterate_batches",
 ]
@@ -375,3 +377,52 @@ def load_tiny_corpus(
     ids = tok.encode(text)
     cut = int(ids.numel() * (1.0 - test_fraction))
     return lm_blocks(ids[:cut], seq_len), lm_blocks(ids[cut:], seq_len), tok
+
+
+# ----------------------------------------------------------------------------- learnable synthetic images
+
+#: what a teacher-labelled image set is not (printed beside every run that trains on one)
+TEACHER_LIMITS = ("synthetic images (smooth random 32x32x3 pictures) labelled by a fixed random teacher network: "
+                  "learnable, so loss and accuracy move as training goes, but not CIFAR: accuracies and "
+                  "convergence speed are not the paper's and must not be compared with its Table IV")
+
+
+def teacher_images(n_train: int, n_test: int, num_classes: int, *, seed: int = 0, hidden: int = 64,
+                   size: int = 32) -> tuple[ArrayDataset, ArrayDataset]:
+    """A **learnable** stand-in for CIFAR of the same shape and storage (uint8 ``(N, 3, 32, 32)``):
+    no CIFAR file is shipped with any registry package this project may install, and nothing may be
+    downloaded at run time.
+
+    Each image is a 4x4x3 Gaussian latent, upsampled bilinearly to ``size`` x ``size`` (smooth
+    pictures) plus a little pixel noise. Its label is the argmax of a fixed random teacher network
+    (a one-hidden-layer tanh MLP, ``seed``-determined) applied to the latent made mirror-symmetric,
+    with each class's mean logit subtracted so the classes come out about equally often. Why these
+    choices: random labels (the old synthetic mode) cannot be learnt, so loss and accuracy say
+    nothing; a label that only depends on coarse, mirror-symmetric structure survives the CIFAR
+    augmentation (flips, 4-pixel crops) the workloads apply. Same ``seed``: the same images and
+    labels on every worker (each takes its shard).
+    """
+    if min(n_train, n_test) < 1 or num_classes < 2:
+        raise ValueError(f"teacher_images: need n_train, n_test >= 1 and num_classes >= 2, got "
+                         f"{n_train}, {n_test}, {num_classes}")
+    gen = torch.Generator().manual_seed(10_007 + seed)
+    n = n_train + n_test
+    latent = torch.randn(n, 3, 4, 4, generator=gen)
+    w1 = torch.randn(48, hidden, generator=gen) / 48 ** 0.5
+    b1 = 0.1 * torch.randn(hidden, generator=gen)
+    w2 = torch.randn(hidden, num_classes, generator=gen) / hidden ** 0.5
+    sym = 0.5 * (latent + latent.flip(-1))  # the label cannot change under a horizontal flip
+    logits = torch.tanh(sym.reshape(n, 48) @ w1 + b1) @ w2
+    y = (logits - logits.mean(0)).argmax(1)
+    img = _upsample(latent, size)
+    img = img + 0.1 * torch.randn(img.shape, generator=gen)
+    x = (img * 48.0 + 128.0).clamp(0, 255).to(torch.uint8)
+    return ArrayDataset(x[:n_train].clone(), y[:n_train].clone()), ArrayDataset(x[n_train:].clone(), y[n_train:].clone())
+
+
+def _upsample(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear upsampling of ``(N, C, h, w)`` to ``size`` x ``size``, in chunks (bounded memory)."""
+    import torch.nn.functional as F
+
+    return torch.cat([F.interpolate(x[i:i + 4096], size=(size, size), mode="bilinear", align_corners=False)
+                      for i in range(0, x.shape[0], 4096)])

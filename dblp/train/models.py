@@ -48,6 +48,7 @@ import torch.nn.functional as F
 
 from dblp.gradients import MODEL_ALIASES, model_name
 from dblp.train.data import (
+    TEACHER_LIMITS,
     ArrayDataset,
     DatasetMissingError,
     load_cifar10,
@@ -55,12 +56,16 @@ from dblp.train.data import (
     load_digits,
     load_tiny_corpus,
     load_wikitext2,
+    teacher_images,
 )
 
 __all__ = [
     "Workload",
     "WORKLOADS",
     "PAPER_WORKLOADS",
+    "DATA_KINDS",
+    "TEACHER_WORKLOADS",
+    "TEACHER_TRAIN_SAMPLES",
     "get_workload",
     "WORKLOAD_DEFAULTS",
     "workload_key",
@@ -324,18 +329,24 @@ def _data_root(data_root: str | os.PathLike | None, sub: str) -> Path | None:
 
 def _cifar_workload(
     name: str, loader: Callable, num_classes: int, data_root: Any, synthetic: bool, synthetic_size: int,
-    seed: int, defaults: dict[str, Any], model_kw: dict[str, Any],
+    seed: int, defaults: dict[str, Any], model_kw: dict[str, Any], data: str = "real", data_size: int | None = None,
 ) -> Workload:
     gen = torch.Generator().manual_seed(seed)
+    info: dict[str, Any] = {"num_classes": num_classes, "data": "real"}
     if synthetic:
         train, test = _synthetic_images(synthetic_size, num_classes, gen), _synthetic_images(synthetic_size, num_classes, gen)
+        info["data"] = "random"
+    elif data == "teacher":
+        n = int(data_size or TEACHER_TRAIN_SAMPLES)
+        train, test = teacher_images(n, max(256, n // 10), num_classes, seed=0)
+        info.update(data="teacher", data_limits=TEACHER_LIMITS)
     else:
         train, test = loader(_data_root(data_root, "cifar"))
     model = _seeded_build(seed, name, num_classes=num_classes, **model_kw)
     return Workload(
         name=name, model=model, train_set=train, test_set=test, task="classification", metric="accuracy",
         transform=_cifar_transform, augment=_cifar_augment, defaults=defaults, synthetic=synthetic,
-        info={"num_classes": num_classes},
+        info=info,
     )
 
 
@@ -349,6 +360,8 @@ def get_workload(
     tokenizer: str = "word",
     vocab_size: int | None = None,
     seed: int = 0,
+    data: str = "real",
+    data_size: int | None = None,
     **model_kw: Any,
 ) -> Workload:
     """Build workload ``name`` (see :data:`WORKLOADS`) with a model seeded by ``seed``.
@@ -360,20 +373,31 @@ def get_workload(
     64).  ``tokenizer``: WikiText-2 tokenizer, ``"word"`` or ``"byte"``.
     ``vocab_size``: GPT-2 vocabulary for synthetic runs (default 50257).
     ``model_kw``: e.g. ``alexnet_input=224``, ``cifar_stem=True``.
+    ``data``: ``"real"`` (the data set from ``data_root``) or ``"teacher"`` (the CIFAR-shaped
+    workloads only: :func:`dblp.train.data.teacher_images`, a learnable synthetic set of
+    ``data_size`` training images, default :data:`TEACHER_TRAIN_SAMPLES`, nothing read from disk).
     """
     key = workload_key(name)
     if synthetic and key not in PAPER_WORKLOADS:
         raise ValueError(f"{key} uses its shipped real data set; synthetic=True is for paper workloads")
+    if data not in DATA_KINDS:
+        raise ValueError(f"data {data!r}: one of {', '.join(DATA_KINDS)}")
+    if data == "teacher" and key not in TEACHER_WORKLOADS:
+        raise ValueError(f"data teacher: only the image workloads ({', '.join(TEACHER_WORKLOADS)}) have a "
+                         f"teacher-labelled synthetic set; {key} trains on {'its shipped data' if key not in PAPER_WORKLOADS else 'WikiText-2'}")
+    if data_size is not None and data_size < 1:
+        raise ValueError(f"data_size must be at least 1, got {data_size}")
+    dkw: dict[str, Any] = {"data": data, "data_size": data_size}
 
     if key == "efficientnet_b0":
         return _cifar_workload(key, load_cifar10, 10, data_root, synthetic, synthetic_size, seed,
-                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw, **dkw)
     if key == "resnet50":
         return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
-                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw, **dkw)
     if key == "alexnet":
         return _cifar_workload(key, load_cifar100, 100, data_root, synthetic, synthetic_size, seed,
-                               dict(WORKLOAD_DEFAULTS[key]), model_kw)
+                               dict(WORKLOAD_DEFAULTS[key]), model_kw, **dkw)
     if key == "gpt2_s":
         sl = seq_len or 128
         gen = torch.Generator().manual_seed(seed)
@@ -419,6 +443,13 @@ WORKLOADS: tuple[str, ...] = (
     "digits_mlp",
 )
 PAPER_WORKLOADS: tuple[str, ...] = WORKLOADS[:4]
+#: the ``data`` choices of :func:`get_workload` (and of ``--data``)
+DATA_KINDS: tuple[str, ...] = ("real", "teacher")
+#: the workloads with a teacher-labelled synthetic image set (CIFAR's shapes)
+TEACHER_WORKLOADS: tuple[str, ...] = ("efficientnet_b0", "resnet50", "alexnet")
+#: default training images of a teacher set: 3 workers x batch 128 x 93 iterations, so the paper's
+#: 930 (EfficientNet-B0) and 1395 (ResNet50) iterations are whole epochs (10 and 15) of 3 workers
+TEACHER_TRAIN_SAMPLES = 3 * 128 * 93
 
 
 def workload_key(name: str) -> str:
