@@ -27,13 +27,12 @@ import csv
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from dblp import analysis
 from dblp.control import DEFAULT_PORT
-from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
-                          check_workload_args, parser)
+from dblp.cliargs import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_burst_args,
+                          check_run_args, check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.records import merge_runs
@@ -60,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the server's replica consistency mode (none: the paper's; intersect: every worker "
                          "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
+    add_seeds_arg(ap)
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
@@ -71,21 +71,13 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
     return named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
 
 
-def run_policy(name: str, a: argparse.Namespace, net, lc, out: Path, schedule) -> Path:
-    """One policy's run with the burst schedule (emulation.launch.run_scenario_policy)."""
-    from emulation.launch import run_scenario_policy
-
-    py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
-    return run_scenario_policy(name, a, net, lc, out, schedule, python=py,
-                               env={"PYTHONPATH": str(_bootstrap.ROOT)})
-
-
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     if os.geteuid() != 0:
         print("microburst.py needs root for Mininet: run it as `sudo python scenarios/microburst.py`", file=sys.stderr)
         return 2
     from emulation.bursts import CongestionBurst, bursts_from_spec
+    from emulation.launch import run_replicates
     from emulation.loss import LossController
     from emulation.net import EmuNet
     from emulation.recorder import RunRecorder
@@ -109,45 +101,51 @@ def main(argv: list[str] | None = None) -> int:
                     for b in a.bursts_list]
     cross = 1 if a.burst_kind == "congestion" else 0  # x1 sends the cross-traffic, on a 10x faster link
     topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
-    runs: dict[str, list] = {}
+    seeds = list(range(a.seed, a.seed + a.seeds))
+    calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
+        else []
     with EmuNet(topo, name="microburst", mtu=a.mtu) as net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
-            t = time.time()
             print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
-            d = run_policy(name, a, net, lc, out, schedule)
-            runs[name] = analysis.load(d / "records")
-            print(f"  {name} done in {time.time() - t:.0f} s", flush=True)
-        calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
-            else []
-        for name in calm:  # Table V's rows without bursts
-            t = time.time()
-            print(f"- {name} without bursts", flush=True)
-            run_policy(name, a, net, lc, out / "calm", [])
-            print(f"  {name} (no bursts) done in {time.time() - t:.0f} s", flush=True)
+        py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
+        dirs = run_replicates(a, net, lc, out, schedule, policies=a.policy_list, calm=calm, seeds=seeds, python=py,
+                              env={"PYTHONPATH": str(_bootstrap.ROOT)})  # Table V's rows without bursts: calm
         rec.finish(net=net, loss=lc)
-    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
-    report(a, runs, out)
+    by_seed = {sd: {name: analysis.load(dirs[sd][name] / "records") for name in a.policy_list} for sd in seeds}
+    runs = by_seed[seeds[0]]
+    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
+    report(a, runs, out, by_seed)
     if a.train:
         from dblp.trainreport import report as training_report
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
-        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm)
+        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
+                        targets=a.train["targets"], seeds=seeds)
     return 0
 
 
-def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
+def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dict[int, dict[str, list]]) -> None:
     bursts = a.bursts_list
     sums = {k: analysis.summarize(v, bursts) for k, v in runs.items()}
     print()
     if "baseline" in sums and "dblp" in sums:
         rows = analysis.table_ii(sums["baseline"], sums["dblp"], bursts)
-        print("Table II (this run): send latency, slowest worker, seconds")
+        if len(by_seed) > 1:  # replicates: medians [95% intervals] over the seeds (dblp.analysis.replicate_table)
+            rows, long = analysis.replicate_table([analysis.table_ii(analysis.summarize(r["baseline"], bursts),
+                                                                     analysis.summarize(r["dblp"], bursts), bursts)
+                                                   for r in by_seed.values()], compare=("DBLP", "Baseline"))
+            with open(out / "table_ii_replicates.csv", "w", newline="") as fh:
+                csv.writer(fh).writerows(long)
+        print(f"Table II ({'this run' if len(by_seed) == 1 else f'median over {len(by_seed)} seeds [95% interval of the mean]'}):"
+              " send latency, slowest worker, seconds")
         print(analysis.format_table(rows))
+        if len(by_seed) > 1:
+            print("\n".join(analysis.verdicts(long, rows[0][1:], ("DBLP", "Baseline"))))
         with open(out / "table_ii.csv", "w", newline="") as fh:
             csv.writer(fh).writerows(rows)
-    print("\nAll runs:")
+    print(f"\nAll runs{' (the first seed)' if len(by_seed) > 1 else ''}:")
     hdr = ["run", "p50", "p99", "max", "mean"] + [f"@{b}" for b in bursts] + ["min recv frac"]
     rows = [hdr] + [[k, s.p50, s.p99, s.tail_max, s.mean] + list(s.at_bursts) + [s.recv_frac_min]
                     for k, s in sums.items()]  # numbers: summary.csv stays numeric
