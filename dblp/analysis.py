@@ -180,6 +180,8 @@ def verdicts(long: Sequence[Sequence[object]], columns: Sequence[str], compare: 
     for r in long[1:]:
         if r[1] in columns and r[11] != "":
             d, h = float(r[9]), float(r[10])
+            if math.isnan(d):  # neither side has a number in a common seed (e.g. neither reached a target)
+                continue
             hw = f" +- {h:.3g}" if math.isfinite(h) else ""
             say = "larger than the spread" if r[11] else "within the spread"
             lines.append(f"  {r[0]:<28} {r[1]:<18} {compare[0]} - {compare[1]} = {d:+.4g}{hw}: {say}")

@@ -114,6 +114,8 @@ def plot_detector(norms: Sequence[float], clr: Sequence[bool], curve: Sequence[t
     a1.set_ylabel("|averaged gradient|")
     a1.legend(fontsize=8, loc="upper right")
     cs = checks(norms, eta, freq)
+    every = [abs(norms[k - 1] - norms[k]) / norms[k - 1] if norms[k - 1] else math.nan for k in ks[1:]]
+    a2.plot(ks[1:], every, color="grey", lw=0.8, alpha=0.7, label="change at every iteration")
     a2.axhline(eta, color="#d62728", ls="--", lw=1, label=f"eta = {eta:g}")
     for c in cs:
         a2.scatter([c["step"]], [c["change"]], s=30, color="#1f77b4",
@@ -121,7 +123,8 @@ def plot_detector(norms: Sequence[float], clr: Sequence[bool], curve: Sequence[t
     a2.scatter([], [], s=30, color="#1f77b4", label="check: stays critical")
     a2.scatter([], [], s=30, facecolors="none", edgecolors="#1f77b4", label="check: leaves (P_high)")
     a2.set_ylabel(f"|change| / previous\n(every {freq} iterations)")
-    a2.set_yscale("symlog", linthresh=0.01)
+    shown = [v for v in every + [eta] if math.isfinite(v)]
+    a2.set_ylim(0, min(max(shown), 3 * max(eta, 0.1)) * 1.1)
     a2.legend(fontsize=8, loc="upper right")
     a3.plot([p[0] for p in curve], [p[2] for p in curve], marker="o", ms=3, color="#1f77b4")
     for t in targets:
@@ -188,10 +191,11 @@ def sweep_table(out: str | Path, seeds: Sequence[int], settings: Sequence[tuple[
 
 
 def plot_sweep(long: Sequence[dict], path: str | Path, targets: Sequence[float], title: str,
-               reference: str = "baseline") -> Path:
+               reference: str = "baseline", metric: str = "accuracy") -> Path:
     """Per target: time to it divided by the same seed's ``reference`` run's, against eta, one line
-    per freq through the medians, a dot per seed ("not reached" drawn at the top); and the training
-    time to the last iteration, likewise."""
+    per freq through the medians, a dot per seed ("not reached" drawn on the dotted top line); the
+    training time to the last iteration likewise; and the final metric (the reference's band: its
+    seeds' range)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -199,15 +203,18 @@ def plot_sweep(long: Sequence[dict], path: str | Path, targets: Sequence[float],
     import numpy as np
 
     sw = [r for r in long if r["eta"] is not None]
-    panels = [("train_vs_ref", "to the last iteration")] + [(f"to_{t:g}_vs_ref", f"to {t:g}") for t in targets]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), sharey=True)
+    panels = [("train_vs_ref", "time to the last iteration")] + \
+        [(f"to_{t:g}_vs_ref", f"time to {t:g}") for t in targets] + [("final", f"final {metric}")]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.8 * len(panels), 3.9))
     axes = np.atleast_1d(axes)
     etas = sorted({r["eta"] for r in sw})
     freqs = sorted({r["freq"] for r in sw})
     cmap = plt.get_cmap("viridis")
-    finite = [r[c] for r in sw for c, _ in panels if math.isfinite(r[c])]
+    finite = [r[c] for r in sw for c, _ in panels[:-1] if math.isfinite(r[c])]
     top = max(finite + [1.0]) * 1.15
+    span = (max(etas) - min(etas)) or 1.0
     for ax, (col, what) in zip(axes, panels):
+        ratio = col != "final"
         for j, f in enumerate(freqs):
             c = cmap(j / max(1, len(freqs) - 1) * 0.85)
             xs, med = [], []
@@ -216,21 +223,27 @@ def plot_sweep(long: Sequence[dict], path: str | Path, targets: Sequence[float],
                 if not vals:
                     continue
                 shown = [v if math.isfinite(v) else top for v in vals]
-                x = e * (1 + 0.04 * (j - (len(freqs) - 1) / 2))
+                x = e + 0.015 * span * (j - (len(freqs) - 1) / 2)
                 ax.scatter([x] * len(shown), shown, s=14, color=c, alpha=0.7)
                 xs.append(x)
                 med.append(float(np.median(shown)))
             ax.plot(xs, med, color=c, marker="o", ms=5, label=f"freq {f}")
-        ax.axhline(1.0, color="#d62728", ls="--", lw=1, label=reference)
-        ax.axhline(top, color="grey", ls=":", lw=0.8)
-        ax.set_xscale("log")
+        if ratio:
+            ax.axhline(1.0, color="#d62728", ls="--", lw=1, label=reference)
+            ax.axhline(top, color="grey", ls=":", lw=0.8)
+            ax.annotate("not reached", (0.02, top), xycoords=("axes fraction", "data"), va="bottom", fontsize=7,
+                        color="grey")
+            ax.set_ylim(0, top * 1.08)
+        else:
+            ref = [r[col] for r in long if r["eta"] is None]
+            ax.axhspan(min(ref), max(ref), color="#d62728", alpha=0.15, label=f"{reference} (range)")
+            ax.axhline(float(np.median(ref)), color="#d62728", ls="--", lw=1)
         ax.set_xticks(etas, [f"{e:g}" for e in etas])
         ax.set_xlabel("eta (CLR threshold)")
-        ax.set_title(f"time {what}", fontsize=9)
+        ax.set_title(what, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"time / {reference}'s (same seed)\nline: median; dot: one seed; top: not reached")
-    axes[0].set_ylim(0, top * 1.05)
-    axes[-1].legend(fontsize=8, loc="lower right")
+    axes[0].set_ylabel(f"time / {reference}'s (same seed)\nline: median; dot: one seed")
+    axes[-1].legend(fontsize=7, loc="best")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -277,6 +277,8 @@ def plot_curves(runs: dict[str, Any], path: str | Path, title: str, targets: Seq
     for t in targets:
         for ax in (a1, a2):
             ax.axhline(t, color="black", lw=0.7, ls=":")
+        a2.annotate(f"target {_target_label(t, metric)}", (1.0, t), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", fontsize=7)
     a1.set_xlabel("iteration")
     a2.set_xlabel("training time (s; slowest worker, evaluations excluded)")
     n = max(len(_as_list(v)) for v in runs.values())

@@ -128,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         w = csv.DictWriter(fh, fieldnames=list(long[0]))
         w.writeheader()
         w.writerows(long)
-    setup = (f"{t['workload']}, {a.workers} workers, {a.iterations} iterations, {a.burst_loss:.0%} burst at "
-             f"{','.join(map(str, a.bursts_list)) or 'none'}, {len(seeds)} seeds")
-    plot_sweep(long, out / "sweep.png", t["targets"], f"DBLP's CLR detector swept ({setup})")
+    bursts = f"{a.burst_loss:.0%} bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
+    setup = f"{t['workload']}, {a.workers} workers, {a.iterations} iterations, {bursts}, {len(seeds)} seeds"
+    plot_sweep(long, out / "sweep.png", t["targets"], f"DBLP's CLR detector swept ({setup})", metric=t["metric"])
     d0 = replicate_dir(out, seeds[0], len(seeds))
     show = variant_label(DEFAULT_ETA, DEFAULT_FREQ) if (DEFAULT_ETA, DEFAULT_FREQ) in settings \
         else variant_label(*settings[0])

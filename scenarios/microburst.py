@@ -15,7 +15,13 @@ It prints the paper's Table II for this run (latency at each burst, tail,
 p99, average, DBLP's speedup over the baseline), the retransmission passes
 each side needed at each burst next to the tolerance arithmetic, and writes
 rounds.jsonl/CSV, a latency-per-iteration plot and a CDF as PNG into
-``results/microburst-<time>/``.
+``results/microburst-<time>/``. With a training workload (the default) it
+also prints Tables IV and V: the final accuracy, and the training time to the
+last iteration beside the time to each ``--target-accuracy`` (tested every
+``--eval-every`` iterations), normalised to DBLP. ``--seeds N`` runs every
+policy N times, interleaved, into ``seed<s>/`` and prints every figure as a
+median with its 95% interval, and whether DBLP's difference to the baseline
+is larger than the spread (docs/time-to-accuracy.md).
 """
 
 from __future__ import annotations
