@@ -33,7 +33,7 @@ from dblp import analysis
 from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
                           check_workload_args, parser)
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ
-from traces.argtypes import count_arg
+from traces.argtypes import count_arg, int_list_arg
 
 
 def float_list(text: str) -> list[float]:
@@ -47,17 +47,6 @@ def float_list(text: str) -> list[float]:
     return v
 
 
-def int_list(text: str) -> list[int]:
-    """``type=`` for ``--freqs``: a comma list of iteration counts >= 1."""
-    try:
-        v = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: a comma list of whole numbers, e.g. 5,10") from None
-    if any(x < 1 for x in v) or len(set(v)) != len(v):
-        raise argparse.ArgumentTypeError(f"{text!r}: check periods are distinct counts >= 1 iterations")
-    return v
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = parser(description="Sweep DBLP's CLR detector (eta x freq) with real training in Mininet.")
     add_run_args(ap, iterations=84, policies="baseline", results=_bootstrap.ROOT / "results")
@@ -65,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_burst_args(ap, bursts="50")
     ap.add_argument("--etas", type=float_list, default="0.1,0.25,0.5",
                     help="CLR thresholds to sweep (relative change of the gradient norm; comma list)")
-    ap.add_argument("--freqs", type=int_list, default="5,10", help="CLR check periods to sweep, in iterations")
+    ap.add_argument("--freqs", type=int_list_arg(1), default="5,10",
+                    help="CLR check periods to sweep, in iterations (comma list)")
     ap.add_argument("--seeds", type=count_arg(1), default=2,
                     help="replicates of every setting, seeds --seed..--seed+N-1, interleaved")
     return ap
@@ -79,6 +69,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_burst_args(ap, a)
     if a.train is None:
         ap.error("--workload none: the sweep measures accuracy, it needs a training workload")
+    if len(set(a.freqs)) != len(a.freqs):
+        ap.error(f"argument --freqs: {','.join(map(str, a.freqs))} names a check period twice")
     if a.policy_list != ["baseline"]:
         ap.error(f"--policies {a.policies}: the sweep's reference run is the baseline alone (--policies baseline)")
     return a
