@@ -169,15 +169,17 @@ def sweep_table(out: str | Path, seeds: Sequence[int], settings: Sequence[tuple[
                    "final": float(sum(final_metrics(run)) / len(run["summaries"]))}
             for t in targets:
                 sec, rsec = tt[t][1], ref_tt[t][1]
+                row[f"to_{t:g}_iter"] = tt[t][0]  # iterations: the measure a loaded machine does not move
                 row[f"to_{t:g}_s"] = sec
                 row[f"to_{t:g}_vs_ref"] = sec / rsec if math.isfinite(sec) and math.isfinite(rsec) else \
                     (math.inf if math.isinf(sec) else math.nan)
             long.append(row)
     metric = load_training(replicate_dir(out, seeds[0], len(seeds)) / reference, workers)["metric"]
-    cols = ["clr_share", "train_s", "train_vs_ref"] + [c for t in targets for c in (f"to_{t:g}_s", f"to_{t:g}_vs_ref")] \
-        + ["final"]
+    cols = ["clr_share", "train_s", "train_vs_ref"] + \
+        [c for t in targets for c in (f"to_{t:g}_iter", f"to_{t:g}_s", f"to_{t:g}_vs_ref")] + ["final"]
     head = ["setting", "P_low share", "train time (s)", f"time / {reference}"] + \
-        [c for t in targets for c in (f"to {t:g} (s)", f"to {t:g} / {reference}")] + [f"final {metric}"]
+        [c for t in targets for c in (f"to {t:g} (iter)", f"to {t:g} (s)", f"to {t:g} / {reference}")] + \
+        [f"final {metric}"]
     rows: list[list[object]] = [head]
     for label in dict.fromkeys(r["setting"] for r in long):
         rs = [r for r in long if r["setting"] == label]

@@ -25,9 +25,11 @@ import _bootstrap  # noqa: F401  (re-exec into the project's .venv)
 
 import argparse
 import csv
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from dblp import analysis
 from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
@@ -56,6 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="CLR thresholds to sweep (relative change of the gradient norm; comma list)")
     ap.add_argument("--freqs", type=int_list_arg(1), default="5,10",
                     help="CLR check periods to sweep, in iterations (comma list)")
+    ap.add_argument("--report-only", default=None, metavar="FOLDER",
+                    help="no runs: print the tables and redraw the figures of a finished sweep's results folder "
+                         "(its config.json gives the settings)")
     ap.add_argument("--seeds", type=count_arg(1), default=2,
                     help="replicates of every setting, seeds --seed..--seed+N-1, interleaved")
     return ap
@@ -78,11 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    if a.report_only:
+        return report_only(Path(a.report_only))
     if os.geteuid() != 0:
         print("clr_sweep.py needs root for Mininet: run it as `sudo python scenarios/clr_sweep.py`", file=sys.stderr)
         return 2
-    from dblp.clrview import norm_trace, plot_detector, plot_sweep, sweep_table, variant_label
-    from dblp.trainreport import load_training, replicate_dir, run_curve, write_curves
+    from dblp.clrview import variant_label
     from emulation.bursts import bursts_from_spec
     from emulation.launch import run_replicates
     from emulation.loss import LossController
@@ -110,9 +116,32 @@ def main(argv: list[str] | None = None) -> int:
                        variants=[(variant_label(e, f), {"eta": e, "freq": f}) for e, f in settings],
                        env={"PYTHONPATH": str(_bootstrap.ROOT)})
         rec.finish(net=net, loss=lc)
+    report(a, out, seeds, settings, f"{time.time() - t0:.0f} s")
+    return 0
+
+
+def report_only(out: Path) -> int:
+    """Tables and figures of a finished sweep from its folder (``config.json``: the flags it ran with)."""
+    try:
+        cfg = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"clr_sweep.py: error: --report-only {out}: no readable config.json of a sweep ({exc})", file=sys.stderr)
+        return 2
+    a = argparse.Namespace(**cfg)
+    seeds = list(range(a.seed, a.seed + a.seeds))
+    report(a, out, seeds, [(e, f) for f in a.freqs for e in a.etas], "report only")
+    return 0
+
+
+def report(a: argparse.Namespace, out: Path, seeds: list[int], settings: list[tuple[float, int]], took: str) -> None:
+    """Print the sweep's table; write sweep.csv, sweep_table.csv, sweep.png, clr.png and curves.csv."""
+    from dblp.clrview import norm_trace, plot_detector, plot_sweep, sweep_table, variant_label
+    from dblp.trainreport import load_training, replicate_dir, run_curve, write_curves
+
+    t = a.train
     rows, long = sweep_table(out, seeds, settings, a.workers, t["targets"])
     print(f"\nCLR sweep ({len(seeds)} seeds; median [95% interval of the mean]; ratios to the same seed's baseline; "
-          f"{time.time() - t0:.0f} s):")
+          f"{took}):")
     print(analysis.format_table(rows))
     with open(out / "sweep_table.csv", "w", newline="") as fh:
         csv.writer(fh).writerows(rows)
@@ -134,7 +163,6 @@ def main(argv: list[str] | None = None) -> int:
                                        load_training(replicate_dir(out, sd, len(seeds)) / label, a.workers))
                                       for sd in seeds for label in ["baseline"] + [variant_label(*s) for s in settings]])
     print(f"\nwrote {out}/sweep.csv, sweep_table.csv, sweep.png, clr.png, curves.csv")
-    return 0
 
 
 if __name__ == "__main__":
