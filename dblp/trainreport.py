@@ -373,8 +373,8 @@ def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, c
     conditions = {c: {name: [ps[c][name] for ps in per_seed] for name in per_seed[0][c]} for c in per_seed[0]}
     plot_training_time(conditions, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}")
     plot_curves(conditions[condition], out / "accuracy.png", f"Test {metric} ({setup}, {condition})", targets)
-    write_curves(out / "curves.csv", [(f"{c} {name}", sd, replicate_dir(out, sd, n) / ("calm" if c == "no bursts"
-                                                                                       else "") / name, r)
+    write_curves(out / "curves.csv", [(f"{c} {name}", sd, replicate_dir(out, sd, n) / ("" if c == condition
+                                                                                       else "calm") / name, r)
                                       for sd, ps in zip(seeds, per_seed) for c, runs in ps.items()
                                       for name, r in runs.items()])
     print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, curves.csv, training_time.png, accuracy.png")
