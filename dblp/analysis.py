@@ -126,6 +126,68 @@ def format_table(rows: Sequence[Sequence[object]], spec: str = ".4f") -> str:
     return "\n".join(lines)
 
 
+def replicate_table(tables: Sequence[Sequence[Sequence[object]]], label_cols: int = 1,
+                     compare: tuple[str, str] | None = ("dblp", "baseline")) -> tuple[list[list[object]], list]:
+    """Replicates of one table (same rows and columns, one table per seed) summed up.
+
+    Returns the printed table (each numeric cell: ``median [95% interval of the mean]``, "not
+    reached" when the median is infinite, with how many seeds reached it) and the long rows
+    ``[row label, column, n, median, mean, lo, hi, min, max, <compare> diff, half-width, beyond
+    spread]`` for a CSV. ``compare``: the two row labels (first label column, e.g. "dblp" and
+    "baseline") whose per-seed difference is tested for every column."""
+    from .stats import paired_ci95, spread
+
+    head = list(tables[0][0])
+    out: list[list[object]] = [head]
+    long: list[list[object]] = [["row", "column", "n", "median", "mean", "ci95_lo", "ci95_hi", "min", "max",
+                                 "paired_diff", "paired_halfwidth", "beyond_spread"]]
+    label = lambda row: " ".join(str(c) for c in row[:label_cols])  # noqa: E731
+    keys = [label(r) for r in tables[0][1:]]
+
+    def values(key: str, j: int) -> list[float]:
+        vals = []
+        for t in tables:
+            row = next((r for r in t[1:] if label(r) == key), None)
+            v = row[j] if row is not None else math.nan
+            vals.append(float(v) if isinstance(v, (int, float, np.floating, np.integer)) else math.nan)
+        return vals
+
+    for key, row0 in zip(keys, tables[0][1:]):
+        line: list[object] = list(row0[:label_cols])
+        for j in range(label_cols, len(head)):
+            vals = values(key, j)
+            sp = spread(vals)
+            txt = sp.text(".4g")
+            fin = sum(math.isfinite(v) for v in vals)
+            if math.isinf(sp.median) or (fin < sp.n and not math.isnan(sp.median)):
+                txt += f" ({fin}/{sp.n} reached)"
+            line.append(txt)
+            diff = [math.nan, math.nan, ""]
+            parts = key.split(" ")
+            if compare is not None and parts[-1] == compare[0]:
+                other = " ".join(parts[:-1] + [compare[1]])
+                if other in keys:
+                    d, h, beyond = paired_ci95(vals, values(other, j))
+                    diff = [d, h, beyond]
+            long.append([key, head[j], sp.n, sp.median, sp.mean, sp.lo, sp.hi, sp.min, sp.max, *diff])
+        out.append(line)
+    return out, long
+
+
+def verdicts(long: Sequence[Sequence[object]], columns: Sequence[str], compare: tuple[str, str]) -> list[str]:
+    """One line per tested figure: DBLP minus the baseline, its interval, and whether it exceeds the spread."""
+    lines = []
+    for r in long[1:]:
+        if r[1] in columns and r[11] != "":
+            d, h = float(r[9]), float(r[10])
+            if math.isnan(d):  # neither side has a number in a common seed (e.g. neither reached a target)
+                continue
+            hw = f" +- {h:.3g}" if math.isfinite(h) else ""
+            say = "larger than the spread" if r[11] else "within the spread"
+            lines.append(f"  {r[0]:<28} {r[1]:<18} {compare[0]} - {compare[1]} = {d:+.4g}{hw}: {say}")
+    return lines
+
+
 def _plain_log_ticks(axis) -> None:
     """Log axis with plain numbers at 1-1.5-2-3-5-7 steps (100, 150, 200, 300 ms), so every run's level
     can be read off the axis, instead of powers of ten with unlabelled minor ticks."""

@@ -45,6 +45,8 @@ __all__ = [
     "add_policy_args",
     "add_quiet",
     "add_run_args",
+    "add_seeds_arg",
+    "parse_targets",
     "add_workload_args",
     "check_workload_args",
     "check_burst_args",
@@ -582,6 +584,60 @@ def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> No
                          "cpu or cuda (all workers of a host share its first GPU)")
     ap.add_argument("--no-weights", action="store_true",
                     help="do not snapshot the workers' weights per epoch (no replica divergence table)")
+    ap.add_argument("--eval-every", type=eval_every_arg, default="auto", metavar="auto|epoch|N",
+                    help="test every N iterations for the time-to-accuracy curve (auto: a quarter of an epoch; "
+                         "epoch: at epoch ends only); the clock excludes evaluation time")
+    ap.add_argument("--target-accuracy", default=None, metavar="T[,T...]",
+                    help="targets of time to accuracy (comma list): accuracies as fractions (default 0.9,0.94), "
+                         "or perplexities for a perplexity workload (reached at or below; default none)")
+
+
+def eval_every_arg(text: str) -> int | str:
+    """``type=`` for ``--eval-every``: "auto", "epoch" (0) or a count of iterations >= 1."""
+    if text in ("auto", "epoch"):
+        return text if text == "auto" else 0
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: auto, epoch or a number of iterations >= 1")
+    return n
+
+
+eval_every_arg.__name__ = "eval-every"
+
+#: the default targets of time to accuracy, per metric (a perplexity has none: it depends on the data)
+DEFAULT_TARGETS: dict[str, tuple[float, ...]] = {"accuracy": (0.9, 0.94), "perplexity": ()}
+
+
+def parse_targets(text: str | None, metric: str) -> list[float]:
+    """``--target-accuracy``: accuracies in (0, 1) or perplexities > 1, by the workload's ``metric``;
+    raises ValueError naming what is wrong."""
+    if text is None:
+        return list(DEFAULT_TARGETS.get(metric, ()))
+    out = []
+    for part in (x.strip() for x in text.split(",")):
+        try:
+            v = float(part)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a number") from None
+        if metric == "accuracy" and not 0.0 < v < 1.0:
+            hint = f" (a percentage? write {v / 100:g})" if 1.0 < v <= 100.0 else ""
+            raise ValueError(f"{part}: an accuracy target is a fraction in (0, 1){hint}")
+        if metric == "perplexity" and not (v > 1.0 and v < float("inf")):
+            raise ValueError(f"{part}: a perplexity target is a number > 1")
+        out.append(v)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{text!r} names a target twice")
+    return sorted(out, reverse=metric == "perplexity")  # the easiest target first
+
+
+def add_seeds_arg(ap: argparse.ArgumentParser) -> None:
+    """``--seeds N``: replicates of every run (seeds --seed .. --seed+N-1, interleaved across the runs)."""
+    ap.add_argument("--seeds", type=count_arg(1), default=1,
+                    help="replicates of every run, seeds --seed..--seed+N-1, interleaved (seed s of every policy "
+                         "back to back, so machine drift hits all alike); N >= 2 adds medians with 95%% intervals")
 
 
 def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -625,10 +681,16 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
               f"({epochs} of {per_epoch} iterations)", file=sys.stderr)
     a.iterations = epochs * per_epoch
     a.elements = sum(p.numel() for p in wl.model.parameters() if p.requires_grad)
+    try:
+        targets = parse_targets(getattr(a, "target_accuracy", None), wl.metric)
+    except ValueError as exc:
+        ap.error(f"argument --target-accuracy: {exc} (--workload {wl.name} reports {wl.metric})")
+    every = getattr(a, "eval_every", 0)
+    every = max(1, per_epoch // 4) if every == "auto" else int(every)
     a.train = {"workload": wl.name, "epochs": epochs, "iterations_per_epoch": per_epoch, "batch_size": batch,
                "metric": wl.metric, "data_root": a.data_root, "save_weights": not a.no_weights,
                "data": a.data, "data_size": len(wl.train_set) if a.data == "teacher" else None,
-               "data_limits": wl.info.get("data_limits"), "device": device}
+               "data_limits": wl.info.get("data_limits"), "device": device, "eval_every": every, "targets": targets}
 
 
 def pace_rate(a: argparse.Namespace) -> float:

@@ -119,7 +119,8 @@ def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: s
     """A real training worker (``python -m dblp.train worker``) of a run: ``train`` holds the
     workload and epochs, optionally ``iterations_per_epoch`` (a cap), ``data_root``, ``data``/``data_size``
     (a teacher-labelled synthetic set), ``device`` (cpu/cuda; several workers may share one GPU),
-    ``save_weights`` and ``progress`` (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
+    ``save_weights``, ``eval_every`` (test every N iterations) and ``progress``
+    (:func:`dblp.cliargs.check_workload_args`); ``out`` its folder."""
     argv = [a.python, "-m", "dblp.train", "worker", "--server", server, "--id", str(wid), "--workers", str(a.workers),
             "--workload", train["workload"], "--epochs", str(train["epochs"]), "--seed", str(a.seed),
             "--out", str(out), "--records", str(records), "--source", a.source,
@@ -134,6 +135,8 @@ def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: s
         argv += ["--device", str(train["device"])]
     if train.get("save_weights"):
         argv.append("--save-weights")
+    if train.get("eval_every"):
+        argv += ["--eval-every", str(train["eval_every"])]
     if train.get("progress"):
         argv.append("--progress")
     return argv + (["--plain"] if a.plain else []) + (["--insecure"] if a.insecure else []) + a.worker_extra

@@ -13,9 +13,27 @@ emulation scenarios, real-host runs and tests share it:
   unless the run used the ``intersect`` consistency mode (dblp.session S7);
 * :func:`table_iv` / :func:`table_v`: the paper's Tables IV (final test
   metric per policy, mean and per worker) and V (training time normalised to
-  DBLP's);
+  DBLP's, beside the time to each target accuracy, also normalised to DBLP's);
+* :func:`run_curve` / :func:`time_to_targets`: a run's test metric against its
+  training clock (``evals.jsonl``: every N iterations and at epoch ends), and the
+  iteration and time at which it first reaches each target - with DBLP a run
+  can finish its iterations sooner and still reach 94% later;
+* :func:`report` with ``seeds``: ``--seeds N`` runs of every policy summed up
+  (:func:`dblp.analysis.replicate_table`): medians with 95% intervals of every
+  Table IV/V figure and whether DBLP's difference to the baseline exceeds the
+  spread;
+* :func:`write_curves`: the runs as the convergence model's curve file
+  (:func:`dblp.sim.convergence_runs.load_curves` reads it);
 * :func:`plot_training_time` (Fig. 5) and :func:`plot_curves` (Fig. 6: the
-  metric against epoch and against wall time).
+  metric against epoch and against training time), every replicate drawn.
+
+Time to a target (:func:`time_to_targets`): the metric of a run at an
+evaluation is the mean over its workers (their replicas may differ), its time
+the slowest worker's training clock (``train_s``: time in the training loop,
+evaluations excluded, the clock of Table V); the target is reached at the
+first evaluation at or above it (at or below for perplexity), so the
+resolution is the evaluation cadence; never reached: ``inf``, printed "not
+reached".
 """
 
 from __future__ import annotations
@@ -33,7 +51,8 @@ import numpy as np
 from .analysis import RUN_COLORS
 
 __all__ = ["load_training", "replica_divergence", "table_iv", "table_v", "plot_training_time", "plot_curves",
-           "report"]
+           "report", "run_curve", "first_reach", "time_to_targets", "replicate_dir", "write_curves",
+           "higher_is_better"]
 
 
 def load_training(d: str | Path, workers: int) -> dict[str, Any]:
@@ -47,7 +66,57 @@ def load_training(d: str | Path, workers: int) -> dict[str, Any]:
             epochs.append([json.loads(line) for line in open(w / "epochs.jsonl") if line.strip()])
         except (OSError, ValueError) as exc:
             raise ValueError(f"{w}: no complete training result ({exc})") from None
-    return {"summaries": sums, "epochs": epochs, "metric": sums[0]["metric"]}
+    return {"summaries": sums, "epochs": epochs, "metric": sums[0]["metric"],
+            "evals": [_evals(d / f"w{i}", ep) for i, ep in enumerate(epochs)]}
+
+
+def _evals(w: Path, epochs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A worker's evaluations (``evals.jsonl``); a run from before that file: its epoch ends, the
+    training clock summed from ``epoch_wall_s``."""
+    try:
+        return [json.loads(line) for line in open(w / "evals.jsonl") if line.strip()]
+    except OSError:
+        clock, out = 0.0, []
+        for e in epochs:
+            clock += float(e.get("epoch_wall_s", 0.0))
+            if e.get("iterations"):
+                out.append({**e, "iteration": e["iterations"], "train_s": clock})
+        return out
+
+
+def higher_is_better(metric: str) -> bool:
+    """Accuracy rises, perplexity falls."""
+    return metric != "perplexity"
+
+
+def run_curve(run: dict[str, Any]) -> list[tuple[int, float, float]]:
+    """``(iteration, train_s, metric)`` at every iteration all workers evaluated: the mean of their
+    metrics and the slowest worker's training clock."""
+    metric = run["metric"]
+    by: list[dict[int, dict[str, Any]]] = [{int(r["iteration"]): r for r in ev if r.get(metric) is not None}
+                                           for ev in run["evals"]]
+    common = sorted(set.intersection(*(set(b) for b in by))) if by else []
+    return [(k, max(float(b[k]["train_s"]) for b in by), float(np.mean([float(b[k][metric]) for b in by])))
+            for k in common]
+
+
+def first_reach(curve: Sequence[tuple[int, float, float]], target: float, higher: bool = True) -> tuple[float, float]:
+    """``(iteration, seconds)`` of the first point of ``curve`` at or beyond ``target`` (``higher``:
+    at or above); ``(inf, inf)`` when no point is."""
+    for k, t, v in curve:
+        if (v >= target) if higher else (v <= target):
+            return float(k), t
+    return math.inf, math.inf
+
+
+def time_to_targets(run: dict[str, Any], targets: Sequence[float]) -> dict[float, tuple[float, float]]:
+    """target -> ``(iteration, seconds)`` of :func:`first_reach` on :func:`run_curve`."""
+    curve, up = run_curve(run), higher_is_better(run["metric"])
+    return {t: first_reach(curve, t, up) for t in targets}
+
+
+def _target_label(t: float, metric: str) -> str:
+    return f"{t:.0%}" if metric == "accuracy" and round(t * 100, 6) == round(t * 100) else f"{t:g}"
 
 
 def replica_divergence(d: str | Path, workers: int, *, remove: bool = True) -> list[dict[str, Any]]:
@@ -73,7 +142,8 @@ def replica_divergence(d: str | Path, workers: int, *, remove: bool = True) -> l
     return rows
 
 
-def _final(run: dict[str, Any]) -> list[float]:
+def final_metrics(run: dict[str, Any]) -> list[float]:
+    """Each worker's test metric after the last epoch (nan where missing)."""
     return [float(s["final_metric"]) if s.get("final_metric") is not None else math.nan for s in run["summaries"]]
 
 
@@ -83,7 +153,7 @@ def table_iv(runs: dict[str, dict[str, Any]]) -> list[list[object]]:
     metric = next(iter(runs.values()))["metric"]
     rows: list[list[object]] = [["run", f"{metric} (mean)"] + [f"worker {i}" for i in range(workers)]]
     for name, r in runs.items():
-        f = _final(r)
+        f = final_metrics(r)
         rows.append([name, float(np.mean(f))] + f)
     return rows
 
@@ -93,21 +163,54 @@ def training_time(run: dict[str, Any]) -> float:
     return max(float(s["train_s"]) for s in run["summaries"])
 
 
-def table_v(runs: dict[str, dict[str, Any]], label: str = "") -> list[list[object]]:
-    """Rows of Table V: training time and exchange time per run, normalised to ``dblp``'s
-    (``label`` is appended to each run's name)."""
+def table_v(runs: dict[str, dict[str, Any]], label: str = "", targets: Sequence[float] = ()) -> list[list[object]]:
+    """Rows of Table V: training time (to the last iteration) and exchange time per run, normalised
+    to ``dblp``'s (``label`` is appended to each run's name), then per target the time to reach it,
+    normalised to DBLP's time to it, and its iteration (``inf``: not reached; a ratio with a side
+    that never reached it: nan)."""
     ref = training_time(runs["dblp"]) if "dblp" in runs else math.nan
-    rows: list[list[object]] = [["run", "train time (s)", "exchange (s)", "time / dblp"]]
+    metric = next(iter(runs.values()))["metric"]
+    head: list[object] = ["run", "train time (s)", "exchange (s)", "time / dblp"]
+    for t in targets:
+        lab = _target_label(t, metric)
+        head += [f"to {lab} (s)", f"to {lab} / dblp", f"to {lab} (iter)"]
+    rows: list[list[object]] = [head]
+    tt = {name: time_to_targets(r, targets) for name, r in runs.items()}
     for name, r in runs.items():
         t = training_time(r)
         ex = max(float(s.get("exchange_s", math.nan)) for s in r["summaries"])
-        rows.append([f"{name}{label}", t, ex, t / ref])
+        row: list[object] = [f"{name}{label}", t, ex, t / ref]
+        for tg in targets:
+            it, sec = tt[name][tg]
+            dref = tt["dblp"][tg][1] if "dblp" in tt else math.nan
+            ratio = sec / dref if math.isfinite(sec) and math.isfinite(dref) and dref > 0 else math.nan
+            row += [sec, ratio, int(it) if math.isfinite(it) else it]
+        rows.append(row)
     return rows
 
 
-def plot_training_time(conditions: dict[str, dict[str, dict[str, Any]]], path: str | Path, title: str) -> Path:
-    """Fig. 5: training time per run, normalised to DBLP's under the same condition (``conditions``:
-    e.g. {"with bursts": runs, "no bursts": runs}), the seconds written on each bar."""
+def print_table(rows: Sequence[Sequence[object]], spec: str = ".2f") -> str:
+    """:func:`dblp.analysis.format_table` with an infinite time or iteration written "not reached"."""
+    from .analysis import format_table
+
+    return format_table([[("not reached" if isinstance(c, float) and math.isinf(c) else c) for c in r]
+                         for r in rows], spec)
+
+
+def replicate_dir(out: str | Path, seed: int, n_seeds: int) -> Path:
+    """Where seed ``seed``'s runs go: ``out`` itself with one seed (the layout of a plain run),
+    ``out/seed<seed>/`` with replicates."""
+    return Path(out) if n_seeds <= 1 else Path(out) / f"seed{seed}"
+
+
+def _as_list(v: Any) -> list:
+    return v if isinstance(v, list) else [v]
+
+
+def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, title: str) -> Path:
+    """Fig. 5: training time per run, normalised to DBLP's under the same condition and seed
+    (``conditions``: e.g. {"with bursts": runs, "no bursts": runs}, a run or a list of its
+    replicates per name): a bar at the median, a dot per replicate, the median seconds on each bar."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -117,15 +220,23 @@ def plot_training_time(conditions: dict[str, dict[str, dict[str, Any]]], path: s
     width = 0.8 / max(1, len(names))
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     top = 1.0
+    many = False
     for j, n in enumerate(names):
         xs, ys, secs = [], [], []
         for i, runs in enumerate(conditions.values()):
             if n not in runs:
                 continue
-            ref = training_time(runs["dblp"]) if "dblp" in runs else 1.0
-            xs.append(i + (j - (len(names) - 1) / 2) * width)
-            secs.append(training_time(runs[n]))
-            ys.append(secs[-1] / ref)
+            reps = _as_list(runs[n])
+            refs = _as_list(runs["dblp"]) if "dblp" in runs else [None] * len(reps)
+            norm = [training_time(r) / (training_time(d) if d is not None else 1.0) for r, d in zip(reps, refs)]
+            x = i + (j - (len(names) - 1) / 2) * width
+            xs.append(x)
+            secs.append(float(np.median([training_time(r) for r in reps])))
+            ys.append(float(np.median(norm)))
+            if len(reps) > 1:
+                many = True
+                ax.scatter([x] * len(norm), norm, s=12, color="black", zorder=3)
+                top = max([top, *norm])
         bars = ax.bar(xs, ys, width * 0.95, color=RUN_COLORS.get(n, "grey"), label=n)
         for b, sec in zip(bars, secs):
             ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
@@ -133,7 +244,7 @@ def plot_training_time(conditions: dict[str, dict[str, dict[str, Any]]], path: s
         top = max([top, *ys])
     ax.set_xticks(range(len(conditions)), list(conditions))
     ax.axhline(1.0, color="black", lw=0.8, ls=":")
-    ax.set_ylabel("training time / DBLP's")
+    ax.set_ylabel("training time / DBLP's" + (" (bar: median,\ndot: one seed)" if many else ""))
     ax.set_ylim(0, top * 1.2)
     ax.set_title(title, fontsize=9)
     ax.grid(axis="y", alpha=0.3)
@@ -144,27 +255,34 @@ def plot_training_time(conditions: dict[str, dict[str, dict[str, Any]]], path: s
     return Path(path)
 
 
-def plot_curves(runs: dict[str, dict[str, Any]], path: str | Path, title: str,
-                bursts_s: Sequence[float] = ()) -> Path:
-    """Fig. 6: worker 0's test metric against epoch (left) and against wall time (right)."""
+def plot_curves(runs: dict[str, Any], path: str | Path, title: str, targets: Sequence[float] = ()) -> Path:
+    """Fig. 6: the test metric (mean over workers) against iteration (left) and against the training
+    clock (right), every replicate drawn (a run or a list of replicates per name); targets dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metric = next(iter(runs.values()))["metric"]
+    metric = _as_list(next(iter(runs.values())))[0]["metric"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    for name, r in runs.items():
-        ep = [row for row in r["epochs"][0] if row.get(metric) is not None]
+    for name, reps in runs.items():
+        reps = _as_list(reps)
         c = RUN_COLORS.get(name, None)
-        a1.plot([row["epoch"] for row in ep], [row[metric] for row in ep], marker="o", ms=3, color=c, label=name)
-        a2.plot([row["elapsed_s"] for row in ep], [row[metric] for row in ep], marker="o", ms=3, color=c, label=name)
-    from matplotlib.ticker import MaxNLocator
-
-    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
-    a1.set_xlabel("epoch")
-    a2.set_xlabel("wall time since the start of training (s)")
-    a1.set_ylabel(f"test {metric} (worker 0)")
+        for j, r in enumerate(reps):
+            cur = run_curve(r)
+            kw = dict(color=c, lw=1.2 if len(reps) == 1 else 0.9, alpha=1.0 if len(reps) == 1 else 0.6,
+                      label=name if j == 0 else None)
+            a1.plot([p[0] for p in cur], [p[2] for p in cur], marker="o", ms=2, **kw)
+            a2.plot([p[1] for p in cur], [p[2] for p in cur], marker="o", ms=2, **kw)
+    for t in targets:
+        for ax in (a1, a2):
+            ax.axhline(t, color="black", lw=0.7, ls=":")
+        a2.annotate(f"target {_target_label(t, metric)}", (1.0, t), xycoords=("axes fraction", "data"),
+                    ha="right", va="bottom", fontsize=7)
+    a1.set_xlabel("iteration")
+    a2.set_xlabel("training time (s; slowest worker, evaluations excluded)")
+    n = max(len(_as_list(v)) for v in runs.values())
+    a1.set_ylabel(f"test {metric} (mean of workers)" + (f"\n{n} seeds, one line each" if n > 1 else ""))
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
     a1.legend(loc="lower right" if metric == "accuracy" else "upper right")
@@ -176,40 +294,112 @@ def plot_curves(runs: dict[str, dict[str, Any]], path: str | Path, title: str,
 
 
 def report(out: str | Path, policies: Sequence[str], workers: int, setup: str, condition: str, *,
-           divergence: bool = True, calm: Sequence[str] = ()) -> None:
-    """Print Tables IV and V and the replica divergence of the training runs ``out/<policy>/``,
-    write them as CSV and Figs. 5 and 6 as PNG into ``out``. ``condition``: e.g. "with bursts at
-    50,110" (the rows of Table V); ``calm``: policies also run without bursts into
-    ``out/calm/<policy>/`` (Table V's rows without bursts)."""
-    from .analysis import format_table
+           divergence: bool = True, calm: Sequence[str] = (), targets: Sequence[float] = (),
+           seeds: Sequence[int] = (0,)) -> None:
+    """Print Tables IV and V (with time to each of ``targets``) and the replica divergence of the
+    training runs ``out/<policy>/``, write them as CSV and Figs. 5 and 6 as PNG into ``out``.
+    ``condition``: e.g. "with bursts at 50,110" (the rows of Table V); ``calm``: policies also run
+    without bursts into ``out/calm/<policy>/`` (Table V's rows without bursts). With several
+    ``seeds`` the runs of seed s are under ``out/seed<s>/`` (:func:`replicate_dir`): each seed's
+    tables are written there, and the printed tables are medians with 95% intervals over the seeds."""
+    from .analysis import format_table, replicate_table, verdicts
 
     out = Path(out)
-    runs = {name: load_training(out / name, workers) for name in policies}
-    conditions = {condition: runs}
-    if calm:
-        conditions["no bursts"] = {name: load_training(out / "calm" / name, workers) for name in calm}
-    metric = runs[policies[0]]["metric"]
-    t4 = table_iv(runs)
-    t5 = [["condition"] + table_v(runs)[0]] + [[c] + row for c, rs in conditions.items() for row in table_v(rs)[1:]]
-    print(f"\nTable IV (this run, {condition}): final test {metric}")
-    print(format_table(t4))
-    print("\nTable V (this run): training time, normalised to DBLP under the same condition")
-    print(format_table(t5, ".2f"))
-    div_rows: list[list[object]] = [["run", "epoch", "divergence", "identical"]
+    n = len(seeds)
+    per_seed: list[dict[str, dict[str, dict[str, Any]]]] = []
+    for sd in seeds:
+        d = replicate_dir(out, sd, n)
+        conds = {condition: {name: load_training(d / name, workers) for name in policies}}
+        if calm:
+            conds["no bursts"] = {name: load_training(d / "calm" / name, workers) for name in calm}
+        per_seed.append(conds)
+    metric = per_seed[0][condition][policies[0]]["metric"]
+    t4s, t5s = [], []
+    for sd, conds in zip(seeds, per_seed):
+        t4 = table_iv(conds[condition])
+        t5 = [["condition"] + table_v(conds[condition], targets=targets)[0]] + \
+             [[c] + row for c, rs in conds.items() for row in table_v(rs, targets=targets)[1:]]
+        t4s.append(t4)
+        t5s.append(t5)
+        d = replicate_dir(out, sd, n)
+        for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5)):
+            with open(d / fname, "w", newline="") as fh:
+                csv.writer(fh).writerows(rows)
+    reached = f"; time to a target: first evaluation at or {'above' if higher_is_better(metric) else 'below'} it" \
+        if targets else ""
+    if n == 1:
+        print(f"\nTable IV (this run, {condition}): final test {metric}")
+        print(format_table(t4s[0]))
+        print(f"\nTable V (this run): training time to the last iteration and to each target, normalised to DBLP "
+              f"under the same condition{reached}")
+        print(print_table(t5s[0], ".2f"))
+    else:
+        what = (f"median over {n} seeds [95% interval of the mean, Student t]; "
+                f"paired differences per seed (interleaved runs)")
+        t4r, t4l = replicate_table([[r[:2] for r in t] for t in t4s])
+        t5r, t5l = replicate_table([[[" ".join(map(str, r[:2]))] + r[2:] for r in t] for t in t5s])
+        print(f"\nTable IV ({n} seeds, {condition}): final test {metric} (mean of the workers), {what}")
+        print(format_table(t4r))
+        print("\n".join(verdicts(t4l, [t4r[0][1]], ("dblp", "baseline"))))
+        print(f"\nTable V ({n} seeds): training time to the last iteration and to each target, normalised to DBLP "
+              f"under the same condition and seed{reached}; {what}")
+        print(format_table(t5r))
+        cols = [c for c in t5r[0][1:] if c != "exchange (s)"]  # iterations too: the clock-free measure
+        print("\n".join(verdicts(t5l, cols, ("dblp", "baseline"))))
+        for fname, rows in (("table_iv_replicates.csv", t4l), ("table_v_replicates.csv", t5l)):
+            with open(out / fname, "w", newline="") as fh:
+                csv.writer(fh).writerows(rows)
+        for fname, rows in (("table_iv.csv", t4r), ("table_v.csv", t5r)):
+            with open(out / fname, "w", newline="") as fh:
+                csv.writer(fh).writerows(rows)
+    div_rows: list[list[object]] = [["seed", "run", "epoch", "divergence", "identical"]
                                     + [f"worker {i}" for i in range(workers)]]
     if divergence:
-        for name in policies:
-            for r in replica_divergence(out / name, workers):
-                div_rows.append([name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
-        for name in calm:
-            replica_divergence(out / "calm" / name, workers)  # only to remove the snapshots
-        last = {row[0]: row for row in div_rows[1:]}
+        for sd in seeds:
+            d = replicate_dir(out, sd, n)
+            for name in policies:
+                for r in replica_divergence(d / name, workers):
+                    div_rows.append([sd, name, r["epoch"], r["divergence"], r["identical"]] + r["metric"])
+            for name in calm:
+                replica_divergence(d / "calm" / name, workers)  # only to remove the snapshots
+        last = {(row[0], row[1]): row for row in div_rows[1:]}
         print(f"\nReplica divergence after the last epoch (max over worker pairs of |w_i - w_j| / |w|; "
               f"per-worker {metric}):")
         print(format_table([div_rows[0]] + list(last.values()), ".3g"))
-    for fname, rows in (("table_iv.csv", t4), ("table_v.csv", t5), ("divergence.csv", div_rows)):
-        with open(out / fname, "w", newline="") as fh:
-            csv.writer(fh).writerows(rows)
+    if n == 1:
+        div_rows = [r[1:] for r in div_rows]  # one seed: the columns of a plain run
+    with open(out / "divergence.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(div_rows)
+    conditions = {c: {name: [ps[c][name] for ps in per_seed] for name in per_seed[0][c]} for c in per_seed[0]}
     plot_training_time(conditions, out / "training_time.png", f"Training time, normalised to DBLP\n{setup}")
-    plot_curves(runs, out / "accuracy.png", f"Test {metric} ({setup}, {condition})")
-    print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, training_time.png, accuracy.png")
+    plot_curves(conditions[condition], out / "accuracy.png", f"Test {metric} ({setup}, {condition})", targets)
+    write_curves(out / "curves.csv", [(f"{c} {name}", sd, replicate_dir(out, sd, n) / ("" if c == condition
+                                                                                       else "calm") / name, r)
+                                      for sd, ps in zip(seeds, per_seed) for c, runs in ps.items()
+                                      for name, r in runs.items()])
+    print(f"\nwrote {out}/table_iv.csv, table_v.csv, divergence.csv, curves.csv, training_time.png, accuracy.png")
+
+
+def write_curves(path: str | Path, runs: Sequence[tuple[str, int, Path, dict[str, Any]]]) -> Path:
+    """The runs as the convergence model's curve file (:func:`dblp.sim.convergence_runs.load_curves`):
+    one row per run and iteration, ``setting, seed, workers, batch_size, iteration, lost_fraction,
+    train_s, accuracy``. ``lost_fraction`` of row ``i`` is the fraction of iteration ``i``'s averaged
+    gradient that did not reach the workers (``1 - up * down`` over the workers, from the run's
+    records: :func:`dblp.sim.convergence.round_trace`), ``accuracy`` (the run's metric, mean of the
+    workers) and ``train_s`` are filled where the run was evaluated after ``iteration`` iterations.
+    ``runs``: (setting label, seed, run folder with ``records/``, :func:`load_training` result)."""
+    from .analysis import load
+    from .sim.convergence import round_trace
+
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["setting", "seed", "workers", "batch_size", "iteration", "lost_fraction", "train_s", "accuracy"])
+        for setting, seed, d, run in runs:
+            _, lost = round_trace(load(Path(d) / "records"))
+            evals = {k: (t, v) for k, t, v in run_curve(run)}
+            batch = run["summaries"][0].get("config", {}).get("batch_size", "")
+            for i in range(max(len(lost), max(evals, default=0) + 1)):
+                t, v = evals.get(i, ("", ""))
+                w.writerow([setting, seed, len(run["summaries"]), batch, i,
+                            f"{lost[i]:.6f}" if i < len(lost) else "", t, v])
+    return Path(path)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 from dblp.control import DEFAULT_PORT
 from dblp.launch import Launch, RunArgs, Runner, train_worker_argv
 
-__all__ = ["run_with_bursts", "run_scenario_policy", "scenario_run_args", "SCENARIO_PORT"]
+__all__ = ["run_with_bursts", "run_scenario_policy", "run_replicates", "scenario_run_args", "SCENARIO_PORT"]
 
 # -- the emulation scenarios' run: a star, a burst schedule, one policy ----------------------------
 #: the server's TCP control port in the emulation scenarios
@@ -90,9 +90,9 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
 
 
 def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedule: Sequence[Any], *,
-                        python: str = sys.executable, env: dict | None = None) -> Path:
+                        python: str = sys.executable, env: dict | None = None, into: str | None = None) -> Path:
     """The emulation scenarios' run of the named policy ``name`` (``reliable``/``baseline``/``dblp``)
-    with their shared flags ``a``, into ``out/<name>/``."""
+    with their shared flags ``a``, into ``out/<name>/`` (``out/<into>/`` when given)."""
     from dblp.policy import run_policy
 
     flags = run_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
@@ -100,6 +100,43 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
         from .hostnet import host_names
 
         lc.use_segmented_links(host_names(net))  # GSO senders, loss still per datagram (emulation.loss)
-    return run_with_bursts(net, lc, scenario_run_args(a, flags, python=python), Path(out) / name, schedule,
-                           label=name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env,
+    return run_with_bursts(net, lc, scenario_run_args(a, flags, python=python), Path(out) / (into or name), schedule,
+                           label=into or name, marks=getattr(a, "bursts_list", ()), quiet=a.quiet, env=env,
                            train=getattr(a, "train", None))
+
+
+def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedule: Sequence[Any], *,
+                   policies: Sequence[str], calm: Sequence[str] = (), seeds: Sequence[int] = (0,),
+                   variants: Sequence[tuple[str, dict]] = (), python: str = sys.executable,
+                   env: dict | None = None) -> dict[int, dict[str, Path]]:
+    """Every named policy once per seed, interleaved (seed s of every policy back to back, so a drift
+    of the shared machine hits all policies alike), into :func:`dblp.trainreport.replicate_dir`
+    (``out`` itself with one seed, ``out/seed<s>/`` with several); ``calm``: policies also run
+    without the bursts, into ``<that>/calm/<policy>/``. ``variants``: extra runs ``(label, flags)``
+    per seed, e.g. ``("dblp-eta0.1-freq5", {"eta": 0.1, "freq": 5})``, run as ``dblp`` with those of
+    ``a``'s flags replaced, into ``<that>/<label>/``. The schedule is the same for every seed
+    (common random numbers). Returns seed -> label -> run folder; prints a line per run."""
+    import argparse
+    import time
+
+    from dblp.trainreport import replicate_dir
+
+    done: dict[int, dict[str, Path]] = {}
+    total = len(seeds) * (len(policies) + len(calm) + len(variants))
+    k = 0
+    for seed in seeds:
+        d = replicate_dir(out, seed, len(seeds))
+        sa = argparse.Namespace(**{**vars(a), "seed": seed})
+        runs: list[tuple[str, str, Any, Path, Sequence[Any]]] = [(n, n, sa, d, schedule) for n in policies]
+        runs += [(f"{n} (no bursts)", n, sa, d / "calm", []) for n in calm]
+        runs += [(label, "dblp", argparse.Namespace(**{**vars(sa), **flags}), d, schedule)
+                 for label, flags in variants]
+        for label, policy, ra, where, sch in runs:
+            k += 1
+            t = time.time()
+            print(f"- [{k}/{total}] seed {seed}: {label}", flush=True)
+            into = None if label == policy or label.endswith("(no bursts)") else label
+            got = run_scenario_policy(policy, ra, net, lc, where, sch, python=python, env=env, into=into)
+            done.setdefault(seed, {})[label] = got
+            print(f"  {label} done in {time.time() - t:.0f} s", flush=True)
+    return done

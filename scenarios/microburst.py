@@ -19,7 +19,13 @@ It prints the paper's Table II for this run (latency at each burst, tail,
 p99, average, DBLP's speedup over the baseline), the retransmission passes
 each side needed at each burst next to the tolerance arithmetic, and writes
 rounds.jsonl/CSV, a latency-per-iteration plot and a CDF as PNG into
-``results/microburst-<time>/``.
+``results/microburst-<time>/``. With a training workload (the default) it
+also prints Tables IV and V: the final accuracy, and the training time to the
+last iteration beside the time to each ``--target-accuracy`` (tested every
+``--eval-every`` iterations), normalised to DBLP. ``--seeds N`` runs every
+policy N times, interleaved, into ``seed<s>/`` and prints every figure as a
+median with its 95% interval, and whether DBLP's difference to the baseline
+is larger than the spread (docs/time-to-accuracy.md).
 """
 
 from __future__ import annotations
@@ -31,13 +37,12 @@ import csv
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from dblp import analysis
 from dblp.control import DEFAULT_PORT
-from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, add_workload_args, check_burst_args,
-                          check_run_args, check_workload_args, parser)
+from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, add_seeds_arg, add_workload_args,
+                          check_burst_args, check_run_args, check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.provenance import config_record
@@ -76,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true",
                     help="check every flag (and --config file), build the workload, print the run it would make "
                          "(and a JSON line of it), start nothing; needs no root")
+    add_seeds_arg(ap)
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
@@ -85,15 +91,6 @@ def build_parser() -> argparse.ArgumentParser:
 def policy_args(name: str, a: argparse.Namespace) -> list[str]:
     """The server flags of a named run (dblp.policy.run_policy)."""
     return named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
-
-
-def run_policy(name: str, a: argparse.Namespace, net, lc, out: Path, schedule) -> Path:
-    """One policy's run with the burst schedule (emulation.launch.run_scenario_policy)."""
-    from emulation.launch import run_scenario_policy
-
-    py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
-    return run_scenario_policy(name, a, net, lc, out, schedule, python=py,
-                               env={"PYTHONPATH": str(_bootstrap.ROOT)})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from emulation.bursts import CongestionBurst, bursts_from_spec
     from emulation.hostnet import star_net
+    from emulation.launch import run_replicates
     from emulation.loss import LossController
     from emulation.recorder import RunRecorder
 
@@ -128,33 +126,30 @@ def main(argv: list[str] | None = None) -> int:
 
         return StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
 
-    runs: dict[str, list] = {}
+    seeds = list(range(a.seed, a.seed + a.seeds))
+    calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
+        else []
     net = star_net(a.hosts_kind, workers=a.workers, bw_mbps=a.bw_mbps, queue_bytes=a.queue, mtu=a.mtu,
                    cross_hosts=cross, cross_bw_mbps=10 * a.bw_mbps, name="microburst", topo=topo)
     with net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
-            t = time.time()
             print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
-            d = run_policy(name, a, net, lc, out, schedule)
-            runs[name] = analysis.load(d / "records")
-            print(f"  {name} done in {time.time() - t:.0f} s", flush=True)
-        calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
-            else []
-        for name in calm:  # Table V's rows without bursts
-            t = time.time()
-            print(f"- {name} without bursts", flush=True)
-            run_policy(name, a, net, lc, out / "calm", [])
-            print(f"  {name} (no bursts) done in {time.time() - t:.0f} s", flush=True)
+        py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
+        dirs = run_replicates(a, net, lc, out, schedule, policies=a.policy_list, calm=calm, seeds=seeds, python=py,
+                              env={"PYTHONPATH": str(_bootstrap.ROOT)})  # Table V's rows without bursts: calm
         rec.finish(net=net, loss=lc)
-    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
-    report(a, runs, out)
+    by_seed = {sd: {name: analysis.load(dirs[sd][name] / "records") for name in a.policy_list} for sd in seeds}
+    runs = by_seed[seeds[0]]
+    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
+    report(a, runs, out, by_seed)
     if a.train:
         from dblp.trainreport import report as training_report
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
-        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm)
+        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
+                        targets=a.train["targets"], seeds=seeds)
     return 0
 
 
@@ -184,17 +179,26 @@ def plan(a: argparse.Namespace) -> dict:
             "bandwidth_bps": a.bandwidth, "queue_bytes": a.queue, "hosts": a.hosts_kind, "train": a.train}
 
 
-def report(a: argparse.Namespace, runs: dict[str, list], out: Path) -> None:
+def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dict[int, dict[str, list]]) -> None:
     bursts = a.bursts_list
     sums = {k: analysis.summarize(v, bursts) for k, v in runs.items()}
     print()
     if "baseline" in sums and "dblp" in sums:
         rows = analysis.table_ii(sums["baseline"], sums["dblp"], bursts)
-        print("Table II (this run): send latency, slowest worker, seconds")
+        if len(by_seed) > 1:  # replicates: medians [95% intervals] over the seeds (dblp.analysis.replicate_table)
+            rows, long = analysis.replicate_table([analysis.table_ii(analysis.summarize(r["baseline"], bursts),
+                                                                     analysis.summarize(r["dblp"], bursts), bursts)
+                                                   for r in by_seed.values()], compare=("DBLP", "Baseline"))
+            with open(out / "table_ii_replicates.csv", "w", newline="") as fh:
+                csv.writer(fh).writerows(long)
+        print(f"Table II ({'this run' if len(by_seed) == 1 else f'median over {len(by_seed)} seeds [95% interval of the mean]'}):"
+              " send latency, slowest worker, seconds")
         print(analysis.format_table(rows))
+        if len(by_seed) > 1:
+            print("\n".join(analysis.verdicts(long, rows[0][1:], ("DBLP", "Baseline"))))
         with open(out / "table_ii.csv", "w", newline="") as fh:
             csv.writer(fh).writerows(rows)
-    print("\nAll runs:")
+    print(f"\nAll runs{' (the first seed)' if len(by_seed) > 1 else ''}:")
     hdr = ["run", "p50", "p99", "max", "mean"] + [f"@{b}" for b in bursts] + ["min recv frac"]
     rows = [hdr] + [[k, s.p50, s.p99, s.tail_max, s.mean] + list(s.at_bursts) + [s.recv_frac_min]
                     for k, s in sums.items()]  # numbers: summary.csv stays numeric

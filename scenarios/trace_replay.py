@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         from dblp.trainreport import report as training_report
 
         training_report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers",
-                        f"trace {Path(a.trace).name}", divergence=a.train["save_weights"])
+                        f"trace {Path(a.trace).name}", divergence=a.train["save_weights"], targets=a.train["targets"])
     return 0
 
 

@@ -22,7 +22,7 @@ import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 DATA = Path(__file__).with_name("data") / "convergence_digits_mlp.csv"
 
@@ -73,9 +73,13 @@ class Curve:
     schedule: Schedule
     iterations: list[int]
     accuracy: list[float]
+    lost: list[float] | None = None  # measured per-iteration lost fractions (an emulation run), else the schedule's
 
     def fractions(self) -> list[float]:
-        return [self.schedule.at(i) for i in range(max(self.iterations))]
+        n = max(self.iterations)
+        if self.lost is not None:
+            return (list(self.lost) + [0.0] * n)[:n]
+        return [self.schedule.at(i) for i in range(n)]
 
 
 def measure(out: Path, *, iterations: int = 300, every: int = 5, seeds: Sequence[int] = (0, 1, 2), workers: int = 3,
@@ -126,10 +130,15 @@ def measure(out: Path, *, iterations: int = 300, every: int = 5, seeds: Sequence
 
 
 def load_curves(path: Path = DATA) -> list[Curve]:
-    """The runs in a file written by :func:`measure`."""
+    """The runs in a file written by :func:`measure`, or by the emulation's training scenarios
+    (:func:`dblp.trainreport.write_curves`: ``setting, seed, workers, batch_size, iteration,
+    lost_fraction, train_s, accuracy``, one row per iteration, the accuracy where evaluated)."""
     by: dict[tuple[str, int], Curve] = {}
     with open(path, newline="", encoding="utf-8") as fh:
-        for r in csv.DictReader(fh):
+        rd = csv.DictReader(fh)
+        if "lost_fraction" in (rd.fieldnames or []):
+            return _measured_curves(rd)
+        for r in rd:
             key = (r["setting"], int(r["seed"]))
             c = by.get(key)
             if c is None:
@@ -138,6 +147,26 @@ def load_curves(path: Path = DATA) -> list[Curve]:
             c.iterations.append(int(r["iteration"]))
             c.accuracy.append(float(r["accuracy"]))
     return list(by.values())
+
+
+def _measured_curves(rows: Iterable[dict[str, str]]) -> list[Curve]:
+    """Curves with measured lost fractions; each run gets its own :class:`Schedule` (named by setting
+    and seed, its ``fraction`` the run's mean loss) so the model predicts each run separately."""
+    acc: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    lost: dict[tuple[str, int], list[float]] = {}
+    for r in rows:
+        key = (r["setting"], int(r["seed"]))
+        if r["lost_fraction"] != "":
+            lost.setdefault(key, []).append(float(r["lost_fraction"]))
+        if r["accuracy"] != "":
+            acc.setdefault(key, []).append((int(r["iteration"]), float(r["accuracy"])))
+    out = []
+    for key, points in acc.items():
+        fr = lost.get(key, [])
+        mean = sum(fr) / len(fr) if fr else 0.0
+        sch = Schedule(f"{key[0]} seed {key[1]}", mean)
+        out.append(Curve(key[0], key[1], sch, [p[0] for p in points], [p[1] for p in points], fr))
+    return out
 
 
 def split(curves: Sequence[Curve]) -> tuple[list[Curve], list[Curve]]:

@@ -57,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
     w.add_argument("--progress", action="store_true", help="print one line per iteration")
+    w.add_argument("--eval-every", type=int_arg(0), default=0,
+                   help="also take the test metric every this many iterations (0: at epoch ends only); rows in "
+                        "OUT/evals.jsonl, the time-to-accuracy curve")
     w.add_argument("--save-weights", action="store_true",
                    help="write the flat weights after every epoch to OUT/weights/ (replica divergence)")
     return ap
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                                "max_iters_per_epoch": a.max_iters_per_epoch}.items() if v is not None}
     cfg = TrainConfig.for_workload(wl, epochs=a.epochs, rank=a.id, world_size=a.workers, seed=a.seed,
                                    out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress,
-                                   save_weights=a.save_weights, **over)
+                                   save_weights=a.save_weights, eval_every=a.eval_every, **over)
     try:
         kw = dict(elements=elements, worker_id=a.id, records=a.records, source=a.source,
                   fast=False if a.plain else None, peer_timeout=a.peer_timeout, send_rate_bps=a.pace,

@@ -27,6 +27,14 @@ exchange_latency_s, compute_s, iteration_s`` plus every key of the exchange's
 prefix).  Per epoch: ``train_loss``, the test metric (``accuracy`` or
 ``perplexity``), ``test_loss``, ``epoch_wall_s`` (training only),
 ``eval_s``, ``elapsed_s`` and exchange totals.
+
+``evals.jsonl`` (streamed): one row per test evaluation, at every epoch end and,
+with ``eval_every = N``, after every N-th iteration: ``iteration`` (iterations
+done), ``train_s`` (time in the training loop so far, evaluations excluded: the
+clock of Table V and of time to accuracy, so the evaluation cadence does not
+move it), ``elapsed_s`` and the test metric. Time to a target accuracy is read
+from these rows (:func:`dblp.trainreport.time_to_targets`); an iteration that
+is also an epoch end is evaluated once.
 """
 
 from __future__ import annotations
@@ -90,6 +98,7 @@ class TrainConfig:
     eval_batch_size: int = 256
     eval_max_batches: int | None = None  # None: the whole test set (a number limits it, for smoke runs)
     eval_at_start: bool = False  # also record the metric before any training (epoch 0)
+    eval_every: int = 0  # also test every this many iterations (0: at epoch ends only); rows in evals.jsonl
     out_dir: str | None = None
     save_weights: bool = False  # write out_dir/weights/epochNNN.npy (flat float32) after every epoch
     progress: bool = False  # one line per epoch on stderr
@@ -339,6 +348,7 @@ def train(
         out.mkdir(parents=True, exist_ok=True)
     it_log = _Jsonl(out / "iterations.jsonl" if out else None)
     ep_log = _Jsonl(out / "epochs.jsonl" if out else None)
+    ev_log = _Jsonl(out / "evals.jsonl" if out else None)
     it_records: list[dict[str, Any]] = []
     ep_records: list[dict[str, Any]] = []
     aug_gen = torch.Generator().manual_seed(cfg.seed * 7919 + cfg.rank + 1)
@@ -351,6 +361,10 @@ def train(
         t0 = time.perf_counter()
         m = workload.evaluate(model, device, batch_size=cfg.eval_batch_size, max_batches=cfg.eval_max_batches)
         return m, time.perf_counter() - t0
+
+    def eval_row(m: Mapping[str, float], ev_s: float, train_so_far: float) -> None:
+        ev_log.write({"iteration": step, "epoch": step / iters, "train_s": train_so_far,
+                      "elapsed_s": time.perf_counter() - t_run, "eval_s": ev_s, **m})
 
     def log(msg: str) -> None:
         if cfg.progress:
@@ -377,6 +391,7 @@ def train(
                 for w, s in enumerate(shards)
             ]
             ep_loss, ep_ex, ep_info_tol, ep_clr = 0.0, 0.0, [], []
+            mid_eval_s = 0.0  # evaluations inside the epoch (eval_every), kept out of its training time
             for _ in range(iters):
                 t_it = time.perf_counter()
                 grads, losses = [], []
@@ -438,10 +453,16 @@ def train(
                 if "clr" in rec:
                     ep_clr.append(bool(rec["clr"]))
                 step += 1
-            ep_wall = time.perf_counter() - t_ep
+                if cfg.eval_every and step % cfg.eval_every == 0 and step % iters:  # epoch ends: below
+                    t_ev = time.perf_counter()
+                    m, ev_s = evaluate()
+                    eval_row(m, ev_s, train_s + (t_ev - t_ep) - mid_eval_s)
+                    mid_eval_s += time.perf_counter() - t_ev
+            ep_wall = time.perf_counter() - t_ep - mid_eval_s
             train_s += ep_wall
             exchange_s += ep_ex
             m, ev_s = evaluate()
+            eval_row(m, ev_s, train_s)
             erec: dict[str, Any] = {
                 "epoch": epoch + 1,
                 "iterations": step,
@@ -472,6 +493,7 @@ def train(
     finally:
         it_log.close()
         ep_log.close()
+        ev_log.close()
 
     final = {k: v for k, v in ep_records[-1].items() if k in (workload.metric, "test_loss")} if ep_records else {}
     summary = TrainSummary(

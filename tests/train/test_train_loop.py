@@ -104,3 +104,18 @@ def test_small_transformer_trains_on_the_shipped_corpus():
     ppl = [e["perplexity"] for e in s.epoch_records]
     assert s.metric == "perplexity" and all(math.isfinite(p) for p in ppl)
     assert ppl[-1] < ppl[0] * 0.5  # from ~vocab size (60) to well below
+
+
+def test_eval_every_writes_the_time_to_accuracy_curve(tmp_path):
+    """evals.jsonl: a row every N iterations and at each epoch end (once when they coincide), on a
+    training clock that leaves the evaluations out."""
+    wl = get_workload("digits_mlp", seed=0)
+    cfg = TrainConfig.for_workload(wl, epochs=2, max_iters_per_epoch=5, eval_every=2, device="cpu",
+                                   out_dir=str(tmp_path))
+    s = train(wl, None, cfg)
+    rows = [json.loads(line) for line in open(tmp_path / "evals.jsonl")]
+    assert [r["iteration"] for r in rows] == [2, 4, 5, 6, 8, 10]
+    assert all(0.0 <= r["accuracy"] <= 1.0 for r in rows)
+    clocks = [r["train_s"] for r in rows]
+    assert clocks == sorted(clocks) and clocks[-1] == pytest.approx(s.train_s)
+    assert rows[-1]["accuracy"] == s.final_metric
