@@ -121,3 +121,28 @@ def test_paced_early_ends_of_one_instant_relay_out_once(monkeypatch, workers, wa
         assert (coalesced, calls[0]) == want
     else:  # ends spread by compute jitter and losses: fewer coincide (103 of 132 on this seed)
         assert 0 < coalesced < calls[0]
+
+
+def test_less_load_checks_a_pass_at_its_earliest_crossing(monkeypatch):
+    """Early STOPs at a congested port (uploads paced at their fair share, 40% tolerance after the
+    critical phase): the others are re-evaluated at the earliest time their crossing could come
+    (``RoundFlow.less_load``), not at every STOP - the records of re-evaluating all at once
+    (``EAGER_PORT``), with fewer evaluations."""
+    cfg = SimConfig(model=150_000, workers=24, rounds=12, freq=2, send_rate_bps=10e9 / 24,
+                    loss=[{"kind": "bernoulli", "p": 0.005}])
+    calls = [0]
+    orig = fast.RoundFlow.port_refresh
+
+    def counted(self, t):
+        calls[0] += 1
+        return orig(self, t)
+
+    monkeypatch.setattr(fast.RoundFlow, "port_refresh", counted)
+    lazy = fingerprint(simulate(cfg))
+    lazy_calls = calls[0]
+    monkeypatch.setattr(fast.RoundFlow, "less_load", lambda self, t: self.port_refresh(t))  # the rule before
+    calls[0] = 0
+    _assert_same(lazy, fingerprint(simulate(cfg)), "paced, at once")
+    assert (lazy_calls, calls[0]) == (3802, 6928)
+    monkeypatch.setattr(fast, "EAGER_PORT", True)
+    _assert_same(lazy, fingerprint(simulate(cfg)), "paced, eager")
