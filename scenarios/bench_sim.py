@@ -31,6 +31,7 @@ CPU time is the one to compare with targets "on one core").
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -41,7 +42,7 @@ import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo ro
 from dblp.provenance import config_record, provenance  # noqa: E402
 from dblp.sim import SimConfig, simulate  # noqa: E402
 from dblp.cliargs import parser  # noqa: E402
-from traces.argtypes import count_arg, int_list_arg  # noqa: E402
+from traces.argtypes import count_arg, float_arg, int_list_arg, name_list_arg  # noqa: E402
 from dblp.sim.options import baseline_of  # noqa: E402
 from dblp.sim.sweep import run_config  # noqa: E402
 from dblp.sim.topology import TOPOLOGIES  # noqa: E402
@@ -146,6 +147,92 @@ def print_worker_targets(rows: list[dict]) -> None:
               f"{'met' if r['cpu_s'] < limit else 'not met'} on CPU time")
 
 
+# The issue's targets (#16, #29) as configurations: name -> (what, SimConfig keyword arguments, CPU s limit,
+# memory limit in GiB or None). 1M floats = 2,763 datagrams per direction; "fair share" paces every
+# sender at the server link's rate over the workers.
+SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
+    "star64": ("64 workers x 100 iterations, default star", dict(workers=64, rounds=100), 2.0, None),
+    "quick16": ("16 workers x 5 iterations, default star (a smoke run)", dict(workers=16, rounds=5), 1.0, None),
+    "provisioned1024": ("1024 workers x 100 iterations, server link 1024 x 10 Gbit/s",
+                        dict(workers=1024, rounds=100, server_bandwidth_bps=1024 * 10e9), 60.0, None),
+    "star1024": ("1024 workers x 100 iterations, default star (one 10 Gbit/s server link)",
+                 dict(workers=1024, rounds=100), 60.0, None),
+    "paced1024": ("1024 workers x 100 iterations, every sender paced at its fair share (10 Gbit/s / 1024)",
+                  dict(workers=1024, rounds=100, send_rate_bps=10e9 / 1024), 60.0, None),
+    "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100",
+                     dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100),
+                     300.0, 8.0),
+}
+
+
+def _target_child(kw: dict, cap_s: float, mem_gib: float, conn) -> None:
+    """One target run in a fresh process: CPU seconds, wall, peak resident memory, the run's summary.
+    The kernel stops it past ``cap_s`` CPU seconds (RLIMIT_CPU) or ``mem_gib`` of address space."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (int(cap_s) + 1, int(cap_s) + 3))
+    lim = int(mem_gib * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+    res, wall, cpu = timed(SimConfig(model=1_000_000, **kw))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
+    conn.send({"cpu_s": cpu, "wall_s": wall, "rss_gib": rss, "datagrams": res.datagrams, **res.summary()})
+
+
+def _target_run(kw: dict, cap_s: float, mem_gib: float) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    a, b = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_target_child, args=(kw, cap_s, mem_gib, b))
+    proc.start()
+    b.close()
+    try:
+        got = a.recv()
+    except EOFError:  # stopped by its limit (SIGXCPU: the CPU cap) or failed
+        got = {"stopped": proc.exitcode}
+    proc.join()
+    return got
+
+
+def bench_targets(names: list[str], repeats: int, cap_factor: float, mem_gib: float) -> list[dict]:
+    """Each target ``repeats`` times, each run in a fresh process: median [range] of CPU seconds
+    (``time.process_time``, which a shared machine's load affects less than wall time), and the
+    peak resident memory; a run past ``cap_factor`` x its limit is stopped and counts as not met
+    (and is not repeated: the verdict stands)."""
+    print(f"\n== the issue's targets: {repeats} runs each, each in a fresh process (1M floats)")
+    rows = []
+    for name in names:
+        what, kw, limit, mem_limit = SCALE_TARGETS[name]
+        cap = limit * cap_factor
+        runs = []
+        for i in range(repeats):
+            r = _target_run(kw, cap, mem_gib)
+            runs.append(r)
+            if "stopped" in r:
+                print(f"  {name} run {i + 1}: stopped at {cap:.0f} s CPU or {mem_gib:g} GiB (exit {r['stopped']})")
+                break
+            print(f"  {name} run {i + 1}: {r['cpu_s']:.2f} s CPU, {r['wall_s']:.1f} s wall, {r['rss_gib']:.2f} GiB peak, "
+                  f"mean round {r['mean_round_s'] * 1e3:.1f} ms, {r['up_passes']:.1f} up passes, load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            if r["cpu_s"] > 2 * limit:
+                break  # far over: more runs would not change the verdict
+        done = [r for r in runs if "stopped" not in r]
+        if done:
+            cpu = sorted(r["cpu_s"] for r in done)
+            med = cpu[len(cpu) // 2] if len(cpu) % 2 else 0.5 * (cpu[len(cpu) // 2 - 1] + cpu[len(cpu) // 2])
+            rss = max(r["rss_gib"] for r in done)
+            met = med < limit and len(done) == len(runs) and (mem_limit is None or rss < mem_limit)
+            mem = f", < {mem_limit:g} GiB: {rss:.2f} GiB peak" if mem_limit else f", {rss:.2f} GiB peak"
+            verdict = f"{med:.2f} s CPU [{cpu[0]:.2f}-{cpu[-1]:.2f}] of {len(done)} run(s){mem}"
+        else:
+            med, rss, met = math.inf, math.nan, False
+            verdict = f"stopped past {cap:.0f} s CPU or {mem_gib:g} GiB"
+        print(f"target: {what} under {limit:g} s: {verdict} -> {'met' if met else 'not met'}", flush=True)
+        rows.append({"target": name, "what": what, "limit_s": limit, "mem_limit_gib": mem_limit, "runs": runs,
+                     "median_cpu_s": med, "peak_gib": rss, "met": met})
+    return rows
+
+
 def bench_sweep(n: int, iterations: int, group: int, jobs: int, model: str = "resnet50") -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
@@ -191,6 +278,16 @@ def main() -> int:
                    "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
     p.add_argument("--only-sweep", action="store_true", help="only the sweep (the issue's target: --sweep-configs 500 "
                    "--sweep-iterations 300 --sweep-model 1000000 --sweep-group 1)")
+    p.add_argument("--only-targets", action="store_true",
+                   help="only the issue's targets (#29: the default star, paced senders and 10,000 workers at "
+                        "1M floats), each run in a fresh process, median and range of --target-runs")
+    p.add_argument("--targets", type=name_list_arg(SCALE_TARGETS), default="star64,provisioned1024,star1024,paced1024,leafspine10k",
+                   help="which targets --only-targets runs (comma-separated names)")
+    p.add_argument("--target-runs", type=count_arg(1), default=3, help="runs of each target")
+    p.add_argument("--target-cap", type=float_arg(1.0), default=3.0,
+                   help="stop a target run past this many times its CPU-seconds limit (a factor, no unit)")
+    p.add_argument("--target-memory", type=float_arg(0.5), default=12.0,
+                   help="address space a target run may take, GiB (the kernel refuses more)")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
@@ -200,6 +297,11 @@ def main() -> int:
         a.workers, a.workers_provisioned, a.workers_iterations = [8, 16], [64], 2
     groups = a.groups
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    if a.only_targets:
+        res = {"targets": bench_targets(a.targets, a.target_runs, a.target_cap, a.target_memory)}
+        if a.output:
+            Path(a.output).write_text(json.dumps(res, indent=2, default=float) + "\n")
+        return 0
     if a.only_sweep:
         res = {"sweep": bench_sweep(a.sweep_configs, a.sweep_iterations, a.sweep_group or groups[-1], a.jobs,
                                     a.sweep_model)}

@@ -182,6 +182,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("phase_sensitivity.py", "--workers", "0"), ("--workers", "0")),
     (_scn("phase_sensitivity.py", "--drops", "2"), ("--drops", "2")),
     (_scn("bench_sim.py", "--iterations", "0"), ("--iterations", "0")),
+    (_scn("bench_sim.py", "--only-targets", "--targets", "star64,bogus"), ("--targets", "bogus")),
     (_scn("sweep.py", "--eta", "-1", "--iterations", "3", "--out", "/nonexistent-sweep"), ("eta", "-1")),
 ]
 

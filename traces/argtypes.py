@@ -16,7 +16,7 @@ import argparse
 import ipaddress
 import math
 import re
-from typing import Callable
+from typing import Callable, Iterable
 
 __all__ = [
     "MAX_PORT",
@@ -28,6 +28,7 @@ __all__ = [
     "int_arg",
     "int_list",
     "int_list_arg",
+    "name_list_arg",
     "pos_int",
     "port_arg",
     "prob",
@@ -140,6 +141,22 @@ def int_list_arg(lo: int | None = 0, hi: int | None = None, *, nonempty: bool = 
         bad = [x for x in v if not _in(x, lo, hi, False, False)]
         if bad:
             raise argparse.ArgumentTypeError(f"{text!r}: {bad[0]} is not {_bounds(lo, hi)}")
+        return v
+
+    return _named(conv, "list")
+
+
+def name_list_arg(names: Iterable[str]) -> Callable[[str], list[str]]:
+    """``type=`` for a comma list of names, each one of ``names`` (refused naming the unknown one)."""
+    known = list(names)
+
+    def conv(text: str) -> list[str]:
+        v = [x.strip() for x in text.split(",") if x.strip()]
+        if not v:
+            raise argparse.ArgumentTypeError(f"{text!r} names nothing")
+        bad = [x for x in v if x not in known]
+        if bad:
+            raise argparse.ArgumentTypeError(f"unknown name {bad[0]!r} (known: {', '.join(known)})")
         return v
 
     return _named(conv, "list")

@@ -23,6 +23,11 @@ the new instant without the head - an array view and one ``cumsum``
 re-layout's own result, not an approximation; ``fast.EAGER_PORT`` turns
 all of it off (every layout materialised at once), and the tests hold the
 two to the same records.
+
+A paced host (a bucket slower than its interval) gives each sender the same
+leave times whatever the others do but for their count, so its early ends of
+one instant - a broadcast at its fair share is stopped in lockstep - are one
+re-layout, owed until something at that instant asks (:meth:`HostSched._defer`).
 """
 
 from __future__ import annotations
@@ -105,6 +110,11 @@ class HostSched:
         self._pending: dict[RoundFlow, int] = {}  # laid out lazily: sender -> its position in _layout.flows
         self._chain_gen = 0
         self._hsteps = np.empty(0)  # see _steps
+        # Paced hosts: the instant of a re-layout owed since an early end and not yet made (see _defer),
+        # and the senders laid out from it on request since, with the sender count they got it for
+        self.redo: float | None = None
+        self._redo_gen = 0
+        self._redo_laid: dict[RoundFlow, int] = {}
 
     def _steps(self, r: int) -> np.ndarray:
         """``engine.ones(r) * h`` (1h, 2h, ..., rh: a lone sender's slot offsets), read-only and kept:
@@ -134,7 +144,56 @@ class HostSched:
             head = self.active[0] is f
             self.active.remove(f)
             if self.active and not natural and not (head and self._drop_head(f, t)):
-                self.relayout(t)
+                if self.pace and not self.engine.eager:
+                    self._defer(t)
+                else:
+                    self.relayout(t)
+
+    # -- paced hosts: early ends of one instant, one re-layout ---------------------------------
+    def _defer(self, t: float) -> None:
+        """Owe the re-layout from ``t`` after an early end, made once later at this instant.
+
+        Why: a paced sender's leave times depend on the others only through
+        their count (``_paced_leave``), and a paced broadcast's N senders are
+        stopped at one instant (their receivers reach ``need`` in lockstep):
+        N re-layouts of N senders, O(N^2) per round (1024 workers paced at
+        their fair share: ~9 s of CPU a round). Early ends with the same
+        re-layout instant are coalesced into one :meth:`relayout`, queued
+        at the present instant; a sender asked for its times before that
+        (``settle``) gets exactly what the re-layout would give it with the
+        senders active then. ``fast.EAGER_PORT`` re-lays out at every end.
+        """
+        if self.redo is not None and self.redo != t:
+            self._flush_redo()
+        if self.redo is None:
+            self.redo = t
+            self._redo_gen += 1
+            self.engine.call(0.0, self._redo_due, self._redo_gen)
+
+    def _redo_due(self, gen: int) -> None:
+        if gen == self._redo_gen and self.redo is not None:
+            self._flush_redo()
+
+    def _flush_redo(self) -> None:
+        """Make the owed re-layout (every active sender, as the last early end asked)."""
+        t, self.redo = self.redo, None
+        self._redo_laid.clear()
+        self.relayout(t)
+
+    def _settle_redo(self, f: RoundFlow) -> None:
+        """Lay ``f`` out as the owed re-layout will, for the senders active now."""
+        k = len(self.active)
+        if f not in self.active or self._redo_laid.get(f) == k:
+            return
+        t = self.redo
+        a = 0 if f.leave is None else int(f.leave.searchsorted(t + self.eps, side="right"))
+        self._redo_laid[f] = k
+        r = f.n - a
+        if r <= 0 or (f.leave is not None and k == 1 and a > 0):
+            return  # as relayout: nothing left, or alone and laid out already
+        if f.leave is None:
+            f.bucket_start(t)
+        f.laid_out(a, self._paced_leave(t, k, f, a, r), t)
 
     def _ends_first(self, f: RoundFlow, t: float) -> bool:
         """Whether ``f`` leaves at its last datagram's time, with every sender before it
@@ -182,6 +241,8 @@ class HostSched:
         anything asks for its times. With N senders and N early STOPs per
         round that is the difference between O(N^2) and O(N) re-layouts.
         """
+        if self.redo is not None:  # an owed re-layout of an earlier early end comes first
+            self._flush_redo()
         if len(self.active) == 1 and not self._pending and not self.pace:
             self._relayout_one(t)
             return
@@ -317,6 +378,9 @@ class HostSched:
 
     def settle(self, f: RoundFlow) -> None:
         """Give ``f`` the layout it is owed now (no-op if it has it)."""
+        if self.redo is not None:  # a paced host (never lazy below): see _defer
+            self._settle_redo(f)
+            return
         j = self._pending.pop(f, None)
         if j is not None:
             self._settle_in(self._layout, f, j)
@@ -333,12 +397,9 @@ class HostSched:
         h, q, k = self.h, self.q, len(rem)
         if not self.pace and k == 1:
             return self._steps(r) + t
-        j = np.arange(r, dtype=np.int64) if (self.pace or not equal) else None
+        j = np.arange(r, dtype=np.int64) if not equal else None
         if self.pace:
-            # Paced senders take what their bucket allows each turn: the host is
-            # shared evenly, each sender capped by its bucket.
-            leave = t + (h * k) * (j + 1).astype(np.float64)
-            return np.maximum(leave, f.bucket_times(start + j))
+            return self._paced_leave(t, k, f, start, r)
         if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
             key = (r, k, q, i, h)
             scaled = _PATTERNS.get(key)
@@ -363,3 +424,11 @@ class HostSched:
         leave += t
         return leave
 
+    def _paced_leave(self, t: float, k: int, f: RoundFlow, start: int, r: int) -> np.ndarray:
+        """Leave times of paced sender ``f``'s slots ``start..start+r-1`` laid out from ``t``
+        with ``k`` active senders: paced senders take what their bucket allows each turn,
+        the host shared evenly, each sender capped by its bucket (the others matter only
+        through ``k``)."""
+        j = np.arange(r, dtype=np.int64)
+        leave = t + (self.h * k) * (j + 1).astype(np.float64)
+        return np.maximum(leave, f.bucket_times(start + j))

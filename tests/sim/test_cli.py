@@ -140,3 +140,20 @@ def test_a_bare_loss_probability_is_bernoulli():
 
     a = build_parser().parse_args(["run", "--loss", "0.05", "--loss", "iteration_bursts:at=3:loss=0.7"])
     assert a.loss[0] == {"kind": "bernoulli", "p": 0.05} and a.loss[1]["kind"] == "iteration_bursts"
+
+
+def test_bench_targets_run_each_in_a_fresh_process_and_say_met(tmp_path):
+    """``bench_sim.py --only-targets`` (the issue's targets, #29): each run in its own process, its
+    CPU time, peak memory and the run's own summary (the very numbers of ``simulate``), a verdict."""
+    out = tmp_path / "t.json"
+    p = subprocess.run([PY, "scenarios/bench_sim.py", "--only-targets", "--targets", "quick16", "--target-runs", "2",
+                        "-o", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (t,) = json.loads(out.read_text())["targets"]
+    ref = simulate(SimConfig(model=1_000_000, workers=16, rounds=5)).summary()
+    assert t["target"] == "quick16" and len(t["runs"]) == 2 and t["limit_s"] == 1.0
+    for r in t["runs"]:
+        assert r["up_passes"] == ref["up_passes"] and r["mean_round_s"] == ref["mean_round_s"]
+        assert 0 < r["cpu_s"] < 60 and 0.01 < r["rss_gib"] < 12
+    assert t["met"] == (t["median_cpu_s"] < 1.0)
+    assert "target: 16 workers x 5 iterations" in p.stdout and "of 2 run(s)" in p.stdout

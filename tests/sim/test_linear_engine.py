@@ -92,3 +92,57 @@ def test_shared_scratch_arrays_are_read_only():
             a[0] = 9
     assert np.array_equal(eng.iota(4), np.arange(4)) and np.array_equal(eng.ones(3), [1.0, 2.0, 3.0])
     assert eng.fiota(3).dtype == np.float64 and np.array_equal(eng.fiota(3), [0.0, 1.0, 2.0])
+
+
+@pytest.mark.parametrize("workers,want,kw", [
+    (24, (3, 69), {}),  # at their fair share: a round's 23 early ends at one instant, one re-layout
+    (10, None, dict(compute_s=1e-3, compute_jitter_s=3e-4, loss=[{"kind": "bernoulli", "p": 0.01},
+                                                          {"kind": "iteration_bursts", "at": [1], "loss": 0.5}])),
+])
+def test_paced_early_ends_of_one_instant_relay_out_once(monkeypatch, workers, want, kw):
+    """A paced host's early ends at one instant are one re-layout (``HostSched._defer``), with the
+    records of re-laying out every sender at every end (``EAGER_PORT``, the reference)."""
+    cfg = SimConfig(model=150_000, workers=workers, rounds=3, send_rate_bps=10e9 / workers, **kw)
+    calls = [0]
+    orig = HostSched.relayout
+
+    def counted(self, t):
+        calls[0] += len(self.active) > 1  # the server's host (a worker's has one sender)
+        return orig(self, t)
+
+    monkeypatch.setattr(HostSched, "relayout", counted)
+    fast_run = fingerprint(simulate(cfg))
+    coalesced = calls[0]
+    monkeypatch.setattr(fast, "EAGER_PORT", True)
+    calls[0] = 0
+    ref = fingerprint(simulate(cfg))
+    _assert_same(fast_run, ref, f"w{workers}")
+    if want is not None:
+        assert (coalesced, calls[0]) == want
+    else:  # ends spread by compute jitter and losses: fewer coincide (103 of 132 on this seed)
+        assert 0 < coalesced < calls[0]
+
+
+def test_less_load_checks_a_pass_at_its_earliest_crossing(monkeypatch):
+    """Early STOPs at a congested port (uploads paced at their fair share, 40% tolerance after the
+    critical phase): the others are re-evaluated at the earliest time their crossing could come
+    (``RoundFlow.less_load``), not at every STOP - the records of re-evaluating all at once
+    (``EAGER_PORT``), with fewer evaluations."""
+    cfg = SimConfig(model=150_000, workers=24, rounds=12, freq=2, send_rate_bps=10e9 / 24,
+                    loss=[{"kind": "bernoulli", "p": 0.005}])
+    calls = [0]
+    orig = fast.RoundFlow.port_refresh
+
+    def counted(self, t):
+        calls[0] += 1
+        return orig(self, t)
+
+    monkeypatch.setattr(fast.RoundFlow, "port_refresh", counted)
+    lazy = fingerprint(simulate(cfg))
+    lazy_calls = calls[0]
+    monkeypatch.setattr(fast.RoundFlow, "less_load", lambda self, t: self.port_refresh(t))  # the rule before
+    calls[0] = 0
+    _assert_same(lazy, fingerprint(simulate(cfg)), "paced, at once")
+    assert (lazy_calls, calls[0]) == (3802, 6928)
+    monkeypatch.setattr(fast, "EAGER_PORT", True)
+    _assert_same(lazy, fingerprint(simulate(cfg)), "paced, eager")
