@@ -387,7 +387,9 @@ def write_curves(path: str | Path, runs: Sequence[tuple[str, int, Path, dict[str
     gradient that did not reach the workers (``1 - up * down`` over the workers, from the run's
     records: :func:`dblp.sim.convergence.round_trace`), ``accuracy`` (the run's metric, mean of the
     workers) and ``train_s`` are filled where the run was evaluated after ``iteration`` iterations.
-    ``runs``: (setting label, seed, run folder with ``records/``, :func:`load_training` result)."""
+    ``runs``: (setting label, seed, run folder, :func:`load_training` result); the round records are
+    read from the folder's ``records/`` (the emulation scenarios) or, without one, from the folder
+    itself (``scenarios/train.py``'s loopback runs)."""
     from .analysis import load
     from .sim.convergence import round_trace
 
@@ -395,7 +397,8 @@ def write_curves(path: str | Path, runs: Sequence[tuple[str, int, Path, dict[str
         w = csv.writer(fh)
         w.writerow(["setting", "seed", "workers", "batch_size", "iteration", "lost_fraction", "train_s", "accuracy"])
         for setting, seed, d, run in runs:
-            _, lost = round_trace(load(Path(d) / "records"))
+            rdir = Path(d) / "records"
+            _, lost = round_trace(load(rdir if rdir.is_dir() else Path(d)))
             evals = {k: (t, v) for k, t, v in run_curve(run)}
             batch = run["summaries"][0].get("config", {}).get("batch_size", "")
             for i in range(max(len(lost), max(evals, default=0) + 1)):

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 from dblp.control import DEFAULT_PORT
 from dblp.launch import Launch, RunArgs, Runner, train_worker_argv
@@ -108,14 +108,19 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
 def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedule: Sequence[Any], *,
                    policies: Sequence[str], calm: Sequence[str] = (), seeds: Sequence[int] = (0,),
                    variants: Sequence[tuple[str, dict]] = (), python: str = sys.executable,
-                   env: dict | None = None) -> dict[int, dict[str, Path]]:
+                   env: dict | None = None,
+                   around: Callable[[str, int, Path], ContextManager[Any]] | None = None) -> dict[int, dict[str, Path]]:
     """Every named policy once per seed, interleaved (seed s of every policy back to back, so a drift
     of the shared machine hits all policies alike), into :func:`dblp.trainreport.replicate_dir`
     (``out`` itself with one seed, ``out/seed<s>/`` with several); ``calm``: policies also run
     without the bursts, into ``<that>/calm/<policy>/``. ``variants``: extra runs ``(label, flags)``
     per seed, e.g. ``("dblp-eta0.1-freq5", {"eta": 0.1, "freq": 5})``, run as ``dblp`` with those of
     ``a``'s flags replaced, into ``<that>/<label>/``. The schedule is the same for every seed
-    (common random numbers). Returns seed -> label -> run folder; prints a line per run."""
+    (common random numbers). ``around(label, seed, run folder)``: a context entered around each run
+    (e.g. ``scenarios/trace_replay.py``'s trace replayer, which must start and stop with the run).
+    Returns seed -> label -> run folder; prints a line per run."""
+    from contextlib import nullcontext
+
     import argparse
     import time
 
@@ -136,7 +141,8 @@ def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedul
             t = time.time()
             print(f"- [{k}/{total}] seed {seed}: {label}", flush=True)
             into = None if label == policy or label.endswith("(no bursts)") else label
-            got = run_scenario_policy(policy, ra, net, lc, where, sch, python=python, env=env, into=into)
+            with around(label, seed, where / (into or policy)) if around else nullcontext():
+                got = run_scenario_policy(policy, ra, net, lc, where, sch, python=python, env=env, into=into)
             done.setdefault(seed, {})[label] = got
             print(f"  {label} done in {time.time() - t:.0f} s", flush=True)
     return done

@@ -33,6 +33,14 @@ drop counters vs, for a reliable run, the datagrams the records show lost);
 its latency), ``summary.csv``, ``rounds.csv``, and per policy the replay log
 ``<policy>/replay.jsonl`` (every rule change, due and actual time) and the
 achieved schedule as a trace file ``<policy>/achieved.loss.csv``.
+
+``--seeds N`` runs every policy N times, interleaved (seed s of every policy
+back to back, :func:`emulation.launch.run_replicates`, the trace replayed from
+its start for each run), into ``seed<s>/``: the latency figures are printed as
+medians with 95% intervals over the seeds with the DBLP-baseline verdict (the
+per-run tables and plots are the first seed's), and with a training workload
+Tables IV/V (time to each ``--target-accuracy``) too, their plots drawing every
+seed (:func:`dblp.trainreport.report`).
 """
 
 from __future__ import annotations
@@ -40,18 +48,19 @@ from __future__ import annotations
 import _bootstrap  # noqa: F401  (re-exec into the project's .venv)
 
 import argparse
+import contextlib
 import csv
 import json
 import math
 import os
 import sys
-import time
 from pathlib import Path
 
 from dblp import analysis
 from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
 from dblp.wire import TAG_SIZE, ChunkLayout
-from dblp.cliargs import add_run_args, add_workload_args, check_run_args, check_workload_args, parser
+from dblp.cliargs import (add_run_args, add_seeds_arg, add_workload_args, check_run_args, check_workload_args,
+                          parser)
 from dblp.policy import run_policy as named_policy
 from dblp.provenance import config_record
 from traces.argtypes import float_arg
@@ -79,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="how rules are swapped (segments)")
     add_run_args(ap, iterations=100, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
     add_workload_args(ap, default=None)
+    add_seeds_arg(ap)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
     check_workload_args(ap, a)
@@ -126,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from emulation.recorder import RunRecorder
     from emulation.replay import TraceReplayer, datagram_loss
     from dblp.records import merge_runs
-    from emulation.launch import run_scenario_policy
+    from emulation.launch import run_replicates
     from topologies.star import StarTopo
     from traces import SegmentTrace, summarize
 
@@ -143,47 +153,57 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.bw_mbps:g} Mbit/s links, {a.queue:,}-byte queues, {a.iterations} iterations\n  results: {out}",
           flush=True)
     topo = StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue)
-    runs: dict[str, list] = {}
-    losses: dict[str, dict] = {}
-    exposure: dict[str, dict[int, float]] = {}
+    seeds = list(range(a.seed, a.seed + a.seeds))
+    by_seed: dict[int, dict[str, list]] = {}
+    losses: dict[int, dict[str, dict]] = {}
+    exposure: dict[int, dict[str, dict[int, float]]] = {}
+
+    @contextlib.contextmanager
+    def replaying(name: str, seed: int, d: Path):
+        """The trace from its start for this run (run_replicates enters it around each run), then what it played."""
+        with TraceReplayer(lc, trace, targets_for(a.direction), log_path=d / "replay.jsonl",
+                           time_scale=a.time_scale, min_step_us=a.min_step_us,
+                           loop=not a.once, backend=a.backend) as rp:
+            if not losses and isinstance(trace, SegmentTrace):
+                step = f"resampled to {rp.bin_us} us bins" if rp.bin_us else "at full resolution"
+                print(f"  replay: {rp.backend.name} rule swaps, {step}, "
+                      f"{len(rp.played)} segments per pass", flush=True)
+            yield rp
+        recs = analysis.load(d / "records")
+        by_seed.setdefault(seed, {})[name] = recs
+        w_all = run_window(recs)
+        summ = rp.summary(*w_all)
+        summ["records"] = datagram_loss(recs)
+        summ["while_sending"] = exposure_by_direction(rp.requested_mean, recs)
+        summ["window"] = w_all
+        if rp.mode == "segments":
+            rp.write_achieved(d / "achieved.loss.csv")
+            exposure.setdefault(seed, {})[name] = exposure_by_round(rp.achieved_mean, recs)
+        losses.setdefault(seed, {})[name] = summ
+        (d / "replay_summary.json").write_text(json.dumps(summ, indent=1, default=str))
+        print(f"  loss over the run: {loss_line(summ)}", flush=True)
+
     with EmuNet(topo, name="trace_replay", mtu=a.mtu) as net, LossController(net) as lc:
         if a.gso:  # before the replayer places its rules: on segmented links they sit on the switch ends
             lc.use_segmented_links(net.hosts)
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
-            t = time.time()
             print(f"- {name}: {' '.join(named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags())}", flush=True)
-            d = out / name
-            with TraceReplayer(lc, trace, targets_for(a.direction), log_path=d / "replay.jsonl",
-                               time_scale=a.time_scale, min_step_us=a.min_step_us,
-                               loop=not a.once, backend=a.backend) as rp:
-                if name == a.policy_list[0] and isinstance(trace, SegmentTrace):
-                    step = f"resampled to {rp.bin_us} us bins" if rp.bin_us else "at full resolution"
-                    print(f"  replay: {rp.backend.name} rule swaps, {step}, "
-                          f"{len(rp.played)} segments per pass", flush=True)
-                run_scenario_policy(name, a, net, lc, out, [], env={"PYTHONPATH": str(_bootstrap.ROOT)})
-            recs = analysis.load(d / "records")
-            runs[name] = recs
-            w_all = run_window(recs)
-            summ = rp.summary(*w_all)
-            summ["records"] = datagram_loss(recs)
-            summ["while_sending"] = exposure_by_direction(rp.requested_mean, recs)
-            summ["window"] = w_all
-            if rp.mode == "segments":
-                rp.write_achieved(d / "achieved.loss.csv")
-                exposure[name] = exposure_by_round(rp.achieved_mean, recs)
-            losses[name] = summ
-            (d / "replay_summary.json").write_text(json.dumps(summ, indent=1, default=str))
-            print(f"  {name} done in {time.time() - t:.0f} s; loss over the run: {loss_line(summ)}", flush=True)
-        rec.finish(net=net, loss=lc, extra={"replay": losses})
+        py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
+        run_replicates(a, net, lc, out, [], policies=a.policy_list, seeds=seeds, python=py,
+                       env={"PYTHONPATH": str(_bootstrap.ROOT)}, around=replaying)
+        rec.finish(net=net, loss=lc, extra={"replay": losses[seeds[0]] if len(seeds) == 1 else
+                                            {f"seed{s}": v for s, v in losses.items()}})
+    first = seeds[0]
     # the recorder merges <run>/records/, the runs write <run>/<policy>/records/: merge those
-    merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run"
-    report(a, trace, runs, losses, exposure, out)
+    merge_runs(by_seed[first], out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
+    report(a, trace, by_seed[first], losses[first], exposure.get(first, {}), out, by_seed)
     if a.train:  # real training workers: accuracy and training time under the replayed loss
         from dblp.trainreport import report as training_report
 
         training_report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers",
-                        f"trace {Path(a.trace).name}", divergence=a.train["save_weights"], targets=a.train["targets"])
+                        f"trace {Path(a.trace).name}", divergence=a.train["save_weights"], targets=a.train["targets"],
+                        seeds=seeds)
     return 0
 
 
@@ -202,10 +222,15 @@ def _fmt(x: float, spec: str = ".4f") -> str:
 
 
 def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str, dict],
-           exposure: dict[str, dict[int, float]], out: Path) -> None:
+           exposure: dict[str, dict[int, float]], out: Path, by_seed: dict[int, dict[str, list]] | None = None) -> None:
+    """The latency and replayed-loss tables of one seed's ``runs`` (the first), and with several seeds
+    in ``by_seed`` the latency figures as medians with 95% intervals and the DBLP-baseline verdict."""
     sums = {k: analysis.summarize(v) for k, v in runs.items()}
     fr = {k: received_fractions(recs) for k, recs in runs.items()}
-    print("\nSend latency (s, slowest worker per iteration; iteration 0 = connection warm-up, left out):")
+    if by_seed and len(by_seed) > 1:
+        replicate_latency(by_seed, out)
+    which = " (the first seed)" if by_seed and len(by_seed) > 1 else ""
+    print(f"\nSend latency{which} (s, slowest worker per iteration; iteration 0 = connection warm-up, left out):")
     hdr = ["run", "p50", "p99", "tail (max)", "average", "recv up mean", "recv up min",
            "recv down mean", "recv down min", "rounds >1 pass"]
     rows = [hdr] + [[k, _fmt(s.p50), _fmt(s.p99), _fmt(s.tail_max), _fmt(s.mean),
@@ -281,6 +306,29 @@ def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str
         plot_loss(runs, exposure, out / "loss.png", Path(a.trace).name)
     print(f"\nwrote {out}/summary.csv, rounds.csv, rounds.jsonl, latency.png, cdf.png"
           + (", loss.png" if exposure else "") + ", <policy>/achieved.loss.csv" * bool(exposure))
+
+
+def replicate_latency(by_seed: dict[int, dict[str, list]], out: Path) -> None:
+    """The send-latency figures over the seeds: medians [95% intervals of the mean] per run
+    (:func:`dblp.analysis.replicate_table`), the DBLP-baseline verdict per figure, and the long rows
+    in ``table_latency_replicates.csv``."""
+    tables = []
+    for runs in by_seed.values():
+        rows: list[list[object]] = [["run", "p50 (s)", "p99 (s)", "tail (max, s)", "average (s)"]]
+        for k, recs in runs.items():
+            s = analysis.summarize(recs)
+            rows.append([k, s.p50, s.p99, s.tail_max, s.mean])
+        tables.append(rows)
+    compare = ("dblp", "baseline") if {"dblp", "baseline"} <= set(tables[0][r][0] for r in range(1, len(tables[0]))) \
+        else None
+    rows, long = analysis.replicate_table(tables, compare=compare)
+    print(f"\nSend latency over {len(by_seed)} seeds (slowest worker per iteration): median [95% interval of the "
+          "mean, Student t]; paired differences per seed (interleaved runs)")
+    print(analysis.format_table(rows))
+    if compare:
+        print("\n".join(analysis.verdicts(long, rows[0][1:], compare)))
+    with open(out / "table_latency_replicates.csv", "w", newline="") as fh:
+        csv.writer(fh).writerows(long)
 
 
 def plot_loss(runs: dict[str, list], exposure: dict[str, dict[int, float]], path: Path, tname: str) -> Path:

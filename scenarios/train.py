@@ -13,6 +13,16 @@ DBLP (Table V) with what explains it - the share of DBLP's rounds in the
 critical regime (run at P_low, the baseline's p, so no faster), exchange and
 compute time per round (the same work: a compute difference is the machine's
 load) - and writes accuracy and time curves as PNG plus CSV/JSON.
+
+Time to accuracy (docs/time-to-accuracy.md): the workers test every
+``--eval-every`` iterations (``evals.jsonl``); Table V gives, beside the time to
+the last iteration, the time and iteration at which each run first reaches each
+``--target-accuracy`` (normalised to DBLP, "not reached" stated), through
+:func:`dblp.trainreport.report`, the emulation scenarios' report. ``--seeds N``
+runs every policy N times, interleaved (seed s of every policy back to back),
+into ``seed<s>/``, and prints every Table IV/V figure as a median with its 95%
+interval and whether DBLP's difference to the baseline exceeds the spread;
+``curves.csv`` holds every run's curve for the simulator's convergence model.
 """
 
 from __future__ import annotations
@@ -28,9 +38,10 @@ import time
 from pathlib import Path
 
 from dblp.analysis import RUN_COLORS
-from dblp.cliargs import check_policy_args, parser, tolerance_arg
+from dblp.cliargs import add_seeds_arg, check_policy_args, eval_every_arg, parse_targets, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
+from dblp.trainreport import replicate_dir
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, default_p_high, parse_runs
 from traces.argtypes import count_arg, float_arg, int_arg
 from dblp.policy import run_policy as named_policy
@@ -58,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
     ap.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None,
                     help="cap on iterations per epoch (default: all)")
+    ap.add_argument("--eval-every", type=eval_every_arg, default="auto", metavar="auto|epoch|N",
+                    help="test every N iterations for the time-to-accuracy curve (auto: a quarter of an epoch; "
+                         "epoch: at epoch ends only); the clock excludes evaluation time")
+    ap.add_argument("--target-accuracy", default=None, metavar="T[,T...]",
+                    help="targets of time to accuracy (comma list): accuracies as fractions (default 0.9,0.94), "
+                         "or perplexities for a perplexity workload (reached at or below; default none)")
+    add_seeds_arg(ap)
     ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
     ap.add_argument("--out", default=None,
                     help="folder of this run's files (default: a new timestamped folder under --results)")
@@ -83,6 +101,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         ap.error(f"argument --workload: unknown workload {a.workload!r}; known: {', '.join(WORKLOADS)}")
     if a.data_root and not os.path.isdir(a.data_root):
         ap.error(f"argument --data-root: {a.data_root!r} is not a folder")
+    from dblp.train.models import WORKLOAD_DEFAULTS, train_samples, workload_key, workload_metric
+
+    a.metric = workload_metric(a.workload)
+    try:
+        a.targets = parse_targets(a.target_accuracy, a.metric)
+    except ValueError as exc:
+        ap.error(f"argument --target-accuracy: {exc} (--workload {a.workload} reports {a.metric})")
+    if a.eval_every == "auto":  # a quarter of a worker's epoch; the epoch ends where its length is unknown
+        n = train_samples(a.workload)
+        per_epoch = n // a.workers // int(WORKLOAD_DEFAULTS[workload_key(a.workload)].get("batch_size", 32)) \
+            if n else 0
+        if a.max_iters_per_epoch:
+            per_epoch = min(per_epoch, a.max_iters_per_epoch) if per_epoch else a.max_iters_per_epoch
+        a.eval_every = max(1, per_epoch // 4) if per_epoch else 0
     return a
 
 
@@ -94,7 +126,7 @@ def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -
     """One policy: the server and the training workers through the one launcher (dblp.launch)."""
     d = out / name
     train = {"workload": a.workload, "epochs": a.epochs, "iterations_per_epoch": a.max_iters_per_epoch,
-             "data_root": a.data_root}
+             "data_root": a.data_root, "eval_every": a.eval_every}
 
     def train_worker(i: int, server: str, records: Path) -> list[str]:
         return train_worker_argv(args, {**train, "progress": i == 0}, i, server, records, d / f"w{i}")
@@ -128,22 +160,34 @@ def main(argv: list[str] | None = None) -> int:
     write_config(out, a)  # the resolved flags, commit and package versions (--config takes it back)
     print(f"train: {a.workload}, {a.workers} workers, {a.epochs} epochs, policies {a.policy_list}, "
           f"loss {a.loss:.1%}\n  results: {out}", flush=True)
-    runs = {}
+    by_seed: dict[int, dict] = {}
     from emulation.lossyns import LossyLoopback
 
+    seeds = list(range(a.seed, a.seed + a.seeds))
     ns = LossyLoopback(a.loss) if a.loss else None
     try:
         prefix = ns.__enter__().prefix() if ns else []
-        for name in a.policy_list:
-            print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
-            runs[name] = run_policy(name, a, out, prefix)
-            s0 = runs[name]["summaries"][0]
-            print(f"  {name}: final {s0['metric']} {s0['final_metric']:.4f}, {s0['wall_s']:.0f} s of training",
-                  flush=True)
+        k = 0
+        for seed in seeds:  # interleaved: seed s of every policy back to back, so machine drift hits all alike
+            sa = argparse.Namespace(**{**vars(a), "seed": seed})
+            d = replicate_dir(out, seed, len(seeds))
+            for name in a.policy_list:
+                k += 1
+                at = f"[{k}/{len(seeds) * len(a.policy_list)}] seed {seed}: " if len(seeds) > 1 else ""
+                print(f"- {at}{name}: {' '.join(policy_args(name, a))}", flush=True)
+                r = by_seed.setdefault(seed, {})[name] = run_policy(name, sa, d, prefix)
+                s0 = r["summaries"][0]
+                print(f"  {name}: final {s0['metric']} {s0['final_metric']:.4f}, {s0['wall_s']:.0f} s of training",
+                      flush=True)
     finally:
         if ns:
             ns.__exit__()
-    report(a, runs, out)
+    report(a, by_seed[seeds[0]], replicate_dir(out, seeds[0], len(seeds)), first_of=len(seeds))
+    from dblp.trainreport import report as training_report
+
+    training_report(out, a.policy_list, a.workers, f"{a.workload}, {a.workers} workers, loopback",
+                    f"{a.loss:.1%} UDP loss" if a.loss else "no loss", divergence=False, targets=a.targets,
+                    seeds=seeds)
     return 0
 
 
@@ -159,7 +203,9 @@ def regime(d: Path) -> dict:
             "policy": next(iter(rounds.values())).policy if rounds else ""}
 
 
-def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
+def report(a: argparse.Namespace, runs: dict, out: Path, first_of: int = 1) -> None:
+    """What explains the training times of one seed's runs (CLR share, exchange and compute per round),
+    written into ``out``; Tables IV/V with the targets and the seeds: :func:`dblp.trainreport.report`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -185,7 +231,8 @@ def report(a: argparse.Namespace, runs: dict, out: Path) -> None:
                      f"{r['summaries'][0]['exchange_s']:.1f}", str(g["rounds"]), in_clr, f"{g['tolerance_mean']:.3f}",
                      f"{r['exchange_ms']:.1f}", f"{r['compute_ms']:.1f}", f"{r['train_s'] / ref:.2f}"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    print("\nTables V/VI (this run): final test metric and training time")
+    which = "this run" if first_of == 1 else f"the first of {first_of} seeds"
+    print(f"\nWhat explains the training time ({which}): final test metric, time and its parts per round")
     for j, row in enumerate(rows):
         print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
         if j == 0:

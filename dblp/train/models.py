@@ -452,6 +452,16 @@ TEACHER_WORKLOADS: tuple[str, ...] = ("efficientnet_b0", "resnet50", "alexnet")
 TEACHER_TRAIN_SAMPLES = 3 * 128 * 93
 
 
+#: the language-model workloads: their test metric is perplexity (lower is better), the others' accuracy
+LM_WORKLOADS: tuple[str, ...] = ("gpt2_s", "small_transformer")
+
+
+def workload_metric(name: str) -> str:
+    """Workload ``name``'s test metric without building it (``--target-accuracy`` is checked by it
+    before any process starts); KeyError if unknown."""
+    return "perplexity" if workload_key(name) in LM_WORKLOADS else "accuracy"
+
+
 def workload_key(name: str) -> str:
     """The canonical workload name of ``name`` (spellings: :func:`dblp.gradients.model_name`); KeyError if unknown."""
     key = model_name(name)

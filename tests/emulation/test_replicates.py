@@ -55,3 +55,37 @@ def test_two_seeds_give_intervals_and_time_to_each_target(tmp_path):
     assert all(c.iterations == [7, 14] and len(c.fractions()) == 14 for c in got)
     for f in ("accuracy.png", "training_time.png", "table_ii_replicates.csv"):
         assert (run / f).stat().st_size > 0
+
+
+@pytest.mark.mininet
+def test_trace_replay_two_seeds_give_latency_intervals_and_training_tables(tmp_path):
+    """scenarios/trace_replay.py --seeds 2 (the microburst test's size): the trace replayed from its start for
+    every run, latency medians with intervals over the seeds, Tables IV/V over the seeds, the curve file."""
+    cmd = [sys.executable, str(ROOT / "scenarios" / "trace_replay.py"), "--workload", "digits_mlp",
+           "--iterations", "14", "--policies", "baseline,dblp", "--seeds", "2", "--eval-every", "7",
+           "--target-accuracy", "0.2,0.99", "--no-weights", "--results", str(tmp_path), "--quiet"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for table in ("Send latency over 2 seeds", "Table IV (2 seeds", "Table V (2 seeds", "dblp - baseline ="):
+        assert table in out.stdout, table
+    (run,) = list(tmp_path.glob("trace_replay-*"))
+    per_seed = {}
+    for seed in (0, 1):
+        for policy in ("baseline", "dblp"):
+            d = run / f"seed{seed}" / policy
+            summ = json.loads((d / "replay_summary.json").read_text())  # each run replayed the trace itself
+            assert 0.0 < summ["requested_mean_loss"] < 0.05
+            assert (d / "replay.jsonl").stat().st_size > 0
+        per_seed[seed] = {r["run"]: r for r in csv.DictReader(open(run / f"seed{seed}" / "table_v.csv"))}
+        assert math.isinf(float(per_seed[seed]["dblp"]["to 99% (s)"]))  # never reached
+    long = list(csv.DictReader(open(run / "table_latency_replicates.csv")))
+    cell = next(r for r in long if r["row"] == "dblp" and r["column"] == "average (s)")
+    assert int(cell["n"]) == 2 and float(cell["ci95_lo"]) <= float(cell["median"]) <= float(cell["ci95_hi"])
+    t5 = list(csv.DictReader(open(run / "table_v_replicates.csv")))
+    cell = next(r for r in t5 if r["row"].endswith(" dblp") and r["column"] == "train time (s)")
+    times = [float(per_seed[s]["dblp"]["train time (s)"]) for s in (0, 1)]
+    assert int(cell["n"]) == 2 and float(cell["median"]) == pytest.approx(sum(times) / 2)
+    got = load_curves(run / "curves.csv")
+    assert sorted(c.seed for c in got) == [0, 0, 1, 1] and all(c.iterations == [7, 14] for c in got)
+    for f in ("accuracy.png", "training_time.png", "latency.png", "cdf.png"):
+        assert (run / f).stat().st_size > 0
