@@ -57,7 +57,7 @@ from traces.units import HelpFormatter
 from . import nft
 from .shaping import Shape, parse_qdisc_stats, qdisc_stats_args, shape_commands, unshape_commands
 from .sysutil import BRIDGE_NF_SYSCTLS, kill_pids, proc_start
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -512,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--all", action="store_true", help="with --cleanup: delete every dblpns- namespace")
     ap.add_argument("--list", action="store_true", help="list dblpns- namespaces")
     ap.add_argument("--check", type=int, metavar="N", help="create N hosts, ping all pairs, tear down")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 
