@@ -517,7 +517,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    ap = build_parser()
+    args = ap.parse_args(list(argv) if argv is not None else None)
     if os.geteuid() != 0:
         print("nshosts: needs root", file=sys.stderr)
         return 2
