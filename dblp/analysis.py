@@ -476,7 +476,7 @@ def check(path: str | Path) -> list[dict]:
 def build_parser() -> "argparse.ArgumentParser":
     import argparse
 
-    from .cliargs import parser
+    from .cliargs import add_verbosity, parser
 
     ap = parser("python -m dblp.analysis", description="Tables and plots of round records.", config=False)
     sub = ap.add_subparsers(dest="cmd", metavar="COMMAND")
@@ -496,6 +496,7 @@ def build_parser() -> "argparse.ArgumentParser":
                        description="Flag every worker round whose tolerance (up or down) differs from the "
                                    "server's record of that round; exit status 1 if there is one.")
     k.add_argument("run", metavar="RUN", help="results folder or records JSONL holding server and worker records")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 

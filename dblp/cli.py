@@ -19,6 +19,7 @@ from traces.units import HelpFormatter, duration_arg, rate_arg, size_arg
 
 from .auth import AuthError, new_secret
 from .cliargs import (add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
+                      add_verbosity, log_level, verbosity,
                       server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT, MAX_HELLO
 from .core import ORDERS
@@ -36,14 +37,12 @@ from .worker import Worker, WorkerError
 def build_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m dblp`` (the real-host launcher is ``python -m emulation.hosts``).
     Flags follow :data:`dblp.cliargs.VOCABULARY`."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="store_true", help="log progress")
     ap = parser("dblp", "DBLP bounded-loss gradient transport", config=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     order_help = ("chunk send order: a fresh permutation of 64-chunk runs (blocks) or of single chunks "
                   "(perm) each round, or index order")
 
-    s = sub.add_parser("server", parents=[common], help="run the parameter server", formatter_class=HelpFormatter,
+    s = sub.add_parser("server", help="run the parameter server", formatter_class=HelpFormatter,
                        description="Run the DBLP parameter server (Algorithm 3).")
     s.add_argument("--host", type=listen_arg, default="127.0.0.1",
                    help="address, host name or interface name (e.g. eth0) to listen on; 0.0.0.0 = every interface")
@@ -115,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(write it with umask 077: the file must be readable by its owner only).")
     del sec
 
-    lb = sub.add_parser("loopback", parents=[common], help="time lossless rounds on 127.0.0.1 (no root)",
+    lb = sub.add_parser("loopback", help="time lossless rounds on 127.0.0.1 (no root)",
                         formatter_class=HelpFormatter,
                         description="Start a server and N workers as processes on 127.0.0.1, run lossless rounds "
                                     "of synthetic gradients and print each round's time (dblp.loopback).")
@@ -134,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--insecure", action="store_true",
                     help="the paper's CRC-only wire (default: the authenticated wire, a fresh secret per run)")
 
-    w = sub.add_parser("worker", parents=[common], help="run a worker replaying synthetic gradients",
+    w = sub.add_parser("worker", help="run a worker replaying synthetic gradients",
                        formatter_class=HelpFormatter,
                        description="Run a DBLP worker that exchanges synthetic gradients of a model's size.")
     w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
@@ -155,8 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--records", default=None, help="JSONL file for per-round records")
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
-    w.add_argument("--progress", action="store_true", help="print one line per round")
+    add_verbosity(w, progress_alias=True)  # -v (or the older --progress): one line per round
     add_auth_args(w, "worker")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     except (AuthError, OSError) as exc:
         print(f"dblp {args.cmd}: error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=log_level(args),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         if args.cmd == "loopback":
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
                         time.sleep(args.compute)
                     wk.allreduce(g)
                     rec = wk.last_record
-                    if args.progress and rec is not None:
+                    if verbosity(args) >= 1 and rec is not None:
                         print(f"worker {wk.worker_id} round {r}: up {rec.up_latency_s * 1e3:.1f} ms "
                               f"({rec.up_passes} passes, {rec.up_frac:.3f} recv, p={rec.tolerance_up:g}) "
                               f"round {rec.round_latency_s * 1e3:.1f} ms", flush=True)

@@ -22,7 +22,8 @@ from typing import Any
 
 import re
 
-from traces.argtypes import add_version, check_host, count_arg, float_arg, int_arg, int_list_arg
+from traces.argtypes import (add_verbosity, add_version, check_host, count_arg, float_arg, int_arg, int_list_arg,
+                             log_level, verbosity)
 from traces.processes import undeliverable
 from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 
@@ -44,6 +45,9 @@ __all__ = [
     "DEVICES",
     "add_policy_args",
     "add_quiet",
+    "add_verbosity",
+    "log_level",
+    "verbosity",
     "add_run_args",
     "add_seeds_arg",
     "parse_targets",
@@ -78,6 +82,7 @@ VOCABULARY: dict[str, tuple[str, tuple[str, ...]]] = {
     "per-iteration compute time (duration)": ("--compute", ("--compute-ms",)),
     "gradient size: a model name or an element count": ("--model", ("--elements", "--size-elements")),
     "no progress lines": ("--quiet", ("--no-progress", "--silent")),
+    "more output: per-round lines, INFO logs (countable)": ("--verbose", ("--debug", "--loud")),
     "folder of this run's files": ("--out", ("--output-dir", "--outdir")),
     "parent folder of the run folder": ("--results", ("--results-root",)),
     "no plot": ("--no-plot", ("--no-png",)),
@@ -104,6 +109,8 @@ MEANINGS: dict[str, str] = {
     "--compute": "compute",
     "--model": "size",
     "--loss": "loss",
+    "--quiet": "no progress lines",
+    "--verbose": "per-round",
 }
 
 
@@ -327,6 +334,10 @@ class ConfigArgumentParser(argparse.ArgumentParser):
             dest = act.dest
             if v is None:  # written for a flag left at its default None
                 defaults[dest] = act.default
+            elif isinstance(act, argparse._CountAction):  # -v/--verbose: verbose = 2 is -vv
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    self.error(f"argument --config: {path}: {key} must be a count (0, 1, 2 ...), got {v!r}")
+                defaults[dest] = v
             elif act.nargs == 0:  # store_true/false/const
                 if not isinstance(v, bool):
                     self.error(f"argument --config: {path}: {key} must be true or false, got {v!r}")
@@ -364,6 +375,7 @@ def parser(prog: str | None = None, description: str | None = None, *, config: b
     (:class:`ConfigArgumentParser`)."""
     ap = ConfigArgumentParser(prog=prog, description=description, formatter_class=HelpFormatter, **kw)
     add_version(ap)
+    add_verbosity(ap)  # a parser with subcommands calls add_verbosity(ap) again once they are added
     if config:
         add_config_flags(ap)
     return ap
@@ -446,7 +458,9 @@ def listen_arg(s: str) -> str:
 
 
 def add_quiet(p: argparse.ArgumentParser | Any, what: str = "progress lines") -> None:
-    p.add_argument("-q", "--quiet", action="store_true", help=f"no {what}")
+    """Kept for callers of the older helper: the same as :func:`add_verbosity` (``-q`` and ``-v``;
+    ``what`` is no longer used: the flags mean the same on every command)."""
+    add_verbosity(p)
 
 
 def add_policy_args(p: argparse.ArgumentParser, *, defaults: bool = True) -> None:

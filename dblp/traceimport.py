@@ -41,7 +41,7 @@ from traces.model import PacketTrace
 from traces.pcap import IPPROTO_UDP, Capture, read_capture
 
 from .wire import HEADER_DTYPE, HEADER_SIZE, KIND_DATA, MAGIC, VERSION, parse_headers
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 KEY_FIELDS = ("run_id", "sender", "round", "seq")
 KEY_DTYPE = np.dtype([("run_id", "<u4"), ("sender", "<u2"), ("round", "<u4"), ("seq", "<u4")])
@@ -208,6 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how copies are matched: count (no common clock needed) or time (one clock)")
     ap.add_argument("--expected-chunks", type=pos_int, default=None, help="chunks per round (receiver-only mode)")
     add_capture_output_args(ap)
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 

@@ -54,7 +54,7 @@ from .runstate import (RunLock, RunStates, netns_label, netns_label_of, owned_ne
                        run_tag, stale_bridge, state_dir)
 from .sysutil import (kill_pids, links, netns_inode, pids_by_netns, pids_with_cmdline_prefix, proc_start,
                       root_netns_inode, run, sysctl_get, sysctl_set)
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 #: What one cleanup may sweep besides the runs its registry records (the default: everything).
 SWEEPS = frozenset({"strays", "bridges", "nft", "netns", "slots"})
@@ -343,7 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--all-dblp", action="store_true",
                     help="also remove dblp-* netns and dblp* nft tables of other testbed tools")
     ap.add_argument("--force", action="store_true", help="also clean runs whose process is still alive")
-    ap.add_argument("-q", "--quiet", action="store_true", help="print nothing about what is removed")
+    add_verbosity(ap)  # -q: print nothing about what is removed
     return ap
 
 

@@ -57,7 +57,7 @@ from traces.units import HelpFormatter
 from . import nft
 from .shaping import Shape, parse_qdisc_stats, qdisc_stats_args, shape_commands, unshape_commands
 from .sysutil import BRIDGE_NF_SYSCTLS, kill_pids, proc_start
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 PREFIX = "dblpns-"
 SUBNET = ipaddress.ip_network("10.77.0.0/24")
@@ -512,11 +512,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--all", action="store_true", help="with --cleanup: delete every dblpns- namespace")
     ap.add_argument("--list", action="store_true", help="list dblpns- namespaces")
     ap.add_argument("--check", type=int, metavar="N", help="create N hosts, ping all pairs, tear down")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 
 def main(argv: Iterable[str] | None = None) -> int:
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    ap = build_parser()
+    args = ap.parse_args(list(argv) if argv is not None else None)
     if os.geteuid() != 0:
         print("nshosts: needs root", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ import time
 
 from traces.argtypes import count_arg, host_arg, port_arg
 from traces.units import duration_arg, rate_arg, size_arg, use_help_formatter
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 HDR = struct.Struct("!IQ")  # magic, sequence number
 MAGIC = 0xDB1BE31
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--idle", type=duration_arg(), default="1s", help="stop after this long without a datagram")
     r.add_argument("--deadline", type=duration_arg(), default="30s", help="stop after this long in any case")
     r.add_argument("--ready-file", help="touch this file once bound")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return use_help_formatter(ap)
 
 

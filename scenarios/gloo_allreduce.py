@@ -40,7 +40,7 @@ import time
 from datetime import timedelta
 
 from dblp.cliargs import hostport
-from traces.argtypes import add_version, count_arg, int_arg
+from traces.argtypes import add_verbosity, add_version, count_arg, int_arg
 from traces.units import HelpFormatter, duration_arg
 
 
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="One gloo all-reduce rank, commanded by JSON lines on stdin.",
                                  formatter_class=HelpFormatter)
     add_version(ap)  # every entry point answers --version
+    add_verbosity(ap)
     ap.add_argument("--rank", type=int_arg(0), required=True, help="this process's rank, 0..world-size-1")
     ap.add_argument("--world-size", type=count_arg(1), required=True, help="number of ranks")
     ap.add_argument("--init", required=True, help="tcp://HOST:PORT of rank 0")

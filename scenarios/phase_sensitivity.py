@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> dict:
     curves: dict[str, list[list[float]]] = {s.name: [] for s in settings}
     total = len(settings) * args.seeds
     t0 = time.perf_counter()
-    progress = Progress(total, what="run", unit="run")
+    progress = Progress(total, what="run", unit="run", out=(lambda _line: None) if args.quiet else None)  # -q
     n = 0
     for seed in range(args.seeds):
         for s in settings:

@@ -129,7 +129,7 @@ def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -
              "data_root": a.data_root, "eval_every": a.eval_every}
 
     def train_worker(i: int, server: str, records: Path) -> list[str]:
-        return train_worker_argv(args, {**train, "progress": i == 0}, i, server, records, d / f"w{i}")
+        return train_worker_argv(args, {**train, "progress": i == 0 and not a.quiet}, i, server, records, d / f"w{i}")
 
     args = RunArgs(workers=a.workers, iterations=None, model=0, policy=policy_args(name, a), source="loopback",
                    seed=a.seed, peer_timeout_s=120, plain=False, port=0, python=PY)

@@ -231,3 +231,86 @@ def test_shell_completion_scripts_come_from_the_parsers():
 
     script = shtab.complete(sim_parser(), shell="zsh")
     assert "--bandwidth" in script and "--print-config" in script
+
+
+# -- issue 28 item 3: one verbosity flag -------------------------------------------------------------------
+def test_every_entry_point_takes_quiet_and_verbose_with_one_meaning(options):
+    """``-q/--quiet`` and ``-v/--verbose`` on every command and subcommand (library and scenarios), each
+    with the one help text of :func:`traces.argtypes.add_verbosity`; ``--progress`` only as the alias."""
+    from traces.argtypes import PROGRESS_HELP, QUIET_HELP, VERBOSE_HELP
+
+    cmds = {o["cmd"] for o in options}
+    for flag, text in (("-q", QUIET_HELP), ("-v", VERBOSE_HELP)):
+        having = [o for o in _visible(options) if flag in o["opts"]]
+        assert cmds - {o["cmd"] for o in having} == set(), f"commands without {flag}"
+        assert {o["help"] for o in having} == {text}, {o["cmd"]: o["help"] for o in having if o["help"] != text}
+    assert len(cmds) >= 45
+    progress = sorted(o["cmd"] for o in _visible(options) if "--progress" in o["opts"])
+    assert progress == ["python -m dblp worker", "python -m dblp.train worker"], progress
+    assert all(o["help"] == PROGRESS_HELP and "deprecated" in o["help"] for o in _visible(options)
+               if "--progress" in o["opts"])
+
+
+def test_verbosity_levels_and_quiet_with_verbose_refused(capsys):
+    from dblp.cli import build_parser as dblp_parser
+    from dblp.sim.cli import build_parser as sim_parser
+    from traces.argtypes import log_level, verbosity
+
+    p = dblp_parser()
+    w = ["worker", "--server", "127.0.0.1:1"]
+    levels = {" ".join(extra): verbosity(p.parse_args(w + extra)) for extra in ([], ["-q"], ["--quiet"], ["-v"],
+                                                                                  ["-vv"], ["-v", "--verbose"])}
+    assert levels == {"": 0, "-q": -1, "--quiet": -1, "-v": 1, "-vv": 2, "-v --verbose": 2}
+    # given before the subcommand: not overwritten by the subcommand's default
+    assert verbosity(p.parse_args(["-v"] + w)) == 1 and verbosity(p.parse_args(["-q", "server"])) == -1
+    assert [log_level(p.parse_args(w + x)) for x in ([], ["-q"], ["-v"], ["-vv"])] == [30, 30, 20, 10]
+    # -q with -v: refused with a message naming both, on every library entry point and on a subcommand
+    cases = [(name, pr, ["-q", "-v"]) for name, pr in _library_parsers().items()]
+    cases += [("dblp server", p, ["server", "-v", "-q"]), ("dblp.sim run", sim_parser(), ["run", "-q", "-v"])]
+    for name, pr, argv in cases:
+        with pytest.raises(SystemExit) as exc:
+            pr.parse_args(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "-q/--quiet and -v/--verbose contradict" in err, (name, err)
+
+
+def test_quiet_with_verbose_refused_by_a_scenario():
+    r = subprocess.run([sys.executable, str(ROOT / "scenarios" / "sweep.py"), "-q", "-v"], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and "contradict" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_progress_still_means_verbose_where_it_existed():
+    """``--progress`` (deprecated alias of ``-v``) on the two workers, as :func:`dblp.launch.train_worker_argv`
+    still passes it; ``-q --progress`` is refused like ``-q -v``."""
+    from dblp.cli import build_parser as dblp_parser
+    from dblp.launch import RunArgs, train_worker_argv
+    from dblp.train.__main__ import build_parser as train_parser
+    from traces.argtypes import verbosity
+
+    a = dblp_parser().parse_args(["worker", "--server", "127.0.0.1:1", "--progress"])
+    assert verbosity(a) == 1
+    argv = train_worker_argv(RunArgs(workers=2, iterations=3, model="1e3", policy=[]),
+                             {"workload": "small_cnn", "epochs": 1, "progress": True}, 0, "127.0.0.1:1", "r.jsonl",
+                             "out")
+    assert argv[1:4] == ["-m", "dblp.train", "worker"] and "--progress" in argv
+    assert verbosity(train_parser().parse_args(argv[3:])) == 1
+    with pytest.raises(SystemExit):
+        train_parser().parse_args(argv[3:] + ["-q"])
+
+
+def test_a_config_file_sets_verbosity(tmp_path):
+    """``verbose = 2`` in a ``--config`` file is ``-vv``; ``quiet = true`` still reads (older config.json)."""
+    from dblp.sim.sweep import add_sweep_args
+    from dblp.cliargs import parser
+    from traces.argtypes import verbosity
+
+    def parse(text: str) -> int:
+        (tmp_path / "c.toml").write_text(text)
+        p = parser(prog="t")
+        add_sweep_args(p)
+        return verbosity(p.parse_args(["--config", str(tmp_path / "c.toml")]))
+
+    assert parse("verbose = 2\n") == 2 and parse("quiet = true\n") == -1
+    with pytest.raises(SystemExit):
+        parse("verbose = true\n")

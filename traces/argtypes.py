@@ -20,7 +20,10 @@ from typing import Callable, Iterable
 
 __all__ = [
     "MAX_PORT",
+    "add_verbosity",
     "add_version",
+    "log_level",
+    "verbosity",
     "code_version",
     "count_arg",
     "float_arg",
@@ -272,3 +275,81 @@ class VersionAction(argparse.Action):
 def add_version(p: argparse.ArgumentParser) -> None:
     """``--version`` (every entry point has it): the testbed's version and git commit."""
     p.add_argument("--version", action=VersionAction, help="print the testbed's version (and git commit) and exit")
+
+
+# -- verbosity: one vocabulary on every entry point (issue 28 item 3) ------------------------------------
+QUIET_HELP = "less output: no progress lines (warnings and errors only); not with -v"
+VERBOSE_HELP = ("more output: per-round / per-iteration lines and INFO logs; -vv also DEBUG logs; not with -q "
+                "(default: progress lines with an ETA where a command has them)")
+PROGRESS_HELP = "deprecated alias of -v/--verbose (one line per round / iteration); kept for old launch lines"
+_CONTRADICT = "-q/--quiet and -v/--verbose contradict each other: give one of them"
+
+
+class QuietAction(argparse._StoreTrueAction):
+    """``-q``: a store_true (a config file's ``quiet = true`` reads as before) that refuses a ``-v`` given
+    before it, so that ``-q -v`` is an error with a message, not a silent last-one-wins."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        if getattr(namespace, "verbose", 0):
+            parser.error(_CONTRADICT)
+        super().__call__(parser, namespace, values, option_string)
+
+
+class VerboseAction(argparse._CountAction):
+    """``-v`` (countable: ``-vv``) and its deprecated alias ``--progress``: refuses a ``-q`` given before it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):  # type: ignore[override]
+        if getattr(namespace, "quiet", False):
+            parser.error(_CONTRADICT)
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _subcommands(p: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    seen: dict[int, argparse.ArgumentParser] = {}
+    for a in p._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sp in a.choices.values():  # aliases (ge, gilbert-elliott) share one parser
+                seen.setdefault(id(sp), sp)
+    return list(seen.values())
+
+
+def add_verbosity(p: argparse.ArgumentParser, *, progress_alias: bool = False, _sub: bool = False) -> None:
+    """``-q/--quiet`` and ``-v/--verbose`` (countable), mapped to one level by :func:`verbosity`.
+
+    Why one home: verbosity was ``-q`` in the scenarios, ``-v`` in ``python -m dblp`` and ``--progress`` on
+    the workers. Idempotent, so that a parser built with :func:`dblp.cliargs.parser` (which adds them) can
+    call it again at the end of its build: a parser with subcommands then gets them on every subcommand
+    too, there with a suppressed default, so that ``-v server`` (given before the subcommand) is not
+    overwritten by the subcommand's default. ``progress_alias`` adds ``--progress`` (same as ``-v``) where
+    it existed, so that launch lines that pass it keep working."""
+    has = "-v" in p._option_string_actions
+    if not has:
+        d_quiet: object = argparse.SUPPRESS if _sub else False
+        d_verbose: object = argparse.SUPPRESS if _sub else 0
+        p.add_argument("-q", "--quiet", action=QuietAction, default=d_quiet, help=QUIET_HELP)
+        p.add_argument("-v", "--verbose", action=VerboseAction, default=d_verbose, help=VERBOSE_HELP)
+    elif _sub:  # added while the subcommand was built: its defaults must not overwrite the top level's
+        for a in p._actions:
+            if a.dest in ("quiet", "verbose"):
+                a.default = argparse.SUPPRESS
+    if progress_alias and "--progress" not in p._option_string_actions:
+        p.add_argument("--progress", action=VerboseAction, dest="verbose",
+                       default=argparse.SUPPRESS if _sub else 0, help=PROGRESS_HELP)
+    for sp in _subcommands(p):
+        add_verbosity(sp, _sub=True)
+
+
+def verbosity(ns: argparse.Namespace) -> int:
+    """The one level of a parse: -1 quiet (no progress lines), 0 the default (progress with an ETA),
+    1 verbose (per-round / per-iteration lines, INFO logs), 2+ also DEBUG logs."""
+    if getattr(ns, "quiet", False):
+        return -1
+    return int(getattr(ns, "verbose", 0) or 0)
+
+
+def log_level(ns: argparse.Namespace) -> int:
+    """The :mod:`logging` level of a parse's verbosity: WARNING unless -v (INFO) or -vv (DEBUG)."""
+    import logging
+
+    v = verbosity(ns)
+    return logging.DEBUG if v >= 2 else logging.INFO if v == 1 else logging.WARNING

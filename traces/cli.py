@@ -28,7 +28,7 @@ from .io import read_trace, write_trace
 from .model import PacketTrace, SegmentTrace
 from .stats import summarize
 from .units import HelpFormatter, UnitError, parse_duration, use_help_formatter
-from .argtypes import add_version
+from .argtypes import add_verbosity, add_version
 
 
 def micros(text: str, *, allow_zero: bool = False) -> int:
@@ -169,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("file", help="segments trace to coarsen")
     r.add_argument("--bin", dest="bin_us", type=micros, required=True, help="bin width, e.g. 1ms")
     r.add_argument("-o", "--output", required=True, help="trace file to write")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return use_help_formatter(ap)
 
 

@@ -97,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     """Rewrite the samples (and their README) - only when asked: ``--help`` and ``--check`` write nothing."""
     import argparse
 
-    from .argtypes import add_version
+    from .argtypes import add_verbosity, add_version
     from .units import HelpFormatter
 
     ap = argparse.ArgumentParser(prog="python -m traces.make_samples", description=__doc__.split("\n\n")[0],
                                  formatter_class=HelpFormatter)
     add_version(ap)
+    add_verbosity(ap)
     ap.add_argument("--check", action="store_true",
                     help="only say whether the committed samples equal what the generators make now (exit 1 if not)")
     a = ap.parse_args(argv)

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliargs import add_config_flags, parser
+from ..cliargs import add_config_flags, add_verbosity, parser
 from ..provenance import write_config
 from ..wire import ParameterError
 from traces.units import HelpFormatter
@@ -92,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_parser(sub)
     calibrate.add_parser(sub)
     paperscale.add_parser(sub)
+    add_verbosity(p)  # -q/-v on every subcommand
     return p
 
 

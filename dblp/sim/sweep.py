@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from traces.argtypes import count_arg, int_arg
+from traces.argtypes import add_verbosity, count_arg, int_arg
 from traces.units import HelpFormatter, UnitError, parse_rate
 
 from ..provenance import write_config
@@ -260,7 +260,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--out", default="results/sweep", help="folder of the sweep's files")
     o.add_argument("--x", default=None, help="heatmap x axis (default: the first axis with several values)")
     o.add_argument("--y", default=None, help="heatmap y axis (default: the next one)")
-    o.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_verbosity(o)  # -q: no progress bar (already there when p came from dblp.cliargs.parser)
     o.add_argument("--seeds", type=count_arg(1), default=1,
                    help="replicates per grid point (seeds --seed, --seed+1, ...): means and 95%% confidence "
                         "half-widths (*_ci95 columns) in the table (default 1)")

@@ -13,7 +13,7 @@ import json
 import sys
 
 from dblp.auth import AuthError
-from dblp.cliargs import add_auth_args, add_local_shard_arg, hostports, parser, worker_secret
+from dblp.cliargs import add_auth_args, add_local_shard_arg, add_verbosity, hostports, parser, worker_secret
 from dblp.shard import NormExchangeError, ShardedWorker
 from dblp.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
@@ -56,12 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pacing rate of this worker's sends, e.g. 150M; a bare number is Mbit/s (0 = unlimited)")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
-    w.add_argument("--progress", action="store_true", help="print one line per iteration")
+    add_verbosity(w, progress_alias=True)  # -v (or the older --progress): one line per iteration
     w.add_argument("--eval-every", type=int_arg(0), default=0,
                    help="also take the test metric every this many iterations (0: at epoch ends only); rows in "
                         "OUT/evals.jsonl, the time-to-accuracy curve")
     w.add_argument("--save-weights", action="store_true",
                    help="write the flat weights after every epoch to OUT/weights/ (replica divergence)")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     over = {k: v for k, v in {"lr": a.lr, "batch_size": a.batch_size,
                                "max_iters_per_epoch": a.max_iters_per_epoch}.items() if v is not None}
     cfg = TrainConfig.for_workload(wl, epochs=a.epochs, rank=a.id, world_size=a.workers, seed=a.seed,
-                                   out_dir=a.out, device=a.device, threads=a.threads, progress=a.progress,
+                                   out_dir=a.out, device=a.device, threads=a.threads, progress=a.verbose >= 1,
                                    save_weights=a.save_weights, eval_every=a.eval_every, **over)
     try:
         kw = dict(elements=elements, worker_id=a.id, records=a.records, source=a.source,

@@ -36,7 +36,7 @@ from dblp.train.exchange import AllreduceExchange
 from dblp.train.loop import TrainConfig, resolve_device, train
 from dblp.train.models import PAPER_WORKLOADS, get_workload, workload_key
 from dblp.worker import Worker
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 __all__ = ["CheckResult", "check_model", "main"]
 
@@ -138,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=None, help="training steps per model (default 5 on CUDA, 2 on CPU)")
     ap.add_argument("--batch", type=int, default=None, help="batch per worker (default 32 on CUDA, 8 on CPU)")
     ap.add_argument("--seq-len", type=int, default=None, help="gpt2_s context (default 128 on CUDA, 16 on CPU)")
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 

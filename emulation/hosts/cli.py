@@ -15,7 +15,7 @@ from .inventory import ROOT, TORCH_POLICIES, HostsError, HostSpec, Inventory, In
 from .launcher import launch
 from .rules import loss_targets
 from .transport import SshTransport, Transport
-from traces.argtypes import add_version
+from traces.argtypes import add_verbosity, add_version
 
 
 def describe(inv: Inventory) -> str:
@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     k = sub.add_parser("keep", help="(on a host) the kept agent: nft for the launcher, the round hook relayed",
                        formatter_class=HelpFormatter)
     add_keep_args(k)
+    add_verbosity(ap)  # -q/-v on every subcommand
     return ap
 
 
