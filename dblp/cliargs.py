@@ -50,6 +50,7 @@ __all__ = [
     "verbosity",
     "add_run_args",
     "add_seeds_arg",
+    "add_target_args",
     "parse_targets",
     "add_workload_args",
     "check_workload_args",
@@ -598,6 +599,11 @@ def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> No
                          "cpu or cuda (all workers of a host share its first GPU)")
     ap.add_argument("--no-weights", action="store_true",
                     help="do not snapshot the workers' weights per epoch (no replica divergence table)")
+    add_target_args(ap)
+
+
+def add_target_args(ap: argparse.ArgumentParser) -> None:
+    """``--eval-every`` and ``--target-accuracy``: the time-to-accuracy flags of every training scenario."""
     ap.add_argument("--eval-every", type=eval_every_arg, default="auto", metavar="auto|epoch|N",
                     help="test every N iterations for the time-to-accuracy curve (auto: a quarter of an epoch; "
                          "epoch: at epoch ends only); the clock excludes evaluation time")

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 from dblp.analysis import RUN_COLORS
-from dblp.cliargs import add_seeds_arg, check_policy_args, eval_every_arg, parse_targets, parser, tolerance_arg
+from dblp.cliargs import add_seeds_arg, add_target_args, check_policy_args, parse_targets, parser, tolerance_arg
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
 from dblp.trainreport import replicate_dir
@@ -69,12 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
     ap.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None,
                     help="cap on iterations per epoch (default: all)")
-    ap.add_argument("--eval-every", type=eval_every_arg, default="auto", metavar="auto|epoch|N",
-                    help="test every N iterations for the time-to-accuracy curve (auto: a quarter of an epoch; "
-                         "epoch: at epoch ends only); the clock excludes evaluation time")
-    ap.add_argument("--target-accuracy", default=None, metavar="T[,T...]",
-                    help="targets of time to accuracy (comma list): accuracies as fractions (default 0.9,0.94), "
-                         "or perplexities for a perplexity workload (reached at or below; default none)")
+    add_target_args(ap)
     add_seeds_arg(ap)
     ap.add_argument("--results", default=str(_bootstrap.ROOT / "results"), help="parent folder of the run folder")
     ap.add_argument("--out", default=None,
