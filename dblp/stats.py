@@ -107,10 +107,12 @@ def paired_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, b
     """Mean of the per-seed differences ``a_i - b_i``, its 95% half-width, and whether the interval
     excludes 0 (the difference is larger than the run-to-run spread). Pairs with a NaN are left
     out; with an infinite difference (one side never reached a target) the mean is that infinity,
-    the half-width nan and the answer False unless every pair differs in that same direction."""
+    the half-width nan and the answer False unless every pair differs in that same direction. Two pairs
+    with the same difference give a zero-width interval that estimates no spread at all: no verdict
+    (False) below three pairs."""
     d = [float(x) - float(y) for x, y in zip(a, b) if not (math.isnan(float(x)) or math.isnan(float(y)))]
     d = [x for x in d if not math.isnan(x)]  # inf - inf: both never reached, no difference to tell
     m, h = mean_ci95(d)
     if math.isinf(m):
         return m, math.nan, len(d) >= 2 and all(math.copysign(1, x) == math.copysign(1, m) and x != 0 for x in d)
-    return m, h, math.isfinite(h) and abs(m) > h
+    return m, h, math.isfinite(h) and abs(m) > h and (h > 0 or len(d) >= 3)

@@ -80,6 +80,9 @@ def test_intervals_on_known_samples():
     d, h, beyond = paired_ci95([2.0, 3.0, 4.0], [1.0, 1.0, 1.0])  # 1, 2, 3: 2 +- 2.48 holds 0
     assert d == 2.0 and not beyond
     assert paired_ci95([math.inf, math.inf], [3.0, 4.0])[2]  # never reached, each seed: a real difference
+    # two seeds with the same difference: a zero-width interval estimates no spread, no verdict; three do
+    assert paired_ci95([25.0, 25.0], [20.0, 20.0]) == (5.0, 0.0, False)
+    assert paired_ci95([25.0, 25.0, 25.0], [20.0, 20.0, 20.0]) == (5.0, 0.0, True)
 
 
 def test_replicate_table_gives_medians_intervals_and_the_paired_verdict():
