@@ -476,8 +476,11 @@ def config_diff(a: dict | None, b: dict | None) -> list[str]:
     if a is None or b is None:
         missing = " and ".join(s for s, c in (("A", a), ("B", b)) if c is None)
         return [f"no config.json with {missing}: what differs is not recorded"]
+    def show(v: object) -> str:
+        return "(none)" if v in (None, "", []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
     keys = list(dict.fromkeys(a.get("_flags", []) + b.get("_flags", [])))
-    return [f"{k}: {a.get(k, '-')} -> {b.get(k, '-')}" for k in keys
+    return [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in keys
             if k not in _NOT_A_DIFFERENCE and a.get(k) != b.get(k)]
 
 
@@ -524,8 +527,10 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
         w.writerows(rows)
     written = ["compare.csv"]
     if plot:
-        series = {f"{tag}:{run}": recs for tag, recs in (("A", a), ("B", b))
-                  for (run, role), recs in group_runs(recs).items() if role == "worker"}
+        series: dict[str, list[RoundRecord]] = {}  # every role: the workers' latency, the server's CLR state
+        for tag, recs in (("A", a), ("B", b)):
+            for (run, role), rr in group_runs(recs).items():
+                series.setdefault(f"{tag}:{run}", []).extend(rr)
         which = f"A = {names[0]} (solid)\nB = {names[1]} (dashed)"
         differs = "differs: " + ("; ".join(diff) if diff else "no flag (same configuration)")
         bursts = {"A": run_bursts(ca), "B": run_bursts(cb)}
