@@ -221,7 +221,7 @@ def _bar_positions(conditions: dict[str, dict[str, Any]], width: float) -> dict[
 def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, title: str) -> Path:
     """Fig. 5: training time per run, normalised to DBLP's under the same condition and seed
     (``conditions``: e.g. {"with bursts": runs, "no bursts": runs}, a run or a list of its
-    replicates per name): a bar at the median, a dot per replicate, the median seconds on each bar.
+    replicates per name): a bar at the median, a dot per replicate, the median seconds at each bar's foot.
     Each condition's bars are centred on its tick (:func:`_bar_positions`)."""
     import matplotlib
 
@@ -252,8 +252,8 @@ def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, 
                 top = max([top, *norm])
         bars = ax.bar(xs, ys, width * 0.95, color=RUN_COLORS.get(n, "grey"), label=n)
         for b, sec in zip(bars, secs):
-            ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
-                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom",
+                        fontsize=8, color="white", xytext=(0, 3), textcoords="offset points")  # clear of the dots
         top = max([top, *ys])
     ax.set_xticks(range(len(conditions)), list(conditions))
     ax.set_xlim(-0.5, len(conditions) - 0.5)
