@@ -251,7 +251,10 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path,
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    import textwrap
+
+    lines = len(textwrap.wrap(setup, 100)) + title.count("\n")
+    fig, ax = plt.subplots(figsize=(9, 4.2 + 0.2 * max(0, lines - 1)))  # a long caption keeps the axes' height
     sides = {label.rpartition(":")[0] for label in series}
     for label, recs in series.items():
         r, v = per_round(recs, field)
@@ -276,7 +279,11 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path,
     plain_log_ticks(ax.yaxis)
     _title(ax, title, setup)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    if len(ax.get_legend_handles_labels()[0]) > 5:  # a comparison's many entries: beside the axes, over no line
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.set_figwidth(11)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -294,7 +301,11 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, (ax, tail) = plt.subplots(1, 2, figsize=(10, 4.4))
+    import textwrap
+
+    head = "\n".join([title, *textwrap.wrap(setup, 110)]) if setup else title
+    lines = head.count("\n") + 1
+    fig, (ax, tail) = plt.subplots(1, 2, figsize=(10, 4.2 + 0.2 * lines))
     least = 1.0
     for label, recs in series.items():
         _, v = per_round(recs, field)
@@ -318,11 +329,11 @@ def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: 
     tail.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0%}" if y >= 0.01 else f"{y:.1%}"))
     tail.set_ylabel("fraction of iterations slower (log)")
     tail.set_title("the tail", fontsize=9)
-    _title(ax, title, setup, width=62)
+    fig.suptitle(head, fontsize=10)  # over both panels, so they keep the same height
     handles, labels = ax.get_legend_handles_labels()
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=min(4, len(labels)), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.08 if len(labels) <= 4 else 0.13, 1, 1))
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 if len(labels) <= 6 else 0.12, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
@@ -449,8 +460,9 @@ _NOT_A_DIFFERENCE = frozenset({"_run", "derived", "config", "results", "out", "q
 
 def run_config(path: str | Path) -> dict | None:
     """The ``config.json`` of the run at ``path`` (a results folder, or a records file inside one: the
-    nearest of its three parent folders that holds one), as :func:`dblp.provenance.run_values`; None
-    when there is none."""
+    nearest of its three parent folders that holds one), as :func:`dblp.provenance.run_values` with
+    the keys in underscores (files name flags ``p-low`` or, older ones, ``p_low``) and ``_flags``: the
+    flags given at its top level; None when there is none."""
     import json
 
     from .provenance import run_values
@@ -463,25 +475,34 @@ def run_config(path: str | Path) -> dict | None:
                 cfg = json.loads(f.read_text(encoding="utf-8"))
             except (OSError, ValueError):
                 return None
-            flat = run_values(cfg) if isinstance(cfg, dict) else None
-            if flat is not None:
-                flat["_flags"] = [k for k in cfg if k not in _NOT_A_DIFFERENCE]
+            if not isinstance(cfg, dict):
+                return None
+            flat = {k.replace("-", "_"): v for k, v in run_values(cfg).items()}
+            flat["_flags"] = [k.replace("-", "_") for k in cfg if k.replace("-", "_") not in _NOT_A_DIFFERENCE]
             return flat
     return None
 
 
 def config_diff(a: dict | None, b: dict | None) -> list[str]:
-    """What differs between two runs' flags (:func:`run_config`), one ``key: A -> B`` per flag given
-    in either (provenance and output folders left out); a note when a run has no ``config.json``."""
+    """What differs between two runs' flags (:func:`run_config`), one ``key: A -> B`` per flag both
+    record (provenance, output folders and derived objects left out), then one line naming the flags
+    only one of them records (a run made before the flag existed); a note when a run has no
+    ``config.json``."""
     if a is None or b is None:
         missing = " and ".join(s for s, c in (("A", a), ("B", b)) if c is None)
         return [f"no config.json with {missing}: what differs is not recorded"]
+
     def show(v: object) -> str:
         return "(none)" if v in (None, "", []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
 
-    keys = list(dict.fromkeys(a.get("_flags", []) + b.get("_flags", [])))
-    return [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in keys
-            if k not in _NOT_A_DIFFERENCE and a.get(k) != b.get(k)]
+    fa, fb = a.get("_flags", []), b.get("_flags", [])
+    both = [k for k in fa if k in fb and not isinstance(a.get(k), dict)]
+    out = [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in both if a.get(k) != b.get(k)]
+    for side, mine, other in (("A", fa, fb), ("B", fb, fa)):
+        only = [k for k in mine if k not in other and not isinstance((a if side == "A" else b).get(k), dict)]
+        if only:
+            out.append(f"only {side} records {', '.join(only)}")
+    return out
 
 
 def run_bursts(config: dict | None) -> list[int]:
@@ -532,7 +553,8 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
             for (run, role), rr in group_runs(recs).items():
                 series.setdefault(f"{tag}:{run}", []).extend(rr)
         which = f"A = {names[0]} (solid)\nB = {names[1]} (dashed)"
-        differs = "differs: " + ("; ".join(diff) if diff else "no flag (same configuration)")
+        shown = diff[:5] + ([f"{len(diff) - 5} more (printed)"] if len(diff) > 5 else [])
+        differs = "differs: " + ("; ".join(shown) if diff else "no flag (same configuration)")
         bursts = {"A": run_bursts(ca), "B": run_bursts(cb)}
         for field, what in (("up_latency_s", "send"), ("round_latency_s", "round")):
             plot_latency(series, out / f"latency_{what}.png", bursts, field=field,
