@@ -107,6 +107,8 @@ def format_cell(v: object, spec: str = ".4f") -> str:
 
 #: one colour per run in every figure of the project (tab10 colours)
 RUN_COLORS: dict[str, str] = {"dblp": "#1f77b4", "baseline": "#d62728", "reliable": "#7f7f7f", "fixed": "#d62728"}
+#: the burst markers' colour: one no run uses (tab10 orange), so a marker never reads as a run's line
+BURST_COLOR = "#ff7f0e"
 
 
 def run_style(label: str) -> dict[str, object]:
@@ -188,7 +190,7 @@ def verdicts(long: Sequence[Sequence[object]], columns: Sequence[str], compare: 
     return lines
 
 
-def _plain_log_ticks(axis) -> None:
+def plain_log_ticks(axis) -> None:
     """Log axis with plain numbers at 1-1.5-2-3-5-7 steps (100, 150, 200, 300 ms), so every run's level
     can be read off the axis, instead of powers of ten with unlabelled minor ticks."""
     from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
@@ -220,35 +222,68 @@ def _title(ax, title: str, setup: str, width: int = 100) -> None:
     ax.set_title("\n".join([title, *textwrap.wrap(setup, width)]) if setup else title, fontsize=10)
 
 
-def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bursts: Sequence[int] = (),
+def _mark_bursts(ax, bursts: Sequence[int] | dict[str, Sequence[int]]) -> None:
+    """Dotted vertical lines at the burst iterations in :data:`BURST_COLOR`, named in the legend with
+    their iterations; a dict (run side -> iterations, e.g. ``{"A": [16], "B": []}``) marks each side's
+    own, B's dashed."""
+    sets = bursts if isinstance(bursts, dict) else {"": bursts}
+    same = len({tuple(v) for v in sets.values()}) == 1
+    for side, its in (list(sets.items())[:1] if same else sets.items()):
+        its = list(its)
+        for i, b in enumerate(its):
+            who = "" if same or not side else f"{side}: "
+            label = f"{who}burst{'s' if len(its) > 1 else ''} (iteration {', '.join(map(str, its))})"
+            ax.axvline(b, color=BURST_COLOR, ls="--" if side == "B" and not same else ":", lw=1.4,
+                       label=label if i == 0 else None)
+
+
+def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path,
+                 bursts: Sequence[int] | dict[str, Sequence[int]] = (),
                  title: str = "Send latency per iteration", field: str = "up_latency_s", setup: str = "") -> Path:
-    """Fig. 2 style: latency per iteration for each labelled run; bursts marked, and for a run whose
-    server switched its tolerance (DBLP's CLR detection) the rounds in the critical phase (P_low)
-    shaded in that run's colour; ``setup`` (workers, model, link, burst) under the title."""
+    """Fig. 2 style: latency per iteration for each labelled run; bursts marked (:func:`_mark_bursts`),
+    and for a run whose server switched its tolerance (DBLP's CLR detection) the rounds in the critical
+    phase (P_low) shaded in that run's colour - in a comparison run A's in the upper half, run B's
+    hatched in the lower half, so the two never cover each other; ``setup`` (workers, model, link,
+    burst) under the title; integer iteration ticks."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, ax = plt.subplots(figsize=(9, 4.2))
+    import textwrap
+
+    lines = len(textwrap.wrap(setup, 100)) + title.count("\n")
+    fig, ax = plt.subplots(figsize=(9, 4.2 + 0.2 * max(0, lines - 1)))  # a long caption keeps the axes' height
+    sides = {label.rpartition(":")[0] for label in series}
     for label, recs in series.items():
         r, v = per_round(recs, field)
         style = run_style(label)
         ax.plot(r, v * 1e3, lw=1.0, label=label, **style)
         spans = _clr_spans(recs)
         if spans and len(spans) < len({x.round for x in recs}):  # switches happened (not "always on")
+            side = label.rpartition(":")[0]
+            band = {"A": dict(ymin=0.5, ymax=1.0), "B": dict(ymin=0.0, ymax=0.5, hatch="///", fill=False)}
+            kw = band.get(side, {}) if len(sides) > 1 else {}
+            color = style["color"] or "C0"
             for i, (a, b) in enumerate(spans):
-                ax.axvspan(a - 0.5, b + 0.5, color=style["color"] or "C0", alpha=0.10, lw=0,
+                shade = dict(edgecolor=color, lw=0, alpha=0.35) if kw.get("fill") is False \
+                    else dict(color=color, alpha=0.10, lw=0)
+                ax.axvspan(a - 0.5, b + 0.5, **shade, **kw,
                            label=f"{label}: critical phase (P_low)" if i == 0 else None)
-    for i, b in enumerate(bursts):
-        ax.axvline(b, color="red", ls=":", lw=1, label="burst" if i == 0 else None)
+    _mark_bursts(ax, bursts)
     ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("latency (ms, slowest worker)")
     ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax.yaxis)
     _title(ax, title, setup)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    if len(ax.get_legend_handles_labels()[0]) > 5:  # a comparison's many entries: beside the axes, over no line
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.set_figwidth(11)
+    else:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -257,26 +292,48 @@ def plot_latency(series: dict[str, Sequence[RoundRecord]], path: str | Path, bur
 
 def plot_cdf(series: dict[str, Sequence[RoundRecord]], path: str | Path, title: str = "CDF of send latency",
              field: str = "up_latency_s", setup: str = "") -> Path:
-    """Fig. 3 style: the latency distribution and its tail."""
+    """Fig. 3 style: the latency distribution (left) and its tail (right: the fraction of iterations
+    slower than x, log-scaled down to one iteration, so the few burst iterations that a CDF squeezes
+    against 1.0 get the room of the rest). The legend sits under both panels, over no curve."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    import textwrap
+
+    head = "\n".join([title, *textwrap.wrap(setup, 110)]) if setup else title
+    lines = head.count("\n") + 1
+    fig, (ax, tail) = plt.subplots(1, 2, figsize=(10, 4.2 + 0.2 * lines))
+    least = 1.0
     for label, recs in series.items():
         _, v = per_round(recs, field)
         v = np.sort(v[np.isfinite(v)])
         if v.size:
-            ax.step(v * 1e3, np.arange(1, v.size + 1) / v.size, where="post", label=label, **run_style(label))
-    ax.set_xscale("log")
-    _plain_log_ticks(ax.xaxis)
-    ax.set_xlabel("latency (ms, slowest worker)")
-    ax.set_ylabel("fraction of iterations")
-    _title(ax, title, setup, width=62)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(loc="lower right")
-    fig.tight_layout()
+            frac = np.arange(1, v.size + 1) / v.size
+            ax.step(v * 1e3, frac, where="post", label=label, **run_style(label))
+            # P(latency > x) at each sample: (n - i) / n for the i-th smallest (1-based), 1/n at the slowest
+            tail.step(v * 1e3, (v.size - np.arange(v.size)) / v.size, where="post", **run_style(label))
+            least = min(least, 1.0 / v.size)
+    for a in (ax, tail):
+        a.set_xscale("log")
+        plain_log_ticks(a.xaxis)
+        a.set_xlabel("latency (ms, slowest worker)")
+        a.grid(alpha=0.3, which="both")
+    ax.set_ylabel("fraction of iterations (CDF)")
+    tail.set_yscale("log")
+    tail.set_ylim(least * 0.7, 1.05)
+    tail.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    tail.yaxis.set_minor_formatter(NullFormatter())
+    tail.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:.0%}" if y >= 0.01 else f"{y:.1%}"))
+    tail.set_ylabel("fraction of iterations slower (log)")
+    tail.set_title("the tail", fontsize=9)
+    fig.suptitle(head, fontsize=10)  # over both panels, so they keep the same height
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=min(6, len(labels)), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.07 if len(labels) <= 6 else 0.12, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
@@ -397,6 +454,71 @@ def compare_rows(a: Sequence[RoundRecord], b: Sequence[RoundRecord], names: tupl
     return rows
 
 
+#: config.json keys that say where and when a run was made, not what it ran: left out of a diff
+_NOT_A_DIFFERENCE = frozenset({"_run", "derived", "config", "results", "out", "quiet", "verbose", "dry_run"})
+
+
+def run_config(path: str | Path) -> dict | None:
+    """The ``config.json`` of the run at ``path`` (a results folder, or a records file inside one: the
+    nearest of its three parent folders that holds one), as :func:`dblp.provenance.run_values` with
+    the keys in underscores (files name flags ``p-low`` or, older ones, ``p_low``) and ``_flags``: the
+    flags given at its top level; None when there is none."""
+    import json
+
+    from .provenance import run_values
+
+    p = Path(path)
+    for d in ([p] if p.is_dir() else []) + list(p.parents)[:3]:
+        f = d / "config.json"
+        if f.is_file():
+            try:
+                cfg = json.loads(f.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return None
+            if not isinstance(cfg, dict):
+                return None
+            flat = {k.replace("-", "_"): v for k, v in run_values(cfg).items()}
+            flat["_flags"] = [k.replace("-", "_") for k in cfg if k.replace("-", "_") not in _NOT_A_DIFFERENCE]
+            return flat
+    return None
+
+
+def config_diff(a: dict | None, b: dict | None) -> list[str]:
+    """What differs between two runs' flags (:func:`run_config`), one ``key: A -> B`` per flag both
+    record (provenance, output folders and derived objects left out), then one line naming the flags
+    only one of them records (a run made before the flag existed); a note when a run has no
+    ``config.json``."""
+    if a is None or b is None:
+        missing = " and ".join(s for s, c in (("A", a), ("B", b)) if c is None)
+        return [f"no config.json with {missing}: what differs is not recorded"]
+
+    def show(v: object) -> str:
+        return "(none)" if v in (None, "", []) else ",".join(map(str, v)) if isinstance(v, list) else str(v)
+
+    fa, fb = a.get("_flags", []), b.get("_flags", [])
+    both = [k for k in fa if k in fb and not isinstance(a.get(k), dict)]
+    out = [f"{k}: {show(a.get(k))} -> {show(b.get(k))}" for k in both if a.get(k) != b.get(k)]
+    for side, mine, other in (("A", fa, fb), ("B", fb, fa)):
+        only = [k for k in mine if k not in other and not isinstance((a if side == "A" else b).get(k), dict)]
+        if only:
+            out.append(f"only {side} records {', '.join(only)}")
+    return out
+
+
+def run_bursts(config: dict | None) -> list[int]:
+    """The burst iterations a run's config records (``bursts_list``, or ``bursts`` as given); none
+    when unknown."""
+    if not config:
+        return []
+    v = config.get("bursts_list", config.get("bursts"))
+    if isinstance(v, str):
+        v = [x for x in v.replace(" ", "").split(",") if x.isdigit()]
+    try:
+        return [int(x) for x in v] if isinstance(v, (list, tuple)) else []
+    except (TypeError, ValueError):
+        return []
+
+
 def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip_first: int = 1,
             plot: bool = True) -> list[dict]:
     """Print the side-by-side tables of two runs; write ``compare.csv`` and overlay plots into ``out``."""
@@ -407,7 +529,10 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
         names = (f"A:{names[0]}", f"B:{names[1]}")
     a, b = load_run(a_path), load_run(b_path)
     rows = compare_rows(a, b, names, skip_first)
+    ca, cb = run_config(a_path), run_config(b_path)
+    diff = config_diff(ca, cb)
     print(f"A = {a_path} ({len(a)} records)\nB = {b_path} ({len(b)} records)")
+    print("differs (A -> B): " + ("; ".join(diff) if diff else "no flag (same configuration)"))
     for key in dict.fromkeys((r["run"], r["role"]) for r in rows):
         block = [r for r in rows if (r["run"], r["role"]) == key]
         print(f"\n{key[0]} / {key[1]}")
@@ -423,13 +548,19 @@ def compare(a_path: str | Path, b_path: str | Path, out: str | Path | None, skip
         w.writerows(rows)
     written = ["compare.csv"]
     if plot:
-        series = {f"{tag}:{run}": recs for tag, recs in (("A", a), ("B", b))
-                  for (run, role), recs in group_runs(recs).items() if role == "worker"}
+        series: dict[str, list[RoundRecord]] = {}  # every role: the workers' latency, the server's CLR state
+        for tag, recs in (("A", a), ("B", b)):
+            for (run, role), rr in group_runs(recs).items():
+                series.setdefault(f"{tag}:{run}", []).extend(rr)
         which = f"A = {names[0]} (solid)\nB = {names[1]} (dashed)"
+        shown = diff[:5] + ([f"{len(diff) - 5} more (printed)"] if len(diff) > 5 else [])
+        differs = "differs: " + ("; ".join(shown) if diff else "no flag (same configuration)")
+        bursts = {"A": run_bursts(ca), "B": run_bursts(cb)}
         for field, what in (("up_latency_s", "send"), ("round_latency_s", "round")):
-            plot_latency(series, out / f"latency_{what}.png", field=field,
-                         title=f"{what.capitalize()} latency per iteration\n{which}")
-            plot_cdf(series, out / f"cdf_{what}.png", title=f"CDF of {what} latency\n{which}", field=field)
+            plot_latency(series, out / f"latency_{what}.png", bursts, field=field,
+                         title=f"{what.capitalize()} latency per iteration\n{which}", setup=differs)
+            plot_cdf(series, out / f"cdf_{what}.png", title=f"CDF of {what} latency\n{which}", field=field,
+                     setup=differs)
             written += [f"latency_{what}.png", f"cdf_{what}.png"]
     print(f"\nwrote {out}/: {', '.join(written)}")
     return rows

@@ -51,7 +51,7 @@ import numpy as np
 from .analysis import RUN_COLORS
 
 __all__ = ["load_training", "replica_divergence", "table_iv", "table_v", "plot_training_time", "plot_curves",
-           "report", "run_curve", "first_reach", "time_to_targets", "replicate_dir", "write_curves",
+           "report", "run_curve", "curve_band", "first_reach", "time_to_targets", "replicate_dir", "write_curves",
            "higher_is_better"]
 
 
@@ -207,21 +207,34 @@ def _as_list(v: Any) -> list:
     return v if isinstance(v, list) else [v]
 
 
+def _bar_positions(conditions: dict[str, dict[str, Any]], width: float) -> dict[tuple[int, str], float]:
+    """x of each (condition index, run name) bar: the runs present under a condition, centred on its
+    tick - a run absent there (e.g. ``reliable`` has no no-bursts run) leaves no empty slot."""
+    pos: dict[tuple[int, str], float] = {}
+    for i, runs in enumerate(conditions.values()):
+        names = list(runs)
+        for j, n in enumerate(names):
+            pos[(i, n)] = i + (j - (len(names) - 1) / 2) * width
+    return pos
+
+
 def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, title: str) -> Path:
     """Fig. 5: training time per run, normalised to DBLP's under the same condition and seed
     (``conditions``: e.g. {"with bursts": runs, "no bursts": runs}, a run or a list of its
-    replicates per name): a bar at the median, a dot per replicate, the median seconds on each bar."""
+    replicates per name): a bar at the median, a dot per replicate, the median seconds at each bar's foot.
+    Each condition's bars are centred on its tick (:func:`_bar_positions`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(dict.fromkeys(n for runs in conditions.values() for n in runs))
-    width = 0.8 / max(1, len(names))
+    width = 0.8 / max(1, max(len(runs) for runs in conditions.values()))
+    pos = _bar_positions(conditions, width)
     fig, ax = plt.subplots(figsize=(6.5, 3.8))
     top = 1.0
     many = False
-    for j, n in enumerate(names):
+    for n in names:
         xs, ys, secs = [], [], []
         for i, runs in enumerate(conditions.values()):
             if n not in runs:
@@ -229,7 +242,7 @@ def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, 
             reps = _as_list(runs[n])
             refs = _as_list(runs["dblp"]) if "dblp" in runs else [None] * len(reps)
             norm = [training_time(r) / (training_time(d) if d is not None else 1.0) for r, d in zip(reps, refs)]
-            x = i + (j - (len(names) - 1) / 2) * width
+            x = pos[(i, n)]
             xs.append(x)
             secs.append(float(np.median([training_time(r) for r in reps])))
             ys.append(float(np.median(norm)))
@@ -239,14 +252,17 @@ def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, 
                 top = max([top, *norm])
         bars = ax.bar(xs, ys, width * 0.95, color=RUN_COLORS.get(n, "grey"), label=n)
         for b, sec in zip(bars, secs):
-            ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, b.get_height()), ha="center", va="bottom",
-                        fontsize=8, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(f"{sec:.0f} s", (b.get_x() + b.get_width() / 2, 0), ha="center", va="bottom",
+                        fontsize=8, color="white", xytext=(0, 3), textcoords="offset points")  # clear of the dots
         top = max([top, *ys])
     ax.set_xticks(range(len(conditions)), list(conditions))
+    ax.set_xlim(-0.5, len(conditions) - 0.5)
     ax.axhline(1.0, color="black", lw=0.8, ls=":")
     ax.set_ylabel("training time / DBLP's" + (" (bar: median,\ndot: one seed)" if many else ""))
     ax.set_ylim(0, top * 1.2)
-    ax.set_title(title, fontsize=9)
+    import textwrap
+
+    ax.set_title("\n".join(w for line in title.splitlines() for w in textwrap.wrap(line, 90)), fontsize=9)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, loc="upper right")
     fig.tight_layout()
@@ -255,25 +271,56 @@ def plot_training_time(conditions: dict[str, dict[str, Any]], path: str | Path, 
     return Path(path)
 
 
+def curve_band(reps: Sequence[dict[str, Any]]) -> list[tuple[int, float, float, float, float]]:
+    """``(iteration, train_s, mean, lo, hi)`` of a run's replicates at the iterations all of them
+    evaluated: ``mean`` the median over replicates of :func:`run_curve`'s mean of the workers (one
+    replicate: that mean; Table IV's figure), ``train_s`` their median clock, ``lo``/``hi`` the
+    lowest and highest single worker's metric over every replicate - the spread of the replicas
+    (which drift apart with bounded loss, dblp.session S7) and of the seeds."""
+    per: list[dict[int, tuple[float, float, float, float]]] = []
+    for r in reps:
+        metric = r["metric"]
+        by = [{int(e["iteration"]): e for e in ev if e.get(metric) is not None} for ev in r["evals"]]
+        common = set.intersection(*(set(b) for b in by)) if by else set()
+        per.append({k: (max(float(b[k]["train_s"]) for b in by),
+                        float(np.mean([float(b[k][metric]) for b in by])),
+                        min(float(b[k][metric]) for b in by), max(float(b[k][metric]) for b in by))
+                    for k in common})
+    keys = sorted(set.intersection(*(set(p) for p in per))) if per else []
+    return [(k, float(np.median([p[k][0] for p in per])), float(np.median([p[k][1] for p in per])),
+             min(p[k][2] for p in per), max(p[k][3] for p in per)) for k in keys]
+
+
 def plot_curves(runs: dict[str, Any], path: str | Path, title: str, targets: Sequence[float] = ()) -> Path:
-    """Fig. 6: the test metric (mean over workers) against iteration (left) and against the training
-    clock (right), every replicate drawn (a run or a list of replicates per name); targets dotted."""
+    """Fig. 6: the test metric against iteration (left) and against the training clock (right): per
+    run the mean over workers (what Table IV reports), the workers' range as a band
+    (:func:`curve_band`); with several replicates (a list per name) one thin line per seed, the
+    median of the seeds' means bold and the band over all seeds' workers; targets dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     metric = _as_list(next(iter(runs.values())))[0]["metric"]
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    n = max(len(_as_list(v)) for v in runs.values())
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.0), sharey=True)
     for name, reps in runs.items():
         reps = _as_list(reps)
         c = RUN_COLORS.get(name, None)
-        for j, r in enumerate(reps):
-            cur = run_curve(r)
-            kw = dict(color=c, lw=1.2 if len(reps) == 1 else 0.9, alpha=1.0 if len(reps) == 1 else 0.6,
-                      label=name if j == 0 else None)
-            a1.plot([p[0] for p in cur], [p[2] for p in cur], marker="o", ms=2, **kw)
-            a2.plot([p[1] for p in cur], [p[2] for p in cur], marker="o", ms=2, **kw)
+        band = curve_band(reps)
+        if len(reps) > 1:
+            for r in reps:
+                cur = run_curve(r)
+                for ax, x in ((a1, 0), (a2, 1)):
+                    ax.plot([p[x] for p in cur], [p[2] for p in cur], color=c, lw=0.6, alpha=0.45)
+        what = "mean of workers" + (f", median of {len(reps)} seeds" if len(reps) > 1 else "")
+        spread = "range of workers" + (" and seeds" if len(reps) > 1 else "")
+        for ax, x in ((a1, 0), (a2, 1)):
+            xs = [p[x] for p in band]
+            ax.fill_between(xs, [p[3] for p in band], [p[4] for p in band], color=c, alpha=0.18, lw=0,
+                            label=f"{name}: {spread}" if ax is a1 else None)
+            ax.plot(xs, [p[2] for p in band], color=c, lw=1.4, marker="o", ms=2,
+                    label=f"{name} ({what})" if ax is a1 else None)
     for t in targets:
         for ax in (a1, a2):
             ax.axhline(t, color="black", lw=0.7, ls=":")
@@ -281,11 +328,13 @@ def plot_curves(runs: dict[str, Any], path: str | Path, title: str, targets: Seq
                     ha="right", va="bottom", fontsize=7)
     a1.set_xlabel("iteration")
     a2.set_xlabel("training time (s; slowest worker, evaluations excluded)")
-    n = max(len(_as_list(v)) for v in runs.values())
-    a1.set_ylabel(f"test {metric} (mean of workers)" + (f"\n{n} seeds, one line each" if n > 1 else ""))
+    a1.set_ylabel(f"test {metric}: mean of workers, band = range" + (f"\n{n} seeds, thin line: one seed" if n > 1 else ""))
+    from matplotlib.ticker import MaxNLocator
+
+    a1.xaxis.set_major_locator(MaxNLocator(integer=True))
     for ax in (a1, a2):
         ax.grid(alpha=0.3)
-    a1.legend(loc="lower right" if metric == "accuracy" else "upper right")
+    a1.legend(loc="lower right" if higher_is_better(metric) else "upper right", fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

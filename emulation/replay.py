@@ -846,3 +846,57 @@ def datagram_loss(records, t_from: float | None = None, t_to: float | None = Non
         "down": {"sent": dn_sent, "delivered": dn_got, "loss": 1 - dn_got / dn_sent if dn_sent else float("nan")},
         "loss": 1 - tot_got / tot_sent if tot_sent else float("nan"),
     }
+
+
+def datagram_loss_by_round(records) -> dict[int, float]:
+    """Per round, the datagram loss of both directions measured from the records, as
+    :func:`datagram_loss` counts it (sent - delivered over sent). Why: a packets trace (``*.pkts``)
+    has no clock, so there is no schedule to average over each round's span; what the records saw
+    is the per-iteration loss that can be plotted beside the latency."""
+    srv = {(r.round, r.worker): r for r in records if r.role == "server"}
+    wrk = {(r.round, r.worker): r for r in records if r.role == "worker"}
+    sent: dict[int, int] = {}
+    got: dict[int, int] = {}
+    for k in set(srv) & set(wrk):
+        s, w = srv[k], wrk[k]
+        sent[k[0]] = sent.get(k[0], 0) + w.up_sent + s.down_sent
+        got[k[0]] = got.get(k[0], 0) + s.up_received + s.duplicate + s.stale + w.down_received + w.duplicate + w.stale
+    return {k: 1 - got[k] / n for k, n in sorted(sent.items()) if n}
+
+
+def plot_loss(runs: dict[str, list], loss: dict[str, dict[int, float]], path: str | Path, tname: str,
+              what: str = "replayed loss") -> Path:
+    """Per iteration: each run's latency (top) and the loss it saw (bottom: ``loss``, run -> round ->
+    fraction; the replayed schedule's mean over the round for a segments trace, the records' measured
+    loss for a packets trace - ``what`` says which), plain tick labels on both axes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
+    from dblp import analysis
+
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for label, recs in runs.items():
+        r, v = analysis.per_round(recs)
+        color = analysis.RUN_COLORS.get(label)
+        ax1.plot(r, v * 1e3, lw=1.0, label=label, color=color)
+        ex = loss.get(label, {})
+        ks = sorted(ex)
+        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label, color=color)
+    ax1.set_ylabel("latency (ms, slowest worker)")
+    ax1.set_yscale("log")
+    analysis.plain_log_ticks(ax1.yaxis)
+    ax1.grid(alpha=0.3, which="both")
+    ax1.legend(fontsize=8)
+    ax1.set_title(f"Latency and the loss each iteration saw, trace {tname}", fontsize=10)
+    ax2.set_xlabel("iteration")
+    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax2.yaxis.set_major_formatter(PercentFormatter(decimals=None))
+    ax2.set_ylabel(f"{what}\nduring the iteration", fontsize=9)
+    ax2.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)

@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         from dblp.trainreport import report as training_report
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
-        setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s"
+        setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, consistency {a.consistency}"
         training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
                         targets=a.train["targets"], seeds=seeds)
     return 0
@@ -221,7 +221,7 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dic
     (out / "summary_runs.json").write_text(json.dumps({k: s.as_dict() for k, s in sums.items()}, indent=1))
     what = a.train["workload"] if a.train else f"{a.elements:,} floats"
     setup = (f"{what}, {a.workers} workers, {a.bw_mbps:g} Mbit/s star, {a.queue:,}-byte queues, "
-             f"{'congestion' if congestion else f'{a.burst_loss:.0%} loss'} bursts at {','.join(map(str, bursts))}")
+             f"{'congestion' if congestion else f'{a.burst_loss:.0%} loss'} bursts at {','.join(map(str, bursts))}, consistency {a.consistency}")
     analysis.plot_latency(runs, out / "latency.png", bursts, "Send latency per iteration under microbursts", setup=setup)
     analysis.plot_cdf(runs, out / "cdf.png", setup=setup)
     print(f"\nwrote {out}/table_ii.csv, summary.csv, rounds.jsonl, latency.png, cdf.png")

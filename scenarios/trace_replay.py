@@ -30,9 +30,12 @@ fractions, DBLP's speedup over the baseline, and the loss actually replayed
 (the trace's mean over the run vs the achieved schedule vs the kernel's
 drop counters vs, for a reliable run, the datagrams the records show lost);
 ``latency.png``, ``cdf.png``, ``loss.png`` (loss each iteration saw, next to
-its latency), ``summary.csv``, ``rounds.csv``, and per policy the replay log
-``<policy>/replay.jsonl`` (every rule change, due and actual time) and the
-achieved schedule as a trace file ``<policy>/achieved.loss.csv``.
+its latency: the replayed schedule's mean for a segments trace, the loss the
+records measured for a packets trace), ``summary.csv``, ``rounds.csv``, and
+per policy the replay log ``<policy>/replay.jsonl`` (every rule change, due
+and actual time) and, for a segments trace, the achieved schedule as a trace
+file ``<policy>/achieved.loss.csv`` (a packets trace is applied exactly: what
+was applied is the trace itself).
 
 ``--seeds N`` runs every policy N times, interleaved (seed s of every policy
 back to back, :func:`emulation.launch.run_replicates`, the trace replayed from
@@ -302,10 +305,19 @@ def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str
     title = f"Send latency per iteration, trace {Path(a.trace).name}"
     analysis.plot_latency(runs, out / "latency.png", (), title)
     analysis.plot_cdf(runs, out / "cdf.png", f"CDF of send latency, trace {Path(a.trace).name}")
-    if exposure:
+    from emulation.replay import datagram_loss_by_round, plot_loss
+
+    if exposure:  # segments: the replayed schedule's mean over each iteration
         plot_loss(runs, exposure, out / "loss.png", Path(a.trace).name)
-    print(f"\nwrote {out}/summary.csv, rounds.csv, rounds.jsonl, latency.png, cdf.png"
-          + (", loss.png" if exposure else "") + ", <policy>/achieved.loss.csv" * bool(exposure))
+        print(f"\nwrote {out}/summary.csv, rounds.csv, rounds.jsonl, latency.png, cdf.png, loss.png, "
+              "<policy>/achieved.loss.csv")
+    else:  # packets: no clock to average over, the records' measured loss instead
+        plot_loss(runs, {k: datagram_loss_by_round(v) for k, v in runs.items()}, out / "loss.png",
+                  Path(a.trace).name, what="datagrams lost (records,\nboth directions)")
+        print(f"\nwrote {out}/summary.csv, rounds.csv, rounds.jsonl, latency.png, cdf.png, loss.png (the loss the "
+              "records measured per iteration)\n  no <policy>/achieved.loss.csv: a packets trace is applied "
+              "exactly, verdict k to the k-th datagram, so what was applied is the trace itself "
+              "(the rule changes are in <policy>/replay.jsonl)")
 
 
 def replicate_latency(by_seed: dict[int, dict[str, list]], out: Path) -> None:
@@ -329,35 +341,6 @@ def replicate_latency(by_seed: dict[int, dict[str, list]], out: Path) -> None:
         print("\n".join(analysis.verdicts(long, rows[0][1:], compare)))
     with open(out / "table_latency_replicates.csv", "w", newline="") as fh:
         csv.writer(fh).writerows(long)
-
-
-def plot_loss(runs: dict[str, list], exposure: dict[str, dict[int, float]], path: Path, tname: str) -> Path:
-    """Per iteration: the loss the replay applied during it, and its latency, for each run."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for label, recs in runs.items():
-        r, v = analysis.per_round(recs)
-        color = analysis.RUN_COLORS.get(label)
-        ax1.plot(r, v * 1e3, lw=1.0, label=label, color=color)
-        ex = exposure.get(label, {})
-        ks = sorted(ex)
-        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label, color=color)
-    ax1.set_ylabel("latency (ms, slowest worker)")
-    ax1.set_yscale("log")
-    ax1.grid(alpha=0.3, which="both")
-    ax1.legend()
-    ax1.set_title(f"Latency and the loss each iteration saw, trace {tname}")
-    ax2.set_xlabel("iteration")
-    ax2.set_ylabel("replayed loss during the iteration (%)")
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
 
 
 if __name__ == "__main__":
