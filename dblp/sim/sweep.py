@@ -313,12 +313,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     from .plots import plot_sweep
 
-    pngs = plot_sweep(rows, x, y, out, target_accuracy=args.target_accuracy)
+    varied = [k for k in AXES if len(axes[k]) > 1]
+    z = next((k for k in varied if k not in (x, y)), None)  # small multiples: one row of panels per value
+    pngs = plot_sweep(rows, x, y, out, z=z, averaged=[k for k in varied if k not in (x, y, z)],
+                      target_accuracy=args.target_accuracy)
     print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
           f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
           f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "
           + ", ".join(p.name for p in pngs))
-    varied = [k for k in AXES if len(axes[k]) > 1]
     collapsed = [r for r in rows if r["collapse_runs"]]
     if collapsed:  # one line for the sweep, the first point's figure (each row has its own in sweep.csv)
         first = collapsed[0]
