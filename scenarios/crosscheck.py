@@ -195,9 +195,6 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     from dblp.sim.calibrate import calibrate
 
     real = {p: analysis.load(run / p / "records") for p in a.policy_list}
-    out = report_folder(run, params=bool(a.params), reanalysis=bool(a.from_run))
-    if out != run:
-        print(f"crosscheck: report -> {out}", flush=True)
     scen = scenario_settings(a)
     if a.params:
         cal = transfer(Path(a.params), scen)
@@ -208,6 +205,9 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
         cal, notes = calibrate(run / src)
         cal = cal.with_(**{k: v for k, v in scen.items() if k != "loss"})  # the scenario as set, not as estimated
         how = f"calibrated on this run's {src} records"
+    out = report_folder(run, params=bool(a.params), reanalysis=bool(a.from_run))  # once it can calibrate
+    if out != run:
+        print(f"crosscheck: report -> {out}", flush=True)
     meta = {"_crosscheck": {"how": how, **{k: v for k, v in notes.items() if k != "record_files"}}}
     if not a.params:
         cal.to_json(out / "calibration.json", extra=meta)  # reusable: --params on another scenario

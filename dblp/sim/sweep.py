@@ -324,8 +324,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     collapsed = [r for r in rows if r["collapse_runs"]]
     if collapsed:  # one line for the sweep, the first point's figure (each row has its own in sweep.csv)
         first = collapsed[0]
-        print(f"{len(collapsed)} of {len(rows)} grid points collapsed ({sum(r['collapse_runs'] for r in rows)} "
-              f"simulations; collapse_warning in sweep.csv), e.g. at {({k: first[k] for k in varied})}: "
+        print(f"{len(collapsed)} of {len(rows)} grid points collapsed (in {sum(r['collapse_runs'] for r in rows)} "
+              f"of their {2 * info['seeds'] * len(rows)} DBLP/baseline runs; collapse_warning in sweep.csv), "
+              f"e.g. at {({k: first[k] for k in varied})}: "
               f"{first['collapse_warning']}")
     for col, what in (("speedup_time_to_train", "time-to-train"),
                       ("speedup_time_to_accuracy", f"time-to-{args.target_accuracy:.0%}-accuracy")):

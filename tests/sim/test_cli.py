@@ -183,3 +183,10 @@ def test_unpaced_incast_collapse_warns_and_paced_does_not(tmp_path, capsys):
     assert collapse_warning(cfg, {"clean_up_passes": 2.0, "clean_down_passes": 1.0}) is None
     assert collapse_warning(cfg.with_(send_rate_bps=250e6), {"clean_up_passes": 9.0}) is None
     assert collapse_warning(cfg, {}) is None  # a cached summary from before the clean_* fields
+    # the sweep: one printed line, a column per point, the count in sweep.json
+    assert sweep_main(["--model", "200000", "--workers", "16", "--bandwidth", "1000", "--p-high", "0.1,0.4",
+                       "--eta", "0.5", "--burst-rate", "0.01", "--iterations", "10", "--out", str(tmp_path / "sw"),
+                       "--no-cache", "-q", "--jobs", "1"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "collapsed" in ln]
+    assert line.startswith("2 of 2 grid points collapsed (in 4 of their 4 DBLP/baseline runs") and "62.5M" in line
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["collapsed_points"] == 2
