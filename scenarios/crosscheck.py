@@ -39,7 +39,10 @@ series and CDFs of both views overlaid), ``calibration.json`` (this run's
 calibration, a ``dblp.sim`` params file for ``--params``), ``sim/params.json``
 (what was simulated) and ``sim/<policy>.jsonl`` beside the Mininet run
 folders ``<policy>/`` - with ``--params``, all but calibration.json in
-``transferred/`` under the run folder instead.
+``transferred/`` under the run folder instead. A re-analysis (``--from-run``)
+never writes over a report already there: without ``--params`` it goes into a
+new ``reanalysis-<UTC time>/`` beside the run's own report, with ``--params``
+into ``transferred/`` if that is still free, else ``transferred-<UTC time>/``.
 """
 
 from __future__ import annotations
@@ -162,14 +165,36 @@ def run_mininet(a: argparse.Namespace) -> Path:
     return out
 
 
+def report_folder(run: Path, *, params: bool, reanalysis: bool) -> Path:
+    """Where an analysis of ``run`` writes its report, created here.
+
+    A fresh run's own analysis writes into the run folder (``transferred/`` with ``--params``, so both
+    analyses can stand side by side). A re-analysis (``--from-run``) must not replace what the run
+    reported when it was made: it gets a new folder beside it, ``reanalysis-<UTC time>/`` (or
+    ``transferred/`` while that is free, else ``transferred-<UTC time>/``, with ``--params``)."""
+    if not reanalysis:
+        out = run / "transferred" if params else run
+        out.mkdir(exist_ok=True)
+        return out
+    if params and not (run / "transferred").exists():
+        (run / "transferred").mkdir()
+        return run / "transferred"
+    stem = f"{'transferred' if params else 'reanalysis'}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    for n in range(1, 1000):  # two re-analyses within one second: -2, -3, ...
+        out = run / (stem if n == 1 else f"{stem}-{n}")
+        try:
+            out.mkdir()
+            return out
+        except FileExistsError:
+            continue
+    raise ParameterError(f"{run}: no free folder name {stem}-N for the re-analysis")
+
+
 def analyse(a: argparse.Namespace, run: Path) -> dict:
-    """Calibrate (or transfer ``--params``), simulate, compare; the report goes into the run folder
-    (``transferred/`` under it with ``--params``, so both analyses of one run can stand side by side)."""
+    """Calibrate (or transfer ``--params``), simulate, compare; the report goes into :func:`report_folder`."""
     from dblp.sim.calibrate import calibrate
 
     real = {p: analysis.load(run / p / "records") for p in a.policy_list}
-    out = run / "transferred" if a.params else run
-    out.mkdir(exist_ok=True)
     scen = scenario_settings(a)
     if a.params:
         cal = transfer(Path(a.params), scen)
@@ -180,6 +205,9 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
         cal, notes = calibrate(run / src)
         cal = cal.with_(**{k: v for k, v in scen.items() if k != "loss"})  # the scenario as set, not as estimated
         how = f"calibrated on this run's {src} records"
+    out = report_folder(run, params=bool(a.params), reanalysis=bool(a.from_run))  # once it can calibrate
+    if out != run:
+        print(f"crosscheck: report -> {out}", flush=True)
     meta = {"_crosscheck": {"how": how, **{k: v for k, v in notes.items() if k != "record_files"}}}
     if not a.params:
         cal.to_json(out / "calibration.json", extra=meta)  # reusable: --params on another scenario

@@ -56,6 +56,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"time-to-{args.target_accuracy:.0%}-accuracy {s['time_to_accuracy_s']:.3f} s, "
               f"lost up {s['lost_up'] * 100:.2f}% down {s['lost_down'] * 100:.2f}%, "
               f"passes up {s['up_passes']:.2f} down {s['down_passes']:.2f}", flush=True)
+        if s["collapse_warning"]:
+            print(f"{label:>9}: {s['collapse_warning']}", flush=True)
     if len(summaries) == 2:
         a, b = summaries[runs[0][0]], summaries["baseline"]
         print(f"baseline/{runs[0][0]}: mean round x{b['mean_round_s'] / a['mean_round_s']:.2f}, "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -69,10 +70,12 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
 
 def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, title: str, ax, fmt: str = "{:.3g}",
             cmap: str = "viridis", vmin: float | None = None, vmax: float | None = None, norm=None,
-            cbar_label: str = "") -> None:
+            cbar_label: str = "", ci: np.ndarray | None = None) -> None:
     """One annotated heatmap; ``vmin``/``vmax`` (or ``norm``) let panels share a colour scale.
 
-    Non-finite cells (a target never reached) are blank and labelled "never" when infinite."""
+    ``ci``: 95% half-widths, written under each cell's value ("+-h") so the reader sees which differences
+    the seeds support. Non-finite cells (a target never reached) are blank and labelled "never" when
+    infinite."""
     for i, j in zip(*np.nonzero(np.isinf(grid))):
         ax.text(j, i, "never", ha="center", va="center", fontsize=7, color="black")
     grid = np.where(np.isfinite(grid), grid, np.nan)
@@ -88,8 +91,10 @@ def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, titl
             if np.isfinite(grid[i, j]):
                 r, g, b, _ = im.cmap(im.norm(grid[i, j]))
                 dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5  # text colour by the cell's own luminance
-                ax.text(j, i, fmt.format(grid[i, j]), ha="center", va="center", fontsize=7,
-                        color="white" if dark else "black")
+                text = fmt.format(grid[i, j])
+                if ci is not None and np.isfinite(ci[i, j]):
+                    text += "\n\u00b1" + fmt.format(ci[i, j])
+                ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     cb = ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
     if norm is not None:  # a log colour scale labelled in plain numbers (0.8, 1, 1.25), not powers of ten
         from matplotlib.ticker import NullFormatter, ScalarFormatter
@@ -101,15 +106,44 @@ def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, titl
         cb.set_label(cbar_label, fontsize=8)
 
 
-def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, target_accuracy: float | None = None) -> list[Path]:
-    """One PNG per metric: DBLP, baseline, and their ratio (or difference), averaged over the other axes.
+#: the sweep table's per-seed comparison column of each metric (dblp.sim.sweep._row): its mean over seeds and
+#: its 95% half-width are what the comparison panel shows
+_COMPARISON = {"mean_round_s": "speedup_mean", "p99_round_s": "speedup_p99",
+               "time_to_train_s": "speedup_time_to_train", "time_to_accuracy_s": "speedup_time_to_accuracy",
+               "lost": "lost_extra"}
 
-    A cell whose runs never reach the target accuracy is infinite: blank, and
-    left out of the colour scale.
-    """
+
+def _cell_grids(rows: list[dict], col: str, x: str, y: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
+    """Mean of ``col`` per (y, x) cell over ``rows``, and its 95% half-width (``col_ci95``) where a cell is one
+    grid point (a mean of several points has no one interval: NaN)."""
+    g = np.full((len(ys), len(xs)), np.nan)
+    h = np.full_like(g, np.nan)
+    for i, yv in enumerate(ys):
+        for j, xv in enumerate(xs):
+            cell = [r for r in rows if r[x] == xv and r[y] == yv and col in r]
+            if cell:
+                g[i, j] = float(np.mean([float(r[col]) for r in cell]))
+                if len(cell) == 1 and cell[0].get(f"{col}_ci95") not in (None, ""):
+                    h[i, j] = float(cell[0][f"{col}_ci95"])
+    return g, h
+
+
+def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = None,
+               averaged: Sequence[str] = (), target_accuracy: float | None = None) -> list[Path]:
+    """One PNG per metric: DBLP, baseline and their comparison (ratio baseline / DBLP, or difference), as
+    small multiples - one row of panels per value of the third axis ``z`` - each cell annotated with its
+    mean over seeds and, with ``--seeds`` > 1, its 95% half-width.
+
+    Why small multiples: averaging over a third axis (the burst rate) hides that DBLP's benefit depends on
+    it. Axes beyond x, y and z that vary (``averaged``, the caller's: the table does not say which columns
+    are axes) are still averaged, and the title says over which. The comparison
+    panel shows the sweep's per-seed comparison (mean of the seeds' ratios, with its interval), not the
+    ratio of the two means. A cell whose runs never reach the target accuracy is infinite: blank, "never",
+    and left out of the colour scale. Returns the PNGs written (heatmap_<metric>.png)."""
     plt = _plt()
     xs = sorted({r[x] for r in rows})
     ys = sorted({r[y] for r in rows})
+    zs = sorted({r[z] for r in rows}) if z else [None]
     acc = f"{target_accuracy:.0%}" if target_accuracy is not None else "the target"
     metrics = [
         ("mean_round_s", "mean round latency (s)", "ratio"),
@@ -121,41 +155,56 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, target_accuracy: 
     metrics = [m for m in metrics if f"dblp_{m[0]}" in rows[0]]
     paths = []
     for m, title, mode in metrics:
-        grids = {}
-        for who in ("dblp", "base"):
-            g = np.full((len(ys), len(xs)), np.nan)
-            for i, yv in enumerate(ys):
-                for j, xv in enumerate(xs):
-                    v = [r[f"{who}_{m}"] for r in rows if r[x] == xv and r[y] == yv]
-                    if v:
-                        g[i, j] = float(np.mean(v))
-            grids[who] = g
-        both = np.concatenate([grids["dblp"].ravel(), grids["base"].ravel()])
+        per_z = []
+        for zv in zs:
+            sub = [r for r in rows if z is None or r[z] == zv]
+            grids = {who: _cell_grids(sub, f"{who}_{m}", x, y, xs, ys) for who in ("dblp", "base")}
+            cmp_col = _COMPARISON[m]
+            if cmp_col in rows[0]:
+                comp = _cell_grids(sub, cmp_col, x, y, xs, ys)
+            else:  # an older table without the per-seed column: the ratio (difference) of the means
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    g = (grids["base"][0] / grids["dblp"][0] if mode == "ratio"
+                         else grids["dblp"][0] - grids["base"][0])
+                comp = (g, np.full_like(g, np.nan))
+            if mode == "ratio":
+                comp[0][np.isinf(grids["base"][0]) & np.isinf(grids["dblp"][0])] = np.nan  # neither reaches it
+            per_z.append((zv, grids, comp))
+        both = np.concatenate([g[who][0].ravel() for _, g, _ in per_z for who in ("dblp", "base")])
         both = both[np.isfinite(both)]
         lo, hi = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
-        flat = np.isfinite(grids["base"]).any() and np.nanmax(grids["base"]) - np.nanmin(grids["base"]) <= 1e-9 * max(
-            1.0, abs(np.nanmax(grids["base"])))
-        # a baseline that does not depend on these axes is one number, not a third of the figure
-        fig, axes = plt.subplots(1, 2 if flat else 3, figsize=(11 if flat else 16, 4.5))
-        panels = list(axes)
-        base_note = f" (baseline everywhere: {np.nanmax(grids['base']):.3g})" if flat else ""
-        heatmap(grids["dblp"], xs, ys, x, y, f"DBLP: {title}{base_note}", panels[0], vmin=lo, vmax=hi)
-        if not flat:
-            heatmap(grids["base"], xs, ys, x, y, f"baseline (fixed p = P_low): {title}", panels[1], vmin=lo, vmax=hi)
+        base_all = np.concatenate([g["base"][0].ravel() for _, g, _ in per_z])
+        flat = bool(np.isfinite(base_all).any()) and np.nanmax(base_all) - np.nanmin(base_all) <= 1e-9 * max(
+            1.0, abs(np.nanmax(base_all)))
+        comps = np.concatenate([c[0].ravel() for _, _, c in per_z])
         if mode == "ratio":
-            with np.errstate(invalid="ignore", divide="ignore"):
-                ratio = grids["base"] / grids["dblp"]
-            ratio[np.isinf(grids["base"]) & np.isinf(grids["dblp"])] = np.nan  # neither reaches it
-            span = float(np.nanmax(np.abs(np.log(ratio[np.isfinite(ratio) & (ratio > 0)])), initial=0.05))
-            heatmap(ratio, xs, ys, x, y, f"baseline / DBLP: {title}\n(> 1, red: DBLP better; < 1, blue: worse)",
-                    panels[-1], fmt="{:.2f}", cmap="RdBu_r",
-                    norm=_colors().LogNorm(vmin=np.exp(-span), vmax=np.exp(span)), cbar_label="ratio (log scale)")
+            span = float(np.nanmax(np.abs(np.log(comps[np.isfinite(comps) & (comps > 0)])), initial=0.05))
         else:
-            diff = grids["dblp"] - grids["base"]
-            span = float(np.nanmax(np.abs(diff), initial=1e-3))
-            heatmap(diff, xs, ys, x, y, f"DBLP - baseline: {title}\n(> 0, red: DBLP loses more)", panels[-1],
-                    fmt="{:.3f}", cmap="RdBu_r", vmin=-span, vmax=span)
-        fig.suptitle(f"{title} over {y} x {x} (mean over the other axes)", fontsize=10)
+            span = float(np.nanmax(np.abs(comps[np.isfinite(comps)]), initial=1e-3))
+        # a baseline that does not depend on the axes is one number, not a third of the figure
+        ncol = 2 if flat else 3
+        fig, axes = plt.subplots(len(zs), ncol, figsize=(5.4 * ncol, 4.3 * len(zs)), squeeze=False)
+        for row_axes, (zv, grids, comp) in zip(axes, per_z):
+            at = "" if z is None else f" [{z} = {zv}]"
+            base_note = f" (baseline everywhere: {np.nanmax(base_all):.3g})" if flat else ""
+            heatmap(grids["dblp"][0], xs, ys, x, y, f"DBLP{at}{base_note}", row_axes[0], vmin=lo, vmax=hi,
+                    ci=grids["dblp"][1])
+            if not flat:
+                heatmap(grids["base"][0], xs, ys, x, y, f"baseline (fixed p = P_low){at}", row_axes[1],
+                        vmin=lo, vmax=hi, ci=grids["base"][1])
+            if mode == "ratio":
+                heatmap(comp[0], xs, ys, x, y, f"baseline / DBLP{at}\n(> 1, red: DBLP better; < 1, blue: worse)",
+                        row_axes[-1], fmt="{:.2f}", cmap="RdBu_r", ci=comp[1],
+                        norm=_colors().LogNorm(vmin=np.exp(-span), vmax=np.exp(span)), cbar_label="ratio (log scale)")
+            else:
+                heatmap(comp[0], xs, ys, x, y, f"DBLP - baseline{at}\n(> 0, red: DBLP loses more)", row_axes[-1],
+                        fmt="{:.3f}", cmap="RdBu_r", vmin=-span, vmax=span, ci=comp[1])
+        seeds = rows[0].get("seeds", 1)
+        evidence = (f"cells: mean over {seeds} seeds \u00b1 95% half-width" if int(seeds) > 1
+                    else "cells: one seed each (no interval; --seeds N gives them)")
+        rest = f"; mean over {', '.join(averaged)}" if averaged else ""
+        fig.suptitle(f"{title} over {y} x {x}" + (f", one row per {z}" if z else "") + f" ({evidence}{rest})",
+                     fontsize=10)
         fig.tight_layout()
         path = out / f"heatmap_{m}.png"
         fig.savefig(path, dpi=110)

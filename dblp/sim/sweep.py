@@ -223,6 +223,10 @@ def _row(pt: dict[str, Any], pairs: list[tuple[str, str]], results: dict[str, di
     bursts = [int(r["burst_rounds"]) for r in a]  # the baseline sees the same bursts (same seed)
     row["bursts_total"] = sum(bursts)
     row["bursts_per_seed"] = ";".join(str(n) for n in bursts)
+    # dblp.sim.model.collapse_warning, per simulation of this point (DBLP and baseline, every seed)
+    warned = [r["collapse_warning"] for r in a + b if r.get("collapse_warning")]
+    row["collapse_runs"] = len(warned)
+    row["collapse_warning"] = warned[0] if warned else ""
     return row
 
 
@@ -304,16 +308,26 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
                            cache=cache, target_accuracy=args.target_accuracy)
     write_csv(rows, out / "sweep.csv")
-    meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y}
+    meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y,
+            "collapsed_points": sum(1 for r in rows if r["collapse_runs"])}  # dblp.sim.model.collapse_warning
     (out / "sweep.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     from .plots import plot_sweep
 
-    pngs = plot_sweep(rows, x, y, out, target_accuracy=args.target_accuracy)
+    varied = [k for k in AXES if len(axes[k]) > 1]
+    z = next((k for k in varied if k not in (x, y)), None)  # small multiples: one row of panels per value
+    pngs = plot_sweep(rows, x, y, out, z=z, averaged=[k for k in varied if k not in (x, y, z)],
+                      target_accuracy=args.target_accuracy)
     print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
           f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
           f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "
           + ", ".join(p.name for p in pngs))
-    varied = [k for k in AXES if len(axes[k]) > 1]
+    collapsed = [r for r in rows if r["collapse_runs"]]
+    if collapsed:  # one line for the sweep, the first point's figure (each row has its own in sweep.csv)
+        first = collapsed[0]
+        print(f"{len(collapsed)} of {len(rows)} grid points collapsed (in {sum(r['collapse_runs'] for r in rows)} "
+              f"of their {2 * info['seeds'] * len(rows)} DBLP/baseline runs; collapse_warning in sweep.csv), "
+              f"e.g. at {({k: first[k] for k in varied})}: "
+              f"{first['collapse_warning']}")
     for col, what in (("speedup_time_to_train", "time-to-train"),
                       ("speedup_time_to_accuracy", f"time-to-{args.target_accuracy:.0%}-accuracy")):
         finite = [r for r in rows if math.isfinite(r[col])]

@@ -115,3 +115,53 @@ def test_small_leafspine_crosscheck_run(tmp_path):
         far = np.mean([r.up_passes for r in ordinary if r.worker != 1])  # w1 and w3: rack 2
         near = np.mean([r.up_passes for r in ordinary if r.worker == 1])  # w2: the server's rack
         assert far > near == 1.0
+
+
+def _sim_run_folder(tmp_path: Path) -> Path:
+    """A crosscheck run folder (config.json, <policy>/records/) whose 'emulated' records are the simulator's
+    own: enough for --from-run, no root."""
+    from dblp.sim import SimConfig
+
+    run = tmp_path / "crosscheck-fixture"
+    cfg = SimConfig(model=200_000, workers=3, rounds=20, bandwidth_bps=200e6, queue_bytes=151_400, seed=0,
+                    loss=[{"kind": "iteration_bursts", "at": [12], "loss": 0.7}])
+    crosscheck.simulate_policies(cfg, ["baseline", "dblp"], 0.008, 0.408, tmp_path / "made")
+    config = {"model": "2e5", "iterations": 20, "policies": "baseline,dblp", "p_low": 0.008, "p_high": 0.408,
+              "eta": 0.5, "freq": 10, "workers": 3, "bandwidth": 200e6, "queue": 151_400, "pace_share": 0.9,
+              "compute": 0.005, "gso": False, "mtu": 1500, "seed": 0, "insecure": False, "aggregation": "server",
+              "bursts": "12", "burst_loss": 0.7, "burst_kind": "drop", "hosts": "netns", "topology": "star",
+              "racks": 2, "uplink_bandwidth": None, "policy_list": ["baseline", "dblp"], "elements": 200_000,
+              "bw_mbps": 200.0, "queue_bytes": 151_400, "bursts_list": [12], "hosts_kind": "netns"}
+    for pol in ("baseline", "dblp"):
+        (run / pol / "records").mkdir(parents=True)
+        shutil.copy(tmp_path / "made" / f"{pol}.jsonl", run / pol / "records" / "rounds.jsonl")
+    (run / "config.json").write_text(json.dumps(config))
+    return run
+
+
+def test_from_run_writes_beside_not_over(tmp_path):
+    """--from-run without --params: the run's own report stays byte for byte; the re-analysis goes into a new
+    reanalysis-<time>/ folder (a second one into another), and the command prints where."""
+    run = _sim_run_folder(tmp_path)
+    own = {"crosscheck.json": b'{"own": 1}', "crosscheck.csv": b"own", "calibration.json": b'{"own": 2}'}
+    for name, body in own.items():
+        (run / name).write_bytes(body)
+    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(run)]
+    folders = []
+    for _ in range(2):
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("crosscheck: report -> ")]
+        folders.append(Path(line.split(" -> ", 1)[1]))
+    assert folders[0] != folders[1] and all(f.parent == run and f.name.startswith("reanalysis-") for f in folders)
+    assert sorted(p.name for p in run.glob("reanalysis-*")) == sorted(f.name for f in folders)
+    for name, body in own.items():
+        assert (run / name).read_bytes() == body
+    assert not (run / "sim").exists()
+    for f in folders:
+        doc = json.loads((f / "crosscheck.json").read_text())
+        assert doc["how"] == "calibrated on this run's baseline records"
+        rows = {(r["term"], r["policy"]): r for r in doc["rows"]}
+        assert rows[("round p50", "baseline")]["sim"] > 0
+        for name in ("crosscheck.png", "crosscheck.csv", "calibration.json", "sim/params.json", "sim/dblp.jsonl"):
+            assert (f / name).stat().st_size > 0

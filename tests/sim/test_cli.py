@@ -157,3 +157,36 @@ def test_bench_targets_run_each_in_a_fresh_process_and_say_met(tmp_path):
         assert 0 < r["cpu_s"] < 60 and 0.01 < r["rss_gib"] < 12
     assert t["met"] == (t["median_cpu_s"] < 1.0)
     assert "target: 16 workers x 5 iterations" in p.stdout and "of 2 run(s)" in p.stdout
+
+
+def test_unpaced_incast_collapse_warns_and_paced_does_not(tmp_path, capsys):
+    """16 unpaced workers into a 1 Gbit/s server link: 3.58 passes per upload, so `run` prints the warning
+    (the figure and --pace at the fair share 1000/16 = 62.5M) and summary.json records it; paced at 60M (just
+    under the fair share) the same run needs 2.00 passes and gets none."""
+    from dblp.sim.model import COLLAPSE_PASSES, collapse_warning
+
+    flags = ["run", "--model", "200000", "--workers", "16", "--iterations", "10", "--bandwidth", "1000"]
+    assert cli_main([*flags, "--summary", str(tmp_path / "unpaced.json")]) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if "mass retransmission" in ln]
+    assert "3.6 passes per upload" in line and "--pace 62.5M" in line and "1000 Mbit/s server link x 1 / 16" in line
+    s = json.loads((tmp_path / "unpaced.json").read_text())["dblp"]
+    assert s["clean_up_passes"] == pytest.approx(3.58, abs=0.01) and s["clean_up_passes"] > COLLAPSE_PASSES
+    assert s["collapse_warning"] == line.split(": ", 1)[1]
+    assert cli_main([*flags, "--pace", "60M", "--summary", str(tmp_path / "paced.json")]) == 0
+    assert "mass retransmission" not in capsys.readouterr().out
+    s = json.loads((tmp_path / "paced.json").read_text())["dblp"]
+    assert s["collapse_warning"] is None and s["clean_up_passes"] == pytest.approx(2.0, abs=0.01)
+    # the rule alone: bursts' own passes do not count, a paced config never warns
+    cfg = SimConfig(workers=4, bandwidth_bps=1e9)
+    assert collapse_warning(cfg, {"clean_up_passes": 2.5, "clean_down_passes": 1.0}).count("--pace 250M") == 1
+    assert collapse_warning(cfg, {"clean_up_passes": 2.0, "clean_down_passes": 1.0}) is None
+    assert collapse_warning(cfg.with_(send_rate_bps=250e6), {"clean_up_passes": 9.0}) is None
+    assert collapse_warning(cfg, {}) is None  # a cached summary from before the clean_* fields
+    # the sweep: one printed line, a column per point, the count in sweep.json
+    assert sweep_main(["--model", "200000", "--workers", "16", "--bandwidth", "1000", "--p-high", "0.1,0.4",
+                       "--eta", "0.5", "--burst-rate", "0.01", "--iterations", "10", "--out", str(tmp_path / "sw"),
+                       "--no-cache", "-q", "--jobs", "1"]) == 0
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "collapsed" in ln]
+    assert line.startswith("2 of 2 grid points collapsed (in 4 of their 4 DBLP/baseline runs") and "62.5M" in line
+    assert json.loads((tmp_path / "sw" / "sweep.json").read_text())["collapsed_points"] == 2
