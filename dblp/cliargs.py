@@ -653,9 +653,9 @@ def parse_targets(text: str | None, metric: str) -> list[float]:
     return sorted(out, reverse=metric == "perplexity")  # the easiest target first
 
 
-def add_seeds_arg(ap: argparse.ArgumentParser) -> None:
+def add_seeds_arg(ap: argparse.ArgumentParser, default: int = 1) -> None:
     """``--seeds N``: replicates of every run (seeds --seed .. --seed+N-1, interleaved across the runs)."""
-    ap.add_argument("--seeds", type=count_arg(1), default=1,
+    ap.add_argument("--seeds", type=count_arg(1), default=default,
                     help="replicates of every run, seeds --seed..--seed+N-1, interleaved (seed s of every policy "
                          "back to back, so machine drift hits all alike); N >= 2 adds medians with 95%% intervals")
 

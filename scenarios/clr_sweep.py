@@ -32,10 +32,10 @@ import time
 from pathlib import Path
 
 from dblp import analysis
-from dblp.cliargs import (add_burst_args, add_run_args, add_workload_args, check_burst_args, check_run_args,
-                          check_workload_args, parser)
+from dblp.cliargs import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_burst_args,
+                          check_run_args, check_workload_args, parser)
 from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ
-from traces.argtypes import count_arg, int_list_arg
+from traces.argtypes import int_list_arg
 
 
 def float_list(text: str) -> list[float]:
@@ -61,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--report-only", default=None, metavar="FOLDER",
                     help="no runs: print the tables and redraw the figures of a finished sweep's results folder "
                          "(its config.json gives the settings)")
-    ap.add_argument("--seeds", type=count_arg(1), default=2,
-                    help="replicates of every setting, seeds --seed..--seed+N-1, interleaved")
+    add_seeds_arg(ap, default=2)
     return ap
 
 
