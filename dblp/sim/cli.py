@@ -21,6 +21,7 @@ from ..wire import ParameterError
 from traces.units import HelpFormatter
 
 from .convergence import add_target_arg, round_trace, time_to_accuracy
+from .convergence_phase import add_convergence_args, model_for, sim_regimes
 from .options import add_config_args, baseline_of, config_from_args, name_flags
 
 
@@ -45,7 +46,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             Path(rec).unlink()  # RecordWriter appends; a rerun replaces
         res = simulate(c, records=rec)
         s = res.summary()
-        s.update(time_to_accuracy(*round_trace(res.records), args.target_accuracy))
+        ends, lost = round_trace(res.records)
+        s.update(time_to_accuracy(ends, lost, args.target_accuracy,
+                                  model_for(args.convergence, args.convergence_workload), sim_regimes(c, len(ends))))
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
         summaries[label] = s
@@ -84,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(r)
     add_config_args(r)
     add_target_arg(r)
+    add_convergence_args(r)
     r.add_argument("--baseline", action="store_true", help="also run the baseline (fixed p = P_low) and compare")
     r.add_argument("--out", default=None, help="folder for params.json, records-*.jsonl, summary.json and plots")
     r.add_argument("--records", default=None, help="JSONL file for the round records (without --out)")

@@ -1,5 +1,12 @@
 """Time to accuracy: a convergence model fitted to the project's own training runs.
 
+Two models share the accuracy curve and the walk below: :class:`ConvergenceModel`
+(this module's first fit, ``FITTED``: digits_mlp only, a lost fraction charged
+by training progress - ``--convergence legacy``) and :class:`PhaseModel`
+(:mod:`dblp.sim.convergence_phase`: several workloads, a lost fraction charged
+by the CLR regime DBLP's detector sees - the default of ``python -m dblp.sim
+run`` and ``sweep``). What follows describes the first.
+
 Why: a simulated run measures latencies, passes and the fraction of each
 round's gradient that was lost, but not what those losses cost in
 convergence. ``time_to_train_s`` is the time of a fixed number of
@@ -96,9 +103,81 @@ F_MEASURED = 0.9  # the largest lost fraction in the training runs
 # -- the model -------------------------------------------------------------------------------------------
 
 
+def _gain(w: float, f: float) -> float:
+    """Iterations of progress of one iteration that lost fraction ``f`` at weight ``w``.
+
+    Beyond the largest fraction measured (:data:`F_MEASURED`) the gain falls linearly to nothing at
+    ``f`` = 1 (no gradient at all: no progress), instead of the fitted line's ``1 - w``."""
+    if f <= F_MEASURED:
+        return max(0.0, 1.0 - w * f)
+    return max(0.0, 1.0 - w * F_MEASURED) * (1.0 - f) / (1.0 - F_MEASURED)
+
+
+class _AccuracyCurve:
+    """What both models share: the accuracy curve over effective iterations and the walk through a run.
+
+    A subclass gives ``a``, ``tau``, ``k``, ``m``, ``a0`` and ``step(s, f, critical)``; ``critical`` is
+    whether DBLP's CLR detector has the iteration in the critical regime (a share in [0, 1] for
+    extrapolated iterations), ignored by a model that does not charge loss by regime."""
+
+    a: float
+    tau: float
+    k: float
+    m: float
+    a0: float
+
+    def step(self, s: float, f: float, critical: float = 0.0) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def accuracy_at(self, s: float) -> float:
+        return self.a - (self.a - self.a0) * (1.0 + (max(s, 0.0) / self.tau) ** self.k) ** -self.m
+
+    def progress_needed(self, target: float) -> float:
+        """Effective iterations to reach accuracy ``target`` (inf above the plateau)."""
+        if target <= self.a0:
+            return 0.0
+        if target >= self.a:
+            return math.inf
+        return self.tau * (((self.a - target) / (self.a - self.a0)) ** (-1.0 / self.m) - 1.0) ** (1.0 / self.k)
+
+    def curve(self, fractions: Iterable[float], critical: Sequence[bool] | None = None) -> list[float]:
+        """Accuracy before training and after each iteration with these lost fractions (and regimes)."""
+        s = 0.0
+        out = [self.accuracy_at(0.0)]
+        for i, f in enumerate(fractions):
+            s = self.step(s, f, bool(critical[i]) if critical is not None and i < len(critical) else False)
+            out.append(self.accuracy_at(s))
+        return out
+
+    def iterations_to(self, target: float, fractions: Sequence[float], *, critical: Sequence[bool] | None = None,
+                      then: float | None = None, then_critical: float = 0.0, limit: int = 100_000) -> float:
+        """Iterations until ``target`` is reached: through ``fractions`` (in the regimes ``critical``), then
+        (if given) losing ``then`` per iteration for ever, a share ``then_critical`` of those iterations
+        critical; ``inf`` if never. Beyond ``limit`` extra iterations the settled rate is used."""
+        need = self.progress_needed(target)
+        if need == 0.0:
+            return 0.0
+        s = 0.0
+        for i, f in enumerate(fractions):
+            s = self.step(s, f, bool(critical[i]) if critical is not None and i < len(critical) else False)
+            if s >= need:
+                return float(i + 1)
+        if then is None or math.isinf(need):
+            return math.inf
+        n = len(fractions)
+        for _ in range(limit):
+            s = self.step(s, then, then_critical)
+            n += 1
+            if s >= need:
+                return float(n)
+        rate = self.step(s, then, then_critical) - s  # the weight has long settled
+        return n + math.ceil((need - s) / rate) if rate > 0 else math.inf
+
+
 @dataclass(frozen=True)
-class ConvergenceModel:
-    """Accuracy per iteration under loss; the parameters' meaning is in the module docstring."""
+class ConvergenceModel(_AccuracyCurve):
+    """Accuracy per iteration under loss, the same charge in every regime (the ``uniform`` model); the
+    parameters' meaning is in the module docstring."""
 
     a: float  # plateau accuracy
     tau: float  # scale of the rise, in effective iterations
@@ -112,59 +191,29 @@ class ConvergenceModel:
     def weight(self, s: float) -> float:
         return self.w_late + (self.w_early - self.w_late) * math.exp(-s / self.s_phase)
 
-    def step(self, s: float, f: float) -> float:
-        """Progress after one more iteration that lost fraction ``f`` of its gradient.
+    def step(self, s: float, f: float, critical: float = 0.0) -> float:
+        """Progress after one more iteration that lost fraction ``f`` of its gradient (any regime)."""
+        return s + _gain(self.weight(s), f)
 
-        Beyond the largest fraction measured (:data:`F_MEASURED`) the gain falls linearly to
-        nothing at ``f`` = 1 (no gradient at all: no progress), instead of the fitted line's
-        ``1 - w``."""
-        w = self.weight(s)
-        if f <= F_MEASURED:
-            return s + max(0.0, 1.0 - w * f)
-        return s + max(0.0, 1.0 - w * F_MEASURED) * (1.0 - f) / (1.0 - F_MEASURED)
 
-    def accuracy_at(self, s: float) -> float:
-        return self.a - (self.a - self.a0) * (1.0 + (max(s, 0.0) / self.tau) ** self.k) ** -self.m
+@dataclass(frozen=True)
+class PhaseModel(_AccuracyCurve):
+    """Accuracy per iteration when a lost fraction costs ``w_crit`` iterations of progress in the iterations
+    DBLP's CLR detector puts in the critical regime and ``w_calm`` in the others (:mod:`dblp.sim.phase`)."""
 
-    def progress_needed(self, target: float) -> float:
-        """Effective iterations to reach accuracy ``target`` (inf above the plateau)."""
-        if target <= self.a0:
-            return 0.0
-        if target >= self.a:
-            return math.inf
-        return self.tau * (((self.a - target) / (self.a - self.a0)) ** (-1.0 / self.m) - 1.0) ** (1.0 / self.k)
+    a: float
+    tau: float
+    k: float
+    m: float
+    w_crit: float  # cost of a lost fraction in a critical-regime iteration
+    w_calm: float  # ... and in any other
+    a0: float = CHANCE
 
-    def curve(self, fractions: Iterable[float]) -> list[float]:
-        """Accuracy before training and after each iteration with these lost fractions."""
-        s = 0.0
-        out = [self.accuracy_at(0.0)]
-        for f in fractions:
-            s = self.step(s, f)
-            out.append(self.accuracy_at(s))
-        return out
+    def weight(self, critical: float) -> float:
+        return self.w_calm + (self.w_crit - self.w_calm) * float(critical)
 
-    def iterations_to(self, target: float, fractions: Sequence[float], *, then: float | None = None,
-                      limit: int = 100_000) -> float:
-        """Iterations until ``target`` is reached: through ``fractions``, then (if given) losing ``then`` per
-        iteration for ever; ``inf`` if never. Beyond ``limit`` extra iterations the late-phase rate is used."""
-        need = self.progress_needed(target)
-        if need == 0.0:
-            return 0.0
-        s = 0.0
-        for i, f in enumerate(fractions):
-            s = self.step(s, f)
-            if s >= need:
-                return float(i + 1)
-        if then is None or math.isinf(need):
-            return math.inf
-        n = len(fractions)
-        for _ in range(limit):
-            s = self.step(s, then)
-            n += 1
-            if s >= need:
-                return float(n)
-        rate = self.step(s, then) - s  # the weight has long settled at w_late
-        return n + math.ceil((need - s) / rate) if rate > 0 else math.inf
+    def step(self, s: float, f: float, critical: float = 0.0) -> float:
+        return s + _gain(self.weight(critical), f)
 
 
 #: fitted by ``python -m dblp.sim.convergence fit`` to the FIT_SETTINGS runs of DATA
@@ -203,14 +252,15 @@ def _pack(m: ConvergenceModel) -> list[float]:
             _logit(m.w_late / W_MAX), _logit((m.s_phase - lo) / (hi - lo))]
 
 
-def rmse(model: ConvergenceModel, curves: Sequence[Curve]) -> float:
+def rmse(model: _AccuracyCurve, curves: Sequence[Curve]) -> float:
     """Root mean square of model - measured accuracy over every evaluation of ``curves``."""
     se, n = 0.0, 0
-    preds: dict[Schedule, list[float]] = {}  # seeds of one schedule share the prediction
+    preds: dict[tuple, list[float]] = {}  # seeds of one schedule share the prediction (unless labelled)
     for c in curves:
-        pred = preds.get(c.schedule)
+        key = (c.workload, c.schedule, c.seed if c.labels is not None else None)
+        pred = preds.get(key)
         if pred is None:
-            pred = preds[c.schedule] = model.curve(c.fractions())
+            pred = preds[key] = model.curve(c.fractions(), c.critical())
         for i, acc in zip(c.iterations, c.accuracy):
             se += (pred[i] - acc) ** 2
             n += 1
@@ -234,20 +284,33 @@ def noise_rmse(curves: Sequence[Curve]) -> float:
     return math.sqrt(se / n) if n else math.nan
 
 
-def crossings(model: ConvergenceModel, curves: Sequence[Curve],
+def crossings(model: _AccuracyCurve, curves: Sequence[Curve],
               targets: Sequence[float] = (0.8, 0.9, DEFAULT_TARGET_ACCURACY)) -> list[dict]:
     """Iterations to each target: measured (first evaluation at or above it of the mean over a schedule's
-    seeds; 5-iteration resolution) against the model's, per schedule - the error time to accuracy inherits."""
-    by: dict[str, list[Curve]] = {}
+    seeds; 5-iteration resolution) against the model's, per workload and schedule - the error time to
+    accuracy inherits (with a fixed round time, the relative error of the time is that of the iterations).
+
+    Runs whose seeds lost differently (regime labels, measured losses) are predicted seed by seed: the
+    model's crossing is where the mean of the seeds' predicted curves reaches the target."""
+    by: dict[tuple[str, str], list[Curve]] = {}
     for c in curves:
-        by.setdefault(c.setting, []).append(c)
+        by.setdefault((c.workload, c.setting), []).append(c)
     out = []
-    for name, runs in by.items():
-        mean = [sum(r.accuracy[j] for r in runs) / len(runs) for j in range(len(runs[0].accuracy))]
+    for (wl, name), runs in by.items():
+        n = min(len(r.accuracy) for r in runs)
+        mean = [sum(r.accuracy[j] for r in runs) / len(runs) for j in range(n)]
+        per_seed = any(r.labels is not None for r in runs)
+        if per_seed:
+            preds = [model.curve(r.fractions(), r.critical()) for r in runs]
+            m = min(len(p) for p in preds)
+            pmean = [sum(p[i] for p in preds) / len(preds) for i in range(m)]
         for t in targets:
             measured = next((i for i, a in zip(runs[0].iterations, mean) if a >= t), math.inf)
-            predicted = model.iterations_to(t, runs[0].fractions())
-            out.append({"setting": name, "target": t, "measured": measured, "model": predicted})
+            if per_seed:
+                predicted = float(next((i for i, a in enumerate(pmean) if a >= t), math.inf))
+            else:
+                predicted = model.iterations_to(t, runs[0].fractions())
+            out.append({"workload": wl, "setting": name, "target": t, "measured": measured, "model": predicted})
     return out
 
 
@@ -321,14 +384,17 @@ def round_trace(records: Iterable) -> tuple[list[float], list[float]]:
 
 
 def time_to_accuracy(ends: Sequence[float], lost: Sequence[float], target: float = DEFAULT_TARGET_ACCURACY,
-                     model: ConvergenceModel = FITTED) -> dict[str, float]:
+                     model: _AccuracyCurve = FITTED, critical: Sequence[bool] | None = None) -> dict[str, float]:
     """``time_to_accuracy_s``, ``iterations_to_accuracy`` and ``tta_extrapolated`` (1.0 when the target lies
-    beyond the simulated rounds and the run was extrapolated; see the module docstring)."""
+    beyond the simulated rounds and the run was extrapolated; see the module docstring). ``critical``: each
+    round's training regime (:func:`dblp.sim.convergence_phase.sim_regimes`), for a model that charges loss
+    by regime; extrapolated rounds are critical in the run's share of them."""
     n = len(ends)
     if n == 0:
         return {"time_to_accuracy_s": math.nan, "iterations_to_accuracy": math.nan, "tta_extrapolated": math.nan}
     mean_lost = sum(lost) / n
-    it = model.iterations_to(target, lost, then=mean_lost)
+    share = sum(1 for c in list(critical or [])[:n] if c) / n
+    it = model.iterations_to(target, lost, critical=critical, then=mean_lost, then_critical=share)
     if it == 0.0:
         t = 0.0
     elif math.isinf(it):
@@ -366,8 +432,8 @@ def add_target_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None
     """The ``--target-accuracy`` flag of ``python -m dblp.sim run`` and ``sweep`` (one definition)."""
     p.add_argument("--target-accuracy", type=_target_arg, default=DEFAULT_TARGET_ACCURACY, metavar="FRACTION",
                    help="test accuracy (a fraction: 0.93 = 93%%) whose simulated time time_to_accuracy_s reports, "
-                        "from the convergence model fitted to digits_mlp training runs (dblp.sim.convergence; "
-                        f"above its plateau {FITTED.a:.3f}: never reached, inf)")
+                        "from a convergence model fitted to CPU training runs (--convergence; above the model's "
+                        "plateau: never reached, inf)")
 
 
 # -- python -m dblp.sim.convergence measure | fit | report ----------------------------------------------

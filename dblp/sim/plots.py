@@ -110,7 +110,7 @@ def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, titl
 #: its 95% half-width are what the comparison panel shows
 _COMPARISON = {"mean_round_s": "speedup_mean", "p99_round_s": "speedup_p99",
                "time_to_train_s": "speedup_time_to_train", "time_to_accuracy_s": "speedup_time_to_accuracy",
-               "lost": "lost_extra"}
+               "lost": "lost_extra", "lost_applied": "lost_applied_extra"}
 
 
 def _cell_grids(rows: list[dict], col: str, x: str, y: str, xs: list, ys: list) -> tuple[np.ndarray, np.ndarray]:
@@ -129,7 +129,8 @@ def _cell_grids(rows: list[dict], col: str, x: str, y: str, xs: list, ys: list) 
 
 
 def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = None,
-               averaged: Sequence[str] = (), target_accuracy: float | None = None) -> list[Path]:
+               averaged: Sequence[str] = (), target_accuracy: float | None = None,
+               convergence: str = "digits_mlp") -> list[Path]:
     """One PNG per metric: DBLP, baseline and their comparison (ratio baseline / DBLP, or difference), as
     small multiples - one row of panels per value of the third axis ``z`` - each cell annotated with its
     mean over seeds and, with ``--seeds`` > 1, its 95% half-width.
@@ -149,10 +150,14 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = N
         ("mean_round_s", "mean round latency (s)", "ratio"),
         ("p99_round_s", "p99 round latency (s)", "ratio"),
         ("time_to_train_s", "time to train (s)", "ratio"),
-        ("time_to_accuracy_s", f"time to {acc} accuracy (s, digits_mlp)", "ratio"),
-        ("lost", "fraction of gradient lost", "diff"),
+        ("time_to_accuracy_s", f"time to {acc} accuracy (s, {convergence})", "ratio"),
+        ("lost_applied", "fraction of the applied gradient lost per round (1 - up x down: the convergence "
+                         "model's f)", "diff"),
+        ("lost", "fraction of gradient lost (mean of up and down)", "diff"),
     ]
     metrics = [m for m in metrics if f"dblp_{m[0]}" in rows[0]]
+    if any(m[0] == "lost_applied" for m in metrics):  # the model's own terms replace the mean of up and down
+        metrics = [m for m in metrics if m[0] != "lost"]
     paths = []
     for m, title, mode in metrics:
         per_z = []
@@ -247,6 +252,85 @@ def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Pa
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle("digits_mlp, 3 workers x batch 32: test accuracy when a fraction of each iteration's gradient is "
                  "zeroed (dblp.sim.convergence)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
+                           shown: Sequence[str] = ("clean", "crit 0.5", "calm 0.5", "const 0.4"),
+                           emulation: list | None = None) -> Path:
+    """The phase-aware convergence model (:mod:`dblp.sim.convergence_phase`) against held-out runs.
+
+    Top row, per workload: measured seed-mean accuracy (dots, band: min-max over seeds) of ``shown``
+    schedules with the phase-aware model (solid) and the uniform control (dashed), each seed predicted with
+    its own regime labels and averaged. Bottom row: iterations to 80% and 90% predicted against measured for
+    every held-out schedule (and ``emulation``'s runs, if given), both models, with the +-20% band - the
+    error a time to accuracy inherits."""
+    from .convergence import crossings
+    from .convergence_runs import PHASE_FIT_SETTINGS
+
+    plt = _plt()
+    names = [w for w in groups if w in phase]
+    fig, axes = plt.subplots(2, len(names), figsize=(6.2 * len(names), 9.5), squeeze=False)
+    cmap = plt.get_cmap("viridis")
+    for col, wl in enumerate(names):
+        ax = axes[0][col]
+        curves = groups[wl]
+        for j, name in enumerate(shown):
+            runs = [c for c in curves if c.setting == name]
+            if not runs:
+                continue
+            color = "black" if name == "clean" else cmap(0.1 + 0.75 * j / max(1, len(shown) - 1))
+            x = np.array(runs[0].iterations)
+            acc = np.array([c.accuracy for c in runs]) * 100
+            ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=0.12, lw=0)
+            ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
+            for model, style in ((phase[wl], "-"), (uniform[wl], "--")):
+                pred = np.mean([model.curve(c.fractions(), c.critical()) for c in runs], axis=0) * 100
+                ax.plot(np.arange(pred.size), pred, style, lw=1.1, color=color,
+                        label=f"{name} ({len(runs)} seeds)" if style == "-" else None)
+        ax.axhline(80, color="grey", lw=0.6, ls=":")
+        ax.axhline(90, color="grey", lw=0.6, ls=":")
+        ax.set_title(f"{wl}: held-out schedules (crit/calm: loss only in the iterations DBLP's detector puts in / "
+                     f"out of the CLR)\ndots: measured mean, band: min-max over seeds; solid: phase-aware model, "
+                     f"dashed: uniform", fontsize=8)
+        ax.set_xlabel("iteration")
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        ax = axes[1][col]
+        held = [c for c in curves if c.setting not in PHASE_FIT_SETTINGS]
+        sets = [("held-out", held, "o")]
+        if emulation and wl == "digits_mlp":
+            sets.append(("emulated", emulation, "s"))
+        hi = 1.0
+        for label, cs, marker in sets:
+            for model, mname, color in ((phase[wl], "phase-aware", "tab:red"), (uniform[wl], "uniform", "tab:blue")):
+                rows = [r for r in crossings(model, cs, (0.8, 0.9)) if np.isfinite(r["measured"])
+                        and np.isfinite(r["model"])]
+                for t, fill in ((0.8, "none"), (0.9, color)):
+                    pts = [(r["measured"], r["model"]) for r in rows if r["target"] == t]
+                    if pts:
+                        mx, my = zip(*pts)
+                        hi = max(hi, *mx, *my)
+                        ax.scatter(mx, my, marker=marker, s=30, edgecolors=color, facecolors=fill,
+                                   label=f"{label}, {mname}, to {t:.0%}")
+        xs = np.array([0.0, hi * 1.1])
+        ax.plot(xs, xs, color="black", lw=0.8)
+        ax.fill_between(xs, xs * 0.8, xs * 1.2, color="grey", alpha=0.15, lw=0, label="+-20%")
+        ax.set_xlim(0, hi * 1.1)
+        ax.set_ylim(0, hi * 1.1)
+        ax.set_xlabel("measured iterations to the target (seed-mean curve, at its evaluations)")
+        ax.set_ylabel("model's iterations to the target")
+        ax.set_title(f"{wl}: iterations to 80% (open) and 90% (filled), model against measured", fontsize=8)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5, loc="upper left")
+    fig.suptitle("Phase-aware convergence model (dblp.sim.convergence_phase): 3 workers x batch 32, a fraction of "
+                 "each iteration's gradient zeroed", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -9,9 +9,11 @@ iterations starts at each iteration with probability ``burst_rate``.
 
 Output (``--out``): ``sweep.csv`` (one row per grid point: its axes, DBLP's
 and the baseline's mean/p99 round latency, send latency, time-to-train,
-time to ``--target-accuracy`` (:mod:`dblp.sim.convergence`: a convergence
-model fitted to the project's training runs, fed with each round's lost
-fraction), lost fractions, passes, and the ratios), ``sweep.json`` (grid,
+time to ``--target-accuracy`` (``--convergence``, default the phase-aware
+model of :mod:`dblp.sim.convergence_phase`: fed with each round's lost
+fraction ``1 - up * down`` and its training regime), lost fractions
+(``lost_applied``: that ``1 - up * down``, the map's quantity; ``lost``: the
+mean of the up and down losses), passes, and the ratios), ``sweep.json`` (grid,
 base parameters, timing) and ``heatmap_<metric>.png``. The table depends only on
 the parameters and the seed: the same command gives the same file.
 
@@ -52,14 +54,16 @@ from ..shard import AGGREGATIONS
 from ..wire import ParameterError
 from .config import SimConfig
 from .convergence import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, round_trace, time_to_accuracy
+from .convergence_phase import (DEFAULT_CONVERGENCE, DEFAULT_CONVERGENCE_WORKLOAD, add_convergence_args, model_for,
+                                sim_regimes)
 from .options import add_config_args, baseline_of, config_from_args
 from .replicates import mean_ci95
 from .runners import ResultCache, Runner, config_key, connect_check, describe, run_tasks
 from .topology import TOPOLOGIES
 
 METRICS = ["mean_round_s", "p99_round_s", "mean_up_s", "p99_up_s", "time_to_train_s", "time_to_accuracy_s",
-           "iterations_to_accuracy", "tta_extrapolated", "lost_up", "lost_down", "lost", "up_passes", "down_passes",
-           "clr_frac", "burst_rounds"]
+           "iterations_to_accuracy", "tta_extrapolated", "lost_up", "lost_down", "lost", "lost_applied",
+           "crit_frac", "up_passes", "down_passes", "clr_frac", "burst_rounds"]
 
 
 def _floats(s: str) -> list[float]:
@@ -154,24 +158,36 @@ def run_config(d: dict) -> dict:
     return s
 
 
-def with_accuracy(summary: dict, target: float) -> dict:
-    """``summary`` and its time to ``target`` accuracy (:func:`dblp.sim.convergence.time_to_accuracy`)."""
-    return {**summary, **time_to_accuracy(summary["_round_end_s"], summary["_round_lost"], target)}
+def with_accuracy(summary: dict, target: float, model: Any = None, critical: list[bool] | None = None) -> dict:
+    """``summary`` and its time to ``target`` accuracy (:func:`dblp.sim.convergence.time_to_accuracy`, with
+    ``model`` and each round's regime ``critical``), ``lost_applied`` - the mean over rounds of the fraction
+    of the applied gradient lost, ``1 - up * down``: the model's own ``f`` (``lost`` is the mean of the up
+    and down losses, which it is not) - and ``crit_frac``, the share of rounds in the training's CLR."""
+    lost = summary["_round_lost"]
+    n = len(lost)
+    crit = list(critical or [])[:n]
+    return {**summary, "lost_applied": sum(lost) / n if n else math.nan,
+            "crit_frac": sum(crit) / n if n else math.nan,
+            **time_to_accuracy(summary["_round_end_s"], lost, target, model or model_for(), crit or None)}
 
 
 def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress: bool = True,
               runner: Runner = run_config, seeds: int = 1, dask: str | None = None,
               cache: ResultCache | None = None,
-              target_accuracy: float = DEFAULT_TARGET_ACCURACY) -> tuple[list[dict], dict]:
+              target_accuracy: float = DEFAULT_TARGET_ACCURACY, convergence: str = DEFAULT_CONVERGENCE,
+              convergence_workload: str = DEFAULT_CONVERGENCE_WORKLOAD) -> tuple[list[dict], dict]:
     """Rows of the table (grid order) and timing info.
 
     Each point runs with ``seeds`` seeds (``base.seed``, ``base.seed + 1``, ...),
     DBLP and its baseline with the same seed; a cell is the mean over seeds,
     with a ``_ci95`` half-width column beside it when ``seeds`` > 1
     (:mod:`dblp.sim.replicates`). ``time_to_accuracy_s`` is the simulated
-    time to ``target_accuracy`` (:mod:`dblp.sim.convergence`).
+    time to ``target_accuracy`` by the ``convergence`` model of ``convergence_workload``
+    (:func:`dblp.sim.convergence_phase.model_for`), each round charged by its training regime
+    (:func:`dblp.sim.convergence_phase.sim_regimes`: the same for DBLP and its baseline).
     """
     check_target(target_accuracy)
+    model = model_for(convergence, convergence_workload)
     if not (isinstance(seeds, int) and seeds >= 1):
         raise ParameterError(f"--seeds must be a positive integer, got {seeds!r}")
     points = grid_points(axes)
@@ -190,10 +206,12 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     t0 = time.perf_counter()
     results, cached = run_tasks(tasks, runner, jobs=jobs, dask=dask, cache=cache, progress=progress)
     wall = time.perf_counter() - t0
-    results = {k: with_accuracy(r, target_accuracy) for k, r in results.items()}
+    results = {k: with_accuracy(r, target_accuracy, model, sim_regimes(tasks[k], len(r["_round_lost"])))
+               for k, r in results.items()}
     rows = [_row(pt, pairs, results, base, seeds) for pt, pairs in plan]
     info = {"runs": len(tasks), "cached": cached, "grid_points": len(points), "seeds": seeds, "wall_s": wall,
             "jobs": jobs or os.cpu_count() or 1, "dask": dask, "target_accuracy": target_accuracy,
+            "convergence": convergence, "convergence_workload": convergence_workload,
             "sim_cpu_s": sum(r.get("_cpu_s", 0.0) for r in results.values())}
     return rows, info
 
@@ -220,6 +238,7 @@ def _row(pt: dict[str, Any], pairs: list[tuple[str, str]], results: dict[str, di
     put("speedup_time_to_train", [_ratio(y["time_to_train_s"], x["time_to_train_s"]) for x, y in zip(a, b)])
     put("speedup_time_to_accuracy", [_ratio(y["time_to_accuracy_s"], x["time_to_accuracy_s"]) for x, y in zip(a, b)])
     put("lost_extra", [x["lost"] - y["lost"] for x, y in zip(a, b)])
+    put("lost_applied_extra", [x["lost_applied"] - y["lost_applied"] for x, y in zip(a, b)])
     bursts = [int(r["burst_rounds"]) for r in a]  # the baseline sees the same bursts (same seed)
     row["bursts_total"] = sum(bursts)
     row["bursts_per_seed"] = ";".join(str(n) for n in bursts)
@@ -276,6 +295,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
                         "(default: OUT/cache)")
     o.add_argument("--no-cache", action="store_true", help="simulate every point again and keep nothing")
     add_target_arg(o)
+    add_convergence_args(o)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -306,7 +326,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     cache = None if args.no_cache else ResultCache(args.cache or out / "cache")
     rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
-                           cache=cache, target_accuracy=args.target_accuracy)
+                           cache=cache, target_accuracy=args.target_accuracy, convergence=args.convergence,
+                           convergence_workload=args.convergence_workload)
     write_csv(rows, out / "sweep.csv")
     meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y,
             "collapsed_points": sum(1 for r in rows if r["collapse_runs"])}  # dblp.sim.model.collapse_warning
@@ -316,7 +337,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     varied = [k for k in AXES if len(axes[k]) > 1]
     z = next((k for k in varied if k not in (x, y)), None)  # small multiples: one row of panels per value
     pngs = plot_sweep(rows, x, y, out, z=z, averaged=[k for k in varied if k not in (x, y, z)],
-                      target_accuracy=args.target_accuracy)
+                      target_accuracy=args.target_accuracy,
+                      convergence=f"{args.convergence_workload}, {args.convergence} model")
     print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
           f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
           f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "

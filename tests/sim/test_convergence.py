@@ -11,6 +11,7 @@ import pytest
 
 from dblp.sim import SimConfig
 from dblp.sim import convergence as cv
+from dblp.sim.convergence_phase import model_for
 from dblp.sim.convergence_runs import SETTINGS, load_curves, split
 from dblp.sim.cli import main as cli_main
 from dblp.sim.replicates import mean_ci95
@@ -137,7 +138,7 @@ def test_sweep_rows_report_time_to_accuracy_and_the_cache_serves_any_target(tmp_
         assert r["speedup_time_to_accuracy"] == pytest.approx(r["base_time_to_accuracy_s"]
                                                               / r["dblp_time_to_accuracy_s"])
         # the baseline loses at most P_low: it converges (nearly) as the clean curve does
-        assert r["base_iterations_to_accuracy"] <= math.ceil(cv.FITTED.progress_needed(0.9)) + 1
+        assert r["base_iterations_to_accuracy"] <= math.ceil(model_for().progress_needed(0.9)) + 1  # the default
     lossier = rows[1]  # P_high 0.6 loses more than 0.2 in the bursts, so it needs at least as many iterations
     assert lossier["dblp_lost"] >= rows[0]["dblp_lost"]
     assert lossier["dblp_iterations_to_accuracy"] >= rows[0]["dblp_iterations_to_accuracy"]
