@@ -47,8 +47,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = simulate(c, records=rec)
         s = res.summary()
         ends, lost = round_trace(res.records)
-        s.update(time_to_accuracy(ends, lost, args.target_accuracy,
-                                  model_for(args.convergence, args.convergence_workload), sim_regimes(c, len(ends))))
+        model = model_for(args.convergence, args.convergence_workload, args.convergence_weights)
+        s.update(time_to_accuracy(ends, lost, args.target_accuracy, model, sim_regimes(c, len(ends))))
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
         summaries[label] = s

@@ -58,13 +58,33 @@ TARGETS = (0.8, 0.9)
 
 #: fitted by ``python -m dblp.sim.convergence_phase fit`` to the PHASE_FIT_SETTINGS runs of PHASE_DATA
 PHASE_FITTED: dict[str, PhaseModel] = {
-    "digits_mlp": PhaseModel(a=0.97, tau=20.0, k=2.0, m=0.5, w_crit=0.8, w_calm=0.8),
-    "small_cnn": PhaseModel(a=0.97, tau=60.0, k=2.0, m=0.5, w_crit=0.8, w_calm=0.8),
+    "digits_mlp": PhaseModel(a=0.9854, tau=4.085, k=3.096, m=0.3311, w_crit=0.5684, w_calm=0.7369),
+    "small_cnn": PhaseModel(a=0.9820, tau=77.39, k=1.487, m=3.468, w_crit=1.241, w_calm=0.8468),
 }
 #: ... and the uniform control: one weight for both regimes, fitted to the same runs
-UNIFORM_FITTED: dict[str, PhaseModel] = dict(PHASE_FITTED)
-#: ``report``'s held-out errors per workload: median and worst relative error of the iterations to 80% and 90%
-HELDOUT: dict[str, dict[str, float]] = {}
+UNIFORM_FITTED: dict[str, PhaseModel] = {
+    "digits_mlp": PhaseModel(a=0.9874, tau=4.110, k=2.540, m=0.3927, w_crit=0.6349, w_calm=0.6349),
+    "small_cnn": PhaseModel(a=0.9852, tau=67.27, k=1.472, m=2.896, w_crit=0.9964, w_calm=0.9964),
+}
+#: ``report``'s errors (``--json``): per workload and model, the held-out runs' accuracy RMSE and the median and
+#: worst absolute relative error of the iterations to 80% and 90% (:func:`summarize_errors`); ``emulation``: the
+#: digits_mlp phase model against the 15 emulated microburst runs (data/convergence_emulated_microburst.csv)
+HELDOUT: dict[str, dict] = {
+    "digits_mlp": {
+        "phase": {"heldout_rmse": 0.0217, "median_0.8": 0.1350, "worst_0.8": 0.2000,
+                  "median_0.9": 0.0424, "worst_0.9": 0.2222},
+        "uniform": {"heldout_rmse": 0.0227, "median_0.8": 0.1150, "worst_0.8": 0.2000,
+                    "median_0.9": 0.0778, "worst_0.9": 0.2222},
+    },
+    "small_cnn": {
+        "phase": {"heldout_rmse": 0.0696, "median_0.8": 0.0330, "worst_0.8": 0.1895,
+                  "median_0.9": 0.1720, "worst_0.9": 0.2250},
+        "uniform": {"heldout_rmse": 0.0666, "median_0.8": 0.0294, "worst_0.8": 0.1263,
+                    "median_0.9": 0.1465, "worst_0.9": 0.2750},
+    },
+    "emulation": {"median_0.8": 0.1250, "worst_0.8": 0.3571, "median_0.9": 0.1389, "worst_0.9": 0.1404,
+                  "median": 0.1319, "rmse": 0.0330},
+}
 
 W_MAX = 3.0  # weights are fitted in (0, W_MAX)
 
@@ -195,11 +215,25 @@ DEFAULT_CONVERGENCE = "phase"
 DEFAULT_CONVERGENCE_WORKLOAD = "digits_mlp"
 
 
-def model_for(name: str = DEFAULT_CONVERGENCE, workload: str = DEFAULT_CONVERGENCE_WORKLOAD):
-    """The convergence model ``name`` (:data:`CONVERGENCE_MODELS`) of ``workload``; refuses unknown names."""
+def model_for(name: str = DEFAULT_CONVERGENCE, workload: str = DEFAULT_CONVERGENCE_WORKLOAD,
+              weights: tuple[float, float] | None = None):
+    """The convergence model ``name`` (:data:`CONVERGENCE_MODELS`) of ``workload``; refuses unknown names.
+
+    ``weights`` (``--convergence-weights``, phase model only): a what-if - the fitted curve with a lost fraction
+    costing ``w_crit`` in the CLR and ``w_calm`` outside instead of the fitted weights, to ask how much cheaper
+    calm loss would have to be for DBLP to reach a target sooner."""
+    import dataclasses
+
     from ..wire import ParameterError
     from .convergence import FITTED
 
+    if weights is not None:
+        if name != "phase":
+            raise ParameterError(f"--convergence-weights needs --convergence phase, not {name!r}")
+        if len(weights) != 2 or not all(isinstance(w, (int, float)) and 0 <= w <= W_MAX for w in weights):
+            raise ParameterError(f"--convergence-weights must be two numbers W_CRIT,W_CALM in [0, {W_MAX:g}], "
+                                 f"got {weights!r}")
+        return dataclasses.replace(model_for(name, workload), w_crit=float(weights[0]), w_calm=float(weights[1]))
     if name not in CONVERGENCE_MODELS:
         raise ParameterError(f"--convergence must be one of {', '.join(CONVERGENCE_MODELS)}, got {name!r}")
     if name == "legacy":
@@ -234,6 +268,19 @@ def add_convergence_args(p) -> None:
     p.add_argument("--convergence-workload", choices=list(PHASE_FITTED), default=DEFAULT_CONVERGENCE_WORKLOAD,
                    help="whose measured accuracy curve time_to_accuracy_s follows (a CPU-trained workload; "
                         f"default {DEFAULT_CONVERGENCE_WORKLOAD})")
+    p.add_argument("--convergence-weights", type=_weights_arg, default=None, metavar="W_CRIT,W_CALM",
+                   help="what-if for --convergence phase: iterations of progress a lost fraction costs in the CLR "
+                        "and outside it (unitless, 0-3; default: the fitted weights)")
+
+
+def _weights_arg(text: str) -> tuple[float, float]:
+    try:
+        w = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not two numbers W_CRIT,W_CALM: {text!r}") from None
+    if len(w) != 2 or not all(0 <= x <= W_MAX for x in w):
+        raise argparse.ArgumentTypeError(f"need two numbers W_CRIT,W_CALM in [0, {W_MAX:g}], got {text!r}")
+    return (w[0], w[1])
 
 
 # -- the emulation's runs ----------------------------------------------------------------------------------
@@ -340,9 +387,19 @@ def main(argv: list[str] | None = None) -> int:
                              "heldout_rmse": rmse(model, held), "noise_rmse": noise_rmse(cs), **summ, "rows": rows}
             print(f"\n{wl}, {name} model {model!r}")
             _print_rows(heldout_errors(model, cs), fitted_names)
-            print(f"fit RMSE {out[wl][name]['fit_rmse']:.4f}, held-out RMSE {out[wl][name]['heldout_rmse']:.4f}, "
-                  f"seed noise {out[wl][name]['noise_rmse']:.4f}; held-out iterations-to-target error: "
+            res = out[wl][name]
+            print(f"fit RMSE {res['fit_rmse']:.4f}, held-out RMSE {res['heldout_rmse']:.4f}, "
+                  f"seed noise {res['noise_rmse']:.4f}; held-out iterations-to-target error: "
                   + ", ".join(f"{k} {v:.1%}" for k, v in summ.items()))
+    print("\nwhat a lost fraction cost per regime, model-free (regime_costs: delay to the target against the clean "
+          "runs / lost iteration-fractions before it)")
+    print(f"{'workload':<11} {'schedule':<9} {'target':>6} {'clean':>5} {'runs':>5} {'delay':>5} {'lost':>6} "
+          f"{'cost':>5}")
+    for t in TARGETS:
+        for c in regime_costs(curves, t):
+            out.setdefault("regime_costs", []).append(c)
+            print(f"{c['workload']:<11} {c['setting']:<9} {t:>6.2f} {c['clean']:>5} {c['measured']:>5} "
+                  f"{c['delay']:>5} {c['lost_iterations']:>6.1f} {c['cost']:>5.2f}")
     emulated: list[Curve] = []
     for run in args.emulation:
         try:
@@ -367,7 +424,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         from .plots import plot_phase_convergence
 
-        print(f"wrote {plot_phase_convergence(groups, PHASE_FITTED, UNIFORM_FITTED, Path(args.plot), emulation=emulated)}")
+        scatter: dict[str, list[dict]] = {}
+        for wl, cs in groups.items():
+            sets = [("held-out", split(cs, fitted_names)[1])] + ([("emulated", emulated)] if wl == "digits_mlp"
+                                                                  else [])
+            for label, runs in sets:
+                for kind, table in (("phase-aware", PHASE_FITTED), ("uniform", UNIFORM_FITTED)):
+                    if wl in table and runs:
+                        scatter.setdefault(wl, []).extend({**r, "set": label, "kind": kind}
+                                                          for r in crossings(table[wl], runs, TARGETS))
+        png = plot_phase_convergence(groups, PHASE_FITTED, UNIFORM_FITTED, Path(args.plot), scatter)
+        print(f"wrote {png}")
     return 0
 
 

@@ -190,8 +190,8 @@ def measure_phases(out: Path = PHASE_DATA, *,
                    progress: Callable[[str], None] = print) -> None:
     """Train each workload under every :data:`PHASE_SETTINGS` schedule and seed (needs torch; CPU, one thread).
 
-    Each seed's clean run goes first: its gradient norms (written beside ``out``, :func:`norms_path`) label the iterations
-    critical or calm (:func:`clr_labels`), and the ``crit``/``calm`` schedules of that seed drop only in
+    Each seed's clean run goes first: its gradient norms (written beside ``out``, :func:`norms_path`) label the
+    iterations critical or calm (:func:`clr_labels`), and the ``crit``/``calm`` schedules of that seed drop only in
     those iterations - the same seed gives the same initialisation and data order, so the runs differ only
     in the drop. Rows as :func:`measure`'s, with ``workload`` and ``phase`` columns."""
     import dataclasses

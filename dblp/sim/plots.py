@@ -258,19 +258,16 @@ def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Pa
     return path
 
 
-def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
-                           shown: Sequence[str] = ("clean", "crit 0.5", "calm 0.5", "const 0.4"),
-                           emulation: list | None = None) -> Path:
+def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path, scatter: dict,
+                           shown: Sequence[str] = ("clean", "crit 0.5", "calm 0.5", "const 0.4")) -> Path:
     """The phase-aware convergence model (:mod:`dblp.sim.convergence_phase`) against held-out runs.
 
     Top row, per workload: measured seed-mean accuracy (dots, band: min-max over seeds) of ``shown``
     schedules with the phase-aware model (solid) and the uniform control (dashed), each seed predicted with
     its own regime labels and averaged. Bottom row: iterations to 80% and 90% predicted against measured for
-    every held-out schedule (and ``emulation``'s runs, if given), both models, with the +-20% band - the
-    error a time to accuracy inherits."""
-    from .convergence import crossings
-    from .convergence_runs import PHASE_FIT_SETTINGS
-
+    every held-out schedule (and emulated runs), both models, with the +-20% band - the error a time to
+    accuracy inherits. ``scatter``: workload -> rows of :func:`dblp.sim.convergence.crossings` with ``set``
+    (held-out, emulated) and ``kind`` (phase-aware, uniform) added."""
     plt = _plt()
     names = [w for w in groups if w in phase]
     fig, axes = plt.subplots(2, len(names), figsize=(6.2 * len(names), 9.5), squeeze=False)
@@ -293,25 +290,22 @@ def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
                         label=f"{name} ({len(runs)} seeds)" if style == "-" else None)
         ax.axhline(80, color="grey", lw=0.6, ls=":")
         ax.axhline(90, color="grey", lw=0.6, ls=":")
-        ax.set_title(f"{wl}: held-out schedules (crit/calm: loss only in the iterations DBLP's detector puts in / "
-                     f"out of the CLR)\ndots: measured mean, band: min-max over seeds; solid: phase-aware model, "
-                     f"dashed: uniform", fontsize=8)
+        ax.set_title(f"{wl}, held-out schedules (crit / calm: loss only in / outside DBLP's CLR)\n"
+                     f"dots: measured mean, band: min-max over seeds; solid: phase-aware model, dashed: uniform",
+                     fontsize=8)
         ax.set_xlabel("iteration")
         ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlim(0, max(c.iterations[-1] for c in curves))
         ax.set_ylim(0, 100)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="lower right")
         ax = axes[1][col]
-        held = [c for c in curves if c.setting not in PHASE_FIT_SETTINGS]
-        sets = [("held-out", held, "o")]
-        if emulation and wl == "digits_mlp":
-            sets.append(("emulated", emulation, "s"))
         hi = 1.0
-        for label, cs, marker in sets:
-            for model, mname, color in ((phase[wl], "phase-aware", "tab:red"), (uniform[wl], "uniform", "tab:blue")):
-                rows = [r for r in crossings(model, cs, (0.8, 0.9)) if np.isfinite(r["measured"])
-                        and np.isfinite(r["model"])]
+        rows_all = [r for r in scatter.get(wl, []) if np.isfinite(r["measured"]) and np.isfinite(r["model"])]
+        for label, marker in (("held-out", "o"), ("emulated", "s")):
+            for mname, color in (("phase-aware", "tab:red"), ("uniform", "tab:blue")):
+                rows = [r for r in rows_all if r["set"] == label and r["kind"] == mname]
                 for t, fill in ((0.8, "none"), (0.9, color)):
                     pts = [(r["measured"], r["model"]) for r in rows if r["target"] == t]
                     if pts:

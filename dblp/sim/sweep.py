@@ -175,7 +175,8 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
               runner: Runner = run_config, seeds: int = 1, dask: str | None = None,
               cache: ResultCache | None = None,
               target_accuracy: float = DEFAULT_TARGET_ACCURACY, convergence: str = DEFAULT_CONVERGENCE,
-              convergence_workload: str = DEFAULT_CONVERGENCE_WORKLOAD) -> tuple[list[dict], dict]:
+              convergence_workload: str = DEFAULT_CONVERGENCE_WORKLOAD,
+              convergence_weights: tuple[float, float] | None = None) -> tuple[list[dict], dict]:
     """Rows of the table (grid order) and timing info.
 
     Each point runs with ``seeds`` seeds (``base.seed``, ``base.seed + 1``, ...),
@@ -187,7 +188,7 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     (:func:`dblp.sim.convergence_phase.sim_regimes`: the same for DBLP and its baseline).
     """
     check_target(target_accuracy)
-    model = model_for(convergence, convergence_workload)
+    model = model_for(convergence, convergence_workload, convergence_weights)
     if not (isinstance(seeds, int) and seeds >= 1):
         raise ParameterError(f"--seeds must be a positive integer, got {seeds!r}")
     points = grid_points(axes)
@@ -212,6 +213,7 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     info = {"runs": len(tasks), "cached": cached, "grid_points": len(points), "seeds": seeds, "wall_s": wall,
             "jobs": jobs or os.cpu_count() or 1, "dask": dask, "target_accuracy": target_accuracy,
             "convergence": convergence, "convergence_workload": convergence_workload,
+            "convergence_weights": convergence_weights,
             "sim_cpu_s": sum(r.get("_cpu_s", 0.0) for r in results.values())}
     return rows, info
 
@@ -327,7 +329,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     cache = None if args.no_cache else ResultCache(args.cache or out / "cache")
     rows, info = run_sweep(base, axes, jobs=args.jobs, progress=not args.quiet, seeds=args.seeds, dask=args.dask,
                            cache=cache, target_accuracy=args.target_accuracy, convergence=args.convergence,
-                           convergence_workload=args.convergence_workload)
+                           convergence_workload=args.convergence_workload,
+                           convergence_weights=args.convergence_weights)
     write_csv(rows, out / "sweep.csv")
     meta = {"axes": axes, "base": base.to_dict(), **info, "x": x, "y": y,
             "collapsed_points": sum(1 for r in rows if r["collapse_runs"])}  # dblp.sim.model.collapse_warning
@@ -338,7 +341,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     z = next((k for k in varied if k not in (x, y)), None)  # small multiples: one row of panels per value
     pngs = plot_sweep(rows, x, y, out, z=z, averaged=[k for k in varied if k not in (x, y, z)],
                       target_accuracy=args.target_accuracy,
-                      convergence=f"{args.convergence_workload}, {args.convergence} model")
+                      convergence=f"{args.convergence_workload}, {args.convergence} model"
+                      + (" w_crit,w_calm = {},{}".format(*args.convergence_weights)
+                         if args.convergence_weights else ""))
     print(f"{info['grid_points']} grid points x {info['seeds']} seeds, {info['runs']} simulations of {base.rounds} "
           f"iterations ({info['cached']} from the cache) in {info['wall_s']:.1f} s on "
           f"{describe(args.jobs, args.dask)} -> {out / 'sweep.csv'}, "
