@@ -151,8 +151,7 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = N
         ("p99_round_s", "p99 round latency (s)", "ratio"),
         ("time_to_train_s", "time to train (s)", "ratio"),
         ("time_to_accuracy_s", f"time to {acc} accuracy (s, {convergence})", "ratio"),
-        ("lost_applied", "fraction of the applied gradient lost per round (1 - up x down: the convergence "
-                         "model's f)", "diff"),
+        ("lost_applied", "applied gradient lost (1 - up x down, the model's f)", "diff"),
         ("lost", "fraction of gradient lost (mean of up and down)", "diff"),
     ]
     metrics = [m for m in metrics if f"dblp_{m[0]}" in rows[0]]

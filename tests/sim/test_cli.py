@@ -64,7 +64,7 @@ def test_sweep_is_parallel_reproducible_and_plots(tmp_path):
     for col in ("p_high", "eta", "burst_rate", "dblp_mean_round_s", "base_p99_round_s", "dblp_time_to_train_s",
                 "base_lost", "speedup_mean", "speedup_time_to_train"):
         assert col in header
-    for m in ("mean_round_s", "p99_round_s", "time_to_train_s", "lost"):
+    for m in ("mean_round_s", "p99_round_s", "time_to_train_s", "lost_applied"):  # the lost map: 1 - up x down
         assert (tmp_path / "a" / f"heatmap_{m}.png").stat().st_size > 1000
     meta = json.loads((tmp_path / "a" / "sweep.json").read_text())
     assert meta["runs"] == 4 + 1  # the baseline is shared by the four DBLP points
