@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import subprocess
 import sys
@@ -170,3 +171,29 @@ def test_cli_refuses_a_missing_file_and_lists_its_commands():
     bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence_phase", "report", "--data", "/nonexistent.csv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--data" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_dblp_reaches_90_percent_sooner_only_if_calm_loss_is_cheap():
+    """A DBLP-like run - outside the CLR (three rounds of four after the first 11) rounds 1.7x shorter and 75% of
+    the gradient lost (P_high 0.5 up and down), in it the baseline's round - against a baseline losing 0.8%
+    (1.42x longer to the last round): with the fitted digits_mlp weights (w_calm 0.74) DBLP needs 61 rounds
+    to 90% against 41 and is 0.90x as fast; at the what-if weights 1.2 / 0 it needs 40 and is 1.33x."""
+    n = 300
+    crit = [i < 11 or i % 4 == 0 for i in range(n)]
+    dblp_lost = [0.0 if c else 0.75 for c in crit]
+    base_lost = [0.008] * n
+    fast = list(itertools.accumulate(1.0 if c else 1 / 1.7 for c in crit))
+    slow = [float(i + 1) for i in range(n)]
+
+    def speedup(model: PhaseModel) -> float:
+        d = time_to_accuracy(fast, dblp_lost, 0.9, model, crit)["time_to_accuracy_s"]
+        b = time_to_accuracy(slow, base_lost, 0.9, model, crit)["time_to_accuracy_s"]
+        return b / d
+
+    fitted = cp.model_for("phase", "digits_mlp")
+    assert fitted == cp.PHASE_FITTED["digits_mlp"]
+    assert speedup(fitted) == pytest.approx(0.896, abs=0.005)
+    assert speedup(cp.model_for("phase", "digits_mlp", (1.2, 0.5))) == pytest.approx(1.045, abs=0.005)
+    assert speedup(cp.model_for("phase", "digits_mlp", (1.2, 0.0))) == pytest.approx(1.325, abs=0.005)
+    with pytest.raises(ParameterError, match="--convergence-weights"):
+        cp.model_for("uniform", "digits_mlp", (1.2, 0.0))
