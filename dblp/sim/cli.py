@@ -40,6 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runs.append(("baseline", baseline_of(cfg)))
     summaries = {}
     results = {}
+    model = model_for(args.convergence, args.convergence_workload, args.convergence_weights)  # refused before a run
     for label, c in runs:
         rec = str(out / f"records-{label}.jsonl") if out else args.records
         if rec and Path(rec).exists():
@@ -47,7 +48,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = simulate(c, records=rec)
         s = res.summary()
         ends, lost = round_trace(res.records)
-        model = model_for(args.convergence, args.convergence_workload, args.convergence_weights)
         s.update(time_to_accuracy(ends, lost, args.target_accuracy, model, sim_regimes(c, len(ends))))
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
