@@ -346,21 +346,22 @@ class RoundSender:
         datagrams by their count (the simulator's synchronised incast, :mod:`dblp.sim.incast`):
         at 1024 workers that is ~740,000 passes an iteration, each a Batch otherwise. Unpaced
         senders only (a bucket is charged by the datagrams' lengths)."""
-        if not self.pacer.unlimited:
+        if self.pacer.rate_bps:
             raise ValueError("count_to_send: a paced sender hands out batches (its bucket is charged by length)")
         k = self._allowance(now, limit)
         if k > 0:
             self._handed_out(k, now)
-        return max(k, 0)
+            return k
+        return 0
 
     def _allowance(self, now: float, limit: int | None) -> int:
         """How many datagrams of the current pass may go now (R8's backoff over: the next pass starts)."""
-        if self.state is SendState.BACKOFF and now >= self._backoff_until:
-            self._start_pass(now)
         if self.state is not SendState.SENDING:
-            return 0
+            if self.state is not SendState.BACKOFF or now < self._backoff_until:
+                return 0
+            self._start_pass(now)
         k = min(limit or self.max_batch, self._pass.size - self._pos)
-        return self.pacer.allowance(now, self.layout.datagram_size, k)
+        return self.pacer.allowance(now, self.layout.datagram_size, k) if self.pacer.rate_bps else k
 
     def _handed_out(self, k: int, now: float) -> None:
         """``k`` datagrams of the pass are out; R2: the PROBE follows the pass's last one."""
@@ -397,17 +398,19 @@ class RoundSender:
         else:
             self.stats.ignored_control += 1
 
-    def handle_count_reply(self, received: int, now: float) -> None:
+    def handle_count_reply(self, received: int, now: float) -> float:
         """A BITMAP at the count level: the receiver holds ``received`` chunks, the round's first
         ``received`` in send order (R3's next pass is then the order's rest). For a driver that
         models which datagrams arrive by their number (:mod:`dblp.sim.incast`: which chunks a pass
         carries does not change how many arrive or when), without a bitmap to pack and unpack
-        per pass. The receiver it models gets the same chunks (``order[:received]``)."""
+        per pass. The receiver it models gets the same chunks (``order[:received]``). Returns when
+        the next pass may start: ``now``, or the end of R8's backoff."""
         if self.state is not SendState.AWAIT_REPLY:
             raise ValueError(f"handle_count_reply: the sender is {self.state.value}, not awaiting a reply")
         if not 0 <= received <= self.layout.chunks:
             raise ValueError(f"handle_count_reply: received={received} is outside 0..{self.layout.chunks}")
         self._reply(received, self.order[received:], now)
+        return self._backoff_until if self.state is SendState.BACKOFF else now
 
     def _reply(self, received: int, missing: np.ndarray, now: float) -> None:
         """R3 and R8 on a BITMAP: the next pass carries ``missing``, at once or after a backoff."""

@@ -210,6 +210,7 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
     stale = np.zeros(n_s, np.int64)
     early = np.zeros(n_s, bool)
     # events at the port: (time, kind 0 start / 1 end, sender, host time of the pass's start, datagrams)
+    resumed = [False] * n_s  # the sender's next pass begins after a backoff (the core starts it at its first datagram)
     ev = [(t0 + h + d1, 0, i, t0, s.pass_remaining) for i, s in enumerate(senders)]
     heapq.heapify(ev)
     pop, push = heapq.heappop, heapq.heappush
@@ -266,15 +267,18 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
             s.control_to_send()  # its PROBE (if the pass is out) meets a receiver that has stopped
             stale[i] = max(0, round(got * m_out / m) - left)
             continue
-        s.count_to_send(ts + h, 1)
-        if m > 1:
-            s.count_to_send(te, m - 1)
+        if resumed[i]:  # the pass starts (R8) at its first datagram, so the wait it ends is counted to then
+            s.count_to_send(ts + h, 1)
+            if m > 1:
+                s.count_to_send(te, m - 1)
+        else:
+            s.count_to_send(te, m)
         s.control_to_send()  # the PROBE: timed below
         recv[i] = r0 + got
         t_probe = max(te + probe_out, te + d1 + wait + ser) + probe_tail  # FIFO behind the last datagram
         t_bitmap = t_probe + bitmap_back
-        s.handle_count_reply(recv[i], t_bitmap)  # R3, R8: the next pass now or after a backoff
-        t_next = s.get_timer() or t_bitmap
+        t_next = s.handle_count_reply(recv[i], t_bitmap)  # R3, R8: the next pass now or after a backoff
+        resumed[i] = t_next != t_bitmap
         push(ev, (t_next + h + d1, 0, i, t_next, s.pass_remaining))
     t_first = np.full(n_s, t0 + h + c_total)  # the first datagram finds the queue empty
     return {"t_first": t_first, "t_cross": t_cross, "stale": stale, "early": early,
