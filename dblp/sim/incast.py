@@ -284,3 +284,25 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
     return {"t_first": t_first, "t_cross": t_cross, "stale": stale, "early": early,
             "sent": np.array([s.stats.sent for s in senders], np.int64),
             "passes": np.array([s.stats.passes for s in senders], np.int64)}
+
+
+def compare_first_iteration(walk: Any, flow: Any) -> dict[str, float]:
+    """How far a flow-level run's first iteration is from the walk's (two ``SimResult``s of one
+    configuration): relative differences of the end time and of the workers' mean round time,
+    upload latency, passes and datagrams sent, and the largest difference of a worker's received
+    fraction (absolute). What ``tests/sim/test_incast.py`` holds and ``scenarios/bench_sim.py
+    --only-incast`` prints."""
+    def means(res: Any) -> dict[str, float]:
+        wk = [r for r in res.records if r.role == "worker" and r.round == 0]
+        return {"end": res.end_time_s,
+                "round": float(np.mean([r.round_latency_s for r in wk])),
+                "up": float(np.mean([r.up_latency_s for r in wk])),
+                "passes": float(np.mean([r.up_passes for r in wk])),
+                "sent": float(np.mean([r.up_sent for r in wk]))}
+
+    a, b = means(walk), means(flow)
+    out = {k: b[k] / a[k] - 1.0 for k in a}
+    fa = {r.worker: r.up_received / r.chunks for r in walk.records if r.role == "worker" and r.round == 0}
+    fb = {r.worker: r.up_received / r.chunks for r in flow.records if r.role == "worker" and r.round == 0}
+    out["received_frac"] = max(abs(fb[w] - fa[w]) for w in fa)
+    return out
