@@ -207,6 +207,7 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
     recv = [0] * n_s
     acc_at = [0.0] * n_s  # the acceptance integral at each sender's pass start
     t_cross = np.full(n_s, math.nan)
+    t_first = np.full(n_s, math.nan)
     stale = np.zeros(n_s, np.int64)
     early = np.zeros(n_s, bool)
     # events at the port: (time, kind 0 start / 1 end, sender, host time of the pass's start, datagrams)
@@ -249,6 +250,9 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
         te = ts + m * h  # the pass's last datagram leaves the host
         wait = qlen * ser
         r0 = recv[i]
+        if got and r0 == 0:  # the receiver's first datagram: the expected slot of the pass's first accepted one
+            j1 = max(1, round((m + 1) / (got + 1)))
+            t_first[i] = ts + j1 * h + c_total + (wait if j1 > 1 or ts > t0 else 0.0)
         if r0 + got >= need:  # the receiver reaches need during this pass
             left = need - r0
             j = min(m, max(left, round(left * (m + 1) / (got + 1))))  # that datagram's slot (1-based)
@@ -280,7 +284,6 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
         t_next = s.handle_count_reply(recv[i], t_bitmap)  # R3, R8: the next pass now or after a backoff
         resumed[i] = t_next != t_bitmap
         push(ev, (t_next + h + d1, 0, i, t_next, s.pass_remaining))
-    t_first = np.full(n_s, t0 + h + c_total)  # the first datagram finds the queue empty
     return {"t_first": t_first, "t_cross": t_cross, "stale": stale, "early": early,
             "sent": np.array([s.stats.sent for s in senders], np.int64),
             "passes": np.array([s.stats.passes for s in senders], np.int64)}
