@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from typing import Any
 
 import numpy as np
@@ -203,7 +204,9 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
     n_s = len(senders)
     cap = 1.0 / ser
     c_total = d1 + ser + d2
-    binom = np.random.default_rng(seed).binomial
+    rng = np.random.default_rng(seed)
+    binom = rng.binomial
+    uniform = random.Random(int(rng.integers(1 << 62))).random  # one float per pass: the stdlib's is cheaper
     recv = [0] * n_s
     acc_at = [0.0] * n_s  # the acceptance integral at each sender's pass start
     t_cross = np.full(n_s, math.nan)
@@ -279,7 +282,13 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
             s.count_to_send(te, m)
         s.control_to_send()  # the PROBE: timed below
         recv[i] = r0 + got
-        t_probe = max(te + probe_out, te + d1 + wait + ser) + probe_tail  # FIFO behind the last datagram
+        # FIFO behind the pass's last datagram that got into the queue (none: the PROBE's own way). With ~1/N of
+        # a pass getting in, that one is often well before the pass's end: its slot is drawn as the last of
+        # `got` uniform ones (an expected slot would bias the wait low: it enters through a max)
+        t_probe = te + probe_out
+        if got:
+            t_probe = max(t_probe, ts + math.ceil(m * uniform() ** (1.0 / got)) * h + d1 + wait + ser)
+        t_probe += probe_tail
         t_bitmap = t_probe + bitmap_back
         t_next = s.handle_count_reply(recv[i], t_bitmap)  # R3, R8: the next pass now or after a backoff
         resumed[i] = t_next != t_bitmap
