@@ -20,7 +20,7 @@ import pytest
 from dblp import control as ctl
 from dblp.core import RoundSender, SendState, VirtualRound
 from dblp.sim import SimConfig, simulate
-from dblp.sim.incast import compare_first_iteration, incast_group
+from dblp.sim.incast import AUTO_MIN_WORKERS, compare_first_iteration, incast_group
 from dblp.sim.model import Simulation
 from dblp.wire import ChunkLayout, ParameterError
 
@@ -58,6 +58,9 @@ def test_auto_keeps_the_walk_below_its_threshold_and_where_it_does_not_apply() -
     assert fingerprint(simulate(SimConfig(incast="auto", **kw))) == fingerprint(simulate(SimConfig(incast="walk",
                                                                                                     **kw)))
     assert incast_group(Simulation(SimConfig(incast="flow", **kw)).engine) is not None
+    big = dict(model=200_000, rounds=1)
+    assert incast_group(Simulation(SimConfig(workers=AUTO_MIN_WORKERS, **big)).engine) is not None  # auto
+    assert incast_group(Simulation(SimConfig(workers=AUTO_MIN_WORKERS - 1, **big)).engine) is None
     for other in (dict(send_rate_bps=1e9), dict(loss=[{"kind": "bernoulli", "p": 0.01}]),
                   dict(compute_jitter_s=1e-4), dict(topology="leafspine"), dict(servers=2),
                   dict(server_bandwidth_bps=100e9)):  # the last: no incast (the port is never overloaded)
