@@ -323,12 +323,7 @@ class RoundSender:
     def datagrams_to_send(self, now: float, limit: int | None = None, headers: bool = True) -> Batch | None:
         """R2: the next datagrams of the current pass, as allowed by pacing. ``headers=False``: the
         chunks only, nothing encoded (a data path that carries no datagrams, :mod:`dblp.hostlocal`)."""
-        if self.state is SendState.BACKOFF and now >= self._backoff_until:
-            self._start_pass(now)
-        if self.state is not SendState.SENDING:
-            return None
-        k = min(limit or self.max_batch, self._pass.size - self._pos)
-        k = self.pacer.allowance(now, self.layout.datagram_size, k)
+        k = self._allowance(now, limit)
         if k <= 0:
             return None
         seqs = self._pass[self._pos : self._pos + k]
@@ -339,15 +334,43 @@ class RoundSender:
             hdrs, lengths = self.enc.span(self._pos, self._pos + k)
         else:
             hdrs, lengths = self.enc.take(seqs)
-        self._pos += k
         if not self.pacer.unlimited:  # an unlimited bucket ignores what it is charged: no sum to take
             self.pacer.consume(int(lengths.sum()))
+        self._handed_out(k, now)
+        return Batch(hdrs, lengths, seqs, getattr(self.enc, "values", None), self.layout)
+
+    def count_to_send(self, now: float, limit: int) -> int:
+        """R2 at the count level: hand out the next ``limit`` datagrams of the current pass (fewer
+        if the pass has fewer left) as a number - what :meth:`datagrams_to_send` would hand out,
+        neither gathered nor encoded - and return how many. For a driver that models a pass's
+        datagrams by their count (the simulator's synchronised incast, :mod:`dblp.sim.incast`):
+        at 1024 workers that is ~740,000 passes an iteration, each a Batch otherwise. Unpaced
+        senders only (a bucket is charged by the datagrams' lengths)."""
+        if self.pacer.rate_bps:
+            raise ValueError("count_to_send: a paced sender hands out batches (its bucket is charged by length)")
+        k = self._allowance(now, limit)
+        if k > 0:
+            self._handed_out(k, now)
+            return k
+        return 0
+
+    def _allowance(self, now: float, limit: int | None) -> int:
+        """How many datagrams of the current pass may go now (R8's backoff over: the next pass starts)."""
+        if self.state is not SendState.SENDING:
+            if self.state is not SendState.BACKOFF or now < self._backoff_until:
+                return 0
+            self._start_pass(now)
+        k = min(limit or self.max_batch, self._pass.size - self._pos)
+        return self.pacer.allowance(now, self.layout.datagram_size, k) if self.pacer.rate_bps else k
+
+    def _handed_out(self, k: int, now: float) -> None:
+        """``k`` datagrams of the pass are out; R2: the PROBE follows the pass's last one."""
+        self._pos += k
         self.stats.sent += k
         if self._pos >= self._pass.size:
             self.state = SendState.AWAIT_REPLY
             self._idle_since = now
             self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
-        return Batch(hdrs, lengths, seqs, getattr(self.enc, "values", None), self.layout)
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []
@@ -369,23 +392,42 @@ class RoundSender:
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
-            self.stats.received = int(msg.received)
             # R3: missing chunks, round order (in index order that is the missing ones as they are)
-            self._pass = (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]]
-            self._pos = 0
-            if self._pass.size == 0:  # receiver has everything but did not stop: probe again
-                self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
-                return
-            if msg.received <= self._last_received:  # R8: no progress
-                self._backoff = BACKOFF_START_S if self._backoff == 0 else min(BACKOFF_MAX_S, 2 * self._backoff)
-                self._backoff_until = now + self._backoff
-                self.state = SendState.BACKOFF
-            else:
-                self._backoff = 0.0
-                self._start_pass(now)
-            self._last_received = int(msg.received)
+            self._reply(int(msg.received), (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]],
+                        now)
         else:
             self.stats.ignored_control += 1
+
+    def handle_count_reply(self, received: int, now: float) -> float:
+        """A BITMAP at the count level: the receiver holds ``received`` chunks, the round's first
+        ``received`` in send order (R3's next pass is then the order's rest). For a driver that
+        models which datagrams arrive by their number (:mod:`dblp.sim.incast`: which chunks a pass
+        carries does not change how many arrive or when), without a bitmap to pack and unpack
+        per pass. The receiver it models gets the same chunks (``order[:received]``). Returns when
+        the next pass may start: ``now``, or the end of R8's backoff."""
+        if self.state is not SendState.AWAIT_REPLY:
+            raise ValueError(f"handle_count_reply: the sender is {self.state.value}, not awaiting a reply")
+        if not 0 <= received <= self.layout.chunks:
+            raise ValueError(f"handle_count_reply: received={received} is outside 0..{self.layout.chunks}")
+        self._reply(received, self.order[received:], now)
+        return self._backoff_until if self.state is SendState.BACKOFF else now
+
+    def _reply(self, received: int, missing: np.ndarray, now: float) -> None:
+        """R3 and R8 on a BITMAP: the next pass carries ``missing``, at once or after a backoff."""
+        self.stats.received = received
+        self._pass = missing
+        self._pos = 0
+        if self._pass.size == 0:  # receiver has everything but did not stop: probe again
+            self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
+            return
+        if received <= self._last_received:  # R8: no progress
+            self._backoff = BACKOFF_START_S if self._backoff == 0 else min(BACKOFF_MAX_S, 2 * self._backoff)
+            self._backoff_until = now + self._backoff
+            self.state = SendState.BACKOFF
+        else:
+            self._backoff = 0.0
+            self._start_pass(now)
+        self._last_received = received
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)

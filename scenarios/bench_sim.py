@@ -26,6 +26,7 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py --only-workers --workers 64 --workers-provisioned 1024 --workers-iterations 100
     python scenarios/bench_sim.py --only-workers --topology leafspine --workers 64 --workers-provisioned 256
     python scenarios/bench_sim.py --only-sweep --sweep-configs 500 --sweep-iterations 300 --sweep-model 1000000 --sweep-group 1
+    python scenarios/bench_sim.py --only-incast --incast-workers 64,128,256   # the incast: walk vs flow level
 """
 
 from __future__ import annotations
@@ -165,6 +166,28 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
 }
 
 
+def bench_incast(workers: list[int]) -> list[dict]:
+    """The first iteration's synchronised incast on the default star (1M floats), walked pass by pass
+    (``incast="walk"``, the reference) and at flow level (``"flow"``, dblp.sim.incast), side by side:
+    CPU seconds, their ratio, and how far the flow level's records are from the walk's."""
+    from dblp.sim.incast import compare_first_iteration
+
+    print("\n== the first iteration's incast, default star, 1M floats: walk (reference) vs flow level")
+    print(f"{'workers':>7} {'walk CPU':>9} {'flow CPU':>9} {'ratio':>7}   records, flow against walk (relative)")
+    rows = []
+    for n in workers:
+        got = {}
+        for mode in ("walk", "flow"):
+            got[mode] = timed(SimConfig(model=1_000_000, workers=n, rounds=1, incast=mode))
+        diff = compare_first_iteration(got["walk"][0], got["flow"][0])
+        cw, cf = got["walk"][2], got["flow"][2]
+        print(f"{n:7d} {cw:8.2f}s {cf:8.2f}s {cw / cf:6.1f}x   "
+              + ", ".join(f"{k} {v:+.2%}" for k, v in diff.items()) + f"  (load {os.getloadavg()[0]:.1f})",
+              flush=True)
+        rows.append({"workers": n, "walk_cpu_s": cw, "flow_cpu_s": cf, "ratio": cw / cf, "rel_diff": diff})
+    return rows
+
+
 def _target_child(kw: dict, cap_s: float, mem_gib: float, conn) -> None:
     """One target run in a fresh process: CPU seconds, wall, peak resident memory, the run's summary.
     The kernel stops it past ``cap_s`` CPU seconds (RLIMIT_CPU) or ``mem_gib`` of address space."""
@@ -288,6 +311,10 @@ def main() -> int:
                    help="stop a target run past this many times its CPU-seconds limit (a factor, no unit)")
     p.add_argument("--target-memory", type=float_arg(0.5), default=12.0,
                    help="address space a target run may take, GiB (the kernel refuses more)")
+    p.add_argument("--only-incast", action="store_true",
+                   help="only the first iteration's incast, walked and at flow level, side by side (--incast-workers)")
+    p.add_argument("--incast-workers", type=int_list_arg(1), default="64,128,256",
+                   help="worker counts of --only-incast (the walk of 256 takes ~15-40 s of CPU)")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
@@ -297,6 +324,9 @@ def main() -> int:
         a.workers, a.workers_provisioned, a.workers_iterations = [8, 16], [64], 2
     groups = a.groups
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
+    if a.only_incast:
+        _write(a, {"incast": bench_incast(a.incast_workers)})
+        return 0
     if a.only_targets:
         res = {"targets": bench_targets(a.targets, a.target_runs, a.target_cap, a.target_memory)}
         if a.output:

@@ -49,6 +49,7 @@ from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
 
 FIDELITIES = ("round", "packet")
+INCAST_MODES = ("auto", "flow", "walk")  # dblp.sim.incast
 NORM_MODELS = ("received", "sequence")
 ETHERNET_HEADER = 14
 
@@ -110,6 +111,9 @@ class SimConfig:
     fidelity: str = "round"  # "round" (fast, numpy per pass) or "packet" (one event per datagram)
     seed: int = 0
     group: int = 1  # round level: datagrams simulated as one unit (1 = every datagram; see below)
+    # round level: the first iteration's synchronised incast at flow level (dblp.sim.incast) - "auto" from
+    # incast.AUTO_MIN_WORKERS workers on, "flow" wherever it applies, "walk" never (every pass walked)
+    incast: str = "auto"
     host_slice: int = 1024  # datagrams a host sends for one peer before the next (transport.pump)
     max_batch: int = 64  # packet level: datagrams per core call (RoundSender.max_batch)
     consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
@@ -146,6 +150,8 @@ class SimConfig:
         if not (isinstance(self.seed, int) and self.seed >= 0):  # numpy's generators take no negative seed
             raise ParameterError(f"seed must be a non-negative integer, got {self.seed!r}")
         _positive_int("group", self.group)
+        if self.incast not in INCAST_MODES:
+            raise ParameterError(f"incast must be one of {INCAST_MODES}, got {self.incast!r}")
         if self.group > 1 and self.fidelity != "round":
             raise ParameterError(f"group={self.group} is a round-level approximation; the packet level needs group=1")
         _positive_int("max_batch", self.max_batch)

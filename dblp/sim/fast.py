@@ -87,6 +87,7 @@ from ..core import RoundSender
 from ..pacing import TokenBucket
 from .flow import Endpoint, FlowBase, pass_remaining
 from .hostsched import HostSched
+from .incast import IncastFlow, incast_group
 from .net import FluidQueue, Host, Path
 
 try:  # a pass's arrivals in one C loop (the optional helper, setup.py); numpy in port_refresh otherwise
@@ -746,6 +747,8 @@ class RoundEngine:
         self._ones = _EMPTY_F
         self._fiota = _EMPTY_F
         self._zeros = _EMPTY_F
+        # the first iteration's synchronised incast at flow level, where it stands for the walk (dblp.sim.incast)
+        self.incast = incast_group(self)
 
     # -- SimPy queue entries ----------------------------------------------------------------
     # These push onto SimPy's queue the very tuple ``Environment.schedule`` pushes (simpy 4.1:
@@ -849,7 +852,9 @@ class RoundEngine:
         return TokenBucket()
 
     def start_flow(self, sender: RoundSender, ep: Endpoint, path: Path, rpath: Path, direction: int,
-                   worker: int, rnd: int) -> RoundFlow:
+                   worker: int, rnd: int) -> RoundFlow | IncastFlow:
+        if self.incast is not None and self.incast.takes(direction, rnd):
+            return self.incast.start_flow(sender, ep, path, rpath, direction, worker, rnd)
         return RoundFlow(self, self.sim, sender, ep, path, rpath, direction, worker, rnd)
 
     def ctrl_wire(self, msg: ctl.Message) -> int:

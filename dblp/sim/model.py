@@ -233,6 +233,11 @@ class Simulation:
         if self._writer:
             self._writer.write(rec)
 
+    def _incast(self, rnd: int) -> dict:
+        """Records' extra of iteration ``rnd``: ``incast: "flow"`` where its uploads were the flow-level
+        incast's (dblp.sim.incast), so a reader knows that round's upload figures are the model's."""
+        return {"incast": "flow"} if rnd == 0 and getattr(self.engine, "incast", None) is not None else {}
+
     def burst(self, rnd: int) -> bool:
         """Whether an iteration-keyed burst hits iteration ``rnd`` (records' extra["burst"])."""
         b = self._bursts.get(rnd)
@@ -356,7 +361,7 @@ class Simulation:
             norm = self._grad_norm(rnd, sh)
             if self.k > 1:  # as dblp.server: the policy sees the whole mean's norm
                 norm = math.sqrt((yield self._norm_exchange(sh, rnd, norm * norm)))
-            server.broadcast(norm, env.now, None, extra={**extra, "burst": self.burst(rnd)})
+            server.broadcast(norm, env.now, None, extra={**extra, "burst": self.burst(rnd), **self._incast(rnd)})
             self._dispatch_server(sh, env.now)
             yield all_done(env, sh.dones)
 
@@ -391,7 +396,8 @@ class Simulation:
             if c > 0:
                 yield env.timeout(c)
             t0 = env.now
-            extra = {"compute_s": c, "fidelity": self.cfg.fidelity, "burst": self.burst(k), **self._extra}
+            extra = {"compute_s": c, "fidelity": self.cfg.fidelity, "burst": self.burst(k), **self._extra,
+                     **self._incast(k)}
             if len(links) == 1:
                 w = links[0]
                 if not w.session.can_send():

@@ -124,6 +124,9 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
                                            "(0 = unlimited)"),
     ("--ctrl-overhead", "ctrl_overhead_s", duration_arg(), "processing per control message, e.g. 20us"),
     ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram)"),
+    ("--incast", "incast", str, "the first iteration's synchronised incast: auto (at flow level from 128 "
+                                "workers on) | flow (at flow level wherever it applies) | walk (every pass "
+                                "walked: the reference) (dblp.sim.incast)"),
     ("--seed", "seed", int, "random seed"),
     ("--host-slice", "host_slice", int, "datagrams per peer per turn of a host's send loop"),
     ("--group", "group", int, "round level: datagrams simulated as one unit (1 = exact; 16 = ~5x faster, "

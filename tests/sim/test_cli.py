@@ -159,6 +159,23 @@ def test_bench_targets_run_each_in_a_fresh_process_and_say_met(tmp_path):
     assert "target: 16 workers x 5 iterations" in p.stdout and "of 2 run(s)" in p.stdout
 
 
+def test_bench_incast_prints_walk_and_flow_side_by_side(tmp_path):
+    """``bench_sim.py --only-incast``: the first iteration walked and at flow level, each's CPU time, their
+    ratio and the flow level's differences (dblp.sim.incast.compare_first_iteration of the same runs)."""
+    from dblp.sim.incast import compare_first_iteration
+
+    out = tmp_path / "i.json"
+    p = subprocess.run([PY, "scenarios/bench_sim.py", "--only-incast", "--incast-workers", "8", "-o", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(out.read_text())["incast"]
+    kw = dict(model=1_000_000, workers=8, rounds=1)
+    ref = compare_first_iteration(simulate(SimConfig(incast="walk", **kw)), simulate(SimConfig(incast="flow", **kw)))
+    assert row["workers"] == 8 and row["rel_diff"] == ref and row["ratio"] == row["walk_cpu_s"] / row["flow_cpu_s"]
+    (line,) = [ln for ln in p.stdout.splitlines() if ln.lstrip().startswith("8 ")]
+    assert f"passes {ref['passes']:+.2%}" in line and "received_frac +0.00%" in line
+
+
 def test_unpaced_incast_collapse_warns_and_paced_does_not(tmp_path, capsys):
     """16 unpaced workers into a 1 Gbit/s server link: 3.58 passes per upload, so `run` prints the warning
     (the figure and --pace at the fair share 1000/16 = 62.5M) and summary.json records it; paced at 60M (just
