@@ -21,16 +21,23 @@ parameter                   estimate
                             second of send latency in lossless rounds (one
                             pass, no burst), times the workers sharing the
                             server's link
-``send_pps``                1 / the per-datagram time of those rounds (send
-                            latency / datagrams sent) when that is slower than
-                            the link; else not binding (2x the link's rate)
+``send_pps``                a host cost, with the links and the pacing as
+                            known terms: the per-datagram time of those rounds
+                            (send latency / datagrams sent) is compared with
+                            a simulation of the run's network whose hosts
+                            never bind; more than ``HOST_MARGIN`` (10%) slower:
+                            the host binds, 1 / that time; else the run does
+                            not show the host's cost and the base's rate is
+                            kept (never the run's link or pacing rate)
 ``server_send_pps``         the same for the broadcast: the server's slowest
                             per-worker broadcast time / datagrams it sent to
                             all workers in that round (a round where one of
                             its flows took one pass; none such: every quiet
-                            round); then both rates are
+                            round); then the binding rates are
                             rescaled until a simulation with them shows the
-                            same per-datagram times (``--no-refine``: not)
+                            same per-datagram times (``--no-refine``: not,
+                            and the network alone is the links' and pacers'
+                            frame time)
 ``compute_s``               median gap between a worker's round end and its
                             next round's start
 ``reduce_s``                median over rounds of the shortest wait of a
@@ -43,7 +50,15 @@ policy, tolerances          the records' ``policy`` and tolerances
 ==========================  ===================================================
 
 Every estimate, and how many rounds it came from, is stored under
-``"_calibration"`` in the output (ignored when the file is read back).
+``"_calibration"`` in the output (ignored when the file is read back);
+``estimates.host`` says for each host what was measured (per-datagram time,
+the network alone, binding or not, the rate), the per-round overheads, and
+on which machine (the run's ``config.json`` ``_run``: host name, cores, load
+average, date, code commit; and the calibration's own). Not measured: a
+receive cost (the simulator has none; on the emulator's shared cores a
+datagram the burst drops before the server's socket costs less, so burst
+rounds are predicted slow) and the control overhead (``ctrl_overhead_s``,
+the base's).
 """
 
 from __future__ import annotations
