@@ -117,6 +117,28 @@ def test_small_leafspine_crosscheck_run(tmp_path):
         assert far > near == 1.0
 
 
+@pytest.mark.mininet
+def test_small_twosites_crosscheck_run(tmp_path):
+    """Two sites: the two remote workers (60 Mbit/s each) share a 100 Mbit/s WAN and need a second pass
+    in Mininet and in the simulator calibrated on the run (which reads the fabric from its config);
+    the worker in the server's site needs one."""
+    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "12",
+           "--bursts", "8", "--bandwidth", "200", "--topology", "twosites", "--local-workers", "1",
+           "--wan-bandwidth", "100", "--results", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = list(tmp_path.glob("crosscheck-*"))
+    cal = json.loads((run / "calibration.json").read_text())
+    assert (cal["topology"], cal["local_workers"], cal["wan_bandwidth_bps"]) == ("twosites", 1, 100e6)
+    for recs in ([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
+                  for x in f.read_text().splitlines()],
+                 [RoundRecord.from_dict(json.loads(x)) for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()]):
+        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
+        remote = np.mean([r.up_passes for r in ordinary if r.worker != 0])  # w2 and w3: site 2
+        local = np.mean([r.up_passes for r in ordinary if r.worker == 0])  # w1: the server's site
+        assert remote > 1.5 and local == 1.0
+
+
 def _sim_run_folder(tmp_path: Path, name: str = "crosscheck-fixture", mbps: float = 200.0, rounds: int = 20,
                     fabric: dict | None = None, **hosts: float) -> Path:
     """A crosscheck run folder (config.json, <policy>/records/) whose 'emulated' records are the simulator's
