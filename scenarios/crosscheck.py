@@ -251,6 +251,9 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     print(f"\nsimulator: {how}\n  link {cal.bandwidth_bps / 1e6:.0f} Mbit/s, worker {cal.send_pps:.0f} datagrams/s, "
           f"server {cal.server_pps:.0f} datagrams/s, compute {cal.compute_s * 1e3:.2f} ms, "
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
+    for who, h in ((k, notes.get("estimates", {}).get("host", {}).get(k)) for k in ("worker", "server")):
+        if h:  # a calibration on this run: whether the run showed the host's cost (dblp.sim.calibrate)
+            print(f"  {who} host: {h['how']}", flush=True)
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))
     kind = getattr(a, "hosts_kind", "mininet")  # a run folder from before --hosts: Mininet's

@@ -531,6 +531,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"  link {cfg.bandwidth_bps / 1e6:.1f} Mbit/s, worker {cfg.send_pps:.0f} datagrams/s, "
           f"server {cfg.server_pps:.0f} datagrams/s, compute {cfg.compute_s * 1e3:.2f} ms, "
           f"reduce {cfg.reduce_s * 1e3:.2f} ms, policy {cfg.policy}, {len(cfg.loss)} loss process(es)")
+    for who, h in ((k, e.get("host", {}).get(k)) for k in ("worker", "server")):
+        if h:
+            print(f"  {who} host: {h['how']}")
     print(f"  run it: python -m dblp.sim run --params {out}")
     return 0
 

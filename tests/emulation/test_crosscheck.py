@@ -168,7 +168,7 @@ def _sim_run_folder(tmp_path: Path, name: str = "crosscheck-fixture", mbps: floa
 def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
     """The blind path of issue 27: one star calibration on a run whose hosts bind (2 Gbit/s; 16,000 and
     30,000 datagrams/s), its calibration.json applied with --params to runs of other networks - a slow
-    star (100 Mbit/s: the pacers bind) and two sites (one worker behind a 60 Mbit/s WAN). The 'emulated'
+    star (100 Mbit/s: the pacers bind) and two sites (two local workers, one behind a 60 Mbit/s WAN). The 'emulated'
     records are the simulator's own with the same hosts, so every bounded term comes out within 5%;
     before host and network were separated, the 2 Gbit/s calibration's hosts were its own pacing and
     link rates."""
@@ -181,8 +181,9 @@ def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
     host = json.loads(cal.read_text())["_crosscheck"]["estimates"]["host"]
     assert host["worker"]["datagrams_per_s"] == pytest.approx(16_000, rel=0.03)
     assert host["server"]["datagrams_per_s"] == pytest.approx(30_000, rel=0.03)
-    two = ({"topology": "twosites", "local_workers": 1, "wan_bandwidth": 60e6},
-           {"topology": "twosites", "local_workers": 1, "wan_bandwidth_bps": 60e6, "wan_delay_s": 0.0})
+    # config.json names flags as typed ("local-workers"); --from-run must read them, not keep its defaults
+    two = ({"topology": "twosites", "local-workers": 2, "wan-bandwidth": 60e6},
+           {"topology": "twosites", "local_workers": 2, "wan_bandwidth_bps": 60e6, "wan_delay_s": 0.0})
     for run in (_sim_run_folder(tmp_path, "star-100", 100.0, **hosts),
                 _sim_run_folder(tmp_path, "twosites", 500.0, fabric=two, **hosts)):
         out = subprocess.run(py + ["--from-run", str(run), "--params", str(cal)], capture_output=True, text=True,
@@ -196,6 +197,7 @@ def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
         assert len(bounded) == 6  # round p50 and p99 of both policies, the round and send speedups at the burst
         assert all(abs(r["rel_err"]) < 0.05 for r in bounded), [(r["term"], r["rel_err"]) for r in bounded]
     assert doc["scenario"]["topology"] == "twosites" and doc["scenario"]["wan_bandwidth_bps"] == 60e6
+    assert doc["scenario"]["local_workers"] == 2
 
 
 def test_from_run_writes_beside_not_over(tmp_path):
