@@ -40,7 +40,8 @@ BOUNDS = {"round p50": 0.15, "round p99": 0.15, "speedup @burst": 0.20}
 #: scenario settings that replace a transferred calibration's (--params); the rest are host constants
 SCENARIO_KEYS = ("model", "workers", "rounds", "bandwidth_bps", "server_bandwidth_bps", "queue_bytes",
                  "send_rate_bps", "loss", "seed", "eta", "freq", "mtu", "wire",
-                 "topology", "racks", "spines", "uplink_bandwidth_bps")  # the network: a scenario setting
+                 "topology", "racks", "spines", "uplink_bandwidth_bps",  # the network: a scenario setting
+                 "local_workers", "wan_bandwidth_bps", "wan_delay_s", "wan_queue_bytes")
 
 
 # -- statistics ------------------------------------------------------------------------

@@ -48,8 +48,18 @@ def provenance() -> dict[str, Any]:
         "host": platform.node(),
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
+        "load": load_average(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def load_average() -> list[float] | None:
+    """The 1/5/15-minute load averages (None where the platform has none): a run on a machine shared
+    with other work is slower per datagram, so a calibration says what load it was measured under."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
 
 
 def code_version() -> str:

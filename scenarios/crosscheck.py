@@ -79,13 +79,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--calibrate-from", default="baseline", help="the policy run the calibration reads")
     ap.add_argument("--fidelity", choices=["round", "packet"], default="round", help="simulator level")
     ap.add_argument("--from-run", default=None, help="re-analyse an existing crosscheck folder (no Mininet)")
-    ap.add_argument("--topology", choices=["star", "leafspine"], default="star",
-                    help="the network: the paper's star, or leaf-spine (topologies/leafspine.py: srv in rack 1, "
-                         "workers from rack 2 on, one spine)")
+    ap.add_argument("--topology", choices=["star", "leafspine", "twosites"], default="star",
+                    help="the network: the paper's star, leaf-spine (topologies/leafspine.py: srv in rack 1, "
+                         "workers from rack 2 on, one spine) or two sites (topologies/twosites.py: srv and "
+                         "--local-workers in site 1, the other workers behind one WAN link)")
     ap.add_argument("--racks", type=count_arg(1), default=2, help="leaf-spine racks (one leaf switch each)")
     ap.add_argument("--uplink-bandwidth", type=rate_arg(), default=None,
                     help="leaf-spine leaf-to-spine link rate, e.g. 250M; a bare number is Mbit/s "
                          "(default: --bandwidth)")
+    ap.add_argument("--local-workers", type=count_arg(0), default=1,
+                    help="two sites: workers in the server's site (count); the others cross the WAN")
+    ap.add_argument("--wan-bandwidth", type=rate_arg(), default=None,
+                    help="two sites: the WAN link's rate, e.g. 300M; a bare number is Mbit/s (default: --bandwidth); "
+                         "no WAN delay (this kernel has no netem)")
     return ap
 
 
@@ -109,6 +115,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             ap.error(str(exc))
         if a.topology != "star" and a.hosts_kind != "mininet":
             ap.error(f"--topology {a.topology}: Mininet hosts only ({a.hosts_why}); namespace hosts make the star")
+    if a.topology == "twosites" and a.local_workers > a.workers:
+        ap.error(f"argument --local-workers: {a.local_workers} is more than the {a.workers} workers")
     if not a.params and not a.from_run and a.calibrate_from not in a.policy_list:
         ap.error(f"argument --calibrate-from: {a.calibrate_from!r} is not one of the runs of --policies "
                  f"({', '.join(a.policy_list)})")
@@ -121,8 +129,30 @@ def scenario_settings(a: argparse.Namespace) -> dict:
             "queue_bytes": a.queue, "send_rate_bps": pace_rate(a),
             "loss": [{"kind": "iteration_bursts", "at": list(a.bursts_list), "loss": a.burst_loss}],
             "seed": a.seed, "eta": a.eta, "freq": a.freq, "wire": 1 if a.insecure else 2, "mtu": a.mtu,
-            **({"topology": "leafspine", "racks": a.racks, "spines": 1,
-                "uplink_bandwidth_bps": a.uplink_bandwidth or a.bandwidth} if a.topology == "leafspine" else {})}
+            **_fabric_settings(a)}
+
+
+def _fabric_settings(a: argparse.Namespace) -> dict:
+    """The SimConfig keys of a fabric other than the star (a run folder from before a flag: its default)."""
+    topology = getattr(a, "topology", "star")
+    if topology == "leafspine":
+        return {"topology": "leafspine", "racks": a.racks, "spines": 1,
+                "uplink_bandwidth_bps": a.uplink_bandwidth or a.bandwidth}
+    if topology == "twosites":  # no netem here: the WAN has no delay, as the Mininet fabric
+        return {"topology": "twosites", "local_workers": getattr(a, "local_workers", 1),
+                "wan_bandwidth_bps": getattr(a, "wan_bandwidth", None) or a.bandwidth, "wan_delay_s": 0.0}
+    return {}
+
+
+def fabric_title(a: argparse.Namespace) -> str:
+    """The network in words, for the report's title."""
+    topology = getattr(a, "topology", "star")
+    if topology == "leafspine":
+        return f"leaf-spine, {a.racks} racks, uplink {(a.uplink_bandwidth or a.bandwidth) / 1e6:g} Mbit/s"
+    if topology == "twosites":
+        f = _fabric_settings(a)
+        return f"two sites, {f['local_workers']} local worker(s), WAN {f['wan_bandwidth_bps'] / 1e6:g} Mbit/s"
+    return "star"
 
 
 def run_mininet(a: argparse.Namespace) -> Path:
@@ -147,6 +177,11 @@ def run_mininet(a: argparse.Namespace) -> Path:
 
             return LeafSpineTopo(racks=a.racks, spines=1, n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue,
                                  uplink_bw=(a.uplink_bandwidth or a.bandwidth) / 1e6)
+        if a.topology == "twosites":
+            from topologies.twosites import TwoSitesTopo
+
+            return TwoSitesTopo(n=a.workers, local_workers=a.local_workers, lan_bw=a.bw_mbps,
+                                wan_bw=(a.wan_bandwidth or a.bandwidth) / 1e6, buffer_bytes=a.queue)
         from topologies.star import StarTopo
 
         return StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=0)
@@ -216,12 +251,14 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     print(f"\nsimulator: {how}\n  link {cal.bandwidth_bps / 1e6:.0f} Mbit/s, worker {cal.send_pps:.0f} datagrams/s, "
           f"server {cal.server_pps:.0f} datagrams/s, compute {cal.compute_s * 1e3:.2f} ms, "
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
+    for who, h in ((k, notes.get("estimates", {}).get("host", {}).get(k)) for k in ("worker", "server")):
+        if h:  # a calibration on this run: whether the run showed the host's cost (dblp.sim.calibrate)
+            print(f"  {who} host: {h['how']}", flush=True)
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))
     kind = getattr(a, "hosts_kind", "mininet")  # a run folder from before --hosts: Mininet's
     cmp = compare(real, sim, a.bursts_list, real_label=kind)
-    net = "star" if a.topology == "star" else (
-        f"leaf-spine, {a.racks} racks, uplink {(a.uplink_bandwidth or a.bandwidth) / 1e6:g} Mbit/s")
+    net = fabric_title(a)
     title = (f"Cross-check: {'Mininet' if kind == 'mininet' else 'namespace hosts'} vs simulator ({a.fidelity} level, {how}); {net}, {a.bw_mbps:g} Mbit/s host links, "
              f"{a.workers} workers, {a.elements:,} elements, bursts {a.bursts_list} at {a.burst_loss:.0%}")
     write_report(cmp, out, title, a.bursts_list,
@@ -237,8 +274,11 @@ def main(argv: list[str] | None = None) -> int:
         if not (out / "config.json").is_file():
             print(f"crosscheck: {out} is not a run folder (no config.json)", file=sys.stderr)
             return 2
-        own = {"params", "calibrate_from", "fidelity", "from_run"}
-        for k, v in run_values(json.loads((out / "config.json").read_text())).items():  # the values it used
+        own = {"params", "calibrate_from", "fidelity", "from_run", "results", "out"}
+        values = run_values(json.loads((out / "config.json").read_text()))  # the values it used
+        # flags as typed ("p-low") first, then the parsed values (derived, "p_low") over them
+        for k, v in sorted(values.items(), key=lambda kv: "-" not in kv[0]):
+            k = k.replace("-", "_")  # config.json names a flag as typed: the attribute is its dest
             if not k.startswith("_") and k not in own:
                 setattr(a, k, v)  # the run's scenario, whatever the command line says
     else:

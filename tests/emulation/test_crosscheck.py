@@ -117,26 +117,87 @@ def test_small_leafspine_crosscheck_run(tmp_path):
         assert far > near == 1.0
 
 
-def _sim_run_folder(tmp_path: Path) -> Path:
+@pytest.mark.mininet
+def test_small_twosites_crosscheck_run(tmp_path):
+    """Two sites: the two remote workers (60 Mbit/s each) share a 100 Mbit/s WAN and need a second pass
+    in Mininet and in the simulator calibrated on the run (which reads the fabric from its config);
+    the worker in the server's site needs one."""
+    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "12",
+           "--bursts", "8", "--bandwidth", "200", "--topology", "twosites", "--local-workers", "1",
+           "--wan-bandwidth", "100", "--results", str(tmp_path)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (run,) = list(tmp_path.glob("crosscheck-*"))
+    cal = json.loads((run / "calibration.json").read_text())
+    assert (cal["topology"], cal["local_workers"], cal["wan_bandwidth_bps"]) == ("twosites", 1, 100e6)
+    for recs in ([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
+                  for x in f.read_text().splitlines()],
+                 [RoundRecord.from_dict(json.loads(x)) for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()]):
+        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
+        remote = np.mean([r.up_passes for r in ordinary if r.worker != 0])  # w2 and w3: site 2
+        local = np.mean([r.up_passes for r in ordinary if r.worker == 0])  # w1: the server's site
+        assert remote > 1.5 and local == 1.0
+
+
+def _sim_run_folder(tmp_path: Path, name: str = "crosscheck-fixture", mbps: float = 200.0, rounds: int = 20,
+                    fabric: dict | None = None, **hosts: float) -> Path:
     """A crosscheck run folder (config.json, <policy>/records/) whose 'emulated' records are the simulator's
-    own: enough for --from-run, no root."""
+    own: enough for --from-run, no root. ``fabric``: the run's --topology flags and their SimConfig keys;
+    ``hosts``: SimConfig's host constants of the 'emulated' hosts (default: the SimConfig's)."""
     from dblp.sim import SimConfig
 
-    run = tmp_path / "crosscheck-fixture"
-    cfg = SimConfig(model=200_000, workers=3, rounds=20, bandwidth_bps=200e6, queue_bytes=151_400, seed=0,
-                    loss=[{"kind": "iteration_bursts", "at": [12], "loss": 0.7}])
-    crosscheck.simulate_policies(cfg, ["baseline", "dblp"], 0.008, 0.408, tmp_path / "made")
-    config = {"model": "2e5", "iterations": 20, "policies": "baseline,dblp", "p_low": 0.008, "p_high": 0.408,
-              "eta": 0.5, "freq": 10, "workers": 3, "bandwidth": 200e6, "queue": 151_400, "pace_share": 0.9,
+    run = tmp_path / name
+    flags, keys = fabric or ({"topology": "star", "racks": 2, "uplink_bandwidth": None}, {})
+    cfg = SimConfig(model=200_000, workers=3, rounds=rounds, bandwidth_bps=mbps * 1e6, queue_bytes=151_400, seed=0,
+                    send_rate_bps=0.9 * mbps * 1e6 / 3, compute_s=0.005, wire=2,
+                    loss=[{"kind": "iteration_bursts", "at": [12], "loss": 0.7}], **keys, **hosts)
+    crosscheck.simulate_policies(cfg, ["baseline", "dblp"], 0.008, 0.408, tmp_path / f"made-{name}")
+    config = {"model": "2e5", "iterations": rounds, "policies": "baseline,dblp", "p_low": 0.008, "p_high": 0.408,
+              "eta": 0.5, "freq": 10, "workers": 3, "bandwidth": mbps * 1e6, "queue": 151_400, "pace_share": 0.9,
               "compute": 0.005, "gso": False, "mtu": 1500, "seed": 0, "insecure": False, "aggregation": "server",
-              "bursts": "12", "burst_loss": 0.7, "burst_kind": "drop", "hosts": "netns", "topology": "star",
-              "racks": 2, "uplink_bandwidth": None, "policy_list": ["baseline", "dblp"], "elements": 200_000,
-              "bw_mbps": 200.0, "queue_bytes": 151_400, "bursts_list": [12], "hosts_kind": "netns"}
+              "bursts": "12", "burst_loss": 0.7, "burst_kind": "drop", "hosts": "netns", **flags,
+              "policy_list": ["baseline", "dblp"], "elements": 200_000, "send_rate_bps": 0.9 * mbps * 1e6 / 3,
+              "bw_mbps": mbps, "queue_bytes": 151_400, "bursts_list": [12], "hosts_kind": "netns"}
     for pol in ("baseline", "dblp"):
         (run / pol / "records").mkdir(parents=True)
-        shutil.copy(tmp_path / "made" / f"{pol}.jsonl", run / pol / "records" / "rounds.jsonl")
+        shutil.copy(tmp_path / f"made-{name}" / f"{pol}.jsonl", run / pol / "records" / "rounds.jsonl")
     (run / "config.json").write_text(json.dumps(config))
     return run
+
+
+def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
+    """The blind path of issue 27: one star calibration on a run whose hosts bind (2 Gbit/s; 16,000 and
+    30,000 datagrams/s), its calibration.json applied with --params to runs of other networks - a slow
+    star (100 Mbit/s: the pacers bind) and two sites (two local workers, one behind a 60 Mbit/s WAN). The 'emulated'
+    records are the simulator's own with the same hosts, so every bounded term comes out within 5%;
+    before host and network were separated, the 2 Gbit/s calibration's hosts were its own pacing and
+    link rates."""
+    hosts = {"send_pps": 16_000.0, "server_send_pps": 30_000.0}
+    star = _sim_run_folder(tmp_path, "star-2000", 2000.0, **hosts)
+    py = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py")]
+    out = subprocess.run(py + ["--from-run", str(star)], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    (cal,) = star.glob("reanalysis-*/calibration.json")
+    host = json.loads(cal.read_text())["_crosscheck"]["estimates"]["host"]
+    assert host["worker"]["datagrams_per_s"] == pytest.approx(16_000, rel=0.03)
+    assert host["server"]["datagrams_per_s"] == pytest.approx(30_000, rel=0.03)
+    # config.json names flags as typed ("local-workers"); --from-run must read them, not keep its defaults
+    two = ({"topology": "twosites", "local-workers": 2, "wan-bandwidth": 60e6},
+           {"topology": "twosites", "local_workers": 2, "wan_bandwidth_bps": 60e6, "wan_delay_s": 0.0})
+    for run in (_sim_run_folder(tmp_path, "star-100", 100.0, **hosts),
+                _sim_run_folder(tmp_path, "twosites", 500.0, fabric=two, **hosts)):
+        out = subprocess.run(py + ["--from-run", str(run), "--params", str(cal)], capture_output=True, text=True,
+                             timeout=300)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "bounded terms within their bounds" in out.stdout
+        doc = json.loads((run / "transferred" / "crosscheck.json").read_text())
+        assert doc["how"].startswith("transferred from") and doc["outside_bounds"] == []
+        assert doc["calibration"]["send_pps"] == pytest.approx(16_000, rel=0.03)
+        bounded = [r for r in doc["rows"] if r["bound"] is not None]
+        assert len(bounded) == 6  # round p50 and p99 of both policies, the round and send speedups at the burst
+        assert all(abs(r["rel_err"]) < 0.05 for r in bounded), [(r["term"], r["rel_err"]) for r in bounded]
+    assert doc["scenario"]["topology"] == "twosites" and doc["scenario"]["wan_bandwidth_bps"] == 60e6
+    assert doc["scenario"]["local_workers"] == 2
 
 
 def test_from_run_writes_beside_not_over(tmp_path):
