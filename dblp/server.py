@@ -81,7 +81,8 @@ class ServerConfig:
     shard_hub: tuple[str, int] | None = None
     # Event loops over the workers, each a thread with its share of them (transport.pump_parallel):
     # the C receive and send loops release the GIL, so a server can use more than one core.
-    threads: int = 2
+    # 0: as many as the host's cores allow (loop_threads).
+    threads: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -110,12 +111,23 @@ class ServerConfig:
         if self.max_login_bytes < ctl.MAX_HELLO + 5:
             raise ParameterError(f"max_login_bytes must be at least one HELLO ({ctl.MAX_HELLO + 5}), "
                                  f"got {self.max_login_bytes}")
-        if not 1 <= self.threads <= 64:
-            raise ParameterError(f"threads must be in [1, 64], got {self.threads}")
+        if not 0 <= self.threads <= 64:
+            raise ParameterError(f"threads must be in [0, 64] (0: by the host's cores), got {self.threads}")
+        if self.threads == 0:
+            self.threads = loop_threads(self.workers)
         if self.shards < 1 or not 0 <= self.shard < self.shards:
             raise ParameterError(f"shard must be in [0, shards) with shards >= 1, got {self.shard} of {self.shards}")
         if self.shards > 1 and self.shard_hub is None:
             raise ParameterError("a shard server needs the shard hub's address (shard_hub)")
+
+
+def loop_threads(workers: int, cores: int | None = None) -> int:
+    """The server's event loops by default: one per worker, up to half the host's cores (at least
+    2) - a loop's send and receive run in C without the GIL, so each loop can keep a core busy,
+    and the other half is left to the reduce's threads and, on a host that also runs a worker
+    (the sharded mode), to that worker's shard threads. 2 cores: 2 loops, 16 cores: up to 8."""
+    cores = cores or os.cpu_count() or 2
+    return max(1, min(workers, max(2, cores // 2), 64))
 
 
 class ServerError(RuntimeError):

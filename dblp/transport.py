@@ -18,6 +18,7 @@ import selectors
 import socket
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import numpy as np
@@ -386,6 +387,22 @@ def pump(
         sel.close()
 
 
+_LOOP_THREADS = 64  # helper loops kept at most (a server's --threads is at most 64)
+_loops: ThreadPoolExecutor | None = None
+_loops_lock = threading.Lock()
+
+
+def _loop_pool() -> ThreadPoolExecutor:
+    """The helper threads of :func:`pump_parallel`, kept for the process's life: a server pumps a
+    few times per round (upstream, broadcast, the sharded norm exchange), and starting its loops'
+    threads anew each time cost a thread's start and first stack touch per loop and call."""
+    global _loops
+    with _loops_lock:
+        if _loops is None:
+            _loops = ThreadPoolExecutor(_LOOP_THREADS, thread_name_prefix="dblp-pump")
+        return _loops
+
+
 def pump_parallel(
     peers: list[Peer],
     until: Callable[[], bool],
@@ -433,12 +450,10 @@ def pump_parallel(
                 pass
 
     try:
-        helpers = [threading.Thread(target=run, args=(g,), name="dblp-pump", daemon=True) for g in groups[1:]]
-        for t in helpers:
-            t.start()
+        helpers = [_loop_pool().submit(run, g) for g in groups[1:]]
         run(groups[0])
-        for t in helpers:
-            t.join()
+        for f in helpers:
+            f.result()
     finally:
         rd.close()
         wr.close()
