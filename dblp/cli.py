@@ -102,10 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--shard-hub", type=hostport_any, default=None, metavar="HOST:PORT",
                    help="the shard servers' norm exchange: where shard 0 listens (port 0: any free one) and the "
                         "others connect (default: --host, the control port + 1)")
-    s.add_argument("--threads", type=count_arg(1), default=ServerConfig.threads,
+    s.add_argument("--threads", type=int_arg(0, 64), default=ServerConfig.threads,
                    help="event loops over the workers, one thread each with its share of them: the receive and "
                         "send loops run in C without the GIL, so more than one core moves data (consistency "
-                        "none only; intersect keeps one)")
+                        "none only; intersect keeps one); 0 = one per worker up to half the host's cores "
+                        "(at least 2)")
     add_policy_args(s)
     add_auth_args(s, "server")
 

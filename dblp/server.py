@@ -81,7 +81,8 @@ class ServerConfig:
     shard_hub: tuple[str, int] | None = None
     # Event loops over the workers, each a thread with its share of them (transport.pump_parallel):
     # the C receive and send loops release the GIL, so a server can use more than one core.
-    threads: int = 2
+    # 0: as many as the host's cores allow (loop_threads).
+    threads: int = 0
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -110,12 +111,23 @@ class ServerConfig:
         if self.max_login_bytes < ctl.MAX_HELLO + 5:
             raise ParameterError(f"max_login_bytes must be at least one HELLO ({ctl.MAX_HELLO + 5}), "
                                  f"got {self.max_login_bytes}")
-        if not 1 <= self.threads <= 64:
-            raise ParameterError(f"threads must be in [1, 64], got {self.threads}")
+        if not 0 <= self.threads <= 64:
+            raise ParameterError(f"threads must be in [0, 64] (0: by the host's cores), got {self.threads}")
+        if self.threads == 0:
+            self.threads = loop_threads(self.workers)
         if self.shards < 1 or not 0 <= self.shard < self.shards:
             raise ParameterError(f"shard must be in [0, shards) with shards >= 1, got {self.shard} of {self.shards}")
         if self.shards > 1 and self.shard_hub is None:
             raise ParameterError("a shard server needs the shard hub's address (shard_hub)")
+
+
+def loop_threads(workers: int, cores: int | None = None) -> int:
+    """The server's event loops by default: one per worker, up to half the host's cores (at least
+    2) - a loop's send and receive run in C without the GIL, so each loop can keep a core busy,
+    and the other half is left to the reduce's threads and, on a host that also runs a worker
+    (the sharded mode), to that worker's shard threads. 2 cores: 2 loops, 16 cores: up to 8."""
+    cores = cores or os.cpu_count() or 2
+    return max(1, min(workers, max(2, cores // 2), 64))
 
 
 class ServerError(RuntimeError):
@@ -619,14 +631,14 @@ class ParameterServer:
         log.error("round %d: %s; continuing with %d of %d workers", self.round, exc, len(self.workers),
                   self.cfg.workers)
 
-    def _pump(self, until) -> None:
+    def _pump(self, until, wake: socket.socket | None = None) -> None:
         while True:
             live = [w.peer for w in self.workers]
             try:
                 if self.cfg.threads > 1 and self.cfg.consistency == "none":  # (S7's HELD reaches the session)
-                    pump_parallel(live, until, threads=self.cfg.threads, timeout=self.cfg.peer_timeout)
+                    pump_parallel(live, until, threads=self.cfg.threads, timeout=self.cfg.peer_timeout, wake=wake)
                 else:
-                    pump(live, until, timeout=self.cfg.peer_timeout)
+                    pump(live, until, timeout=self.cfg.peer_timeout, wake=wake)
             except PeerError as exc:
                 self._drop_worker(exc)
                 continue
@@ -656,7 +668,11 @@ class ParameterServer:
                               self.layout, self.mean, self.cfg.reduce, self.cfg.max_grad_norm, self.cfg.clip_norm)
         norm = g.norm
         if self.norm_exchange is not None:  # the sharded mode: the policy sees the whole mean's norm
-            norm = math.sqrt(self.norm_exchange.total(s.round, norm * norm))
+            for w in self.workers:  # S3b: PROBEs follow the ROUND(down) (dblp.transport.Peer.hold_probes)
+                w.peer.hold_probes = True
+            s.begin_broadcast(time.monotonic(), self.mean)  # S3b: the mean leaves while the shards exchange
+            self._dispatch()
+            norm = math.sqrt(self._exchange_norm(s.round, norm * norm))
         extra: dict = {"reduce": self.cfg.reduce}
         if g.excluded:  # the aggregation guard (dblp.reduce G2-G3): left out of this round's mean
             extra["excluded"] = {str(live[i]): why for i, why in g.excluded.items()}
@@ -673,6 +689,13 @@ class ParameterServer:
             extra["burst"] = self._bursts.pop(s.round, False)
         s.broadcast(norm, time.monotonic(), self.mean, extra=extra)
         self._dispatch()
+        for w in self.workers:  # the ROUND(down) is out: a pass's PROBE held meanwhile follows it
+            if w.peer.hold_probes:
+                w.peer.hold_probes = False
+                try:
+                    w.peer.flush()
+                except PeerError:
+                    w.peer.closed = True  # judged below, as a send failure in _dispatch is
         finished = s.round
         while s.round == finished:
             self._pump(lambda: s.round != finished or s.wants_poll()
@@ -682,6 +705,38 @@ class ParameterServer:
             for w in [w for w in self.workers if w.peer.closed and not s.broadcast_done(w.wid)]:
                 self._drop_worker(PeerError(f"{w.peer.name}: left in the middle of round {finished}", w.peer))
         return True
+
+    def _exchange_norm(self, round_no: int, sq_norm: float) -> float:
+        """The shard servers' norm exchange (:class:`dblp.shard.NormExchange`, blocking) on a helper
+        thread, while this one keeps the broadcast begun at the reduce moving (session S3b): the
+        exchange waits for the slowest shard's reduce, and the datagrams need not."""
+        assert self.norm_exchange is not None
+        exchange = self.norm_exchange
+        box: list = []
+        rd, wr = socket.socketpair()
+
+        def run() -> None:
+            try:
+                box.append(exchange.total(round_no, sq_norm))
+            except BaseException as exc:  # noqa: BLE001 - raised below, on the server's thread
+                box.append(exc)
+            finally:
+                try:
+                    wr.send(b"x")
+                except OSError:
+                    pass
+
+        helper = threading.Thread(target=run, name="dblp-norm-exchange", daemon=True)
+        helper.start()
+        try:
+            self._pump(lambda: bool(box), wake=rd)
+            helper.join()
+        finally:
+            rd.close()
+            wr.close()
+        if isinstance(box[0], BaseException):
+            raise box[0]
+        return box[0]
 
     def serve(self) -> int:
         """Accept the workers and serve rounds until they leave; returns rounds served."""

@@ -23,6 +23,15 @@ S3  The norm goes to the tolerance policy (CLR detection, eq. (1)) - unless
     returned ``p_down`` is announced with ROUND(k, down, p_down, clr) and the
     mean broadcast to every live worker in one chunk order
     (:data:`dblp.core.DOWN_STREAM`), encoded once (l.8-10).
+S3b A driver whose norm comes later than its mean (the sharded mode, whose
+    norm is the shard servers' exchange, :mod:`dblp.shard`) may start the
+    broadcast's datagrams at the reduce (:meth:`ServerSession.begin_broadcast`)
+    and announce ROUND(k, down, p_down) once the norm is in
+    (:meth:`ServerSession.broadcast`): the workers' receivers are open since
+    S5 and take the datagrams before it (the core's R5 waits for the
+    tolerance), so nothing of the protocol's outcome changes - the STOP still
+    comes at the announced tolerance - but the exchange's wait for the slowest
+    shard no longer holds the broadcast back.
 S4  As soon as worker ``w``'s broadcast is stopped, the server writes that
     worker's record of round ``k`` and opens its upstream of round ``k+1``
     (S1) - without waiting for slower workers.
@@ -240,6 +249,7 @@ class ServerSession:
         self._norm = float("nan")
         self._extra: dict = {}
         self._down_headers: np.ndarray | None = None
+        self._begun = False  # S3b: the broadcast is under way, its ROUND(down) not yet out
 
     # -- driver API -----------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -313,9 +323,25 @@ class ServerSession:
                     self._down_done(w, now)
             self._maybe_end(now)
 
-    def broadcast(self, norm: float, now: float, mean: np.ndarray | None = None, extra: dict | None = None) -> None:
-        """S3: feed the mean's norm to the policy and broadcast the mean (``None``: chunk indices only)."""
+    def begin_broadcast(self, now: float, mean: np.ndarray | None = None) -> None:
+        """S3b: start the broadcast of the mean (``None``: chunk indices only) before its norm is
+        known; :meth:`broadcast` with the norm announces the tolerance later."""
         if self.phase is not Phase.REDUCE:
+            raise RuntimeError(f"begin_broadcast in phase {self.phase.value}, expected reduce")
+        self._start_senders(now, mean)
+        self.phase = Phase.BROADCAST
+        self._begun = True
+
+    @property
+    def announced(self) -> bool:
+        """Whether this round's ROUND(down) is out (False between S3b's begin and the norm)."""
+        return self.phase is Phase.BROADCAST and not self._begun
+
+    def broadcast(self, norm: float, now: float, mean: np.ndarray | None = None, extra: dict | None = None) -> None:
+        """S3: feed the mean's norm to the policy and broadcast the mean (``None``: chunk indices only).
+        After :meth:`begin_broadcast` (S3b) the datagrams are under way: only the tolerance is announced."""
+        begun = self.phase is Phase.BROADCAST and self._begun
+        if self.phase is not Phase.REDUCE and not begun:
             raise RuntimeError(f"broadcast in phase {self.phase.value}, expected reduce")
         k = self.round
         self.norms.append(norm)
@@ -327,6 +353,17 @@ class ServerSession:
             self._p_down = float(self.policy.tolerance)
             self._extra["norm_not_finite"] = True
         self._clr = bool(self.policy.clr)
+        for w, p in self.peers.items():
+            self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.DOWN, self._p_down, self._clr)))
+        if begun:
+            self._begun = False
+            return
+        self._start_senders(now, mean)
+        self.phase = Phase.BROADCAST
+
+    def _start_senders(self, now: float, mean: np.ndarray | None) -> None:
+        """The broadcast's senders, one per live worker, over one encoding of the mean (S3)."""
+        k = self.round
         order = send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM)  # once, for every worker
         if mean is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(
@@ -335,9 +372,6 @@ class ServerSession:
             self._down_headers = enc.headers
         else:
             enc = VirtualRound(self.layout, k)
-        self.phase = Phase.BROADCAST
-        for w, p in self.peers.items():
-            self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.DOWN, self._p_down, self._clr)))
         for w, p in self.peers.items():
             p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._pacer(w),
                                    max_batch=self.max_batch)

@@ -18,7 +18,8 @@ import selectors
 import socket
 import threading
 import time
-from typing import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -121,6 +122,10 @@ class Peer:
         # it receives from); None = datagrams over UDP.
         self.local: tuple[np.ndarray, np.ndarray] | None = None
         self._every_chunk = np.zeros(0, np.int64)
+        # Session S3b: while a broadcast is under way before its ROUND(down), the sender's PROBE
+        # waits here (in the sender) so it follows the ROUND - else a receiver holding every chunk
+        # but no tolerance would answer BITMAPs back and forth until the ROUND came.
+        self.hold_probes = False
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A peer whose process dies closes the connection at once; a peer whose
         # host vanishes is found by TCP keepalive, so a long compute step of
@@ -149,7 +154,7 @@ class Peer:
         if self.receiver is not None:
             for m in self.receiver.control_to_send():
                 self.send_control(m)
-        if self.sender is not None:
+        if self.sender is not None and not self.hold_probes:
             for m in self.sender.control_to_send():
                 self.send_control(m)
 
@@ -262,8 +267,9 @@ class Peer:
             if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
                 np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
             self.send_control(ctl.Local(s.round_no, s.direction))
-        for m in s.control_to_send():
-            self.send_control(m)
+        if not self.hold_probes:
+            for m in s.control_to_send():
+                self.send_control(m)
         return s.ready(now)
 
     def send_data(self, now: float) -> bool:
@@ -280,8 +286,9 @@ class Peer:
             if b is None:
                 break
             self.udp.send_chunks(b.headers, b.values, b.seqs, b.lengths, b.layout, self.udp_addr)
-        for m in s.control_to_send():
-            self.send_control(m)
+        if not self.hold_probes:
+            for m in s.control_to_send():
+                self.send_control(m)
         return s.ready(now)
 
 
@@ -316,14 +323,14 @@ def pump(
     *,
     timeout: float = DEFAULT_PEER_TIMEOUT_S,
     clock: Callable[[], float] = time.monotonic,
-    wake: socket.socket | None = None,
+    wake: socket.socket | Sequence[socket.socket] | None = None,
     progress: list[float] | None = None,
 ) -> None:
     """Run the event loop over ``peers`` until ``until()`` is true.
 
     Raises :class:`PeerError` if a peer closes its connection, or if nothing
     is heard from any peer for ``timeout`` seconds while waiting (a dead
-    host whose TCP connection never closes). ``wake``: a socket whose
+    host whose TCP connection never closes). ``wake``: a socket (or several) whose
     readability ends a wait (so ``until`` is looked at again at once);
     ``progress``: the last time any loop of a :func:`pump_parallel` saw
     progress, shared, so a group whose peers are done is not taken for silent.
@@ -334,8 +341,8 @@ def pump(
             sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
             if not p.closed:
                 sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
-        if wake is not None:
-            sel.register(wake, selectors.EVENT_READ, ("wake", None))
+        for w in [wake] if isinstance(wake, socket.socket) else wake or ():
+            sel.register(w, selectors.EVENT_READ, ("wake", None))
         last_progress = clock()
         while not until():
             now = clock()
@@ -380,14 +387,32 @@ def pump(
         sel.close()
 
 
+_LOOP_THREADS = 64  # helper loops kept at most (a server's --threads is at most 64)
+_loops: ThreadPoolExecutor | None = None
+_loops_lock = threading.Lock()
+
+
+def _loop_pool() -> ThreadPoolExecutor:
+    """The helper threads of :func:`pump_parallel`, kept for the process's life: a server pumps a
+    few times per round (upstream, broadcast, the sharded norm exchange), and starting its loops'
+    threads anew each time cost a thread's start and first stack touch per loop and call."""
+    global _loops
+    with _loops_lock:
+        if _loops is None:
+            _loops = ThreadPoolExecutor(_LOOP_THREADS, thread_name_prefix="dblp-pump")
+        return _loops
+
+
 def pump_parallel(
     peers: list[Peer],
     until: Callable[[], bool],
     *,
     threads: int,
     timeout: float = DEFAULT_PEER_TIMEOUT_S,
+    wake: socket.socket | None = None,
 ) -> None:
-    """:func:`pump` over ``threads`` disjoint groups of ``peers`` at once, one thread each.
+    """:func:`pump` over ``threads`` disjoint groups of ``peers`` at once, one thread each
+    (``wake``: as :func:`pump`'s, heard by every loop).
 
     Why: a server's receive and send loops are C without the GIL, so one
     thread per group of workers uses more than one core. Every object a loop
@@ -400,7 +425,7 @@ def pump_parallel(
     """
     groups = [peers[i::threads] for i in range(min(threads, len(peers)))]
     if len(groups) <= 1:
-        pump(peers, until, timeout=timeout)
+        pump(peers, until, timeout=timeout, wake=wake)
         return
     rd, wr = socket.socketpair()
     rd.setblocking(False)
@@ -414,7 +439,7 @@ def pump_parallel(
 
     def run(group: list[Peer]) -> None:
         try:
-            pump(group, done, timeout=timeout, wake=rd, progress=progress)
+            pump(group, done, timeout=timeout, wake=[rd] if wake is None else [rd, wake], progress=progress)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller below
             errors.append(exc)
         finally:
@@ -425,12 +450,10 @@ def pump_parallel(
                 pass
 
     try:
-        helpers = [threading.Thread(target=run, args=(g,), name="dblp-pump", daemon=True) for g in groups[1:]]
-        for t in helpers:
-            t.start()
+        helpers = [_loop_pool().submit(run, g) for g in groups[1:]]
         run(groups[0])
-        for t in helpers:
-            t.join()
+        for f in helpers:
+            f.result()
     finally:
         rd.close()
         wr.close()

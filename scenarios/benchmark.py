@@ -110,7 +110,7 @@ from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.server import ServerConfig  # noqa: E402
 from dblp.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
-from traces.argtypes import count_arg  # noqa: E402
+from traces.argtypes import count_arg, int_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
 from dblp.watch import Tail  # noqa: E402
@@ -520,9 +520,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-gloo", action="store_true", help="skip the gloo all-reduce")
     ap.add_argument("--no-solo", dest="solo", action="store_false",
                     help="skip the one-worker DBLP run (its goodput is the one compared with iperf3's single flow)")
-    ap.add_argument("--server-threads", type=count_arg(1), default=ServerConfig.threads,
+    ap.add_argument("--server-threads", type=int_arg(0, 64), default=ServerConfig.threads,
                     help="the DBLP server's event-loop threads (dblp server --threads; each shard server's in "
-                         "the sharded mode)")
+                         "the sharded mode; 0: by the host's cores)")
     ap.add_argument("--mtu", type=int, default=1500,
                     help="MTU of every host link (9000: jumbo frames); DBLP fills one MTU per datagram, "
                          "gloo and iperf3 run over the same links")

@@ -120,7 +120,12 @@ class Simulation:
     hub, which sends back the sum; control frames on ``Network.hub_paths``),
     so every shard feeds the whole mean's norm to its policy and announces
     the same tolerance - and no shard broadcasts round k before every shard
-    has reduced it. A worker sends its k shards at once (one sender each,
+    has reduced it. (The real shard servers start the broadcast's datagrams
+    at their own reduce and announce ROUND(down) after the exchange, session
+    rule S3b; the model keeps the barrier, which its host round-robin's
+    turn order below relies on to keep ports free of incast at the packet
+    level: its sharded rounds are longer by up to the exchange, two control
+    frames, plus the shards' reduce skew.) A worker sends its k shards at once (one sender each,
     round-robin on its host, as :class:`dblp.shard.ShardedWorker`'s threads)
     and starts round k+1 when all k broadcasts are in; its record is
     :func:`dblp.shard.merge_records` of its k per-shard records. Each shard's

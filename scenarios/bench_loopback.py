@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""DBLP's loopback round against gloo's all-reduce on the same loopback, side by side, alternating.
+
+A benchmark, not a test; no root needed. Each repeat runs ``--iterations``
+gloo all-reduces (``scenarios/gloo_allreduce.py``: three ranks, every rank
+starting at one instant) and then, for each case, a
+``python -m dblp loopback`` run of the same size and world
+(:mod:`dblp.loopback`: separate server and worker processes, the median
+round from the first worker's start to the last worker's result); the ratio
+is that repeat's DBLP median over that repeat's gloo median, so a shared
+machine's load moves both sides of one ratio alike. With ``--baseline DIR``
+(another checkout of the project, e.g. ``git worktree add /tmp/base main``)
+every mode also runs from that tree in the same repeat: before and after
+a change, alternating, in one run.
+
+    python scenarios/bench_loopback.py                                 # 25M x 3, sharded and single
+    python scenarios/bench_loopback.py --repeats 5 --baseline /tmp/base --modes sharded
+
+Writes ``bench_loopback.csv`` (one row per repeat and case), ``summary.json``
+(median and range of every ratio, the load, the core count) and
+``bench_loopback.png`` (every repeat's ratio, per case) to ``--out``.
+"""
+
+from __future__ import annotations
+
+import _bootstrap  # noqa: F401  (re-exec into the project's .venv; the repository on sys.path)
+
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from dblp.cliargs import parser
+from dblp.gradients import MODEL_HELP, model_elements
+from dblp.shard import AGGREGATIONS
+from dblp.wire import ParameterError
+from traces.argtypes import count_arg
+
+REPO = Path(__file__).resolve().parent.parent
+GLOO = REPO / "scenarios" / "gloo_allreduce.py"
+
+
+class GlooRanks:
+    """``workers`` gloo ranks on 127.0.0.1, commanded through their stdin (gloo_allreduce.py's protocol)."""
+
+    def __init__(self, workers: int, port: int, timeout_s: float) -> None:
+        self.procs = [subprocess.Popen([sys.executable, str(GLOO), "--rank", str(r), "--world-size", str(workers),
+                                        "--init", f"tcp://127.0.0.1:{port}", "--iface", "lo",
+                                        "--timeout", f"{timeout_s:g}s"],
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                      for r in range(workers)]
+        for p in self.procs:
+            self._read(p, "ready")
+
+    @staticmethod
+    def _read(p: subprocess.Popen, event: str) -> dict:
+        line = p.stdout.readline()
+        msg = json.loads(line) if line.strip() else {"event": "error", "error": "rank exited"}
+        if msg.get("event") != event:
+            raise RuntimeError(f"gloo rank: expected {event!r}, got {msg}")
+        return msg
+
+    def allreduce_s(self, elements: int, tag: str) -> float:
+        """One all-reduce, every rank starting at one instant: start to the last rank done."""
+        start = time.time() + 0.05
+        for p in self.procs:
+            p.stdin.write(json.dumps({"cmd": "run", "tag": tag, "elements": elements, "start": start}) + "\n")
+            p.stdin.flush()
+        done = [self._read(p, "done") for p in self.procs]
+        return max(d["t_end"] for d in done) - min(d["t_start"] for d in done)
+
+    def close(self) -> None:
+        for p in self.procs:
+            try:
+                p.stdin.write('{"cmd": "quit"}\n')
+                p.stdin.flush()
+            except OSError:
+                pass
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def dblp_median_s(tree: Path, mode: str, elements: int, workers: int, iterations: int) -> float:
+    """The median lossless round of ``python -m dblp loopback`` run from checkout ``tree``."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    argv = [sys.executable, "-m", "dblp", "loopback", "--model", str(elements), "--workers", str(workers),
+            "--iterations", str(iterations), "--aggregation", mode, "--json"]
+    out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"dblp loopback ({tree}, {mode}) failed: {out.stderr.strip()[-500:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["median_s"])
+
+
+def build_parser():
+    ap = parser(prog="scenarios/bench_loopback.py", config=False,
+                description="DBLP's loopback round against gloo's all-reduce of the same size and world, "
+                            "side by side and alternating (optionally a second checkout: before/after).")
+    ap.add_argument("--model", default="25M", help="gradient size, " + MODEL_HELP)
+    ap.add_argument("--workers", type=count_arg(2), default=3, help="DBLP workers and gloo ranks")
+    ap.add_argument("--repeats", type=count_arg(1), default=3, help="alternating repeats (median and range)")
+    ap.add_argument("--iterations", type=count_arg(2), default=10,
+                    help="timed iterations per run: DBLP rounds / gloo all-reduces (each run's median is used)")
+    ap.add_argument("--modes", default="sharded,server",
+                    help=f"DBLP aggregations, comma-separated, of {', '.join(AGGREGATIONS)}")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="another checkout of the project, run beside this one in every repeat (default: none)")
+    ap.add_argument("--port", type=count_arg(1), default=29781, help="gloo's rendezvous TCP port on 127.0.0.1")
+    ap.add_argument("--timeout", type=count_arg(1), default=300, help="seconds a gloo all-reduce may take")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder of this run's files (default: results/bench_loopback/<timestamp>)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    try:
+        elements = model_elements(args.model)
+    except ParameterError as exc:
+        ap.error(f"--model: {exc}")
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in AGGREGATIONS]
+    if bad or not modes:
+        ap.error(f"--modes: {','.join(bad) or 'none given'}: each must be one of {', '.join(AGGREGATIONS)}")
+    if args.baseline is not None and not (args.baseline / "dblp" / "__init__.py").is_file():
+        ap.error(f"--baseline: {args.baseline} is not a checkout of this project (no dblp/__init__.py)")
+    cases = [(f"{m}", REPO, m) for m in modes]
+    if args.baseline is not None:
+        cases = [c for m in modes for c in ((f"{m} (baseline)", args.baseline.resolve(), m), (m, REPO, m))]
+    out = args.out or REPO / "results" / "bench_loopback" / time.strftime("%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"bench_loopback: {elements:,} floats x {args.workers} workers, {args.repeats} repeats of "
+          f"{args.iterations} rounds, {os.cpu_count()} cores; results in {out}", flush=True)
+    rows: list[dict] = []
+    gloo = GlooRanks(args.workers, args.port, args.timeout)
+    try:
+        gloo.allreduce_s(elements, "warmup")
+        for r in range(args.repeats):
+            load = os.getloadavg()[0]
+            g = statistics.median(gloo.allreduce_s(elements, f"{r}.{i}") for i in range(args.iterations))
+            line = [f"repeat {r + 1}/{args.repeats} (load {load:.1f}): gloo {g * 1e3:.0f} ms"]
+            for name, tree, mode in cases:
+                d = dblp_median_s(tree, mode, elements, args.workers, args.iterations)
+                rows.append({"repeat": r, "load": round(load, 2), "case": name, "tree": str(tree), "mode": mode,
+                             "dblp_s": d, "gloo_s": g, "ratio": d / g})
+                line.append(f"{name} {d * 1e3:.0f} ms ({d / g:.2f}x)")
+            print("; ".join(line), flush=True)
+    finally:
+        gloo.close()
+    with open(out / "bench_loopback.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    summary = {"elements": elements, "workers": args.workers, "repeats": args.repeats, "iterations": args.iterations,
+               "cores": os.cpu_count(), "load_end": os.getloadavg()[0], "cases": {}}
+    print(f"\n{elements:,} floats x {args.workers}: DBLP / gloo, median (range) of {args.repeats} repeats")
+    for name, _, _ in cases:
+        rs = [x["ratio"] for x in rows if x["case"] == name]
+        summary["cases"][name] = {"ratio_median": statistics.median(rs), "ratio_min": min(rs), "ratio_max": max(rs),
+                                  "dblp_median_s": statistics.median(x["dblp_s"] for x in rows if x["case"] == name)}
+        print(f"  {name:22s} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot(rows, [c[0] for c in cases], out / "bench_loopback.png", elements, args.workers)
+    return 0
+
+
+def _plot(rows: list[dict], names: list[str], path: Path, elements: int, workers: int) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(1.6 + 1.4 * len(names), 3.6))
+    for i, name in enumerate(names):
+        rs = [x["ratio"] for x in rows if x["case"] == name]
+        ax.scatter([i] * len(rs), rs, color="tab:blue", alpha=0.6, zorder=3)
+        ax.hlines(statistics.median(rs), i - 0.25, i + 0.25, color="black", zorder=4)
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.text(len(names) - 0.5, 1.0, "gloo ", va="bottom", ha="right", color="grey", fontsize=8)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set_ylabel("DBLP round / gloo all-reduce")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"loopback, {elements / 1e6:g}M floats x {workers}: each repeat (dots), median (bar)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
