@@ -136,6 +136,12 @@ class _Handshake:
     parsing: AsyncResult | None = None  # a large HELLO being parsed in the login process
 
 
+#: the smallest tensor (chunks per worker and direction) whose rounds the server spreads over
+#: ``threads`` event loops. Below it one loop serves every worker: a parallel pump starts a thread,
+#: a socket pair and a selector per call (3-4 calls a round), ~0.1 ms each of CPU that a 30-chunk
+#: round (a 10k-parameter model under DDP) would pay for nothing - its datagrams take ~30 us.
+PARALLEL_MIN_CHUNKS = 1024
+
 _LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
 # A HELLO larger than this is parsed in a process of its own (forked: no main module re-imported, as
 # spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
@@ -623,7 +629,8 @@ class ParameterServer:
         while True:
             live = [w.peer for w in self.workers]
             try:
-                if self.cfg.threads > 1 and self.cfg.consistency == "none":  # (S7's HELD reaches the session)
+                if (self.cfg.threads > 1 and self.cfg.consistency == "none"  # (S7's HELD reaches the session)
+                        and self.layout is not None and self.layout.chunks >= PARALLEL_MIN_CHUNKS):
                     pump_parallel(live, until, threads=self.cfg.threads, timeout=self.cfg.peer_timeout)
                 else:
                     pump(live, until, timeout=self.cfg.peer_timeout)
@@ -721,6 +728,7 @@ def _close_peer(peer: Peer, reason: str | None = None) -> None:
             peer.send_control(ctl.Bye(reason))
         except PeerError:
             pass
+    peer.drop_loop()
     for s in (peer.tcp, peer.udp):
         try:
             s.close()

@@ -121,6 +121,11 @@ class Peer:
         # it receives from); None = datagrams over UDP.
         self.local: tuple[np.ndarray, np.ndarray] | None = None
         self._every_chunk = np.zeros(0, np.int64)
+        # pump's selector over this peer (first) and the others of its last call, kept between calls
+        self.loop: tuple[tuple, selectors.BaseSelector] | None = None
+        # control messages sent to this peer, by type (RoundStart, Probe, Stop...): what a round
+        # costs in control round trips, counted (tests/test_control_cost.py)
+        self.control_sent: dict[str, int] = {}
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A peer whose process dies closes the connection at once; a peer whose
         # host vanishes is found by TCP keepalive, so a long compute step of
@@ -133,12 +138,20 @@ class Peer:
             if hasattr(socket, opt):
                 tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
+    def drop_loop(self) -> None:
+        """Close the selector :func:`pump` kept on this peer (the peer closes, or its peers change)."""
+        if self.loop is not None:
+            self.loop[1].close()
+            self.loop = None
+
     def authenticate(self, key_in: bytes, key_out: bytes) -> None:
         """From now on every control frame either way is tagged and numbered (dblp.control)."""
         self.decoder.key(ctl.ControlMac(key_in))
         self.mac_out = ctl.ControlMac(key_out)
 
     def send_control(self, msg: ctl.Message) -> None:
+        name = type(msg).__name__
+        self.control_sent[name] = self.control_sent.get(name, 0) + 1
         try:
             with self._send_lock:
                 self.tcp.sendall(ctl.encode(msg, self.mac_out))
@@ -328,14 +341,8 @@ def pump(
     ``progress``: the last time any loop of a :func:`pump_parallel` saw
     progress, shared, so a group whose peers are done is not taken for silent.
     """
-    sel = selectors.DefaultSelector()
+    sel = _selector(peers, wake)
     try:
-        for p in peers:
-            sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
-            if not p.closed:
-                sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
-        if wake is not None:
-            sel.register(wake, selectors.EVENT_READ, ("wake", None))
         last_progress = clock()
         while not until():
             now = clock()
@@ -365,6 +372,7 @@ def pump(
                     p.read_control(now)
                     if p.closed:
                         sel.unregister(p.tcp)
+                        peers[0].loop = None  # registered for a connection that closed: not reused
             for p in peers:
                 p.flush()
             if events or busy:
@@ -376,8 +384,34 @@ def pump(
             elif now - last_progress > timeout:
                 names = ", ".join(p.name for p in peers)
                 raise PeerError(f"nothing heard for {timeout:.0f} s from {names}: peer dead or path down")
+    except BaseException:
+        peers[0].drop_loop()
+        raise
     finally:
-        sel.close()
+        if peers[0].loop is None or peers[0].loop[1] is not sel:
+            sel.close()
+
+
+def _selector(peers: list[Peer], wake: socket.socket | None) -> selectors.BaseSelector:
+    """The selector of ``pump`` over ``peers`` (and ``wake``), kept on the first peer for the next
+    call with the same peers. Why: a worker pumps three times a round and the server three to
+    four times; each new selector is an epoll instance and a registration per socket (~50 us of
+    CPU a call) - noticeable beside a small model's round of ~1 ms."""
+    key = (tuple(id(p) for p in peers), tuple(p.closed for p in peers), id(wake) if wake is not None else 0)
+    owner = peers[0]
+    if owner.loop is not None and owner.loop[0] == key:
+        return owner.loop[1]
+    owner.drop_loop()
+    sel = selectors.DefaultSelector()
+    for p in peers:
+        sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
+        if not p.closed:
+            sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
+    if wake is not None:
+        sel.register(wake, selectors.EVENT_READ, ("wake", None))
+    if wake is None:  # (a parallel pump's wake socket lives for one call)
+        owner.loop = (key, sel)
+    return sel
 
 
 def pump_parallel(
