@@ -136,7 +136,7 @@ def _rank_main(steps: int, block: int, warmup: int, policy: str, out: str) -> No
 
         for arm in arms:
             run(arm, warmup, False)
-        sent0 = dict(comm.worker.peer.control_sent)  # this rank's control messages, by type
+        sent0 = dict(getattr(comm.worker.peer, "control_sent", {}))  # this rank's control messages, by type
         done = 0
         while done < steps:
             n = min(block, steps - done)
@@ -144,7 +144,7 @@ def _rank_main(steps: int, block: int, warmup: int, policy: str, out: str) -> No
                 run(arm, n, True)
             done += n
         # per DBLP step (the timed ones)
-        control = {k: (v - sent0.get(k, 0)) / steps for k, v in comm.worker.peer.control_sent.items()}
+        control = {k: (v - sent0.get(k, 0)) / steps for k, v in getattr(comm.worker.peer, "control_sent", {}).items()}
         # the slowest rank's time of each step
         t = torch.tensor([times["plain"], times["dblp"]], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
