@@ -84,7 +84,7 @@ def test_small_tensor_uses_one_server_loop_and_one_block_order():
     chunks = -(-ELEMENTS // 362)
     assert chunks == 30 and chunks <= ORDER_BLOCK
     assert send_order(chunks, "blocks", 7, 3, 2) is index_order(chunks)
-    assert ELEMENTS // 362 < server_mod.PARALLEL_MIN_CHUNKS
+    assert chunks * WORKERS < server_mod.PARALLEL_MIN_DATAGRAMS
     before = threading.active_count()
     seen: list[int] = []
     orig = server_mod.pump_parallel

@@ -364,7 +364,7 @@ def test_parallel_event_loops_average_exactly(threads, monkeypatch):
     round's mean is exact, whatever the split of the 4 workers among the loops."""
     import dblp.server
 
-    monkeypatch.setattr(dblp.server, "PARALLEL_MIN_CHUNKS", 0)  # 415 chunks: parallel all the same
+    monkeypatch.setattr(dblp.server, "PARALLEL_MIN_DATAGRAMS", 0)  # 4 x 415 datagrams: parallel all the same
     n, k, rounds = 150_001, 4, 3
     srv, th, result = _thread_server(workers=k, policy=FixedPolicy(0.0), threads=threads, rounds=rounds,
                                      peer_timeout=20)
