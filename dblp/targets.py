@@ -70,7 +70,8 @@ def as_rows(rows: Iterable[Any]) -> list[TargetRow]:
 
 def summarize(per_repeat: Iterable[Iterable[TargetRow]], cores: int) -> list[dict[str, Any]]:
     """One line per target, in first-seen order: median, min and max over the repeats, the bound
-    of this machine's class, and whether it is met (None: no bound for this class)."""
+    of this machine's class, and whether it is met (None: no bound for this class). A repeat whose
+    value is NaN (not measured) is left out; ``repeats`` counts the others."""
     cls = machine_class(cores)
     by_name: dict[str, list[TargetRow]] = {}
     for rows in per_repeat:
@@ -78,10 +79,10 @@ def summarize(per_repeat: Iterable[Iterable[TargetRow]], cores: int) -> list[dic
             by_name.setdefault(r.name, []).append(r)
     out = []
     for name, rs in by_name.items():
-        vals = [r.value for r in rs]
+        vals = [r.value for r in rs if not math.isnan(r.value)]  # a repeat that failed is left out
         first = rs[0]
         bound = first.bounds.get(cls, first.bounds.get("any"))
-        med = statistics.median(vals)
+        med = statistics.median(vals) if vals else float("nan")
         met: bool | None
         if first.met is not None:
             met = all(bool(r.met) for r in rs)
@@ -90,8 +91,8 @@ def summarize(per_repeat: Iterable[Iterable[TargetRow]], cores: int) -> list[dic
         else:
             met = med <= bound if first.better == "<=" else med >= bound
         elsewhere = {k: v for k, v in first.bounds.items() if k not in (cls, "any")}
-        out.append({"target": name, "unit": first.unit, "median": med, "min": min(vals), "max": max(vals),
-                    "repeats": len(vals), "values": vals, "bound": bound, "better": first.better, "met": met,
+        out.append({"target": name, "unit": first.unit, "median": med, "min": min(vals, default=med),
+                    "max": max(vals, default=med), "repeats": len(vals), "values": vals, "bound": bound, "better": first.better, "met": met,
                     "elsewhere": elsewhere, "detail": [r.detail for r in rs]})
     return out
 
@@ -107,9 +108,13 @@ def format_table(lines: list[dict[str, Any]]) -> str:
         u = ln["unit"]
         bound = "-" if ln["bound"] is None else f"{ln['better']} {_num(ln['bound'], u)}"
         verdict = {True: "met", False: "NOT met", None: "no target here"}[ln["met"]]
-        if ln["met"] is None and ln["elsewhere"]:
+        if ln["repeats"] == 0:
+            verdict = "not measured (see the log)"
+        elif ln["met"] is None and ln["elsewhere"]:
             verdict += " (" + ", ".join(f"{k}: {ln['better']} {_num(v, u)}" for k, v in ln["elsewhere"].items()) + ")"
         rng = f"{_num(ln['min'], u)} .. {_num(ln['max'], u)}" if ln["repeats"] > 1 else "-"
+        if ln["repeats"] < len(ln["detail"]):  # some repeats failed
+            rng += f" ({ln['repeats']} of {len(ln['detail'])})"
         cells.append([ln["target"], _num(ln["median"], u), rng, bound, verdict])
     widths = [max(len(c[i]) for c in cells) for i in range(5)]
     out = []

@@ -533,15 +533,24 @@ def loopback_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
     for w in args.target_workers:
         t = {}
         for agg in ("sharded", "server"):
-            t[agg] = loopback_rounds(e, workers=w, rounds=args.rounds, warmup=args.warmup, aggregation=agg,
-                                     timeout=args.timeout).median_s
-            say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: {t[agg] * 1e3:.1f} ms")
-        g = gloo_loopback(e, w, args, args.out / f"rep{rep}" / f"gloo-loopback-{w}", say)
+            try:  # --timeout bounds a round: the run's rounds and start-up get that much each
+                t[agg] = loopback_rounds(e, workers=w, rounds=args.rounds, warmup=args.warmup, aggregation=agg,
+                                         timeout=args.timeout * (args.warmup + args.rounds + 1)).median_s
+                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: {t[agg] * 1e3:.1f} ms")
+            except RuntimeError as exc:  # the other targets are still measured; this one shows "not measured"
+                t[agg] = float("nan")
+                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: not measured: {exc}")
+        try:
+            g = gloo_loopback(e, w, args, args.out / f"rep{rep}" / f"gloo-loopback-{w}", say)
+        except (BenchError, TimeoutError) as exc:
+            g = float("nan")
+            say(f"gloo {fmt_size(e)} x {w} on loopback: not measured: {exc}")
         sharded_bounds = {"2-core": 1.3, "16-core": 1.0} if w == 3 else {"16-core": 1.2} if w == 8 else {}
         rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: sharded / gloo", t["sharded"] / g, "x",
                               sharded_bounds, detail=f"{t['sharded'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
         rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: single server / gloo", t["server"] / g, "x",
-                              {"16-core": 1.6} if w == 3 else {}, detail=f"{t['server'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
+                              {"16-core": 1.6} if w == 3 else {},
+                              detail=f"{t['server'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
     return rows
 
 
@@ -588,33 +597,41 @@ TARGET_SOURCES: dict = {
 
 
 def run_targets(args) -> int:
-    """Every target of issue 30 this machine can measure, side by side, ``--repeats`` times."""
+    """Every target of issue 30 this machine can measure, side by side, ``--repeats`` times; the
+    table (and targets.csv/json) is rewritten after every repeat, so a stopped run keeps its rows."""
     say = Progress(args.quiet)
     args.out.mkdir(parents=True, exist_ok=True)
     write_config(args.out, args)
-    cores = os.cpu_count() or 1
     per_repeat: list[list[TargetRow]] = []
     try:
         for rep in range(args.repeats):
             rows: list[TargetRow] = []
             for name in args.target_sets:
                 say(f"repeat {rep + 1}/{args.repeats}: {name} targets")
-                rows += as_rows(TARGET_SOURCES[name](args, say, rep))
+                try:
+                    rows += as_rows(TARGET_SOURCES[name](args, say, rep))
+                except (BenchError, RuntimeError, TimeoutError) as exc:  # the other groups still run
+                    say(f"{name} targets: not measured in this repeat: {exc}")
+                    rows.append(TargetRow(f"{name} targets", float("nan"), "", {}, detail=str(exc)[-300:]))
             per_repeat.append(rows)
+            table = _write_targets(args, per_repeat)
     except KeyboardInterrupt:
         print("benchmark: interrupted; namespaces and processes removed", file=sys.stderr)
         return 130
-    except (BenchError, RuntimeError, TimeoutError) as exc:
-        print(f"benchmark: error: {exc}", file=sys.stderr)
-        return 1
+    print()
+    print(table)
+    print(f"\nCSV: {args.out / 'targets.csv'}")
+    return 0
+
+
+def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
+    """targets.csv and targets.json of the repeats so far; returns the printed table with its header."""
+    cores = os.cpu_count() or 1
     lines = summarize(per_repeat, cores)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (f"issue 30 targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {args.repeats} repeat(s), "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s), "
               f"{args.rounds} timed rounds each")
-    print()
-    print(header)
-    print(format_table(lines))
     with open(args.out / "targets.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["target", "unit", "median", "min", "max", "repeats", "bound", "better", "met", "cores"])
@@ -624,8 +641,7 @@ def run_targets(args) -> int:
                         "" if ln["met"] is None else ln["met"], cores])
     (args.out / "targets.json").write_text(json.dumps({"header": header, "cores": cores, "targets": lines},
                                                       indent=1, default=str))
-    print(f"\nCSV: {args.out / 'targets.csv'}")
-    return 0
+    return header + "\n" + format_table(lines)
 
 
 # -- main ------------------------------------------------------------------------------------

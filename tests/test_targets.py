@@ -73,3 +73,15 @@ def test_benchmark_targets_loopback_rows_side_by_side(tmp_path):
                                                "loopback 100K x 2: single server / gloo"]
     for ln in lines:
         assert ln["repeats"] == "2" and 0 < float(ln["min"]) <= float(ln["median"]) <= float(ln["max"])
+
+
+def test_a_failed_repeat_is_left_out_and_a_never_measured_target_says_so():
+    nan = float("nan")
+    lines = summarize([[TargetRow("a", 1.5, "x", {"any": 1.3}), TargetRow("b", nan, "x", {"any": 1.0})],
+                       [TargetRow("a", nan, "x", {"any": 1.3}), TargetRow("b", nan, "x", {"any": 1.0})],
+                       [TargetRow("a", 1.1, "x", {"any": 1.3}), TargetRow("b", nan, "x", {"any": 1.0})]], cores=2)
+    a, b = lines
+    assert a["repeats"] == 2 and a["median"] == 1.3 and (a["min"], a["max"]) == (1.1, 1.5) and a["met"] is True
+    assert b["repeats"] == 0 and b["met"] is None
+    table = format_table(lines)
+    assert "(2 of 3)" in table and "not measured" in table
