@@ -16,7 +16,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-__all__ = ["BIG_MACHINE_CORES", "TargetRow", "machine_class", "as_rows", "summarize", "format_table"]
+__all__ = ["BIG_MACHINE_CORES", "TargetRow", "machine_class", "as_rows", "summarize", "format_table", "plot"]
 
 #: from this many cores on, the bounds stated for the 16-core GPU machine apply; below, the 2-core machine's
 BIG_MACHINE_CORES = 16
@@ -124,3 +124,39 @@ def format_table(lines: list[dict[str, Any]]) -> str:
         if j == 0:
             out.append("  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def plot(lines: list[dict[str, Any]], path: str, title: str) -> None:
+    """A PNG of the summary: each target's median over its bound (range as a whisker), so every
+    target reads on one axis - left of 1 is met for a "<=" bound; targets without a bound here are
+    left out (they have no scale). Matplotlib is imported here, with the Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    shown = [ln for ln in lines if ln["bound"] and ln["repeats"] and ln["unit"] != "ms"]
+    shown += [ln for ln in lines if ln["bound"] and ln["repeats"] and ln["unit"] == "ms"]
+    fig, ax = plt.subplots(figsize=(10, 0.55 * max(2, len(shown)) + 1.6))
+    xs = [1.0]
+    for i, ln in enumerate(shown):
+        b = ln["bound"]
+        med, lo, hi = ln["median"] / b, ln["min"] / b, ln["max"] / b
+        xs += [lo, hi]
+        color = "tab:green" if ln["met"] else "tab:red"
+        ax.errorbar(med, i, xerr=[[med - lo], [hi - med]], fmt="o", color=color, ecolor="black", capsize=4)
+        ax.annotate(f"{_num(ln['median'], ln['unit'])}  (bound {ln['better']} {_num(b, ln['unit'])})",
+                    (hi, i), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xscale("log")  # ratios of 0.9 and a 10x miss on one axis
+    ax.set_xlim(min(xs) / 1.5, max(xs) * 6)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(len(shown) - 0.5, -0.5)
+    ax.set_yticks(range(len(shown)), [ln["target"] for ln in shown], fontsize=8)
+    ax.set_xlabel("median / bound, log scale (whisker: range over the repeats; left of the dashed line "
+                  "meets a '<=' bound)", fontsize=8)
+    ax.set_title(title.replace(", load", ",\nload", 1), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

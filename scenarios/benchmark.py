@@ -110,6 +110,7 @@ from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.server import ServerConfig  # noqa: E402
 from dblp.targets import TargetRow, as_rows, format_table, machine_class, summarize  # noqa: E402
+from dblp.targets import plot as plot_targets  # noqa: E402
 from dblp.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
@@ -641,6 +642,7 @@ def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
                         "" if ln["met"] is None else ln["met"], cores])
     (args.out / "targets.json").write_text(json.dumps({"header": header, "cores": cores, "targets": lines},
                                                       indent=1, default=str))
+    plot_targets(lines, str(args.out / "targets.png"), header)
     return header + "\n" + format_table(lines)
 
 

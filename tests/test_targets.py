@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dblp.targets import TargetRow, as_rows, format_table, machine_class, summarize
+from dblp.targets import TargetRow, as_rows, format_table, machine_class, plot, summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, str(ROOT / "scenarios" / "benchmark.py")]
@@ -73,6 +73,9 @@ def test_benchmark_targets_loopback_rows_side_by_side(tmp_path):
                                                "loopback 100K x 2: single server / gloo"]
     for ln in lines:
         assert ln["repeats"] == "2" and 0 < float(ln["min"]) <= float(ln["median"]) <= float(ln["max"])
+    assert (tmp_path / "targets.json").exists()
+    # (no bound at 2 workers: the figure has no row to show, but is written all the same)
+    assert (tmp_path / "targets.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_failed_repeat_is_left_out_and_a_never_measured_target_says_so():
@@ -85,3 +88,9 @@ def test_a_failed_repeat_is_left_out_and_a_never_measured_target_says_so():
     assert b["repeats"] == 0 and b["met"] is None
     table = format_table(lines)
     assert "(2 of 3)" in table and "not measured" in table
+
+
+def test_plot_writes_a_png(tmp_path):
+    lines = summarize(_rows([1.25, 1.9, 1.1]), cores=2)
+    plot(lines, str(tmp_path / "t.png"), "title, load 1.0")
+    assert (tmp_path / "t.png").stat().st_size > 5000
