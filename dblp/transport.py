@@ -151,9 +151,9 @@ class Peer:
 
     def send_control(self, msg: ctl.Message) -> None:
         name = type(msg).__name__
-        self.control_sent[name] = self.control_sent.get(name, 0) + 1
         try:
             with self._send_lock:
+                self.control_sent[name] = self.control_sent.get(name, 0) + 1
                 self.tcp.sendall(ctl.encode(msg, self.mac_out))
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
@@ -385,10 +385,11 @@ def pump(
                 names = ", ".join(p.name for p in peers)
                 raise PeerError(f"nothing heard for {timeout:.0f} s from {names}: peer dead or path down")
     except BaseException:
-        peers[0].drop_loop()
+        if peers:
+            peers[0].drop_loop()
         raise
     finally:
-        if peers[0].loop is None or peers[0].loop[1] is not sel:
+        if not peers or peers[0].loop is None or peers[0].loop[1] is not sel:
             sel.close()
 
 
@@ -398,10 +399,11 @@ def _selector(peers: list[Peer], wake: socket.socket | None) -> selectors.BaseSe
     four times; each new selector is an epoll instance and a registration per socket (~50 us of
     CPU a call) - noticeable beside a small model's round of ~1 ms."""
     key = (tuple(id(p) for p in peers), tuple(p.closed for p in peers), id(wake) if wake is not None else 0)
-    owner = peers[0]
-    if owner.loop is not None and owner.loop[0] == key:
+    owner = peers[0] if peers else None
+    if owner is not None and owner.loop is not None and owner.loop[0] == key:
         return owner.loop[1]
-    owner.drop_loop()
+    if owner is not None:
+        owner.drop_loop()
     sel = selectors.DefaultSelector()
     for p in peers:
         sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
@@ -409,7 +411,7 @@ def _selector(peers: list[Peer], wake: socket.socket | None) -> selectors.BaseSe
             sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
     if wake is not None:
         sel.register(wake, selectors.EVENT_READ, ("wake", None))
-    if wake is None:  # (a parallel pump's wake socket lives for one call)
+    if wake is None and owner is not None:  # (a parallel pump's wake socket lives for one call)
         owner.loop = (key, sel)
     return sel
 
