@@ -49,10 +49,12 @@ def _run(elements: int, rounds: int, workers: int, p: float = 0.0) -> tuple[Para
     for t in ts:
         t.join(60)
     sent_by_workers = [dict(w.peer.control_sent) for w in ws]
-    sent_by_server = [dict(w.peer.control_sent) for w in srv.workers]
+    server_peers = [w.peer for w in srv.workers]  # (the server lets its list go when it closes)
     for w in ws:
         w.close()
     th.join(30)
+    # read once the server is done: its last PROBE may still be leaving when the workers finish
+    sent_by_server = [dict(p.control_sent) for p in server_peers]
     assert not errors, errors
     assert result.get("rounds") == rounds
     for i in range(workers):  # the exchange is right: the exact mean every round
