@@ -180,6 +180,8 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("benchmark.py", "--p", "2", "--dry-run"), ("--p", "2")),
     (_scn("benchmark.py", "--mtu", "10", "--dry-run"), ("--mtu", "10")),
     (_scn("benchmark.py", "--targets", "--target-sets", "gpu", "--dry-run"), ("--target-sets", "gpu")),
+    (_mod("dblp.train.ddpbench", "--ranks", "0"), ("--ranks", "0")),
+    (_mod("dblp.train.ddpbench", "--policy", "fast"), ("--policy", "fast")),
     (_scn("benchmark.py", "--targets", "--repeats", "0", "--dry-run"), ("--repeats", "0")),
     (_scn("gloo_allreduce.py", "--rank", "3", "--world-size", "2", "--init", "tcp://127.0.0.1:1"), ("--rank", "3")),
     (_scn("gloo_allreduce.py", "--rank", "0", "--world-size", "2", "--init", "tcp://127.0.0.1:70000"),

@@ -38,6 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from dblp.policy import POLICIES
+from traces.argtypes import count_arg
+from traces.units import duration_arg
+
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the dblp package
 
 #: the issue's model size: Linear(73, 128), ReLU, Linear(128, 10) = 10,762 parameters (30 chunks at MTU 1500)
@@ -158,12 +162,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dblp.train.ddpbench",
                                  description="Per-step time of DDP over DBLP against plain DDP (CPU, torchrun), "
                                              "a 10,762-parameter model; prints one JSON line.")
-    ap.add_argument("--ranks", type=int, default=3, help="torchrun processes (default 3)")
-    ap.add_argument("--steps", type=int, default=200, help="timed steps per arm (default 200)")
-    ap.add_argument("--block", type=int, default=20, help="steps per block; arms alternate by block (default 20)")
-    ap.add_argument("--warmup", type=int, default=20, help="untimed steps per arm first (default 20)")
-    ap.add_argument("--policy", default="dblp", help="DBLP tolerance policy (default dblp)")
-    ap.add_argument("--timeout", type=float, default=300.0, help="seconds for the whole run (default 300 s)")
+    ap.add_argument("--ranks", type=count_arg(1), default=3, help="torchrun processes (default 3)")
+    ap.add_argument("--steps", type=count_arg(1), default=200, help="timed steps per arm (default 200)")
+    ap.add_argument("--block", type=count_arg(1), default=20,
+                    help="steps per block; arms alternate by block (default 20)")
+    ap.add_argument("--warmup", type=count_arg(0), default=20, help="untimed steps per arm first (default 20)")
+    ap.add_argument("--policy", choices=POLICIES, default="dblp", help="DBLP tolerance policy (default dblp)")
+    ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="300s",
+                    help="time for the whole run, e.g. 300s; a bare number is seconds (default 300 s)")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)  # one torchrun rank
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
