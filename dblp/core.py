@@ -25,7 +25,12 @@ R4  The receiver accepts a datagram only if it is well-formed, carries the
     duplicate. Everything else is counted by reason and dropped (III-A).
 R5  The receiver sends STOP as soon as it holds ceil((1-p) n) chunks, without
     waiting for a probe (Alg. 2 l.19-22); on PROBE it answers STOP if the
-    threshold holds, else BITMAP (l.10-17).
+    threshold holds, else BITMAP (l.10-17) - except a PROBE of a round
+    whose STOP it already sent: that STOP is on the control channel, which
+    is reliable and ordered (TCP; the simulator's too), so the PROBE needs no
+    answer. (Beyond the paper: the second STOP was one control message and
+    one wakeup of the other side per direction, worker and round - in a
+    lossless one-pass round, the common case, every PROBE crosses its STOP.)
 R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B).
 R7  Unreceived chunks are zero-filled (Alg. 2 l.26).
 R8  A pass that delivered nothing new (100% loss) delays the next pass by an
@@ -103,7 +108,9 @@ def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -
     time than with ``perm`` (a permutation of single chunks), which spreads
     one burst's loss more finely. ``inorder`` loses the tail every round.
     """
-    if order == "inorder":
+    if order == "inorder" or (order == "blocks" and chunks <= ORDER_BLOCK):
+        # (one block: its only permutation is index order - without the ~50 us of a seeded
+        # generator, twice a round per worker, which a 30-chunk round notices)
         return index_order(chunks)
     rng = np.random.default_rng([seed, round_no, stream])
     if order == "perm":
@@ -883,8 +890,8 @@ class Receiver:
             return  # a probe that crossed our STOP of an earlier round
         self.stats.probes += 1
         if self._stop_sent:
-            self._control.append(ctl.Stop(self.round_no, self.direction, self.received))
-        elif self.tolerance is None:
+            return  # R5: the STOP of this round is already on its way
+        if self.tolerance is None:
             # ROUND not seen yet (cannot happen over one ordered TCP stream,
             # kept for other drivers): report progress, decide later.
             self._control.append(self._bitmap())

@@ -148,6 +148,13 @@ class _Handshake:
     parsing: AsyncResult | None = None  # a large HELLO being parsed in the login process
 
 
+#: the fewest datagrams a direction of a round (chunks x workers) for which the server spreads its
+#: workers over ``threads`` event loops. Below it one loop serves every worker: a parallel pump starts
+#: a thread, a socket pair and a selector per call (3-4 calls a round), ~0.1-0.2 ms of CPU each,
+#: which a 3 x 30-chunk round (a 10k-parameter model under DDP: its datagrams take ~0.1 ms) pays
+#: for nothing; from ~2k datagrams (~2 ms of receive work) a second loop saves more than it costs.
+PARALLEL_MIN_DATAGRAMS = 2048
+
 _LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
 # A HELLO larger than this is parsed in a process of its own (forked: no main module re-imported, as
 # spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
@@ -635,7 +642,9 @@ class ParameterServer:
         while True:
             live = [w.peer for w in self.workers]
             try:
-                if self.cfg.threads > 1 and self.cfg.consistency == "none":  # (S7's HELD reaches the session)
+                if (self.cfg.threads > 1 and self.cfg.consistency == "none"  # (S7's HELD reaches the session)
+                        and self.layout is not None
+                        and self.layout.chunks * len(live) >= PARALLEL_MIN_DATAGRAMS):
                     pump_parallel(live, until, threads=self.cfg.threads, timeout=self.cfg.peer_timeout, wake=wake)
                 else:
                     pump(live, until, timeout=self.cfg.peer_timeout, wake=wake)
@@ -776,6 +785,7 @@ def _close_peer(peer: Peer, reason: str | None = None) -> None:
             peer.send_control(ctl.Bye(reason))
         except PeerError:
             pass
+    peer.drop_loop()
     for s in (peer.tcp, peer.udp):
         try:
             s.close()

@@ -126,6 +126,11 @@ class Peer:
         # waits here (in the sender) so it follows the ROUND - else a receiver holding every chunk
         # but no tolerance would answer BITMAPs back and forth until the ROUND came.
         self.hold_probes = False
+        # pump's selector over this peer (first) and the others of its last call, kept between calls
+        self.loop: tuple[tuple, selectors.BaseSelector] | None = None
+        # control messages sent to this peer, by type (RoundStart, Probe, Stop...): what a round
+        # costs in control round trips, counted (tests/test_control_cost.py)
+        self.control_sent: dict[str, int] = {}
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A peer whose process dies closes the connection at once; a peer whose
         # host vanishes is found by TCP keepalive, so a long compute step of
@@ -138,14 +143,22 @@ class Peer:
             if hasattr(socket, opt):
                 tcp.setsockopt(socket.IPPROTO_TCP, getattr(socket, opt), val)
 
+    def drop_loop(self) -> None:
+        """Close the selector :func:`pump` kept on this peer (the peer closes, or its peers change)."""
+        if self.loop is not None:
+            self.loop[1].close()
+            self.loop = None
+
     def authenticate(self, key_in: bytes, key_out: bytes) -> None:
         """From now on every control frame either way is tagged and numbered (dblp.control)."""
         self.decoder.key(ctl.ControlMac(key_in))
         self.mac_out = ctl.ControlMac(key_out)
 
     def send_control(self, msg: ctl.Message) -> None:
+        name = type(msg).__name__
         try:
             with self._send_lock:
+                self.control_sent[name] = self.control_sent.get(name, 0) + 1
                 self.tcp.sendall(ctl.encode(msg, self.mac_out))
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
@@ -335,14 +348,8 @@ def pump(
     ``progress``: the last time any loop of a :func:`pump_parallel` saw
     progress, shared, so a group whose peers are done is not taken for silent.
     """
-    sel = selectors.DefaultSelector()
+    sel = _selector(peers, wake)
     try:
-        for p in peers:
-            sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
-            if not p.closed:
-                sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
-        for w in [wake] if isinstance(wake, socket.socket) else wake or ():
-            sel.register(w, selectors.EVENT_READ, ("wake", None))
         last_progress = clock()
         while not until():
             now = clock()
@@ -372,6 +379,7 @@ def pump(
                     p.read_control(now)
                     if p.closed:
                         sel.unregister(p.tcp)
+                        peers[0].loop = None  # registered for a connection that closed: not reused
             for p in peers:
                 p.flush()
             if events or busy:
@@ -383,8 +391,36 @@ def pump(
             elif now - last_progress > timeout:
                 names = ", ".join(p.name for p in peers)
                 raise PeerError(f"nothing heard for {timeout:.0f} s from {names}: peer dead or path down")
+    except BaseException:
+        if peers:
+            peers[0].drop_loop()
+        raise
     finally:
-        sel.close()
+        if not peers or peers[0].loop is None or peers[0].loop[1] is not sel:
+            sel.close()
+
+
+def _selector(peers: list[Peer], wake: "socket.socket | list[socket.socket] | None") -> selectors.BaseSelector:
+    """The selector of ``pump`` over ``peers`` (and ``wake``), kept on the first peer for the next
+    call with the same peers. Why: a worker pumps three times a round and the server three to
+    four times; each new selector is an epoll instance and a registration per socket (~50 us of
+    CPU a call) - noticeable beside a small model's round of ~1 ms."""
+    key = (tuple(id(p) for p in peers), tuple(p.closed for p in peers), 0 if wake is None else tuple(map(id, [wake] if isinstance(wake, socket.socket) else wake)))
+    owner = peers[0] if peers else None
+    if owner is not None and owner.loop is not None and owner.loop[0] == key:
+        return owner.loop[1]
+    if owner is not None:
+        owner.drop_loop()
+    sel = selectors.DefaultSelector()
+    for p in peers:
+        sel.register(p.udp.sock, selectors.EVENT_READ, ("udp", p))
+        if not p.closed:
+            sel.register(p.tcp, selectors.EVENT_READ, ("tcp", p))
+    for w in [wake] if isinstance(wake, socket.socket) else wake or ():
+        sel.register(w, selectors.EVENT_READ, ("wake", None))
+    if wake is None and owner is not None:  # (a parallel pump's wake socket lives for one call)
+        owner.loop = (key, sel)
+    return sel
 
 
 _LOOP_THREADS = 64  # helper loops kept at most (a server's --threads is at most 64)

@@ -247,6 +247,7 @@ class Worker:
             except OSError:
                 pass
             tcp.close()
+            self.peer.drop_loop()
             self.peer.udp.close()
             self.peer = None
         if self._slot is not None:

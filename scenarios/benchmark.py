@@ -109,6 +109,8 @@ from dblp.policy import run_policy  # noqa: E402
 from dblp.provenance import write_config  # noqa: E402
 from dblp.records import read_records  # noqa: E402
 from dblp.server import ServerConfig  # noqa: E402
+from dblp.targets import TargetRow, as_rows, format_table, machine_class, summarize  # noqa: E402
+from dblp.targets import plot as plot_targets  # noqa: E402
 from dblp.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
 from traces.argtypes import count_arg, int_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
@@ -367,8 +369,12 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
 
 # -- gloo ------------------------------------------------------------------------------------
 class GlooRanks:
-    def __init__(self, net: NsNet, elements: int, port: int, timeout: float, logdir: Path, workers: int) -> None:
-        self.workers = [net[f"w{i + 1}"] for i in range(workers)]
+    """gloo ranks, one on each of ``hosts`` (anything with ``popen(argv, **kw)`` and ``ip``: a namespace
+    host, or :class:`LocalHost` for loopback), bound to ``iface`` there."""
+
+    def __init__(self, hosts: list, elements: int, port: int, timeout: float, logdir: Path,
+                 iface: str = "eth0") -> None:
+        self.workers = list(hosts)
         self.q: queue.Queue = queue.Queue()
         self.procs = []
         self.logs = []
@@ -377,7 +383,7 @@ class GlooRanks:
             lf = open(logdir / f"gloo-rank{r}.log", "w")
             self.logs.append(lf)
             p = w.popen([sys.executable, str(REPO / "scenarios" / "gloo_allreduce.py"), "--rank", str(r),
-                         "--world-size", str(len(self.workers)), "--init", init, "--iface", "eth0", "--timeout", f"{timeout!r}s"],
+                         "--world-size", str(len(self.workers)), "--init", init, "--iface", iface, "--timeout", f"{timeout!r}s"],
                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=lf, text=True, env=_env(), cwd=REPO)
             self.procs.append(p)
             threading.Thread(target=self._reader, args=(r, p), daemon=True).start()
@@ -436,7 +442,8 @@ def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float |
              say: Progress) -> dict:
     outdir.mkdir(parents=True, exist_ok=True)
     tag = f"gloo {fmt_size(elements)}"
-    ranks = GlooRanks(net, elements, GLOO_PORT + size_idx, args.gloo_timeout, outdir, args.workers)
+    ranks = GlooRanks([net[f"w{i + 1}"] for i in range(args.workers)], elements, GLOO_PORT + size_idx,
+                      args.gloo_timeout, outdir)
     res: dict = {"gloo_allreduce_s": float("nan"), "gloo_allreduce_min_s": float("nan"),
                  "gloo_burst_s": float("nan"), "gloo_burst_hold_s": float("nan"), "gloo_burst_timed_out": False}
     try:
@@ -479,6 +486,164 @@ def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float |
     finally:
         ranks.close()
     return res
+
+
+# -- issue 30's targets (--targets; the row type, summary and table: dblp.targets) ----------------
+
+class LocalHost:
+    """This machine as a gloo rank's host (loopback): :class:`GlooRanks` on 127.0.0.1."""
+
+    ip = "127.0.0.1"
+    name = "local"
+
+    def popen(self, argv: list[str], **kw) -> subprocess.Popen:
+        kw.setdefault("start_new_session", True)
+        return subprocess.Popen(argv, **kw)
+
+
+def gloo_loopback(elements: int, workers: int, args, outdir: Path, say: Progress) -> float:
+    """Median of ``--iterations`` gloo all-reduces (after ``--warmup``) among ``workers`` local ranks."""
+    import socket
+
+    outdir.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as sk:  # a free port for rank 0 (29600, the usual one, is DBLP's default)
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    ranks = GlooRanks([LocalHost()] * workers, elements, port, args.gloo_timeout, outdir, iface="lo")
+    times = []
+    try:
+        ranks.collect("ready", None, 120)
+        for i in range(args.warmup + args.rounds):
+            start, _ = ranks.run(f"r{i}", elements)
+            got = ranks.collect("done", f"r{i}", args.gloo_timeout + 10)
+            if i >= args.warmup:
+                times.append(max(m["t_end"] for m in got.values()) - start)
+    finally:
+        ranks.close()
+    say(f"gloo {fmt_size(elements)} x {workers} on loopback: {median(times) * 1e3:.1f} ms")
+    return median(times)
+
+
+def loopback_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
+    """Loopback, ``--target-model`` x each of ``--target-workers``: DBLP sharded and single server
+    against gloo, measured one after the other in this repeat."""
+    from dblp.loopback import loopback_rounds
+
+    e = args.target_model
+    rows = []
+    for w in args.target_workers:
+        t = {}
+        for agg in ("sharded", "server"):
+            try:  # --timeout bounds a round: the run's rounds and start-up get that much each
+                t[agg] = loopback_rounds(e, workers=w, rounds=args.rounds, warmup=args.warmup, aggregation=agg,
+                                         timeout=args.timeout * (args.warmup + args.rounds + 1)).median_s
+                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: {t[agg] * 1e3:.1f} ms")
+            except RuntimeError as exc:  # the other targets are still measured; this one shows "not measured"
+                t[agg] = float("nan")
+                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: not measured: {exc}")
+        try:
+            g = gloo_loopback(e, w, args, args.out / f"rep{rep}" / f"gloo-loopback-{w}", say)
+        except (BenchError, TimeoutError) as exc:
+            g = float("nan")
+            say(f"gloo {fmt_size(e)} x {w} on loopback: not measured: {exc}")
+        sharded_bounds = {"2-core": 1.3, "16-core": 1.0} if w == 3 else {"16-core": 1.2} if w == 8 else {}
+        rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: sharded / gloo", t["sharded"] / g, "x",
+                              sharded_bounds, detail=f"{t['sharded'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
+        rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: single server / gloo", t["server"] / g, "x",
+                              {"16-core": 1.6} if w == 3 else {},
+                              detail=f"{t['server'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
+    return rows
+
+
+def veth_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
+    """Namespace hosts on veth at ``--mtu`` (1500): DBLP sharded against gloo (needs root)."""
+    e = args.target_model
+    name = f"veth MTU {args.mtu} {fmt_size(e)} x {args.workers}: sharded / gloo"
+    if os.geteuid() != 0:
+        say(f"{name}: skipped (needs root for namespace hosts)")
+        return []
+    vargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": []})
+    out = args.out / f"rep{rep}" / "veth"
+    with NsNet(["srv", *[f"w{i + 1}" for i in range(args.workers)]], mtu=args.mtu) as net:
+        if not net.ping_all():
+            raise BenchError("namespace hosts cannot reach each other")
+        run = run_dblp(net, vargs, e, SHARDED, 0, out / "dblp-sharded", say)
+        d = summarize_run(run.rounds, run.server, run.loss_rounds, elements=e, workers=args.workers, p=args.p,
+                          calib_loss=[], lossless=range(args.warmup, args.warmup + args.rounds), udp=run.udp)
+        g = run_gloo(net, vargs, e, 0, None, out / "gloo", say)["gloo_allreduce_s"]
+    return [TargetRow(name, d["dblp_round_s"] / g, "x", {"2-core": 1.2},
+                      detail=f"{d['dblp_round_s'] * 1e3:.0f} / {g * 1e3:.0f} ms")]
+
+
+def ddp_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
+    """DDP over DBLP against plain DDP, 3 CPU ranks, a 10,762-parameter model (dblp.train.ddpbench)."""
+    from dblp.train.ddpbench import OVERHEAD_TARGET_S, SMALL_MODEL_PARAMS, ddp_overhead
+
+    r = ddp_overhead(3, args.ddp_steps, timeout=args.timeout * 10)
+    say(f"DDP {SMALL_MODEL_PARAMS} parameters x 3 ranks: plain {r.plain_median_s * 1e3:.2f} ms, "
+        f"DBLP {r.dblp_median_s * 1e3:.2f} ms a step")
+    return [TargetRow(f"DDP {SMALL_MODEL_PARAMS:,}-parameter model x 3 ranks: DBLP step - plain DDP step",
+                      r.overhead_s * 1e3, "ms", {"any": OVERHEAD_TARGET_S * 1e3},
+                      detail=f"{r.dblp_median_s * 1e3:.2f} - {r.plain_median_s * 1e3:.2f} ms")]
+
+
+# >>> Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s
+# >>> (or rows with the attributes or keys target, measured, threshold, met: dblp.targets.as_rows). The
+# >>> self-pacing rows (issue 30, part "pace") go here, e.g. "pace": pace_target_rows.
+TARGET_SOURCES: dict = {
+    "loopback": loopback_target_rows,
+    "veth": veth_target_rows,
+    "ddp": ddp_target_rows,
+}
+
+
+def run_targets(args) -> int:
+    """Every target of issue 30 this machine can measure, side by side, ``--repeats`` times; the
+    table (and targets.csv/json) is rewritten after every repeat, so a stopped run keeps its rows."""
+    say = Progress(args.quiet)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_config(args.out, args)
+    per_repeat: list[list[TargetRow]] = []
+    try:
+        for rep in range(args.repeats):
+            rows: list[TargetRow] = []
+            for name in args.target_sets:
+                say(f"repeat {rep + 1}/{args.repeats}: {name} targets")
+                try:
+                    rows += as_rows(TARGET_SOURCES[name](args, say, rep))
+                except (BenchError, RuntimeError, TimeoutError) as exc:  # the other groups still run
+                    say(f"{name} targets: not measured in this repeat: {exc}")
+                    rows.append(TargetRow(f"{name} targets", float("nan"), "", {}, detail=str(exc)[-300:]))
+            per_repeat.append(rows)
+            table = _write_targets(args, per_repeat)
+    except KeyboardInterrupt:
+        print("benchmark: interrupted; namespaces and processes removed", file=sys.stderr)
+        return 130
+    print()
+    print(table)
+    print(f"\nCSV: {args.out / 'targets.csv'}")
+    return 0
+
+
+def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
+    """targets.csv and targets.json of the repeats so far; returns the printed table with its header."""
+    cores = os.cpu_count() or 1
+    lines = summarize(per_repeat, cores)
+    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    header = (f"issue 30 targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s), "
+              f"{args.rounds} timed rounds each")
+    with open(args.out / "targets.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["target", "unit", "median", "min", "max", "repeats", "bound", "better", "met", "cores"])
+        for ln in lines:
+            w.writerow([ln["target"], ln["unit"], f"{ln['median']:.6g}", f"{ln['min']:.6g}", f"{ln['max']:.6g}",
+                        ln["repeats"], "" if ln["bound"] is None else ln["bound"], ln["better"],
+                        "" if ln["met"] is None else ln["met"], cores])
+    (args.out / "targets.json").write_text(json.dumps({"header": header, "cores": cores, "targets": lines},
+                                                      indent=1, default=str))
+    plot_targets(lines, str(args.out / "targets.png"), header)
+    return header + "\n" + format_table(lines)
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -536,6 +701,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time a gloo all-reduce may take")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder of this run's files (default: results/benchmark/<timestamp>)")
+    t = ap.add_argument_group("issue 30's targets (--targets)")
+    t.add_argument("--targets", action="store_true",
+                   help="print every target of issue 30 this machine can measure, as ratios measured side by "
+                        "side (loopback DBLP vs gloo, veth sharded vs gloo, DDP small-model step), met or not; "
+                        "the bounds of the 16-core machine apply from 16 cores on")
+    t.add_argument("--repeats", type=count_arg(1), default=1,
+                   help="repeats of every target measurement (median and range printed)")
+    t.add_argument("--target-sets", default=",".join(TARGET_SOURCES),
+                   help=f"comma-separated target groups to measure, of: {', '.join(TARGET_SOURCES)}")
+    t.add_argument("--target-model", default="25M", help="tensor of the throughput targets, " + MODEL_HELP)
+    t.add_argument("--target-workers", default="3,8",
+                   help="comma-separated worker counts of the loopback targets (count)")
+    t.add_argument("--ddp-steps", type=count_arg(1), default=200,
+                   help="timed DDP steps per arm (plain, DBLP) of the small-model target")
     add_quiet(ap)
     ap.add_argument("--dry-run", action="store_true",
                     help="print the parsed settings and the CSV columns as JSON and exit (no root needed)")
@@ -568,6 +747,17 @@ def parse_args(argv=None):
                  "is a tail bound, not the tolerance arithmetic")
     if args.out is None:
         args.out = REPO / "results" / "benchmark" / time.strftime("%Y%m%d-%H%M%S")
+    args.target_sets = [x.strip() for x in args.target_sets.split(",") if x.strip()]
+    bad = [x for x in args.target_sets if x not in TARGET_SOURCES]
+    if bad or not args.target_sets:
+        ap.error(f"--target-sets: {','.join(bad) or 'none given'}: each must be one of {', '.join(TARGET_SOURCES)}")
+    try:
+        args.target_model = model_elements(args.target_model)
+        args.target_workers = [int(x) for x in args.target_workers.split(",") if x.strip()]
+    except (ParameterError, ValueError) as exc:
+        ap.error(f"--target-model / --target-workers: {exc}")
+    if not args.target_workers or min(args.target_workers) < 2:
+        ap.error(f"--target-workers: each count must be at least 2 (the sharded mode), got {args.target_workers}")
     return args
 
 
@@ -666,6 +856,8 @@ def main(argv=None) -> int:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         print(json.dumps({"config": config, "csv_columns": CSV_COLUMNS}))
         return 0
+    if args.targets:
+        return run_targets(args)
     if os.geteuid() != 0:
         print("benchmark: needs root (network namespaces, nftables)", file=sys.stderr)
         return 2

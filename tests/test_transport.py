@@ -359,9 +359,12 @@ def test_ipv6_rounds_are_exact_and_fit_the_link_mtu(fast):
 
 
 @pytest.mark.parametrize("threads", [1, 3])
-def test_parallel_event_loops_average_exactly(threads):
+def test_parallel_event_loops_average_exactly(threads, monkeypatch):
     """The server's loops over its workers on `threads` threads (transport.pump_parallel): every
     round's mean is exact, whatever the split of the 4 workers among the loops."""
+    import dblp.server
+
+    monkeypatch.setattr(dblp.server, "PARALLEL_MIN_DATAGRAMS", 0)  # 4 x 415 datagrams: parallel all the same
     n, k, rounds = 150_001, 4, 3
     srv, th, result = _thread_server(workers=k, policy=FixedPolicy(0.0), threads=threads, rounds=rounds,
                                      peer_timeout=20)
