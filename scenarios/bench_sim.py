@@ -160,9 +160,13 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
                  dict(workers=1024, rounds=100), 60.0, None),
     "paced1024": ("1024 workers x 100 iterations, every sender paced at its fair share (10 Gbit/s / 1024)",
                   dict(workers=1024, rounds=100, send_rate_bps=10e9 / 1024), 60.0, None),
-    "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100",
-                     dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100),
-                     300.0, 8.0),
+    "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100, class level "
+                     "(dblp.sim.fabric: one representative flow per port class)",
+                     dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100,
+                          fidelity="class"), 300.0, 8.0),
+    "leafspine128": ("128 workers x 1 iteration, leaf-spine 5 racks x 4 spines, --servers 4, round level (every "
+                     "flow walked: what the round level costs on the way to 10,000)",
+                     dict(workers=128, rounds=1, topology="leafspine", racks=5, spines=4, servers=4), 300.0, 8.0),
 }
 
 

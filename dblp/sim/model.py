@@ -542,7 +542,17 @@ def run_env(env: simpy.Environment) -> None:
 
 
 def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
-    """Run one configuration; ``records`` names a JSONL file for the round records."""
+    """Run one configuration; ``records`` names a JSONL file for the round records. ``fidelity="class"``
+    takes :func:`dblp.sim.fabric.simulate_classes` (one representative flow per port class)."""
+    if cfg.fidelity == "class":
+        from .fabric import simulate_classes
+
+        res = simulate_classes(cfg)
+        if records:
+            with RecordWriter(records) as wr:
+                for r in res.records:
+                    wr.write(r)
+        return res
     return Simulation(cfg, records=records).run()
 
 
