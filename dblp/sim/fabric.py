@@ -19,16 +19,27 @@ the run's policy (:mod:`dblp.policy`, fed the mean's norm as :mod:`dblp.sim.mode
 A pass of ``m`` datagrams is, for every flow alike, ``m`` datagrams at the host's rate shared by
 its flows; each port on the representative's path is a fluid drop-tail queue (rate, buffer in
 datagrams, its queue carried from pass to pass) offered the flows of its class at that rate,
-thinned by the ports before it; a pass delivers a binomial draw of its datagrams with the
-acceptance of the ports in series. The PROBE waits behind the queues, the BITMAP returns on the
+thinned by the ports before it; a pass delivers its expected share of its datagrams (the
+acceptance of the ports in series; the BITMAP reports the whole chunks of that running sum), so the
+run is deterministic (``seed`` changes nothing here). The PROBE waits behind the queues, the BITMAP returns on the
 idle reverse path, the receiver's crossing of ``need`` is placed by the pass's arrival rate, its
 STOP cuts the pass. The worker records are the representative's (every worker alike: one record
 per worker and iteration, so :func:`dblp.sim.model.summarize` reads them as any run's).
 
-What it leaves out: the spread between workers (a round ends at the slowest flow in the walk;
-here at the representative's), which chunks arrive, stale counts, and the workers in the
-servers' own rack (they skip the fabric: the representative is a worker in another rack).
-``tests/sim/test_fabric.py`` holds it to the round level on small leaf-spines (tolerances there).
+The workers' spread: the first iteration's uploads start together (lockstep); a broadcast's
+round-robin (``host_slice`` datagrams a turn, the servers' turns rotated so that no two meet at one
+port: :meth:`dblp.sim.model.Simulation._dispatch_server`) ends the workers' rounds spread over its
+last turn, so from the second iteration on the uploads start spread over that time S, and an
+upload of length D meets only :func:`overlap` (D, S) of its class's flows at once (found by
+iterating D). The records are the mean worker's (its start and end S/2 before the last's); the
+server's upstream ends with the last worker's.
+
+What it leaves out: the spread of the workers' figures (every worker gets the mean's record);
+which chunks arrive; stale counts; the workers in the servers' own rack (they skip the fabric:
+the representative is a worker in another rack). In a synchronised incast all flows back off
+(R8) together, where the walk's drift apart: the passes per upload come out high there (+39% at
+1024 workers on the star, the round time +1.2%; docs/scale.md). ``tests/sim/test_fabric.py`` holds
+it to the round level on small leaf-spines (tolerances there).
 
 When it applies (:func:`not_applicable`): star or leaf-spine, dedicated servers (not sharded),
 unpaced senders, no loss process, no compute jitter, ``group`` 1, no S7 consistency.
@@ -134,11 +145,10 @@ class _Direction:
             p.share = p.share0 * factor
             p.q, p.t = 0.0, 0.0
 
-    def round(self, layout: ChunkLayout, k: int, direction: int, t0: float, need: int,
-              rng: np.random.Generator) -> RoundSender:
+    def round(self, layout: ChunkLayout, k: int, direction: int, t0: float, need: int) -> RoundSender:
         """The representative's transfer of round ``k`` from ``t0``: its sender when done (stats)."""
         s = RoundSender(VirtualRound(layout, k), direction=direction, now=t0, order="inorder")
-        got, t, crossing = 0, t0, math.inf
+        got, mean, t = 0, 0.0, t0  # chunks the receiver holds: whole, and in expectation
         for _ in range(MAX_PASSES):
             m = s.count_to_send(t, layout.chunks)
             if m == 0:
@@ -148,21 +158,19 @@ class _Direction:
             for p in self.ports:  # offered to each port: its class's flows, thinned by the ports before
                 lam = p.carry(self.flow_pps * p.share * lam, t, dur) / (self.flow_pps * p.share)
             wait = sum(p.q / p.mu for p in self.ports)  # the PROBE waits behind what the queues hold
-            arrived = int(rng.binomial(m, min(1.0, lam)))
+            arriving = m * min(1.0, lam)  # the pass's expected arrivals: a flow of its class, on average
             first = t + self.base + wait
-            if got + arrived >= need:  # R5: the receiver crosses need within this pass
-                frac = (need - got) / max(arrived, 1)
-                crossing = first + frac * dur
+            if mean + arriving >= need - 1e-9:  # R5: the receiver crosses need within this pass
+                crossing = first + dur * (need - mean) / arriving
                 t_stop = crossing + self.back
                 if t_stop < t + dur:  # R6 mid-pass: what left before the STOP
                     s.stats.sent -= m - max(1, math.ceil(m * (t_stop - t) / dur))
-                got += arrived
-                s.handle_control(ctl.Stop(k, direction, min(got, layout.chunks)), max(t_stop, t))
+                s.handle_control(ctl.Stop(k, direction, need), max(t_stop, t))
                 s.stats.t_done = t_stop
-                s.stats.received = got
                 s.crossing = crossing  # type: ignore[attr-defined]
                 return s
-            got += arrived
+            mean += arriving
+            got = int(mean + 1e-9)  # the BITMAP reports whole chunks
             t_reply = t + dur + self.base + wait + self.back
             t = s.handle_count_reply(got, t_reply)
         raise RuntimeError(f"class level: round {k} did not reach its receiver's need in {MAX_PASSES} passes")
@@ -188,16 +196,14 @@ def _ports(cfg: Any, n: int, m: int, wire: int, up: bool, remote: int, fullest: 
     return [_Port(pool, q, remote * m), srv]
 
 
-def simulate_classes(cfg: Any) -> Any:
-    """Run ``cfg`` at class level (see the module's docstring): a :class:`dblp.sim.model.SimResult`."""
-    import time
-
-    from .model import SOURCE, SimResult, load_norms
-
+def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[RoundRecord], float, int]:
+    """Run ``cfg`` at class level (see the module's docstring) on the gradient ``norms``: its records
+    (``source`` theirs), the simulated end time and the datagrams put on the wire (every flow's).
+    :func:`dblp.sim.model.simulate` makes them its result (this module does not import it: the
+    config's check imports this one)."""
     why = not_applicable(cfg)
     if why is not None:
         raise ParameterError(f"fidelity='class' does not apply here: {why}; use fidelity='round'")
-    wall = time.perf_counter()
     n, m = cfg.workers, cfg.shards
     wire = cfg.wire_bytes
     layouts = [ChunkLayout(b - a, cfg.mtu, key=cfg.layout.key) for a, b in cfg.shard_bounds]
@@ -227,8 +233,6 @@ def simulate_classes(cfg: Any) -> Any:
                      up_path.ctrl_base_delay(ctrl), ctrl)
     hub = 0.0 if m == 1 else 2 * fab.path(servers[0], servers[0]).ctrl_base_delay(ctrl_wire_bytes(NORM_MESSAGE_BYTES))
     policy = cfg.make_policy()
-    norms = load_norms(cfg)
-    rng = np.random.default_rng([cfg.seed, 0xFAB])
     records: list[RoundRecord] = []
     t = 0.0
     datagrams = 0
@@ -246,18 +250,16 @@ def simulate_classes(cfg: Any) -> Any:
         dur = lay.chunks * m / w_pps  # first guess of an upload's length: its host's time alone
         for _ in range(3 if spread > 0 else 1):  # uploads spread over `spread`: ~n dur/spread of them at once
             upd.scale(overlap(dur, spread))
-            state = rng.bit_generator.state
-            up = upd.round(lay, k, ctl.UP, t_last, need_up, rng)
+            up = upd.round(lay, k, ctl.UP, t_last, need_up)
             dur = max(dur, up.crossing - t_last)  # type: ignore[attr-defined]
-            rng.bit_generator.state = state
-        up = upd.round(lay, k, ctl.UP, t_last, need_up, rng)
+        up = upd.round(lay, k, ctl.UP, t_last, need_up)
         t_red = up.crossing + reduce_s + hub  # type: ignore[attr-defined]
         f = up.stats.received / lay.chunks
         base = float(norms[k % norms.size])
         norm = base if cfg.norm_model == "sequence" else base * math.sqrt(f / n)
         p_down = float(policy.update(k, norm))
         clr = bool(policy.clr)
-        dn = dnd.round(lay, k, ctl.DOWN, t_red, needed_chunks(lay.chunks, p_down), rng)
+        dn = dnd.round(lay, k, ctl.DOWN, t_red, needed_chunks(lay.chunks, p_down))
         half = spread / 2
         spread = spread_s
         t_end = dn.crossing  # type: ignore[attr-defined]  # the last worker's; the mean worker's spread/2 before
@@ -269,7 +271,7 @@ def simulate_classes(cfg: Any) -> Any:
         extra = {"fidelity": "class", "compute_s": cfg.compute_s}
         if m > 1:
             extra.update(aggregation=cfg.aggregation, shards=m)
-        wrec = RoundRecord(SOURCE, "worker", 0, k, t_start=t0, policy=policy.name, tolerance_up=p_up,
+        wrec = RoundRecord(source, "worker", 0, k, t_start=t0, policy=policy.name, tolerance_up=p_up,
                            tolerance_down=p_down, clr=clr, chunks=total_chunks,
                            up_latency_s=up.stats.t_done - t_last, down_latency_s=t_end - spread / 2 - t_red,
                            round_latency_s=t_end - spread / 2 - t0, up_sent=up_sent, up_passes=up.stats.passes,
@@ -282,4 +284,4 @@ def simulate_classes(cfg: Any) -> Any:
         records.extend(replace(srec, worker=i) for i in range(n))
         p_up = float(policy.tolerance)
         t = max(t_end, dn.stats.t_done)
-    return SimResult(cfg, records, t, time.perf_counter() - wall, datagrams, 0)
+    return records, t, datagrams

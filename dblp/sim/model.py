@@ -547,7 +547,9 @@ def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
     if cfg.fidelity == "class":
         from .fabric import simulate_classes
 
-        res = simulate_classes(cfg)
+        wall = time.perf_counter()
+        recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE)
+        res = SimResult(cfg, recs, end, time.perf_counter() - wall, datagrams, 0)
         if records:
             with RecordWriter(records) as wr:
                 for r in res.records:
