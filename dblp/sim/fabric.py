@@ -65,6 +65,9 @@ from .topology import _Fabric, rack_of, uplink_rate_bps
 #: a representative's passes per direction and iteration past which the model gives up (a sender
 #: that never reaches its receiver's need, e.g. a port that accepts nothing)
 MAX_PASSES = 100_000
+#: a PROBE's, BITMAP's or STOP's payload, bytes, as timed on the wire (a BITMAP of a shard's few hundred
+#: chunks at most; at 10,000 workers x 100 servers a shard is 28 chunks)
+CTRL_BYTES = 64
 
 
 def not_applicable(cfg: Any) -> str | None:
@@ -100,7 +103,10 @@ def overlap(dur: float, spread: float) -> float:
 
 
 class _Port:
-    """A fluid drop-tail port of one class: rate and buffer in datagrams, its queue carried over."""
+    """A fluid drop-tail port of one class: rate and buffer in datagrams, its queue carried over. The
+    same fluid rule as :class:`dblp.sim.net.FluidQueue` and the incast's inline loop
+    (:func:`dblp.sim.incast.simulate_incast`): while the buffer is full an arrival gets in with
+    probability rate / offered."""
 
     def __init__(self, rate_pps: float, qcap: float, flows_rate: float) -> None:
         self.mu = rate_pps
@@ -135,9 +141,8 @@ class _Port:
 class _Direction:
     """One direction's representative: its ports in series, its host's per-flow rate, the delays."""
 
-    def __init__(self, ports: list[_Port], flow_pps: float, base: float, back: float, ctrl: int) -> None:
+    def __init__(self, ports: list[_Port], flow_pps: float, base: float, back: float) -> None:
         self.ports, self.flow_pps, self.base, self.back = ports, flow_pps, base, back
-        self.ctrl = ctrl
 
     def scale(self, factor: float) -> None:
         """Only ``factor`` of each class's flows send at once (the uploads' starts spread out)."""
@@ -217,7 +222,7 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
         if cfg.topology == "leafspine" else workers[0]
     up_path, down_path = fab.path(rep, servers[0]), fab.path(servers[0], rep)
     dgram = wire * 8.0
-    ctrl = ctrl_wire_bytes(64)
+    ctrl = ctrl_wire_bytes(CTRL_BYTES)
     base_up = sum(up_path.delays) + sum(p.ser(wire) for p in up_path.ports) + cfg.ctrl_overhead_s
     base_dn = sum(down_path.delays) + sum(p.ser(wire) for p in down_path.ports) + cfg.ctrl_overhead_s
     if cfg.topology == "leafspine":
@@ -228,9 +233,9 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
     w_pps = min(cfg.send_pps, cfg.bandwidth_bps / dgram)
     s_pps = min(cfg.server_pps, cfg.server_rate_bps / dgram)
     upd = _Direction(_ports(cfg, n, m, wire, True, remote, fullest), w_pps / m, base_up,
-                     down_path.ctrl_base_delay(ctrl), ctrl)
+                     down_path.ctrl_base_delay(ctrl))
     dnd = _Direction(_ports(cfg, n, m, wire, False, remote, fullest), s_pps / n, base_dn,
-                     up_path.ctrl_base_delay(ctrl), ctrl)
+                     up_path.ctrl_base_delay(ctrl))
     hub = 0.0 if m == 1 else 2 * fab.path(servers[0], servers[0]).ctrl_base_delay(ctrl_wire_bytes(NORM_MESSAGE_BYTES))
     policy = cfg.make_policy()
     records: list[RoundRecord] = []
