@@ -3,12 +3,13 @@ class, for 10,000 workers on a leaf-spine) against the round level's walk of eve
 reference), on leaf-spines small enough to walk.
 
 Tolerances, on the run's means over workers and iterations (1M floats; in parentheses the largest
-difference measured on the three configurations below at seeds 0 and 1, 2026-12-04 22:49 UTC): the
-mean round time within 5% (3.9%), the time to train within 3% (2.3%), the mean upload latency
-within 12% (10.1%), the datagrams put on the wire within 8% (7.3%), the lost fractions exact (every
-transfer ends at its receiver's need). Passes per upload are held loosely (within 35%; 27%): the
-first iteration's synchronised incast is one lockstep pass sequence for every flow here, where the
-walk's flows drift apart, so its pass count differs by about one pass either way.
+difference measured on the three configurations below, the walk at seeds 0 and 1 - the class level
+is deterministic - 2026-12-04 22:56 UTC): the mean round time within 5% (3.7%), the time to train
+within 3% (2.2%), the mean upload latency within 12% (9.5%), the datagrams put on the wire within 8%
+(6.5%), the lost fractions exact (every transfer ends at its receiver's need). Passes per upload are
+held loosely (within 35%; 27.4%): the first iteration's synchronised incast is one lockstep pass
+sequence for every flow here, where the walk's flows drift apart, so its pass count differs by about
+one pass either way. Larger configurations, measured once: docs/scale.md.
 """
 
 from __future__ import annotations
