@@ -133,6 +133,8 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, *, records: str | None = None) -> None:
         cfg.validate()
+        if cfg.fidelity == "class":  # no engine here walks it: simulate() takes dblp.sim.fabric
+            raise ParameterError("fidelity='class' runs through simulate() (dblp.sim.fabric), not a Simulation")
         self.cfg = cfg
         self.env = simpy.Environment()
         self.layout = cfg.layout  # the real one of the whole tensor (one server: of its one shard)
