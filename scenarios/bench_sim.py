@@ -27,6 +27,8 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py --only-workers --topology leafspine --workers 64 --workers-provisioned 256
     python scenarios/bench_sim.py --only-sweep --sweep-configs 500 --sweep-iterations 300 --sweep-model 1000000 --sweep-group 1
     python scenarios/bench_sim.py --only-incast --incast-workers 64,128,256   # the incast: walk vs flow level
+    python scenarios/bench_sim.py --only-fabric --fabric-workers 16,32,64     # leaf-spine: round vs class level
+    python scenarios/bench_sim.py --only-targets --targets leafspine10k      # 10,000 workers at class level
 """
 
 from __future__ import annotations
@@ -160,9 +162,10 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
                  dict(workers=1024, rounds=100), 60.0, None),
     "paced1024": ("1024 workers x 100 iterations, every sender paced at its fair share (10 Gbit/s / 1024)",
                   dict(workers=1024, rounds=100, send_rate_bps=10e9 / 1024), 60.0, None),
-    "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100",
-                     dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100),
-                     300.0, 8.0),
+    "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100, class level "
+                     "(dblp.sim.fabric: one representative flow per port class)",
+                     dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100,
+                          fidelity="class"), 300.0, 8.0),
 }
 
 
@@ -185,6 +188,30 @@ def bench_incast(workers: list[int]) -> list[dict]:
               + ", ".join(f"{k} {v:+.2%}" for k, v in diff.items()) + f"  (load {os.getloadavg()[0]:.1f})",
               flush=True)
         rows.append({"workers": n, "walk_cpu_s": cw, "flow_cpu_s": cf, "ratio": cw / cf, "rel_diff": diff})
+    return rows
+
+
+def bench_fabric(workers: list[int], servers: int, iterations: int) -> list[dict]:
+    """Leaf-spines (1M floats, 4 racks x 2 spines, ``servers`` servers) at round level (every flow
+    walked, the reference) and at class level (``fidelity="class"``, dblp.sim.fabric), side by side:
+    CPU seconds, their ratio, and how far the class level's summary is from the round level's."""
+    keys = ("mean_round_s", "time_to_train_s", "mean_up_s", "up_passes")
+    print(f"\n== leaf-spine 4 racks x 2 spines, {servers} servers, {iterations} iterations, 1M floats: "
+          "round level (reference) vs class level")
+    print(f"{'workers':>7} {'round CPU':>10} {'class CPU':>10} {'ratio':>8}   class against round (relative): "
+          + ", ".join(keys) + ", datagrams")
+    rows = []
+    for n in workers:
+        kw = dict(model=1_000_000, workers=n, rounds=iterations, topology="leafspine", racks=4, spines=2,
+                  servers=servers)
+        got = {fid: timed(SimConfig(fidelity=fid, **kw)) for fid in ("round", "class")}
+        a, b = got["class"][0].summary(), got["round"][0].summary()
+        diff = {k: a[k] / b[k] - 1 for k in keys}
+        diff["datagrams"] = got["class"][0].datagrams / got["round"][0].datagrams - 1
+        cr, cc = got["round"][2], got["class"][2]
+        print(f"{n:7d} {cr:9.2f}s {cc:9.3f}s {cr / cc:7.0f}x   " + ", ".join(f"{v:+.1%}" for v in diff.values())
+              + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+        rows.append({"workers": n, "round_cpu_s": cr, "class_cpu_s": cc, "ratio": cr / cc, "rel_diff": diff})
     return rows
 
 
@@ -315,6 +342,13 @@ def main() -> int:
                    help="only the first iteration's incast, walked and at flow level, side by side (--incast-workers)")
     p.add_argument("--incast-workers", type=int_list_arg(1), default="64,128,256",
                    help="worker counts of --only-incast (the walk of 256 takes ~15-40 s of CPU)")
+    p.add_argument("--only-fabric", action="store_true",
+                   help="only leaf-spines at round level and at class level (--fidelity class), side by side "
+                        "(--fabric-workers)")
+    p.add_argument("--fabric-workers", type=int_list_arg(2), default="16,32,64",
+                   help="worker counts of --only-fabric (the round level of 64 takes ~10 s of CPU)")
+    p.add_argument("--fabric-servers", type=count_arg(1), default=4, help="parameter servers of --only-fabric")
+    p.add_argument("--fabric-iterations", type=count_arg(1), default=3, help="iterations of --only-fabric")
     p.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     p.add_argument("-o", "--output", default=None, help="also write the numbers as JSON to this file")
     a = p.parse_args()
@@ -326,6 +360,9 @@ def main() -> int:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}")
     if a.only_incast:
         _write(a, {"incast": bench_incast(a.incast_workers)})
+        return 0
+    if a.only_fabric:
+        _write(a, {"fabric": bench_fabric(a.fabric_workers, a.fabric_servers, a.fabric_iterations)})
         return 0
     if a.only_targets:
         res = {"targets": bench_targets(a.targets, a.target_runs, a.target_cap, a.target_memory)}

@@ -48,7 +48,7 @@ from ..shard import AGGREGATIONS, shard_bounds
 from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
 from .topology import check_topology
 
-FIDELITIES = ("round", "packet")
+FIDELITIES = ("round", "packet", "class")  # class: dblp.sim.fabric
 INCAST_MODES = ("auto", "flow", "walk")  # dblp.sim.incast
 NORM_MODELS = ("received", "sequence")
 ETHERNET_HEADER = 14
@@ -152,6 +152,13 @@ class SimConfig:
         _positive_int("group", self.group)
         if self.incast not in INCAST_MODES:
             raise ParameterError(f"incast must be one of {INCAST_MODES}, got {self.incast!r}")
+        if self.fidelity == "class":
+            from .fabric import not_applicable
+
+            why = not_applicable(self)
+            if why is not None:
+                raise ParameterError(f"fidelity='class' (one representative flow per port class) does not apply "
+                                     f"to {why}; use fidelity='round'")
         if self.group > 1 and self.fidelity != "round":
             raise ParameterError(f"group={self.group} is a round-level approximation; the packet level needs group=1")
         _positive_int("max_batch", self.max_batch)

@@ -138,6 +138,8 @@ class Simulation:
 
     def __init__(self, cfg: SimConfig, *, records: str | None = None) -> None:
         cfg.validate()
+        if cfg.fidelity == "class":  # no engine here walks it: simulate() takes dblp.sim.fabric
+            raise ParameterError("fidelity='class' runs through simulate() (dblp.sim.fabric), not a Simulation")
         self.cfg = cfg
         self.env = simpy.Environment()
         self.layout = cfg.layout  # the real one of the whole tensor (one server: of its one shard)
@@ -547,7 +549,19 @@ def run_env(env: simpy.Environment) -> None:
 
 
 def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
-    """Run one configuration; ``records`` names a JSONL file for the round records."""
+    """Run one configuration; ``records`` names a JSONL file for the round records. ``fidelity="class"``
+    takes :func:`dblp.sim.fabric.simulate_classes` (one representative flow per port class)."""
+    if cfg.fidelity == "class":
+        from .fabric import simulate_classes
+
+        wall = time.perf_counter()
+        recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE)
+        res = SimResult(cfg, recs, end, time.perf_counter() - wall, datagrams, 0)
+        if records:
+            with RecordWriter(records) as wr:
+                for r in res.records:
+                    wr.write(r)
+        return res
     return Simulation(cfg, records=records).run()
 
 

@@ -123,7 +123,7 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--pace", "send_rate_bps", rate_arg(), "pacing rate of every sender, e.g. 900M; a bare number is Mbit/s "
                                            "(0 = unlimited)"),
     ("--ctrl-overhead", "ctrl_overhead_s", duration_arg(), "processing per control message, e.g. 20us"),
-    ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram)"),
+    ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram) | class (one representative flow per port class, dblp.sim.fabric: star or leaf-spine, 10,000 workers)"),
     ("--incast", "incast", str, "the first iteration's synchronised incast: auto (at flow level from 128 "
                                 "workers on) | flow (at flow level wherever it applies) | walk (every pass "
                                 "walked: the reference) (dblp.sim.incast)"),
