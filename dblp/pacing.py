@@ -1,31 +1,86 @@
-"""Token-bucket pacing of the data channel, with the clock passed in.
+"""Pacing of the data channel: a token bucket, and the self-pacing rate arithmetic, clock passed in.
 
 A sender that bursts a whole gradient at line rate into a shaped link with a
 finite buffer loses datagrams to its own burst. The bucket caps the rate;
-``rate_bps = 0`` means unlimited (the default on loopback). The rate is a
-plain attribute so that a later rate-adaptation rule can change it between
-passes; the rate in force is recorded per round.
+``rate_bps = 0`` means unlimited. The rate in force is recorded per round.
+
+Two things decide whether a bucket delivers the rate it is set to:
+
+- **Depth vs. the event loop's sleep.** A sender sleeps until its bucket
+  allows more; a sleep is never exact (``epoll`` rounds a wait up to 1 ms,
+  a loaded host deschedules for longer). Tokens that arrive while the bucket
+  is full are lost, so a bucket shallower than the oversleep caps the rate:
+  the old fixed 64 KiB bucket held 0.58 ms at 900 Mbit/s and delivered ~0.44
+  Gbit/s behind 1 ms sleeps (issue #30). The depth is therefore
+  :data:`PACE_QUANTUM_S` of the rate (at least :data:`MIN_BURST_BYTES`).
+- **Wake size.** The socket loop (:func:`dblp.transport.pump`) sleeps at
+  least :data:`WAKE_S` and at most to the bucket's next datagram, with a
+  sub-millisecond sleep where ``epoll`` would round up to 1 ms: a
+  multi-Gbit/s sender wakes every quarter millisecond, not every few
+  microseconds, and its batches stay well under the bucket's depth.
+
+:class:`AutoPacer` is the default pacer (``--pace auto``): it starts
+unlimited and sets its own rate from what each pass delivered (core rule
+R11, :mod:`dblp.core`): see its docstring for the arithmetic.
 """
 
 from __future__ import annotations
 
+import math
+
 from .wire import ParameterError
+
+MIN_BURST_BYTES = 64 * 1024  # bucket depth at low rates (~44 datagrams of 1,472 bytes)
+PACE_QUANTUM_S = 0.002  # a real sender's bucket depth in time at its rate: covers a late wake-up
+WAKE_S = 0.00025  # the shortest sleep of a paced sender's loop (dblp.transport.pump)
+
+# -- self-pacing (AutoPacer) ---------------------------------------------------------------------
+MIN_SAMPLE = 32  # datagrams a pass must have sent to say anything about the rate
+AUTO_FLOOR_BPS = 1e6  # the lowest rate self-pacing sets (a sender never stalls on a bad estimate)
+GROWTH = 1.25  # a clean pass raises the rate by this factor ...
+CEILING = 0.95  # ... up to this fraction of the lowest rate that lost to congestion
+CEILING_CREEP = 1.005  # each clean pass lifts that ceiling so (capacity freed by others is found again)
+RECOVERED = 0.5  # after a cut, loss must fall below this fraction of the cut pass's loss to count as congestion
 
 
 class TokenBucket:
-    def __init__(self, rate_bps: float = 0.0, burst_bytes: int = 64 * 1024) -> None:
-        if rate_bps < 0:
-            raise ParameterError(f"send rate must be >= 0 bit/s, got {rate_bps}")
+    """A fixed-rate bucket (``rate_bps`` bit/s, 0 = unlimited), ``burst_bytes`` deep, or ``depth_s``
+    of the rate where that is deeper (the real senders' :func:`make_pacer` asks for
+    :data:`PACE_QUANTUM_S`; the simulator, whose timers are exact, keeps the plain depth)."""
+
+    auto = False
+
+    def __init__(self, rate_bps: float = 0.0, burst_bytes: int = MIN_BURST_BYTES, *, depth_s: float = 0.0) -> None:
+        try:
+            rate = float(rate_bps)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not math.isfinite(rate) or rate < 0:
+            raise ParameterError(f"send rate must be a finite number >= 0 bit/s, got {rate_bps!r}")
         if burst_bytes <= 0:
             raise ParameterError(f"pacing burst must be positive, got {burst_bytes}")
-        self.rate_bps = float(rate_bps)
-        self.burst_bytes = int(burst_bytes)
-        self._tokens = float(burst_bytes)
+        if not math.isfinite(depth_s) or depth_s < 0:
+            raise ParameterError(f"pacing depth must be >= 0 s, got {depth_s!r}")
+        self._min_burst = int(burst_bytes)
+        self.depth_s = float(depth_s)
         self._t: float | None = None
+        self._tokens = math.inf
+        self.rate_bps = rate  # sets burst_bytes and fills the bucket (the setter)
+
+    @property
+    def rate_bps(self) -> float:
+        return self._rate
+
+    @rate_bps.setter
+    def rate_bps(self, rate: float) -> None:
+        """A new rate takes effect at once (a rule may change it between passes); the depth follows."""
+        self._rate = float(rate)
+        self.burst_bytes = max(self._min_burst, int(self._rate / 8.0 * self.depth_s))
+        self._tokens = min(self._tokens, float(self.burst_bytes))
 
     @property
     def unlimited(self) -> bool:
-        return self.rate_bps == 0.0
+        return self._rate == 0.0
 
     @property
     def last_time(self) -> float:
@@ -33,7 +88,7 @@ class TokenBucket:
 
     def _refill(self, now: float) -> None:
         if self._t is not None and now > self._t:
-            self._tokens = min(self.burst_bytes, self._tokens + (now - self._t) * self.rate_bps / 8.0)
+            self._tokens = min(self.burst_bytes, self._tokens + (now - self._t) * self._rate / 8.0)
         self._t = now if self._t is None else max(self._t, now)
 
     def allowance(self, now: float, item_bytes: int, limit: int) -> int:
@@ -54,4 +109,89 @@ class TokenBucket:
         self._refill(now)
         deficit = item_bytes - self._tokens
         # 1 ns of slack so that float rounding at exactly this time still allows one item
-        return now if deficit <= 0 else now + deficit * 8.0 / self.rate_bps + 1e-9
+        return now if deficit <= 0 else now + deficit * 8.0 / self._rate + 1e-9
+
+    def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float) -> None:
+        """A pass's outcome (core rule R11); a fixed-rate bucket ignores it."""
+
+
+class AutoPacer(TokenBucket):
+    """Self-pacing: the rate set from each pass's outcome, no hand-set rate (``--pace auto``).
+
+    Starts unlimited. After each pass the sender reports (R11) the datagrams
+    it sent, how many of them arrived (from the BITMAP/STOP count), their
+    bytes, how long the sending took (``send_s``) and how long from the
+    pass's first datagram to the reply (``reply_s``: sending, queueing,
+    draining and one round trip). The delivery rate ``D = delivered bytes /
+    reply_s`` is what the path carried for this sender; when N senders share
+    a bottleneck of rate C and overfill its queue, each sees D ~ C / N.
+
+    Congestion is told from the loss DBLP tolerates by asking whether the
+    rate is to blame:
+
+    - a pass without loss proves its rate: ``good`` = the highest such rate
+      (unlimited counts), and the rate grows by :data:`GROWTH`, capped at
+      :data:`CEILING` of the lowest rate that lost to congestion (the cap
+      creeps up :data:`CEILING_CREEP` per clean pass);
+    - loss at a rate at or below ``good`` is not this sender's doing (a
+      burst, a lossy link, a receiver's hiccup): the rate stays - so DBLP's
+      bursts cost no slow-down;
+    - loss above ``good`` (or before any clean pass) is taken for congestion:
+      the rate is cut to ``max(D, good)``. If the next pass, at the cut rate,
+      still loses at least :data:`RECOVERED` of what the cut pass lost, the
+      loss was not the rate's: the old rate comes back and counts as good (a
+      lossy path is not slowed pass after pass).
+
+    Passes of fewer than :data:`MIN_SAMPLE` datagrams say nothing (a small
+    retransmission's reply time is one round trip, not a rate).
+    """
+
+    auto = True
+
+    def __init__(self, burst_bytes: int = MIN_BURST_BYTES, *, depth_s: float = 0.0) -> None:
+        super().__init__(0.0, burst_bytes, depth_s=depth_s)
+        self.good_bps = 0.0  # highest rate a pass was clean at (math.inf: unpaced and clean); 0 = none yet
+        self.ceiling_bps = math.inf  # lowest rate at which a pass lost to congestion
+        self._cut: tuple[float, float] | None = None  # (rate before the last cut, loss of the cut pass)
+        self.cuts = 0  # congestion verdicts, for records and tests
+        self.restores = 0  # cuts undone: the loss did not fall with the rate
+
+    def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float) -> None:
+        if sent < MIN_SAMPLE or reply_s <= 0:
+            return
+        delivered = min(max(delivered, 0), sent)
+        loss = 1.0 - delivered / sent
+        in_force = self.rate_bps if self.rate_bps > 0 else math.inf
+        if loss == 0.0:
+            self._cut = None
+            self.good_bps = max(self.good_bps, in_force)
+            if self.ceiling_bps < math.inf:
+                self.ceiling_bps *= CEILING_CREEP
+            if in_force < math.inf:
+                self.rate_bps = max(in_force, min(in_force * GROWTH, CEILING * self.ceiling_bps))
+            return
+        if in_force <= self.good_bps:  # a rate already proven clean: the loss is not the rate's
+            return
+        if self._cut is not None and loss >= RECOVERED * self._cut[1]:  # slower did not help: not congestion
+            before = self._cut[0]
+            self._cut = None
+            self.restores += 1
+            self.good_bps = max(self.good_bps, before if before > 0 else math.inf)
+            self.rate_bps = before
+            return
+        if delivered == 0:  # an outage says nothing of a rate (R8 backs off)
+            return
+        offered = nbytes * 8.0 / send_s if send_s > 0 else math.inf
+        self.ceiling_bps = min(self.ceiling_bps, in_force if in_force < math.inf else offered)
+        d = delivered * (nbytes / sent) * 8.0 / reply_s
+        good = self.good_bps if self.good_bps < math.inf else 0.0
+        self._cut = (self.rate_bps, loss)
+        self.cuts += 1
+        self.rate_bps = max(AUTO_FLOOR_BPS, good, min(d, CEILING * self.ceiling_bps))
+
+
+def make_pacer(rate_bps: float | None) -> TokenBucket:
+    """The pacer of a sender: ``None`` = self-pacing (:class:`AutoPacer`), 0 = unlimited, else fixed bit/s."""
+    if rate_bps is None:
+        return AutoPacer(depth_s=PACE_QUANTUM_S)
+    return TokenBucket(rate_bps, depth_s=PACE_QUANTUM_S)
