@@ -44,10 +44,11 @@ R10 Placement (a transport's copy saver, not a rule change): while a round
 R11 Self-pacing (issue #30): when a pass's reply comes (BITMAP, or STOP after
     the PROBE) the sender reports the pass to its pacer - datagrams sent,
     how many of them arrived (the reply's count less the previous one), their
-    bytes, the time spent sending and the time from the pass's first datagram
-    to the reply. A STOP mid-pass (R6) reports a clean pass when at most
-    :data:`EARLY_CLEAN` of the datagrams sent are unaccounted for (they may be
-    in flight), else nothing. A fixed-rate pacer ignores the report; the
+    bytes, the time spent sending, the time from the pass's first datagram
+    to the reply, and whether it was the round's first pass. A STOP (the receiver counts up to its threshold, and more
+    may be in flight, R5/R6) reports a clean pass when at most
+    :data:`EARLY_CLEAN` of the datagrams sent are unaccounted for, else
+    nothing. A fixed-rate pacer ignores the report; the
     default pacer (:class:`dblp.pacing.AutoPacer`) sets its rate from it,
     cutting only for loss its own rate caused (the arithmetic is there).
 """
@@ -83,7 +84,7 @@ BACKOFF_MAX_S = 0.200
 ORDERS = ("blocks", "perm", "inorder")
 DEFAULT_ORDER = "blocks"
 ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
-EARLY_CLEAN = 0.02  # R11: a STOP mid-pass with at most this fraction of the sent datagrams missing is clean
+EARLY_CLEAN = 0.02  # R11: a STOP with at most this fraction of the sent datagrams missing is clean
 DOWN_STREAM = 1000  # R3 order stream of the server's broadcast; worker i sends upstream with stream 1 + i
 
 
@@ -381,14 +382,14 @@ class RoundSender:
         if isinstance(msg, ctl.Stop):
             # R6: stop at once, also mid-pass.
             self.stats.early_stop = self.state is SendState.SENDING
-            self._report_pass(int(msg.received), now, early=self.stats.early_stop)
+            self._report_pass(int(msg.received), now, stop=True)
             self.stats.received = msg.received
             self.stats.t_done = now
             self._end_wait(now)
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
-            self._report_pass(int(msg.received), now, early=False)
+            self._report_pass(int(msg.received), now, stop=False)
             self.stats.received = int(msg.received)
             # R3: missing chunks, round order (in index order that is the missing ones as they are)
             self._pass = (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]]
@@ -407,19 +408,19 @@ class RoundSender:
         else:
             self.stats.ignored_control += 1
 
-    def _report_pass(self, received: int, now: float, *, early: bool) -> None:
+    def _report_pass(self, received: int, now: float, *, stop: bool) -> None:
         """R11: tell the pacer how the pass that this reply answers went; a new pass starts counting."""
         sent, t0, nbytes = self._pass_sent, self._pass_t0, self._pass_bytes
         self._pass_t0, self._pass_sent, self._pass_bytes = None, 0, 0
         if t0 is None or sent == 0 or not self.pacer.auto:
             return
         delivered = received - self.stats.received
-        if early:  # datagrams of the pass may still be in flight: clean, or nothing said
+        if stop:  # the receiver stopped counting at its threshold, datagrams may be in flight: clean, or nothing
             if sent - delivered > EARLY_CLEAN * sent:
                 return
             arrived = min(sent, max(delivered, 0))
             nbytes, sent, delivered = nbytes * arrived // sent, arrived, arrived
-        self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0)
+        self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1)
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)
