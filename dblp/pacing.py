@@ -31,7 +31,7 @@ import math
 from .wire import ParameterError
 
 MIN_BURST_BYTES = 64 * 1024  # bucket depth at low rates (~44 datagrams of 1,472 bytes)
-PACE_QUANTUM_S = 0.002  # a real sender's bucket depth in time at its rate: covers a late wake-up
+PACE_QUANTUM_S = 0.005  # a real sender's bucket depth in time at its rate: covers a late wake-up on a busy host
 WAKE_S = 0.00025  # the shortest sleep of a paced sender's loop (dblp.transport.pump)
 
 # -- self-pacing (AutoPacer) ---------------------------------------------------------------------
