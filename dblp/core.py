@@ -45,7 +45,8 @@ R11 Self-pacing (issue #30): when a pass's reply comes (BITMAP, or STOP after
     the PROBE) the sender reports the pass to its pacer - datagrams sent,
     how many of them arrived (the reply's count less the previous one), their
     bytes, the time spent sending, the time from the pass's first datagram
-    to the reply, and whether it was the round's first pass. A STOP (the receiver counts up to its threshold, and more
+    to the reply, whether it was the round's first pass, and the rate it
+    was sent at. A STOP (the receiver counts up to its threshold, and more
     may be in flight, R5/R6) reports a clean pass when at most
     :data:`EARLY_CLEAN` of the datagrams sent are unaccounted for, else
     nothing. A fixed-rate pacer ignores the report; the
@@ -327,6 +328,7 @@ class RoundSender:
         self._idle_since: float | None = None  # when the current wait for a reply began
         # R11: the current pass as the pacer hears of it (first and last hand-out, datagrams, bytes)
         self._pass_t0: float | None = None
+        self._pass_rate = 0.0  # the pacer's rate when the pass began
         self._pass_t1 = 0.0
         self._pass_sent = 0
         self._pass_bytes = 0
@@ -359,7 +361,7 @@ class RoundSender:
         nbytes = int(lengths.sum()) if not self.pacer.unlimited or self.pacer.auto else 0
         self.pacer.consume(nbytes)
         if self._pass_t0 is None:
-            self._pass_t0 = now
+            self._pass_t0, self._pass_rate = now, self.pacer.rate_bps
         self._pass_t1, self._pass_sent, self._pass_bytes = now, self._pass_sent + k, self._pass_bytes + nbytes
         self.stats.sent += k
         if self._pos >= self._pass.size:
@@ -420,7 +422,8 @@ class RoundSender:
                 return
             arrived = min(sent, max(delivered, 0))
             nbytes, sent, delivered = nbytes * arrived // sent, arrived, arrived
-        self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1)
+        self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1,
+                           rate_bps=self._pass_rate)
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)

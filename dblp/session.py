@@ -59,7 +59,7 @@ import numpy as np
 from . import control as ctl
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from .pacing import TokenBucket, make_pacer
+from .pacing import PacerGroup, TokenBucket, make_pacer
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
 
@@ -219,7 +219,11 @@ class ServerSession:
         self.seed = seed
         self.rounds = rounds
         self.values = values
-        # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11)
+        # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
+        # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
+        if pacer is None and context.send_rate_bps is None:
+            group = PacerGroup()
+            pacer = lambda w: group.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
         self._pacers: dict[int, TokenBucket] = {}
         self.max_batch = max_batch

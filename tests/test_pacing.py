@@ -12,8 +12,8 @@ import pytest
 from dblp import control as ctl
 from dblp.cliargs import pace_arg, pace_share_arg, pace_rate
 from dblp.core import EncodedRound, Receiver, RoundSender
-from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, AutoPacer, TokenBucket,
-                         make_pacer)
+from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
+                         TokenBucket, make_pacer)
 from dblp.wire import ChunkLayout, ParameterError
 
 DGRAM = 1472
@@ -44,7 +44,7 @@ def test_fixed_bucket_behind_1ms_sleeps_delivers_about_half_at_900M():
 
 @pytest.mark.parametrize("rate", [100e6, 900e6, 2e9])
 def test_rate_deep_bucket_delivers_its_rate_behind_1ms_sleeps(rate):
-    assert make_pacer(rate).burst_bytes == max(MIN_BURST_BYTES, int(rate / 8 * PACE_QUANTUM_S))
+    assert make_pacer(rate).burst_bytes == max(SENDER_MIN_BURST, int(rate / 8 * PACE_QUANTUM_S))
     epoll = delivered_fraction(make_pacer(rate), resolution_s=0.001, late_s=0.0002)
     exact = delivered_fraction(make_pacer(rate), resolution_s=0.0, late_s=0.0001)  # pump's sleeps below 1 ms
     assert 0.97 <= epoll <= 1.02 and 0.97 <= exact <= 1.02  # (+1%: the bucket starts full)
@@ -63,35 +63,42 @@ def flood(p: AutoPacer, sent: int = 1000, delivered: int = 200, reply_s: float =
     p.on_pass(sent, delivered, sent * DGRAM, send_s, reply_s, first)
 
 
-def test_autopacer_cuts_an_unpaced_flood_to_its_delivery_rate_then_grows():
+def test_autopacer_cuts_an_unpaced_flood_between_its_two_bounds_then_doubles():
     p = AutoPacer()
-    flood(p)  # 200 of 1000 arrived within 0.1 s: D = 200 * 1472 * 8 / 0.1
-    d = 200 * DGRAM * 8 / 0.1
-    assert p.rate_bps == pytest.approx(d) and p.cuts == 1
-    assert p.ceiling_bps == pytest.approx(1000 * DGRAM * 8 / 0.01)  # the flood's own rate
-    flood(p, delivered=1000)  # clean at D: proven; far below the ceiling, the rate doubles
-    assert p.good_bps == pytest.approx(d) and p.rate_bps == pytest.approx(2 * d)
+    flood(p)  # 200 of 1000 arrived: 0.01 s of sending, the reply after 0.1 s
+    lo, hi = 200 * DGRAM * 8 / 0.1, 0.2 * 1000 * DGRAM * 8 / 0.01  # delivery rate; what got through while sending
+    assert p.rate_bps == pytest.approx(math.sqrt(lo * hi)) and p.cuts == 1 and p.ceiling_bps == math.inf
+    r = p.rate_bps
+    flood(p, delivered=1000, reply_s=0.05)  # clean, delivered at 235 Mbit/s: no ceiling yet, the rate doubles
+    assert p.rate_bps == pytest.approx(2 * r) and p.good_bps == pytest.approx(r)
 
 
-def test_autopacer_probes_halfway_to_the_ceiling_and_settles():
+def test_autopacer_additive_increase_multiplicative_decrease():
     p = AutoPacer()
     p.rate_bps = 100e6
-    flood(p, delivered=1000)  # clean at 100M: no ceiling known yet, the rate doubles
+    flood(p, delivered=1000, reply_s=0.05)  # clean: doubles (the delivery rate, 235M x 1.25, allows it)
     assert p.rate_bps == pytest.approx(200e6)
-    flood(p, delivered=970)  # 3% lost above the good rate: congestion, back to the good rate
+    flood(p, delivered=970)  # 3% lost in the doubling: back to the last clean rate; the ceiling is known
     assert p.rate_bps == pytest.approx(100e6) and p.ceiling_bps == pytest.approx(200e6)
-    flood(p, delivered=1000)  # clean: within FAR of the ceiling, x1.25 at most, halfway at most
-    assert p.rate_bps == pytest.approx(125e6)
-    flood(p, delivered=990)  # lost at 125M: ceiling 125M, back to 100M
-    assert p.rate_bps == pytest.approx(100e6) and p.ceiling_bps == pytest.approx(125e6)
-    flood(p, delivered=1000)  # clean: halfway to the (crept) ceiling
-    assert p.rate_bps == pytest.approx((100e6 + 125e6 * 1.005) / 2)
-    flood(p, delivered=995)  # lost at ~113M: back to 100M; clean: halfway again, ~107M
-    flood(p, delivered=1000)
-    assert p.rate_bps == pytest.approx((100e6 + (125e6 * 1.005 + 100e6) / 2 * 1.005) / 2)
-    flood(p, delivered=995)  # lost at ~107M: the ceiling is within SETTLE (10%) of 100M: it holds there
-    flood(p, delivered=1000)
+    flood(p, delivered=1000, reply_s=0.05)  # clean, below 0.9 x ceiling: +4%
+    assert p.rate_bps == pytest.approx(104e6)
+    flood(p, delivered=970)  # loss above the good rate: cut by max(2 x 3%, 20%)
+    assert p.rate_bps == pytest.approx(104e6 * 0.8) and p.ceiling_bps == pytest.approx(104e6)
+    p.rate_bps = 0.95 * 104e6
+    flood(p, delivered=1000, reply_s=0.05)  # above 0.9 x ceiling: +0.5%
+    assert p.rate_bps == pytest.approx(0.95 * 104e6 * 1.005)
+
+
+def test_autopacer_a_queue_that_swallows_a_pass_does_not_hide_the_bottleneck():
+    """A clean first pass delivered at 80 Mbit/s (the reply waited for a queue to drain) leaves the
+    rate at 1.25 x 80M, not doubled - and not below half of what it was."""
+    p = AutoPacer()
+    p.rate_bps = 200e6
+    flood(p, delivered=1000, reply_s=1000 * DGRAM * 8 / 80e6)
     assert p.rate_bps == pytest.approx(100e6)
+    p.rate_bps = 400e6
+    flood(p, delivered=1000, reply_s=1000 * DGRAM * 8 / 80e6)
+    assert p.rate_bps == pytest.approx(200e6)  # halved at most
 
 
 def test_autopacer_keeps_its_rate_through_a_burst():
@@ -116,13 +123,14 @@ def test_autopacer_restores_a_cut_that_did_not_help():
     assert p.rate_bps == 0.0 and p.cuts == 1
 
 
-def test_autopacer_light_loss_at_a_proven_rate_is_congestion_cut_at_most_by_half():
+def test_autopacer_light_loss_at_a_proven_rate_is_congestion():
     p = AutoPacer()
     p.rate_bps = 200e6
-    flood(p, delivered=1000)  # proven at 200M, now 250M
+    flood(p, delivered=1000, reply_s=0.05)  # proven at 200M
     p.rate_bps = 200e6
-    flood(p, delivered=950, reply_s=1.0)  # 5% lost at the proven rate: others share the path now
-    assert p.good_bps == 0.0 and p.rate_bps == pytest.approx(max(MAX_CUT * 200e6, 950 * DGRAM * 8 / 1.0))
+    flood(p, delivered=950)  # 5% lost at the proven rate: others share the path now
+    assert p.good_bps == 0.0 and p.ceiling_bps == 200e6 and p.rate_bps == pytest.approx(200e6 * 0.8)
+    assert MAX_CUT == 0.5
 
 
 def test_autopacer_ignores_small_passes_and_outages():
@@ -145,20 +153,23 @@ def test_rule_r11_through_the_core():
     snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="inorder", pacer=pacer)
     rcv = Receiver(layout, run_id=7, expected_sender=1, direction=ctl.UP)
     rcv.begin_round(0, np.zeros(layout.elements, np.float32), now=0.0, tolerance=0.0)
-    now = 0.0
+    now = last = 0.0
     while snd.pass_remaining and snd.state.name == "SENDING":
         b = snd.datagrams_to_send(now)
         keep = b.seqs % 5 < 2  # 40% arrive
         rows = b.rows[keep]
         rcv.receive_batch(rows, b.lengths[keep], now + 0.001)
+        last = now
         now += 0.0001
     for m in snd.control_to_send():
         rcv.handle_control(m, now + 0.01)
     for m in rcv.control_to_send():
         snd.handle_control(m, now + 0.02)
     assert pacer.cuts == 1 and not pacer.unlimited
-    sent = layout.chunks
-    assert pacer.rate_bps == pytest.approx(int(sent * 0.4) * (enc.lengths.sum() / sent) * 8 / (now + 0.02), rel=0.05)
+    n, nbytes = layout.chunks, int(enc.lengths.sum())
+    got = rcv.received
+    lo, hi = got * nbytes / n * 8 / (now + 0.02), got / n * nbytes * 8 / last  # the two bounds of the flood's share
+    assert got == pytest.approx(0.4 * n, abs=1) and pacer.rate_bps == pytest.approx(math.sqrt(lo * hi))
     assert snd.stats.passes == 2 and snd.get_timer() is not None  # the retransmission pass is paced
 
 
@@ -189,3 +200,18 @@ def test_pace_share_is_an_override():
     assert pace_rate(a) == pytest.approx(22.5e6)
     a.pace_share = 0.0
     assert pace_rate(a) == 0.0
+
+
+def test_a_broadcast_group_moves_its_rate_once_per_round():
+    """The server's N broadcast streams share one rate: the first lossy report cuts it for all, the
+    others' reports of the same (unpaced) round are stale and ignored."""
+    g = PacerGroup()
+    a, b = g.member(), g.member()
+    assert a.auto and a.unlimited and b.unlimited
+    a.on_pass(1000, 200, 1000 * DGRAM, 0.01, 0.1, True, 0.0)
+    r = g.brain.rate_bps
+    assert r > 0 and a.rate_bps == b.rate_bps == r and not b.unlimited
+    b.on_pass(1000, 300, 1000 * DGRAM, 0.01, 0.1, True, 0.0)  # sent unpaced too: news of a rate left behind
+    assert g.brain.rate_bps == r and g.brain.cuts == 1
+    b.on_pass(1000, 1000, 1000 * DGRAM, 0.01, 0.05, True, r)  # clean at the group's rate: all double
+    assert a.rate_bps == b.rate_bps == pytest.approx(2 * r)
