@@ -255,8 +255,17 @@ class _Member(TokenBucket):
 
     def _sync(self) -> None:
         r = self.group.brain.rate_bps
-        if r != self._rate:
+        if r != getattr(self, "_rate", None):
             TokenBucket.rate_bps.fset(self, r)  # type: ignore[attr-defined]
+
+    @property
+    def rate_bps(self) -> float:
+        self._sync()
+        return self._rate
+
+    @rate_bps.setter
+    def rate_bps(self, rate: float) -> None:
+        TokenBucket.rate_bps.fset(self, rate)  # type: ignore[attr-defined]
 
     @property
     def unlimited(self) -> bool:
