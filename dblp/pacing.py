@@ -41,7 +41,9 @@ WAKE_S = 0.00025  # the shortest sleep of a paced sender's loop (dblp.transport.
 # -- self-pacing (AutoPacer) ---------------------------------------------------------------------
 MIN_SAMPLE = 32  # datagrams a pass must have sent to say anything about the rate
 AUTO_FLOOR_BPS = 1e6  # the lowest rate self-pacing sets (a sender never stalls on a bad estimate)
-STEP_FAR, STEP_NEAR, NEAR = 0.04, 0.005, 0.9  # additive increase per clean pass, below / above NEAR x ceiling
+STEP = 0.04  # a clean pass raises the rate by this fraction ...
+HOLD = 0.9  # ... up to this fraction of the rate that last lost to congestion (the hand-set --pace-share default)
+CEILING_CREEP = 1.002  # ... which creeps up so per clean pass (a lossy probe in some fifty rounds)
 HEADROOM = 1.25  # a clean first pass leaves the rate at most this far above its delivery rate
 CUT = 0.2  # multiplicative decrease: by 2 x the pass's loss, by this at least ...
 MAX_CUT = 0.5  # ... to no less than this fraction of the rate (a burst misread costs 2x, once)
@@ -142,9 +144,12 @@ class AutoPacer(TokenBucket):
       delay) and ``(1 - loss) x bytes / send_s`` (too high by what the queue
       absorbed); clean passes then double it until the first loss
       (``ceiling_bps``, the rate that lost, is then known);
-    - a clean pass raises the rate by :data:`STEP_FAR` while below
-      :data:`NEAR` of the ceiling, by :data:`STEP_NEAR` above it: quick back
-      to where loss began, slow past it (one lossy pass in some twenty rounds);
+    - a clean pass raises the rate by :data:`STEP`, up to :data:`HOLD` of the
+      ceiling and no further: the rate settles where a hand-set
+      ``--pace-share 0.9`` would put it, 10% below where loss began, and
+      the ceiling creeps up :data:`CEILING_CREEP` per clean pass, so
+      capacity others free is found again at the price of one lossy probe
+      in some fifty rounds;
       but a round's clean first pass (a whole tensor) leaves the rate at most
       :data:`HEADROOM` times its delivery rate ``bytes / reply_s`` (halving
       at most): a queue that swallowed a whole pass hides the bottleneck
@@ -234,10 +239,10 @@ class AutoPacer(TokenBucket):
             self.good_bps = math.inf
             return
         if self.ceiling_bps == math.inf:
-            step = 2.0
-        else:
-            step = 1.0 + (STEP_FAR if in_force < NEAR * self.ceiling_bps else STEP_NEAR)
-        new = in_force * step
+            new = 2.0 * in_force
+        else:  # up by STEP to HOLD x the rate that last lost, never down; the ceiling creeps up
+            self.ceiling_bps *= CEILING_CREEP
+            new = max(in_force, min(in_force * (1.0 + STEP), HOLD * self.ceiling_bps))
         if first:  # a whole tensor's pass: the path carried delivery_bps; a queue took the rest
             new = max(MAX_CUT * in_force, min(new, HEADROOM * delivery_bps))
         self.good_bps = max(self.good_bps, min(in_force, new))

@@ -128,7 +128,7 @@ def _passes(run: Path) -> tuple[float, float, float, float]:
             mean([p for k, p in up if k > 0]), mean([p for k, p in down if k > 0]))
 
 
-def passes_check(bw_bps: float, queue_pkts: int, workers: int, *, model: str | int = "200k", iterations: int = 10,
+def passes_check(bw_bps: float, queue_pkts: int, workers: int, *, model: str | int = "200k", iterations: int = 20,
                  out: Path, python: str = sys.executable) -> Target:
     """A run without any rate flag: the worse direction's mean passes per round (every round)."""
     run = _run(workers, bw_bps, queue_pkts, model=model, iterations=iterations, pace_bps=None, out=out, python=python)

@@ -73,20 +73,23 @@ def test_autopacer_cuts_an_unpaced_flood_between_its_two_bounds_then_doubles():
     assert p.rate_bps == pytest.approx(2 * r) and p.good_bps == pytest.approx(r)
 
 
-def test_autopacer_additive_increase_multiplicative_decrease():
+def test_autopacer_additive_increase_multiplicative_decrease_holding_below_the_loss():
     p = AutoPacer()
     p.rate_bps = 100e6
     flood(p, delivered=1000, reply_s=0.05)  # clean: doubles (the delivery rate, 235M x 1.25, allows it)
     assert p.rate_bps == pytest.approx(200e6)
     flood(p, delivered=970)  # 3% lost in the doubling: back to the last clean rate; the ceiling is known
     assert p.rate_bps == pytest.approx(100e6) and p.ceiling_bps == pytest.approx(200e6)
-    flood(p, delivered=1000, reply_s=0.05)  # clean, below 0.9 x ceiling: +4%
-    assert p.rate_bps == pytest.approx(104e6)
+    flood(p, delivered=1000, reply_s=0.05)  # clean: +4% (the ceiling creeps 0.2%)
+    assert p.rate_bps == pytest.approx(104e6) and p.ceiling_bps == pytest.approx(200e6 * 1.002)
     flood(p, delivered=970)  # loss above the good rate: cut by max(2 x 3%, 20%)
     assert p.rate_bps == pytest.approx(104e6 * 0.8) and p.ceiling_bps == pytest.approx(104e6)
-    p.rate_bps = 0.95 * 104e6
-    flood(p, delivered=1000, reply_s=0.05)  # above 0.9 x ceiling: +0.5%
-    assert p.rate_bps == pytest.approx(0.95 * 104e6 * 1.005)
+    p.rate_bps = 90e6
+    flood(p, delivered=1000, reply_s=0.05)  # +4% but at most 0.9 x the (crept) ceiling
+    assert p.rate_bps == pytest.approx(min(93.6e6, 0.9 * 104e6 * 1.002))
+    p.rate_bps = 98.8e6
+    flood(p, delivered=1000, reply_s=0.05)  # above 0.9 x ceiling already: held, never lowered by a clean pass
+    assert p.rate_bps == pytest.approx(98.8e6)
 
 
 def test_autopacer_a_queue_that_swallows_a_pass_does_not_hide_the_bottleneck():
