@@ -134,9 +134,11 @@ class AutoPacer(TokenBucket):
     pass's first datagram to the reply (``reply_s``: sending, queueing,
     draining and a round trip) and whether it was a round's first pass.
 
-    The rate follows additive-increase/multiplicative-decrease, the rule
-    that lets senders who never talk to each other share a bottleneck
-    fairly (Chiu and Jain), driven by the loss of whole passes:
+    The rate rises after clean passes and falls after congestion, both by
+    factors of its own rate, driven by the loss of whole passes. (Both
+    multiplicative, the senders of one bottleneck keep their ratios: only
+    an additive increase - the same bit/s for all - would equalise them, and
+    a sender alone knows no such step. docs/pacing.md measures the cost.)
 
     - start: the first lossy pass of an unpaced sender sets the rate to the
       geometric mean of two bounds on its share of the bottleneck: the
