@@ -15,10 +15,10 @@ import time
 
 
 from traces.argtypes import count_arg, float_arg, int_arg, port_arg, unresolvable
-from traces.units import HelpFormatter, duration_arg, rate_arg, size_arg
+from traces.units import HelpFormatter, duration_arg, size_arg
 
 from .auth import AuthError, new_secret
-from .cliargs import (add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
+from .cliargs import (PACE_HELP, pace_arg, add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       add_verbosity, log_level, verbosity,
                       server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT, MAX_HELLO
@@ -58,8 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     s.add_argument("--seed", type=int_arg(0), default=0, help="seed of the send orders")
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")
-    s.add_argument("--pace", type=rate_arg(), default="0",
-                   help="pacing rate of the broadcast, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
+    s.add_argument("--pace", type=pace_arg, default="auto", help="of the broadcast: " + PACE_HELP)
     s.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="120s",
                    help="silence before a peer is declared dead (a vanished host is caught "
                         "by TCP keepalive in ~13 s whatever this is)")
@@ -146,8 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--iterations", type=count_arg(1), default=100, help="iterations (rounds) to run")
     w.add_argument("--norms", default=None, help="CSV iteration,grad_norm to replay (default: synthetic)")
     w.add_argument("--seed", type=int_arg(0), default=0, help="seed of the synthetic gradients and norms")
-    w.add_argument("--pace", type=rate_arg(), default="0",
-                   help="pacing rate, e.g. 900M; a bare number is Mbit/s (0 = unlimited)")
+    w.add_argument("--pace", type=pace_arg, default="auto", help=PACE_HELP)
     w.add_argument("--compute", type=duration_arg(), default="0",
                    help="simulated compute time per iteration, e.g. 5ms; a bare number is seconds")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="120s",

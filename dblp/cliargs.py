@@ -69,6 +69,9 @@ __all__ = [
     "model_arg",
     "mtu_arg",
     "pace_rate",
+    "pace_arg",
+    "pace_share_arg",
+    "PACE_HELP",
     "parser",
 ]
 
@@ -494,8 +497,9 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
                     help="link rate (TBF) of every link; a bare number is Mbit/s")
     ap.add_argument("--queue", type=queue_arg(), default="100pkt",
                     help="drop-tail queue (TBF limit) of every link end: bytes (150kB) or full-size packets (100pkt)")
-    ap.add_argument("--pace-share", type=float_arg(0.0), default=0.9,
-                    help="senders pace at this fraction of their share of the server link (0 = unpaced)")
+    ap.add_argument("--pace-share", type=pace_share_arg, default="auto",
+                    help="auto: every sender paces itself (dblp.pacing.AutoPacer); a number overrides it: "
+                         "senders pace at that fraction of their share of the server link (0 = unpaced)")
     ap.add_argument("--compute", type=duration_arg(), default="5ms",
                     help="per-iteration compute time of the workers; a bare number is seconds")
     ap.add_argument("--gso", action="store_true",
@@ -713,10 +717,37 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
                "data_limits": wl.info.get("data_limits"), "device": device, "eval_every": every, "targets": targets}
 
 
-def pace_rate(a: argparse.Namespace) -> float:
-    """Each sender's pacing rate in bit/s from ``--pace-share`` (0 = unpaced): that
-    fraction of a worker's share of the server link."""
-    return a.pace_share * a.bandwidth / a.workers if a.pace_share > 0 else 0.0
+def pace_rate(a: argparse.Namespace) -> float | None:
+    """Each sender's pacing rate in bit/s from ``--pace-share``: None (``auto``, the default) =
+    self-pacing, 0 = unpaced, else that fraction of a worker's share of the server link (an override)."""
+    share = getattr(a, "pace_share", None)
+    if share is None:
+        return None
+    return share * a.bandwidth / a.workers if share > 0 else 0.0
+
+
+PACE_HELP = ("sender pacing: auto (the default: each sender sets its own rate from what its passes "
+             "delivered, dblp.pacing.AutoPacer), 0 (unlimited) or a rate, e.g. 900M; a bare number is Mbit/s")
+
+
+def pace_arg(text: str) -> float | None:
+    """``type=`` for ``--pace``: ``auto`` -> None (self-pacing), else a rate in bit/s (0 = unlimited)."""
+    if text.strip().lower() == "auto":
+        return None
+    return rate_arg()(text)
+
+
+pace_arg.__name__ = "pace"
+
+
+def pace_share_arg(text: str) -> float | None:
+    """``type=`` for ``--pace-share``: ``auto`` -> None (self-pacing), else a fraction >= 0 (0 = unpaced)."""
+    if text.strip().lower() == "auto":
+        return None
+    return float_arg(0.0)(text)
+
+
+pace_share_arg.__name__ = "pace share"
 
 
 def mtu_arg(text: str) -> int:

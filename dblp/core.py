@@ -46,6 +46,17 @@ R10 Placement (a transport's copy saver, not a rule change): while a round
     R4; a slot whose chunk is still missing at STOP is zero-filled (R7), so
     nothing that failed R4 (stale, foreign, corrupt, mispredicted) survives
     into the result, and nothing is placed after STOP or between rounds.
+R11 Self-pacing (issue #30): when a pass's reply comes (BITMAP, or STOP after
+    the PROBE) the sender reports the pass to its pacer - datagrams sent,
+    how many of them arrived (the reply's count less the previous one), their
+    bytes, the time spent sending, the time from the pass's first datagram
+    to the reply, whether it was the round's first pass, and the rate it
+    was sent at. A STOP (the receiver counts up to its threshold, and more
+    may be in flight, R5/R6) reports a clean pass when at most
+    :data:`EARLY_CLEAN` of the datagrams sent are unaccounted for, else
+    nothing. A fixed-rate pacer ignores the report; the
+    default pacer (:class:`dblp.pacing.AutoPacer`) sets its rate from it,
+    cutting only for loss its own rate caused (the arithmetic is there).
 """
 
 from __future__ import annotations
@@ -79,6 +90,7 @@ BACKOFF_MAX_S = 0.200
 ORDERS = ("blocks", "perm", "inorder")
 DEFAULT_ORDER = "blocks"
 ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
+EARLY_CLEAN = 0.02  # R11: a STOP with at most this fraction of the sent datagrams missing is clean
 DOWN_STREAM = 1000  # R3 order stream of the server's broadcast; worker i sends upstream with stream 1 + i
 
 
@@ -321,6 +333,12 @@ class RoundSender:
         self._backoff_until = 0.0
         self._last_received = -1
         self._idle_since: float | None = None  # when the current wait for a reply began
+        # R11: the current pass as the pacer hears of it (first and last hand-out, datagrams, bytes)
+        self._pass_t0: float | None = None
+        self._pass_rate = 0.0  # the pacer's rate when the pass began
+        self._pass_t1 = 0.0
+        self._pass_sent = 0
+        self._pass_bytes = 0
 
     @property
     def done(self) -> bool:
@@ -341,8 +359,12 @@ class RoundSender:
             hdrs, lengths = self.enc.span(self._pos, self._pos + k)
         else:
             hdrs, lengths = self.enc.take(seqs)
-        if not self.pacer.unlimited:  # an unlimited bucket ignores what it is charged: no sum to take
-            self.pacer.consume(int(lengths.sum()))
+        # an unlimited bucket ignores what it is charged (no sum to take) unless it self-paces (R11)
+        nbytes = int(lengths.sum()) if not self.pacer.unlimited or self.pacer.auto else 0
+        self.pacer.consume(nbytes)
+        if self._pass_t0 is None:
+            self._pass_t0, self._pass_rate = now, self.pacer.rate_bps
+        self._pass_t1, self._pass_sent, self._pass_bytes = now, self._pass_sent + k, self._pass_bytes + nbytes
         self._handed_out(k, now)
         return Batch(hdrs, lengths, seqs, getattr(self.enc, "values", None), self.layout)
 
@@ -393,12 +415,14 @@ class RoundSender:
         if isinstance(msg, ctl.Stop):
             # R6: stop at once, also mid-pass.
             self.stats.early_stop = self.state is SendState.SENDING
+            self._report_pass(int(msg.received), now, stop=True)
             self.stats.received = msg.received
             self.stats.t_done = now
             self._end_wait(now)
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
+            self._report_pass(int(msg.received), now, stop=False)
             # R3: missing chunks, round order (in index order that is the missing ones as they are)
             self._reply(int(msg.received), (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]],
                         now)
@@ -435,6 +459,21 @@ class RoundSender:
             self._backoff = 0.0
             self._start_pass(now)
         self._last_received = received
+
+    def _report_pass(self, received: int, now: float, *, stop: bool) -> None:
+        """R11: tell the pacer how the pass that this reply answers went; a new pass starts counting."""
+        sent, t0, nbytes = self._pass_sent, self._pass_t0, self._pass_bytes
+        self._pass_t0, self._pass_sent, self._pass_bytes = None, 0, 0
+        if t0 is None or sent == 0 or not self.pacer.auto:
+            return
+        delivered = received - self.stats.received
+        if stop:  # the receiver stopped counting at its threshold, datagrams may be in flight: clean, or nothing
+            if sent - delivered > EARLY_CLEAN * sent:
+                return
+            arrived = min(sent, max(delivered, 0))
+            nbytes, sent, delivered = nbytes * arrived // sent, arrived, arrived
+        self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1,
+                           rate_bps=self._pass_rate)
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)

@@ -67,7 +67,7 @@ class RunArgs:
     model: str | int  # gradient size: a model name or an element count
     policy: list[str]  # the server's policy flags (dblp.policy.run_policy(...).flags())
     source: str = "emulation"  # the records' source tag
-    pace_bps: float = 0.0  # sender pacing, bit/s (0 = unpaced)
+    pace_bps: float | None = None  # sender pacing, bit/s (None = self-pacing, 0 = unpaced)
     seed: int = 0
     compute_s: float = 0.0  # the workers' simulated compute per iteration
     peer_timeout_s: float = 60.0
@@ -81,9 +81,14 @@ class RunArgs:
     worker_extra: list[str] = field(default_factory=list)
 
 
+def _pace(a: RunArgs) -> str:
+    """``--pace``'s value: ``auto`` (self-pacing) or the rate with its unit."""
+    return "auto" if a.pace_bps is None else f"{a.pace_bps:.0f}bit"
+
+
 def _common(a: RunArgs) -> list[str]:
     out = ["--iterations", str(a.iterations)] if a.iterations is not None else []
-    out += ["--seed", str(a.seed), "--pace", f"{a.pace_bps:.0f}bit", "--peer-timeout", f"{a.peer_timeout_s:g}s"]
+    out += ["--seed", str(a.seed), "--pace", _pace(a), "--peer-timeout", f"{a.peer_timeout_s:g}s"]
     return out + (["--plain"] if a.plain else []) + (["--insecure"] if a.insecure else [])
 
 
@@ -124,7 +129,7 @@ def train_worker_argv(a: RunArgs, train: dict, wid: int, server: str, records: s
     argv = [a.python, "-m", "dblp.train", "worker", "--server", server, "--id", str(wid), "--workers", str(a.workers),
             "--workload", train["workload"], "--epochs", str(train["epochs"]), "--seed", str(a.seed),
             "--out", str(out), "--records", str(records), "--source", a.source,
-            "--peer-timeout", f"{a.peer_timeout_s:g}s", "--pace", f"{a.pace_bps:.0f}bit", "--threads", "1"]
+            "--peer-timeout", f"{a.peer_timeout_s:g}s", "--pace", _pace(a), "--threads", "1"]
     if train.get("iterations_per_epoch"):
         argv += ["--max-iters-per-epoch", str(train["iterations_per_epoch"])]
     if train.get("data_root"):

@@ -1,31 +1,94 @@
-"""Token-bucket pacing of the data channel, with the clock passed in.
+"""Pacing of the data channel: a token bucket, and the self-pacing rate arithmetic, clock passed in.
 
 A sender that bursts a whole gradient at line rate into a shaped link with a
 finite buffer loses datagrams to its own burst. The bucket caps the rate;
-``rate_bps = 0`` means unlimited (the default on loopback). The rate is a
-plain attribute so that a later rate-adaptation rule can change it between
-passes; the rate in force is recorded per round.
+``rate_bps = 0`` means unlimited. The rate in force is recorded per round.
+
+Two things decide whether a bucket delivers the rate it is set to:
+
+- **Depth vs. the event loop's sleep.** A sender sleeps until its bucket
+  allows more; a sleep is never exact (``epoll`` rounds a wait up to 1 ms,
+  a loaded host deschedules for longer). Tokens that arrive while the bucket
+  is full are lost, so a bucket shallower than the oversleep caps the rate:
+  the old fixed 64 KiB bucket held 0.58 ms at 900 Mbit/s and delivered ~0.44
+  Gbit/s behind 1 ms sleeps (issue #30). A real sender's depth is therefore
+  :data:`PACE_QUANTUM_S` of the rate, at least :data:`SENDER_MIN_BURST` -
+  less than the simulator's 64 KiB, because a server broadcasting to N
+  workers wakes late with N full buckets, and N x 64 KiB overfilled a
+  100-packet queue.
+- **Wake size.** The socket loop (:func:`dblp.transport.pump`) sleeps at
+  least :data:`WAKE_S` and at most to the bucket's next datagram, with a
+  sub-millisecond sleep where ``epoll`` would round up to 1 ms: a
+  multi-Gbit/s sender wakes every quarter millisecond, not every few
+  microseconds, and its batches stay well under the bucket's depth.
+
+:class:`AutoPacer` is the default pacer (``--pace auto``): it starts
+unlimited and sets its own rate from what each pass delivered (core rule
+R11, :mod:`dblp.core`): see its docstring for the arithmetic.
 """
 
 from __future__ import annotations
 
+import math
+
 from .wire import ParameterError
 
+MIN_BURST_BYTES = 64 * 1024  # bucket depth at low rates (~44 datagrams of 1,472 bytes)
+PACE_QUANTUM_S = 0.005  # a real sender's bucket depth in time at its rate: covers a late wake-up on a busy host
+SENDER_MIN_BURST = 16 * 1024  # a real sender's depth at low rates: a host sending N streams bursts N x this
+WAKE_S = 0.00025  # the shortest sleep of a paced sender's loop (dblp.transport.pump)
+
+# -- self-pacing (AutoPacer) ---------------------------------------------------------------------
+MIN_SAMPLE = 32  # datagrams a pass must have sent to say anything about the rate
+AUTO_FLOOR_BPS = 1e6  # the lowest rate self-pacing sets (a sender never stalls on a bad estimate)
+STEP = 0.04  # a clean pass raises the rate by this fraction ...
+HOLD = 0.9  # ... up to this fraction of the rate that last lost to congestion (the hand-set --pace-share default)
+CEILING_CREEP = 1.002  # ... which creeps up so per clean pass (a lossy probe in some fifty rounds)
+HEADROOM = 1.25  # a clean first pass leaves the rate at most this far above its delivery rate
+CUT = 0.2  # multiplicative decrease: by 2 x the pass's loss, by this at least ...
+MAX_CUT = 0.5  # ... to no less than this fraction of the rate (a burst misread costs 2x, once)
+BURSTY_LOSS = 0.2  # a pass losing this much or more at a proven rate: a burst; less: congestion
+STRIKES = 2  # rounds in a row losing heavily at a proven rate before it counts as congestion
+RECOVERED = 0.8  # after a cut, loss at this fraction of the cut pass's loss or more: the rate was not to blame
 
 class TokenBucket:
-    def __init__(self, rate_bps: float = 0.0, burst_bytes: int = 64 * 1024) -> None:
-        if rate_bps < 0:
-            raise ParameterError(f"send rate must be >= 0 bit/s, got {rate_bps}")
+    """A fixed-rate bucket (``rate_bps`` bit/s, 0 = unlimited), ``burst_bytes`` deep, or ``depth_s``
+    of the rate where that is deeper (the real senders' :func:`make_pacer` asks for
+    :data:`PACE_QUANTUM_S`; the simulator, whose timers are exact, keeps the plain depth)."""
+
+    auto = False
+
+    def __init__(self, rate_bps: float = 0.0, burst_bytes: int = MIN_BURST_BYTES, *, depth_s: float = 0.0) -> None:
+        try:
+            rate = float(rate_bps)
+        except (TypeError, ValueError):
+            rate = math.nan
+        if not math.isfinite(rate) or rate < 0:
+            raise ParameterError(f"send rate must be a finite number >= 0 bit/s, got {rate_bps!r}")
         if burst_bytes <= 0:
             raise ParameterError(f"pacing burst must be positive, got {burst_bytes}")
-        self.rate_bps = float(rate_bps)
-        self.burst_bytes = int(burst_bytes)
-        self._tokens = float(burst_bytes)
+        if not math.isfinite(depth_s) or depth_s < 0:
+            raise ParameterError(f"pacing depth must be >= 0 s, got {depth_s!r}")
+        self._min_burst = int(burst_bytes)
+        self.depth_s = float(depth_s)
         self._t: float | None = None
+        self._tokens = math.inf
+        self.rate_bps = rate  # sets burst_bytes and fills the bucket (the setter)
+
+    @property
+    def rate_bps(self) -> float:
+        return self._rate
+
+    @rate_bps.setter
+    def rate_bps(self, rate: float) -> None:
+        """A new rate takes effect at once (a rule may change it between passes); the depth follows."""
+        self._rate = float(rate)
+        self.burst_bytes = max(self._min_burst, int(self._rate / 8.0 * self.depth_s))
+        self._tokens = min(self._tokens, float(self.burst_bytes))
 
     @property
     def unlimited(self) -> bool:
-        return self.rate_bps == 0.0
+        return self._rate == 0.0
 
     @property
     def last_time(self) -> float:
@@ -33,7 +96,7 @@ class TokenBucket:
 
     def _refill(self, now: float) -> None:
         if self._t is not None and now > self._t:
-            self._tokens = min(self.burst_bytes, self._tokens + (now - self._t) * self.rate_bps / 8.0)
+            self._tokens = min(self.burst_bytes, self._tokens + (now - self._t) * self._rate / 8.0)
         self._t = now if self._t is None else max(self._t, now)
 
     def allowance(self, now: float, item_bytes: int, limit: int) -> int:
@@ -54,4 +117,202 @@ class TokenBucket:
         self._refill(now)
         deficit = item_bytes - self._tokens
         # 1 ns of slack so that float rounding at exactly this time still allows one item
-        return now if deficit <= 0 else now + deficit * 8.0 / self.rate_bps + 1e-9
+        return now if deficit <= 0 else now + deficit * 8.0 / self._rate + 1e-9
+
+    def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
+                first: bool = True, rate_bps: float | None = None) -> None:
+        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at); a fixed-rate
+        bucket ignores it."""
+
+
+class AutoPacer(TokenBucket):
+    """Self-pacing: the rate set from each pass's outcome, no hand-set rate (``--pace auto``).
+
+    Starts unlimited. After each pass the sender reports (core rule R11) the
+    datagrams it sent, how many of them arrived (from the BITMAP/STOP count),
+    their bytes, how long the sending took (``send_s``), how long from the
+    pass's first datagram to the reply (``reply_s``: sending, queueing,
+    draining and a round trip) and whether it was a round's first pass.
+
+    The rate rises after clean passes and falls after congestion, both by
+    factors of its own rate, driven by the loss of whole passes. (Both
+    multiplicative, the senders of one bottleneck keep their ratios: only
+    an additive increase - the same bit/s for all - would equalise them, and
+    a sender alone knows no such step. docs/pacing.md measures the cost.)
+
+    - start: the first lossy pass of an unpaced sender sets the rate to the
+      geometric mean of two bounds on its share of the bottleneck: the
+      delivery rate ``delivered bytes / reply_s`` (too low by the reply's
+      delay) and ``(1 - loss) x bytes / send_s`` (too high by what the queue
+      absorbed); clean passes then double it until the first loss
+      (``ceiling_bps``, the rate that lost, is then known);
+    - a clean pass raises the rate by :data:`STEP`, up to :data:`HOLD` of the
+      ceiling and no further: the rate settles where a hand-set
+      ``--pace-share 0.9`` would put it, 10% below where loss began, and
+      the ceiling creeps up :data:`CEILING_CREEP` per clean pass, so
+      capacity others free is found again at the price of one lossy probe
+      in some fifty rounds;
+      but a round's clean first pass (a whole tensor) leaves the rate at most
+      :data:`HEADROOM` times its delivery rate ``bytes / reply_s`` (halving
+      at most): a queue that swallowed a whole pass hides the bottleneck
+      from loss, not from the delivery rate, and a sender alone on a path
+      would otherwise double far past the link and flood the others later;
+    - congestion - loss of a pass (i) under :data:`BURSTY_LOSS`, or (ii) of
+      any size at a rate above ``good_bps`` (the highest clean rate since the
+      last cut): the ceiling becomes the rate, and the rate is cut by
+      ``max(2 x loss, CUT)``, to no less than :data:`MAX_CUT` of itself (after
+      a loss in the doubling start: back to the last clean rate);
+    - bursts: loss of :data:`BURSTY_LOSS` or more at or below ``good_bps`` is
+      not the rate's doing (DBLP's bursts, a lossy link): the rate stays, so a
+      burst costs no slow-down; only when the first passes of :data:`STRIKES`
+      rounds in a row lose so is it taken for congestion;
+    - a cut that did not help - the next pass, at the cut rate, loses
+      :data:`RECOVERED` of what the cut pass lost or more - was not
+      congestion: the old rate comes back, as good (a lossy path is not
+      slowed pass after pass).
+
+    Passes of fewer than :data:`MIN_SAMPLE` datagrams say nothing (a small
+    retransmission's reply time is one round trip, not a rate), nor does a
+    pass that delivered nothing (an outage: R8 backs off), nor a pass sent
+    at a rate no longer in force (in a :class:`PacerGroup`, another member's
+    report of the same round has already moved the rate).
+    """
+
+    auto = True
+
+    def __init__(self, burst_bytes: int = MIN_BURST_BYTES, *, depth_s: float = 0.0) -> None:
+        super().__init__(0.0, burst_bytes, depth_s=depth_s)
+        self.good_bps = 0.0  # highest clean rate since the last cut (math.inf: unpaced and clean); 0 = none
+        self.ceiling_bps = math.inf  # the rate of the last congestion (inf: none yet: the doubling start)
+        self._cut: tuple[float, float] | None = None  # (rate before the last cut, loss of the cut pass)
+        self._strikes = 0  # rounds in a row whose first pass lost heavily at a good rate
+        self.cuts = 0  # congestion verdicts, for records and tests
+        self.restores = 0  # cuts undone: the loss did not fall with the rate
+
+    def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
+                first: bool = True, rate_bps: float | None = None) -> None:
+        if sent < MIN_SAMPLE or reply_s <= 0:
+            return
+        if rate_bps is not None and rate_bps != self.rate_bps:  # news of a rate no longer in force (a group)
+            return
+        delivered = min(max(delivered, 0), sent)
+        loss = 1.0 - delivered / sent
+        in_force = self.rate_bps if self.rate_bps > 0 else math.inf
+        if loss == 0.0:
+            self._clean(in_force, first, delivered * (nbytes / sent) * 8.0 / reply_s)
+            return
+        if loss >= BURSTY_LOSS and in_force <= self.good_bps:  # a burst, not the rate's doing ...
+            if not first:
+                return
+            self._strikes += 1
+            if self._strikes < STRIKES:
+                return
+            self._strikes = 0  # ... unless round after round
+        if self._cut is not None and loss >= RECOVERED * self._cut[1]:  # slower did not help: not congestion
+            before = self._cut[0]
+            self._cut = None
+            self.restores += 1
+            self.good_bps = before if before > 0 else math.inf
+            self.rate_bps = before
+            return
+        if delivered == 0:
+            return
+        self._cut = (self.rate_bps, loss)
+        self.cuts += 1
+        starting = self.ceiling_bps == math.inf
+        if in_force == math.inf:  # the unpaced start: between two bounds on the share, then doubling
+            lo = delivered * (nbytes / sent) * 8.0 / reply_s  # the reply's delay counted in: too low
+            hi = (1.0 - loss) * nbytes * 8.0 / send_s if send_s > 0 else lo  # the queue's fill counted: too high
+            new = math.sqrt(lo * max(lo, hi))
+        else:
+            self.ceiling_bps = in_force
+            if starting and 0.0 < self.good_bps < in_force:  # the doubling overshot: the last clean rate
+                new = self.good_bps
+            else:
+                new = in_force * max(MAX_CUT, 1.0 - max(2.0 * loss, CUT))
+        self.rate_bps = max(AUTO_FLOOR_BPS, new)
+        self.good_bps = 0.0
+
+    def _clean(self, in_force: float, first: bool, delivery_bps: float) -> None:
+        self._cut = None
+        if first:
+            self._strikes = 0
+        if in_force == math.inf:
+            self.good_bps = math.inf
+            return
+        if self.ceiling_bps == math.inf:
+            new = 2.0 * in_force
+        else:  # up by STEP to HOLD x the rate that last lost, never down; the ceiling creeps up
+            self.ceiling_bps *= CEILING_CREEP
+            new = max(in_force, min(in_force * (1.0 + STEP), HOLD * self.ceiling_bps))
+        if first:  # a whole tensor's pass: the path carried delivery_bps; a queue took the rest
+            new = max(MAX_CUT * in_force, min(new, HEADROOM * delivery_bps))
+        self.good_bps = max(self.good_bps, min(in_force, new))
+        self.rate_bps = new
+
+
+class _Member(TokenBucket):
+    """One stream of a :class:`PacerGroup`: its own tokens, the group's rate."""
+
+    auto = True
+
+    def __init__(self, group: "PacerGroup") -> None:
+        self.group = group
+        super().__init__(0.0, SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
+
+    def _sync(self) -> None:
+        r = self.group.brain.rate_bps
+        if r != getattr(self, "_rate", None):
+            TokenBucket.rate_bps.fset(self, r)  # type: ignore[attr-defined]
+
+    @property
+    def rate_bps(self) -> float:
+        self._sync()
+        return self._rate
+
+    @rate_bps.setter
+    def rate_bps(self, rate: float) -> None:
+        TokenBucket.rate_bps.fset(self, rate)  # type: ignore[attr-defined]
+
+    @property
+    def unlimited(self) -> bool:
+        self._sync()
+        return self._rate == 0.0
+
+    def allowance(self, now: float, item_bytes: int, limit: int) -> int:
+        self._sync()
+        return super().allowance(now, item_bytes, limit)
+
+    def next_time(self, now: float, item_bytes: int) -> float:
+        self._sync()
+        return super().next_time(now, item_bytes)
+
+    def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
+                first: bool = True, rate_bps: float | None = None) -> None:
+        self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+
+
+class PacerGroup:
+    """Streams that share one bottleneck and one rate: a server's broadcast to N workers.
+
+    Why: the N streams leave through the server's one link. Paced apart,
+    each found its own rate from its own losses - streams that happened to
+    get through unpaced stayed unpaced and flooded the queue the others
+    lost in, and the others fell to a tenth of their share (a round lasts as
+    long as its slowest stream). One :class:`AutoPacer` sets every member's
+    per-stream rate from all members' reports; a report about a rate the
+    group has already left is ignored, so the N first passes of a round move
+    the rate once, not N times. Each member keeps its own tokens."""
+
+    def __init__(self) -> None:
+        self.brain = AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
+
+    def member(self) -> TokenBucket:
+        return _Member(self)
+
+
+def make_pacer(rate_bps: float | None) -> TokenBucket:
+    """The pacer of a sender: ``None`` = self-pacing (:class:`AutoPacer`), 0 = unlimited, else fixed bit/s."""
+    if rate_bps is None:
+        return AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
+    return TokenBucket(rate_bps, SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)

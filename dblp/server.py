@@ -55,7 +55,7 @@ class ServerConfig:
     order: str = DEFAULT_ORDER
     seed: int = 0
     reduce: str = "zero"
-    send_rate_bps: float = 0.0
+    send_rate_bps: float | None = None  # broadcast pacing: None = self-pacing (dblp.pacing), 0 = unlimited
     rounds: int | None = None  # stop after this many rounds (None: until the workers leave)
     peer_timeout: float = DEFAULT_PEER_TIMEOUT_S
     accept_timeout: float = 120.0

@@ -68,7 +68,7 @@ import numpy as np
 from . import control as ctl
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from .pacing import TokenBucket
+from .pacing import PacerGroup, TokenBucket, make_pacer
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
 
@@ -147,7 +147,7 @@ class RecordContext:
     source: str
     policy: str
     order: str
-    send_rate_bps: float = 0.0
+    send_rate_bps: float | None = None  # the senders' pacing (None: self-pacing, 0: unlimited)
     clock_offset: float = 0.0  # added to ``now`` for ``t_start``
     scale: float = 1.0  # datagrams per core chunk (the simulator's grouping); 1 elsewhere
 
@@ -228,7 +228,13 @@ class ServerSession:
         self.seed = seed
         self.rounds = rounds
         self.values = values
-        self._pacer = pacer or (lambda w: TokenBucket(context.send_rate_bps))
+        # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
+        # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
+        if pacer is None and context.send_rate_bps is None:
+            group = PacerGroup()
+            pacer = lambda w: group.member()  # noqa: E731
+        self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
+        self._pacers: dict[int, TokenBucket] = {}
         self.max_batch = max_batch
         addrs = peer_addrs or {}
         self.peers: dict[int, _Up] = {
@@ -373,11 +379,18 @@ class ServerSession:
         else:
             enc = VirtualRound(self.layout, k)
         for w, p in self.peers.items():
-            p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._pacer(w),
+            p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._worker_pacer(w),
                                    max_batch=self.max_batch)
             p.recorded = False
             self._events.append(SenderStarted(w, p.sender))
         self._unrecorded = len(self.peers)
+
+    def _worker_pacer(self, w: int) -> TokenBucket:
+        """The broadcast pacer toward worker ``w``, made on first use and kept for the run."""
+        b = self._pacers.get(w)
+        if b is None:
+            b = self._pacers[w] = self._pacer(w)
+        return b
 
     def remove(self, w: int, now: float) -> None:
         """Worker ``w`` left or died: the round goes on with the others."""
@@ -452,7 +465,7 @@ class ServerSession:
             up_latency_s=r.stats.t_done - r.stats.t_first, down_latency_s=s.stats.t_done - s.stats.t_start,
             round_latency_s=now - self._t0, up_received=c.count(r.received), down_sent=c.count(s.stats.sent),
             down_passes=s.stats.passes, down_received=c.count(s.stats.received), early_stop_down=s.stats.early_stop,
-            send_rate_bps=c.send_rate_bps, order=c.order, **_drops(c, r, p.reported),
+            send_rate_bps=s.pacer.rate_bps, order=c.order, **_drops(c, r, p.reported),
             extra={"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra},
         )
 
@@ -489,7 +502,7 @@ class WorkerSession:
         self.context = context
         self.order = order
         self.seed = seed
-        self.pacer = pacer or TokenBucket(context.send_rate_bps)
+        self.pacer = pacer or make_pacer(context.send_rate_bps)
         self.max_batch = max_batch
         self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
                                  peer_addr=peer_addr)

@@ -25,6 +25,7 @@ import numpy as np
 
 from . import control as ctl
 from .core import Receiver, RoundSender
+from .pacing import WAKE_S
 from .udp import DataSocket, addr_key
 
 log = logging.getLogger("dblp.transport")
@@ -34,6 +35,7 @@ KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S, KEEPALIVE_COUNT = 5, 2, 4  # a vanished 
 UNACKED_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT: control data unacknowledged this long fails the connection
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
 RECV_ROWS = 2048  # datagrams taken from a socket per core call
+SELECT_RESOLUTION_S = 0.001  # epoll waits in whole milliseconds, rounded up (selectors.EpollSelector)
 
 
 # -- before login: the rules every listener (the server's control port, the shard hub) applies ----------
@@ -363,8 +365,15 @@ def pump(
                 for p in peers:
                     t = p.sender.get_timer() if p.sender is not None and not p.sender.done else None
                     if t is not None:
-                        wait = min(wait, max(0.0, t - now))
-            events = sel.select(wait)
+                        wait = min(wait, max(WAKE_S, t - now))
+            if wait < SELECT_RESOLUTION_S and wait > 0.0:
+                # A pacing timer closer than epoll's 1 ms resolution (it rounds a wait up): look at the
+                # sockets, then sleep exactly that long (dblp.pacing: a late wake-up costs the rate).
+                events = sel.select(0.0)
+                if not events:
+                    time.sleep(wait)
+            else:
+                events = sel.select(wait)
             now = clock()
             # Control first: a ROUND announcement sets the tolerance before that round's
             # datagrams are counted, so STOP comes at the threshold (as in the simulator);

@@ -22,7 +22,7 @@ from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
 from .hostlocal import LocalSlot, LocalSlotError
-from .pacing import TokenBucket
+from .pacing import make_pacer
 from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
 from .staging import HostStaging, ResultPool
@@ -47,7 +47,7 @@ class Worker:
         names: Sequence[str] = (),
         shapes: Sequence[Sequence[int]] = (),
         worker_id: int = -1,
-        send_rate_bps: float = 0.0,
+        send_rate_bps: float | None = None,
         connect_timeout: float = 60.0,
         peer_timeout: float = DEFAULT_PEER_TIMEOUT_S,
         records: str | None = None,
@@ -79,7 +79,7 @@ class Worker:
         self.server = (server_host, server_port)
         self.spec = {"elements": int(elements), "names": list(names), "shapes": [list(s) for s in shapes]}
         self.requested_id = worker_id
-        self.pacer = TokenBucket(send_rate_bps)
+        self.pacer = make_pacer(send_rate_bps)  # None: self-pacing (dblp.pacing.AutoPacer)
         self.connect_timeout = connect_timeout
         self.peer_timeout = peer_timeout
         self.source = source

@@ -587,9 +587,9 @@ def ddp_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
                       detail=f"{r.dblp_median_s * 1e3:.2f} - {r.plain_median_s * 1e3:.2f} ms")]
 
 
-# >>> Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s
-# >>> (or rows with the attributes or keys target, measured, threshold, met: dblp.targets.as_rows). The
-# >>> self-pacing rows (issue 30, part "pace") go here, e.g. "pace": pace_target_rows.
+# Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s
+# (or rows with the attributes or keys target, measured, threshold, met: dblp.targets.as_rows). The
+# self-pacing rows need root and namespace links for minutes: they run by themselves (--pacing).
 TARGET_SOURCES: dict = {
     "loopback": loopback_target_rows,
     "veth": veth_target_rows,
@@ -715,6 +715,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated worker counts of the loopback targets (count)")
     t.add_argument("--ddp-steps", type=count_arg(1), default=200,
                    help="timed DDP steps per arm (plain, DBLP) of the small-model target")
+    ap.add_argument("--pacing", choices=["none", "quick", "all"], default="none",
+                    help="instead of the comparison, measure issue #30's pacing targets on namespace hosts and "
+                         "print them (emulation.pacecheck): quick = 1 Gbit/s rate rows, 2 pass rows and the burst "
+                         "row (~3 min); all = the whole grid (~15-25 min on 2 cores)")
     add_quiet(ap)
     ap.add_argument("--dry-run", action="store_true",
                     help="print the parsed settings and the CSV columns as JSON and exit (no root needed)")
@@ -850,6 +854,22 @@ def print_targets(rows: list[dict]) -> None:
                       f"{verdict(abs(r['burst_err']) <= BURST_ERR_TARGET)} (within {BURST_ERR_TARGET:.0%})")
 
 
+def pacing_targets(which: str, out: Path) -> int:
+    """Issue #30's pacing targets (emulation.pacecheck) as a table and ``out/pacing.csv``."""
+    from emulation import pacecheck
+
+    kw = {} if which == "all" else {"rates": [r for r in pacecheck.RATE_LINKS if r[0] == 1e9],
+                                    "passes": [(100e6, 100, 3), (1e9, 1000, 8)]}
+    rows = pacecheck.targets(out=out / "pacing", python=sys.executable, **kw)
+    print(pacecheck.format_targets(rows))
+    with open(out / "pacing.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["target", "measured", "unit", "threshold", "met", "detail"])
+        w.writerows([r.target, f"{r.measured:.4g}", r.unit, r.threshold, r.met, r.detail] for r in rows)
+    print(f"wrote {out / 'pacing.csv'}")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.dry_run:
@@ -864,6 +884,8 @@ def main(argv=None) -> int:
     say = Progress(args.quiet)
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    if args.pacing != "none":
+        return pacing_targets(args.pacing, out)
     write_config(out, args)  # the resolved flags, commit and package versions (--config takes it back)
     shape = Shape.tbf(args.bandwidth, queue_bytes=args.queue) if args.bandwidth else None
     rows: list[dict] = []

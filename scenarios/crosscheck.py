@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The microburst scenario's flags (dblp.cliargs), this scenario's defaults, and its own."""
     ap = parser(description=__doc__.split("\n\n")[0])
     add_run_args(ap, iterations=80, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
+    ap.set_defaults(pace_share=0.9)  # the simulator models fixed rates only (not dblp.pacing.AutoPacer): both sides hand-paced
     add_burst_args(ap, bursts="30,60")
     add_hosts_arg(ap)
     ap.set_defaults(quiet=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dblp import analysis
-from dblp.cliargs import parser
+from dblp.cliargs import pace_arg, parser
 from dblp.crosscheck import compare, own_norms, simulate_policies, write_report
 from emulation.hosts import HostsError, InventoryError, launch, load_inventory
 from emulation.hosts.gather import policy_comparison
@@ -103,7 +103,7 @@ def crosscheck_hosts(inv, out: Path, fidelity: str = "round") -> dict | None:
         cal, notes = calibrate(out / src)
     except ValueError as exc:  # ParameterError: a run it cannot calibrate - one line, not a traceback
         hint = ("; the senders were unpaced ([run].rate = \"0\"): pace them below the link rate "
-                "(docs/hosts.md)") if not parse_rate(inv.run.rate) else ""
+                "(docs/hosts.md)") if pace_arg(inv.run.rate) == 0 else ""
         print(f"crosscheck: not run: cannot calibrate the simulator on this run: {exc}{hint}")
         return None
     over: dict[str, Any] = {"workers": len(inv.workers), "rounds": inv.rounds, "seed": inv.run.seed,

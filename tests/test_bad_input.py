@@ -160,6 +160,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("microburst.py", "--compute", "-5"), ("--compute", "-5")),
     (_scn("microburst.py", "--bandwidth", "0"), ("--bandwidth", "0")),
     (_scn("microburst.py", "--pace-share", "-1"), ("--pace-share", "-1")),
+    (_scn("microburst.py", "--pace-share", "fast"), ("--pace-share", "fast")),
     (_scn("microburst.py", "--policies", "bogus"), ("--policies", "bogus")),
     (_scn("trace_replay.py", "--trace", "/nonexistent.loss.csv"), ("--trace", "/nonexistent.loss.csv")),
     (_scn("trace_replay.py", "--time-scale", "0"), ("--time-scale", "0")),

@@ -13,11 +13,11 @@ import json
 import sys
 
 from dblp.auth import AuthError
-from dblp.cliargs import add_auth_args, add_local_shard_arg, add_verbosity, hostports, parser, worker_secret
+from dblp.cliargs import PACE_HELP, add_auth_args, add_local_shard_arg, add_verbosity, hostports, pace_arg, parser, worker_secret
 from dblp.shard import NormExchangeError, ShardedWorker
 from dblp.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
-from traces.units import HelpFormatter, duration_arg, rate_arg
+from traces.units import HelpFormatter, duration_arg
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,8 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     add_auth_args(w, "worker")
-    w.add_argument("--pace", type=rate_arg(), default="0",
-                   help="pacing rate of this worker's sends, e.g. 150M; a bare number is Mbit/s (0 = unlimited)")
+    w.add_argument("--pace", type=pace_arg, default="auto", help="of this worker's sends: " + PACE_HELP)
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",
                    help="silence before the server is declared dead")
     add_verbosity(w, progress_alias=True)  # -v (or the older --progress): one line per iteration

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from traces.argtypes import count_arg, float_arg, int_arg
-from traces.units import duration_arg, rate_arg
+from traces.units import duration_arg
 
-from dblp.cliargs import add_auth_args, worker_secret
+from dblp.cliargs import PACE_HELP, add_auth_args, pace_arg, worker_secret
 
 from .inventory import MODES
 
@@ -270,7 +270,7 @@ def add_worker_args(w: argparse.ArgumentParser) -> None:
     w.add_argument("--compute", type=duration_arg(), default="0",
                    help="simulated compute per iteration (synthetic), e.g. 5ms; a bare number is seconds")
     w.add_argument("--seed", type=int_arg(0), default=0, help="seed of the synthetic gradients and the training")
-    w.add_argument("--pace", type=rate_arg(), default="0", help="pacing rate, e.g. 900M; a bare number is Mbit/s")
+    w.add_argument("--pace", type=pace_arg, default="auto", help=PACE_HELP)
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     add_auth_args(w, "worker")
     w.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="60s",

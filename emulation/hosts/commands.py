@@ -11,8 +11,8 @@ import shlex
 from dataclasses import replace
 from typing import Sequence
 
+from dblp.cliargs import pace_arg
 from dblp.policy import run_policy
-from traces.units import parse_rate
 
 from dblp.auth import SECRET_ENV
 from dblp.launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
@@ -53,7 +53,7 @@ def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
     """The inventory's run as :class:`dblp.launch.RunArgs`."""
     r = inv.run
     return RunArgs(workers=len(inv.workers), iterations=inv.rounds, model=r.model, policy=policy_args(policy, r),
-                   source="hosts", pace_bps=parse_rate(r.rate), seed=r.seed, compute_s=r.compute_ms / 1e3,
+                   source="hosts", pace_bps=pace_arg(r.rate), seed=r.seed, compute_s=r.compute_ms / 1e3,
                    peer_timeout_s=r.peer_timeout_s, plain=inv.plain, port=r.port, python=python,
                    insecure=inv.insecure)
 

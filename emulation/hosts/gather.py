@@ -19,6 +19,7 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
+from dblp.cliargs import pace_arg
 from dblp.records import read_records, write_records
 from traces.units import parse_rate
 
@@ -129,8 +130,9 @@ def policy_config(inv: Inventory, policy: str, recs: list, out_dir: Path | None 
     if inv.network.bandwidth:
         c["bw"] = parse_rate(inv.network.bandwidth) / 1e6  # Mbit/s, as the Mininet scenarios write it
         c["buffer_pkts"] = inv.network.queue_packets
-    if parse_rate(inv.run.rate):
-        c["send_rate_bps"] = parse_rate(inv.run.rate)
+    rate = pace_arg(inv.run.rate)
+    if rate:  # a hand-set rate (auto: self-pacing, no fixed rate to state)
+        c["send_rate_bps"] = rate
     return c
 
 

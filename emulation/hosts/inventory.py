@@ -11,6 +11,7 @@ format is documented in ``docs/hosts.md``.
 
 from __future__ import annotations
 
+import argparse
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from dblp.cliargs import pace_arg
 from dblp.control import DEFAULT_PORT
 from dblp.policy import RUNS, run_policy
 from dblp.wire import ParameterError
@@ -104,7 +106,7 @@ class RunSpec:
     rounds: int = 100
     compute_ms: float = 0.0
     port: int = DEFAULT_PORT
-    rate: str = "0"
+    rate: str = "auto"  # sender pacing: auto (self-pacing), 0 (unpaced) or a rate (an override)
     plain: bool | None = None  # None: True when any loss rule exists
     insecure: bool = False  # the paper's unauthenticated wire; else a secret per run in every host's $DBLP_SECRET
     seed: int = 0
@@ -336,8 +338,8 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
     except Exception as exc:  # noqa: BLE001
         raise _err(src, "run.model", str(exc)) from None
     try:
-        parse_rate(run.rate)
-    except ValueError as exc:
+        pace_arg(run.rate)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
         raise _err(src, "run.rate", str(exc)) from None
     if not run.remote_dir.startswith("/") or run.remote_dir.rstrip("/") in ("", "/tmp", "/home", "/root"):
         raise _err(src, "run.remote_dir", f"must be an absolute folder of its own (runs make subfolders), got {run.remote_dir!r}")

@@ -1,0 +1,220 @@
+"""Pacing (dblp.pacing) and self-pacing (core rule R11): the bucket against a sleep's granularity,
+the AutoPacer's verdicts, the rule through the core, and refused values."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import pytest
+
+from dblp import control as ctl
+from dblp.cliargs import pace_arg, pace_share_arg, pace_rate
+from dblp.core import EncodedRound, Receiver, RoundSender
+from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
+                         TokenBucket, make_pacer)
+from dblp.wire import ChunkLayout, ParameterError
+
+DGRAM = 1472
+
+
+def delivered_fraction(bucket: TokenBucket, *, resolution_s: float, late_s: float, span_s: float = 0.5) -> float:
+    """A sender loop on a modelled clock: send what the bucket allows, then sleep until its next
+    datagram - rounded up to ``resolution_s`` (epoll: 1 ms) and woken ``late_s`` after that. The
+    fraction of the rate that left in ``span_s``."""
+    now, sent = 0.0, 0
+    while now < span_s:
+        k = bucket.allowance(now, DGRAM, 64)
+        bucket.consume(k * DGRAM)
+        sent += k
+        wait = bucket.next_time(now, DGRAM) - now
+        if resolution_s:
+            wait = math.ceil(wait / resolution_s - 1e-9) * resolution_s
+        now += wait + late_s
+    return sent * DGRAM * 8 / now / bucket.rate_bps
+
+
+def test_fixed_bucket_behind_1ms_sleeps_delivers_about_half_at_900M():
+    """Issue #30's cause: a 64 KiB bucket holds 0.58 ms at 900 Mbit/s; behind epoll's 1 ms waits
+    (plus 0.1 ms late) the tokens of the rest of each wait are thrown away."""
+    frac = delivered_fraction(TokenBucket(900e6), resolution_s=0.001, late_s=0.0001)
+    assert 0.45 < frac < 0.6
+
+
+@pytest.mark.parametrize("rate", [100e6, 900e6, 2e9])
+def test_rate_deep_bucket_delivers_its_rate_behind_1ms_sleeps(rate):
+    assert make_pacer(rate).burst_bytes == max(SENDER_MIN_BURST, int(rate / 8 * PACE_QUANTUM_S))
+    epoll = delivered_fraction(make_pacer(rate), resolution_s=0.001, late_s=0.0002)
+    exact = delivered_fraction(make_pacer(rate), resolution_s=0.0, late_s=0.0001)  # pump's sleeps below 1 ms
+    assert 0.97 <= epoll <= 1.02 and 0.97 <= exact <= 1.02  # (+1%: the bucket starts full)
+
+
+def test_unlimited_and_simulator_buckets_unchanged():
+    """The simulator's buckets (TokenBucket(rate), exact timers) keep the 64 KiB depth its pins assume."""
+    assert TokenBucket(2e9).burst_bytes == MIN_BURST_BYTES
+    b = make_pacer(0)
+    assert b.unlimited and not b.auto and b.allowance(0.0, DGRAM, 10) == 10
+    assert make_pacer(None).auto and make_pacer(None).unlimited  # self-pacing starts unlimited
+
+
+def flood(p: AutoPacer, sent: int = 1000, delivered: int = 200, reply_s: float = 0.1, send_s: float = 0.01,
+          first: bool = True) -> None:
+    p.on_pass(sent, delivered, sent * DGRAM, send_s, reply_s, first)
+
+
+def test_autopacer_cuts_an_unpaced_flood_between_its_two_bounds_then_doubles():
+    p = AutoPacer()
+    flood(p)  # 200 of 1000 arrived: 0.01 s of sending, the reply after 0.1 s
+    lo, hi = 200 * DGRAM * 8 / 0.1, 0.2 * 1000 * DGRAM * 8 / 0.01  # delivery rate; what got through while sending
+    assert p.rate_bps == pytest.approx(math.sqrt(lo * hi)) and p.cuts == 1 and p.ceiling_bps == math.inf
+    r = p.rate_bps
+    flood(p, delivered=1000, reply_s=0.05)  # clean, delivered at 235 Mbit/s: no ceiling yet, the rate doubles
+    assert p.rate_bps == pytest.approx(2 * r) and p.good_bps == pytest.approx(r)
+
+
+def test_autopacer_additive_increase_multiplicative_decrease_holding_below_the_loss():
+    p = AutoPacer()
+    p.rate_bps = 100e6
+    flood(p, delivered=1000, reply_s=0.05)  # clean: doubles (the delivery rate, 235M x 1.25, allows it)
+    assert p.rate_bps == pytest.approx(200e6)
+    flood(p, delivered=970)  # 3% lost in the doubling: back to the last clean rate; the ceiling is known
+    assert p.rate_bps == pytest.approx(100e6) and p.ceiling_bps == pytest.approx(200e6)
+    flood(p, delivered=1000, reply_s=0.05)  # clean: +4% (the ceiling creeps 0.2%)
+    assert p.rate_bps == pytest.approx(104e6) and p.ceiling_bps == pytest.approx(200e6 * 1.002)
+    flood(p, delivered=970)  # loss above the good rate: cut by max(2 x 3%, 20%)
+    assert p.rate_bps == pytest.approx(104e6 * 0.8) and p.ceiling_bps == pytest.approx(104e6)
+    p.rate_bps = 90e6
+    flood(p, delivered=1000, reply_s=0.05)  # +4% but at most 0.9 x the (crept) ceiling
+    assert p.rate_bps == pytest.approx(min(93.6e6, 0.9 * 104e6 * 1.002))
+    p.rate_bps = 98.8e6
+    flood(p, delivered=1000, reply_s=0.05)  # above 0.9 x ceiling already: held, never lowered by a clean pass
+    assert p.rate_bps == pytest.approx(98.8e6)
+
+
+def test_autopacer_a_queue_that_swallows_a_pass_does_not_hide_the_bottleneck():
+    """A clean first pass delivered at 80 Mbit/s (the reply waited for a queue to drain) leaves the
+    rate at 1.25 x 80M, not doubled - and not below half of what it was."""
+    p = AutoPacer()
+    p.rate_bps = 200e6
+    flood(p, delivered=1000, reply_s=1000 * DGRAM * 8 / 80e6)
+    assert p.rate_bps == pytest.approx(100e6)
+    p.rate_bps = 400e6
+    flood(p, delivered=1000, reply_s=1000 * DGRAM * 8 / 80e6)
+    assert p.rate_bps == pytest.approx(200e6)  # halved at most
+
+
+def test_autopacer_keeps_its_rate_through_a_burst():
+    """Heavy loss (a 70% burst) at a proven rate is not the rate's doing: no slow-down, pass after pass."""
+    p = AutoPacer()
+    p.rate_bps = 30e6
+    flood(p, delivered=1000)  # proven at 30M (and grown); a settled sender is back at a proven rate
+    p.rate_bps = r = 30e6
+    for i in range(10):  # one burst round: 10 passes losing 70%
+        flood(p, sent=1000 if i == 0 else 300, delivered=300 if i == 0 else 90, first=i == 0)
+    assert p.rate_bps == r and p.cuts == 0
+
+
+def test_autopacer_restores_a_cut_that_did_not_help():
+    """Loss that stays as high at half the rate was not congestion: the old rate comes back, proven."""
+    p = AutoPacer()
+    flood(p, delivered=300)  # unpaced, 70% lost: cut to D
+    assert p.rate_bps > 0
+    flood(p, delivered=300)  # 70% again at the cut rate
+    assert p.rate_bps == 0.0 and p.restores == 1 and p.good_bps == math.inf
+    flood(p, delivered=300)  # and the random loss is left alone from now on
+    assert p.rate_bps == 0.0 and p.cuts == 1
+
+
+def test_autopacer_light_loss_at_a_proven_rate_is_congestion():
+    p = AutoPacer()
+    p.rate_bps = 200e6
+    flood(p, delivered=1000, reply_s=0.05)  # proven at 200M
+    p.rate_bps = 200e6
+    flood(p, delivered=950)  # 5% lost at the proven rate: others share the path now
+    assert p.good_bps == 0.0 and p.ceiling_bps == 200e6 and p.rate_bps == pytest.approx(200e6 * 0.8)
+    assert MAX_CUT == 0.5
+
+
+def test_autopacer_ignores_small_passes_and_outages():
+    p = AutoPacer()
+    flood(p, sent=10, delivered=1)
+    flood(p, delivered=0)
+    assert p.rate_bps == 0.0 and p.cuts == 0
+    p.rate_bps = 1e3
+    flood(p, delivered=100, reply_s=100.0)
+    assert p.rate_bps >= AUTO_FLOOR_BPS or p.rate_bps == 1e3
+
+
+def test_rule_r11_through_the_core():
+    """A sender's first pass loses 60% (scripted): its BITMAP hands the pass to the pacer, which
+    cuts; the retransmission pass is then paced."""
+    layout = ChunkLayout(200_000, 1500)
+    values = np.arange(layout.elements, dtype=np.float32)
+    enc = EncodedRound(values, layout, round_no=0, run_id=7, sender=1)
+    pacer = AutoPacer()
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="inorder", pacer=pacer)
+    rcv = Receiver(layout, run_id=7, expected_sender=1, direction=ctl.UP)
+    rcv.begin_round(0, np.zeros(layout.elements, np.float32), now=0.0, tolerance=0.0)
+    now = last = 0.0
+    while snd.pass_remaining and snd.state.name == "SENDING":
+        b = snd.datagrams_to_send(now)
+        keep = b.seqs % 5 < 2  # 40% arrive
+        rows = b.rows[keep]
+        rcv.receive_batch(rows, b.lengths[keep], now + 0.001)
+        last = now
+        now += 0.0001
+    for m in snd.control_to_send():
+        rcv.handle_control(m, now + 0.01)
+    for m in rcv.control_to_send():
+        snd.handle_control(m, now + 0.02)
+    assert pacer.cuts == 1 and not pacer.unlimited
+    n, nbytes = layout.chunks, int(enc.lengths.sum())
+    got = rcv.received
+    lo, hi = got * nbytes / n * 8 / (now + 0.02), got / n * nbytes * 8 / last  # the two bounds of the flood's share
+    assert got == pytest.approx(0.4 * n, abs=1) and pacer.rate_bps == pytest.approx(math.sqrt(lo * hi))
+    assert snd.stats.passes == 2 and snd.get_timer() is not None  # the retransmission pass is paced
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "fast"])
+def test_bad_rates_refused(bad):
+    with pytest.raises(ParameterError, match="send rate"):
+        TokenBucket(bad)
+
+
+@pytest.mark.parametrize("text,want", [("auto", None), ("AUTO", None), ("0", 0.0), ("900M", 900e6), ("150", 150e6)])
+def test_pace_flag_values(text, want):
+    assert pace_arg(text) == want
+
+
+@pytest.mark.parametrize("text", ["fast", "-1", "", "1x"])
+def test_pace_flag_refuses(text):
+    with pytest.raises(argparse.ArgumentTypeError):
+        pace_arg(text)
+    if text != "1x":
+        with pytest.raises(argparse.ArgumentTypeError):
+            pace_share_arg(text)
+
+
+def test_pace_share_is_an_override():
+    a = argparse.Namespace(bandwidth=100e6, workers=4, pace_share=None)
+    assert pace_rate(a) is None
+    a.pace_share = 0.9
+    assert pace_rate(a) == pytest.approx(22.5e6)
+    a.pace_share = 0.0
+    assert pace_rate(a) == 0.0
+
+
+def test_a_broadcast_group_moves_its_rate_once_per_round():
+    """The server's N broadcast streams share one rate: the first lossy report cuts it for all, the
+    others' reports of the same (unpaced) round are stale and ignored."""
+    g = PacerGroup()
+    a, b = g.member(), g.member()
+    assert a.auto and a.unlimited and b.unlimited
+    a.on_pass(1000, 200, 1000 * DGRAM, 0.01, 0.1, True, 0.0)
+    r = g.brain.rate_bps
+    assert r > 0 and a.rate_bps == b.rate_bps == r and not b.unlimited
+    b.on_pass(1000, 300, 1000 * DGRAM, 0.01, 0.1, True, 0.0)  # sent unpaced too: news of a rate left behind
+    assert g.brain.rate_bps == r and g.brain.cuts == 1
+    b.on_pass(1000, 1000, 1000 * DGRAM, 0.01, 0.05, True, r)  # clean at the group's rate: all double
+    assert a.rate_bps == b.rate_bps == pytest.approx(2 * r)
