@@ -34,6 +34,7 @@ import sys
 import time
 from pathlib import Path
 
+from dblp.provenance import write_config  # noqa: E402
 from dblp.cliargs import parser
 from dblp.gradients import MODEL_HELP, model_elements
 from dblp.shard import AGGREGATIONS
@@ -99,7 +100,7 @@ def dblp_median_s(tree: Path, mode: str, elements: int, workers: int, iterations
 
 
 def build_parser():
-    ap = parser(prog="scenarios/bench_loopback.py", config=False,
+    ap = parser(prog="scenarios/bench_loopback.py",
                 description="DBLP's loopback round against gloo's all-reduce of the same size and world, "
                             "side by side and alternating (optionally a second checkout: before/after).")
     ap.add_argument("--model", default="25M", help="gradient size, " + MODEL_HELP)
@@ -136,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = [c for m in modes for c in ((f"{m} (baseline)", args.baseline.resolve(), m), (m, REPO, m))]
     out = args.out or REPO / "results" / "bench_loopback" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
+    write_config(out, args)  # the flags as given, with provenance: --config out/config.json reruns it
     print(f"bench_loopback: {elements:,} floats x {args.workers} workers, {args.repeats} repeats of "
           f"{args.iterations} rounds, {os.cpu_count()} cores; results in {out}", flush=True)
     rows: list[dict] = []
