@@ -354,8 +354,11 @@ class UploadGrant:
       while no loss has been seen at a granted rate;
     - first-pass loss (the workers' mean): congestion when under :data:`BURSTY_LOSS` or at a
       grant above the last clean one: the ceiling becomes the grant, which is cut by
-      ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`); heavy loss at a clean grant, or
-      one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row.
+      ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
+      after light loss (a fifth less load cannot lose 20%); heavy loss at a clean grant, or
+      one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
+      nor does light loss in the round after a burst cut (the burst's tail: a burst of the
+      microburst scenario reaches into the next round's first passes).
 
     The grant is then every worker's starting rate (:meth:`AutoPacer.grant`)."""
 
@@ -364,6 +367,7 @@ class UploadGrant:
         self.ceiling_bps = math.inf
         self.good_bps = 0.0
         self._strikes = 0
+        self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
         self.cuts = 0
 
     def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
@@ -380,6 +384,8 @@ class UploadGrant:
                 return 0.0
         loss = sum(losses) / len(losses) if losses else 0.0
         g = self.rate_bps
+        proven = g <= self.good_bps * (1.0 + STEP) * CEILING_CREEP
+        tail, self._tail = self._tail, False
         if loss == 0.0:
             self._strikes = 0
             self.good_bps = max(self.good_bps, g)
@@ -391,19 +397,22 @@ class UploadGrant:
             return self.rate_bps
         # a burst, not the rate's doing: heavy loss at a clean grant or one step above it (a +4%
         # step adds 4% to the load, it cannot lose 20% of it) ...
-        if loss >= BURSTY_LOSS and g <= self.good_bps * (1.0 + STEP) * CEILING_CREEP:
+        if loss >= BURSTY_LOSS and proven:
             self._strikes += 1
             if self._strikes < STRIKES:
+                self._tail = True
                 return g
+        elif tail and proven:  # light loss in the round after a burst: the burst's tail, not the rate
+            return g
         self._strikes = 0
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
         self.ceiling_bps = g
         if starting and 0.0 < self.good_bps < g:  # the doubling overshot: back to the last clean grant
             self.rate_bps = self.good_bps
-        else:
+        else:  # a cut after light loss is proven for bursts: at a fifth less load, the light loss cannot grow to 20%
             self.rate_bps = max(AUTO_FLOOR_BPS, g * max(MAX_CUT, 1.0 - max(2.0 * loss, CUT)))
-        self.good_bps = 0.0
+            self.good_bps = self.rate_bps if loss < BURSTY_LOSS else 0.0
         return self.rate_bps
 
 

@@ -270,6 +270,12 @@ def test_r12_upload_grant_verdicts():
     assert g2 == pytest.approx(min(g * 1.04, 0.9 * 100e6 / 3 * 1.002))
     assert u.round_done([0.0] * 3, [0.7, 0.7, 0.7]) == g2  # one burst round at a clean grant: unchanged
     assert u.round_done([0.0] * 3, [0.7, 0.7, 0.7]) == pytest.approx(g2 * 0.5)  # the second in a row: congestion
+    t = UploadGrant()
+    g = t.round_done([30e6] * 3, [0.0] * 3)  # seeded and clean: doubling
+    assert g == 60e6 and t.round_done([0.0] * 3, [0.1] * 3) == 30e6  # the doubling overshot: back, ceiling 60M
+    assert t.round_done([0.0] * 3, [0.7] * 3) == 30e6  # a burst at the clean grant
+    assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == 30e6  # light loss just after it: the burst's tail
+    assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == pytest.approx(30e6 * 0.8)  # once more: congestion
     v = UploadGrant()
     assert v.round_done([0.0] * 3, [0.0] * 3, arrival_bps=14e6) == pytest.approx(28e6)  # seeded clean: doubles
     assert v.round_done([0.0] * 3, [0.1, 0.0, 0.05]) == pytest.approx(14e6)  # the doubling overshot: back
