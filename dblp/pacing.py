@@ -358,7 +358,9 @@ class UploadGrant:
       after light loss (a fifth less load cannot lose 20%); heavy loss at a clean grant, or
       one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
       nor does light loss in the round after a burst cut (the burst's tail: a burst of the
-      microburst scenario reaches into the next round's first passes).
+      microburst scenario reaches into the next round's first passes); a cut after which the
+      loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random
+      loss would otherwise halve the grant round after round, to the floor).
 
     The grant is then every worker's starting rate (:meth:`AutoPacer.grant`)."""
 
@@ -368,7 +370,9 @@ class UploadGrant:
         self.good_bps = 0.0
         self._strikes = 0
         self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
+        self._cut: tuple[float, float] | None = None  # (grant before the last cut, that round's loss)
         self.cuts = 0
+        self.restores = 0
 
     def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
         """A round's uploads: the rate each worker stated (0: none), each first pass's loss
@@ -386,6 +390,7 @@ class UploadGrant:
         g = self.rate_bps
         proven = g <= self.good_bps * (1.0 + STEP) * CEILING_CREEP
         tail, self._tail = self._tail, False
+        cut, self._cut = self._cut, None
         if loss == 0.0:
             self._strikes = 0
             self.good_bps = max(self.good_bps, g)
@@ -404,10 +409,16 @@ class UploadGrant:
                 return g
         elif tail and proven:  # light loss in the round after a burst: the burst's tail, not the rate
             return g
+        if cut is not None and loss >= RECOVERED * cut[1]:  # slower did not help: a lossy path, not congestion
+            self.restores += 1
+            self.rate_bps = self.good_bps = cut[0]
+            self._strikes = 0
+            return self.rate_bps
         self._strikes = 0
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
         self.ceiling_bps = g
+        self._cut = (g, loss)
         if starting and 0.0 < self.good_bps < g:  # the doubling overshot: back to the last clean grant
             self.rate_bps = self.good_bps
         else:  # a cut after light loss is proven for bursts: at a fifth less load, the light loss cannot grow to 20%

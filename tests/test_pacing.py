@@ -276,6 +276,9 @@ def test_r12_upload_grant_verdicts():
     assert t.round_done([0.0] * 3, [0.7] * 3) == 30e6  # a burst at the clean grant
     assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == 30e6  # light loss just after it: the burst's tail
     assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == pytest.approx(30e6 * 0.8)  # once more: congestion
+    r = UploadGrant()  # 25% random loss every round (a lossy path): each cut is undone the next round
+    grants = [r.round_done([40e6] * 3, [0.25] * 3)] + [r.round_done([0.0] * 3, [0.25] * 3) for _ in range(20)]
+    assert min(grants) == 20e6 and r.restores == r.cuts == 7 and sum(grants) / len(grants) > 33e6  # never below half
     v = UploadGrant()
     assert v.round_done([0.0] * 3, [0.0] * 3, arrival_bps=14e6) == pytest.approx(28e6)  # seeded clean: doubles
     assert v.round_done([0.0] * 3, [0.1, 0.0, 0.05]) == pytest.approx(14e6)  # the doubling overshot: back
