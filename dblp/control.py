@@ -14,8 +14,8 @@ type    name       body
 ======  =========  ==========================================================
 1       HELLO      UTF-8 JSON: worker, udp_port, version, tensor spec
 2       META       UTF-8 JSON object (run id, layout, tensor names/shapes...)
-3       ROUND      round u32, direction u8, clr u8, tolerance f64
-4       PROBE      round u32, direction u8, pass u32
+3       ROUND      round u32, direction u8, clr u8, tolerance f64[, grant f64]
+4       PROBE      round u32, direction u8, pass u32[, rate f64]
 5       BITMAP     round u32, direction u8, received u32, packed bits
 6       STOP       round u32, direction u8, received u32
 7       BYE        UTF-8 reason
@@ -49,6 +49,13 @@ HELD and COMMON exist only in the ``intersect`` consistency mode
 ``direction`` is 0 for worker-to-server ("up") and 1 for the broadcast
 ("down"). ROUND announces a round and its loss tolerance; the server always
 decides the tolerance (Algorithm 3), whichever side receives.
+
+The bracketed trailing fields are core rule R12's (issue #30, beyond the
+paper): a self-pacing sender's PROBE states the rate its pass was sent at
+(bit/s), and the server's ROUND(up) grants the rate every self-pacing worker
+starts its upload from. Each is sent only when non-zero, so a frame without
+it is the old frame, byte for byte: old peers' frames decode (the field reads
+0, "not stated"), and a run that does not self-pace sends what it always did.
 """
 
 from __future__ import annotations
@@ -108,6 +115,7 @@ class RoundStart:
     direction: int
     tolerance: float
     clr: bool = False
+    grant_bps: float = 0.0  # R12: the upload rate granted to a self-pacing worker (bit/s); 0 = none
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,7 @@ class Probe:
     round: int
     direction: int
     pass_no: int
+    rate_bps: float = 0.0  # R12: the rate the pass was sent at, stated by a self-pacing sender; 0 = not stated
 
 
 @dataclass(frozen=True)
@@ -198,6 +207,7 @@ PROOF_BYTES = 32
 
 _ROUND = struct.Struct("!IBBd")
 _PROBE = struct.Struct("!IBI")
+_RATE = struct.Struct("!d")  # R12's optional trailing field of ROUND and PROBE
 _BITMAP = struct.Struct("!IBI")
 _STOP = struct.Struct("!IBI")
 _FRAME = struct.Struct("!IB")
@@ -246,9 +256,9 @@ def _body(msg: Message) -> tuple[int, bytes]:
     elif isinstance(msg, Meta):
         t, body = 2, json.dumps(msg.info).encode()
     elif isinstance(msg, RoundStart):
-        t, body = 3, _ROUND.pack(msg.round, msg.direction, int(msg.clr), msg.tolerance)
+        t, body = 3, _ROUND.pack(msg.round, msg.direction, int(msg.clr), msg.tolerance) + _rate(msg.grant_bps)
     elif isinstance(msg, Probe):
-        t, body = 4, _PROBE.pack(msg.round, msg.direction, msg.pass_no)
+        t, body = 4, _PROBE.pack(msg.round, msg.direction, msg.pass_no) + _rate(msg.rate_bps)
     elif isinstance(msg, Bitmap):
         t, body = 5, _BITMAP.pack(msg.round, msg.direction, msg.received) + msg.bits
     elif isinstance(msg, Stop):
@@ -270,6 +280,23 @@ def _body(msg: Message) -> tuple[int, bytes]:
     return t, body
 
 
+def _rate(bps: float) -> bytes:
+    """R12's trailing rate: absent when 0 (the frame stays the old one), else f64 bit/s."""
+    return _RATE.pack(bps) if bps else b""
+
+
+def _tail_rate(body: bytes, head: int, what: str) -> float:
+    """The optional trailing rate after a ``head``-byte body: 0 when absent (an old peer's frame)."""
+    if len(body) == head:
+        return 0.0
+    if len(body) != head + _RATE.size:
+        raise ControlError(f"{what} body of {len(body)} bytes, expected {head} or {head + _RATE.size}")
+    (bps,) = _RATE.unpack_from(body, head)
+    if not math.isfinite(bps) or bps < 0:
+        raise ControlError(f"{what} rate must be a finite number >= 0 bit/s, got {bps!r}")
+    return bps
+
+
 def decode_frame(t: int, body: bytes) -> Message:
     """The message of one frame's type and body (:meth:`ControlDecoder.frames`)."""
     try:
@@ -283,10 +310,10 @@ def decode_frame(t: int, body: bytes) -> Message:
                 raise ControlError("META body is not a JSON object")
             return Meta(info)
         if t == 3:
-            r, d, clr, tol = _ROUND.unpack(body)
-            return RoundStart(r, d, tol, bool(clr))
+            r, d, clr, tol = _ROUND.unpack_from(body)
+            return RoundStart(r, d, tol, bool(clr), _tail_rate(body, _ROUND.size, "ROUND"))
         if t == 4:
-            return Probe(*_PROBE.unpack(body))
+            return Probe(*_PROBE.unpack_from(body), _tail_rate(body, _PROBE.size, "PROBE"))
         if t == 5:
             r, d, n = _BITMAP.unpack_from(body)
             return Bitmap(r, d, n, bytes(body[_BITMAP.size :]))

@@ -57,6 +57,16 @@ R11 Self-pacing (issue #30): when a pass's reply comes (BITMAP, or STOP after
     nothing. A fixed-rate pacer ignores the report; the
     default pacer (:class:`dblp.pacing.AutoPacer`) sets its rate from it,
     cutting only for loss its own rate caused (the arithmetic is there).
+R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
+    states the rate its pass was sent at (0, not stated, when unpaced or
+    fixed-rate); the receiver keeps the last stated rate of its peer
+    (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
+    pass when its PROBE came (:attr:`Receiver.first_loss`; 0 when STOP came
+    first). The round logic (:mod:`dblp.session`) grants the next round's
+    upload rate in ROUND(up), one rate for every worker, set from all their
+    first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
+    starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
+    ignores the grant.
 """
 
 from __future__ import annotations
@@ -399,7 +409,9 @@ class RoundSender:
         if self._pos >= self._pass.size:
             self.state = SendState.AWAIT_REPLY
             self._idle_since = now
-            self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes))
+            # R12: a self-pacing sender states its pass's rate (0 when unpaced: nothing to state)
+            self._control.append(ctl.Probe(self.round_no, self.direction, self.stats.passes,
+                                           self._pass_rate if self.pacer.auto else 0.0))
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []
@@ -592,6 +604,8 @@ class Receiver:
         self.out: np.ndarray | None = None
         self.stats = RecvStats()
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
+        self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
+        self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -614,6 +628,7 @@ class Receiver:
         self.received = 0
         self.active = True
         self._stop_sent = False
+        self.first_loss = 0.0
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -928,6 +943,10 @@ class Receiver:
         if msg.round != self.round_no:
             return  # a probe that crossed our STOP of an earlier round
         self.stats.probes += 1
+        if msg.rate_bps > 0:  # R12: the rate the peer's pass was sent at
+            self.stated_rate_bps = float(msg.rate_bps)
+        if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
+            self.first_loss = 1.0 - self.received / self.layout.chunks
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:

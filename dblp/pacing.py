@@ -30,6 +30,7 @@ R11, :mod:`dblp.core`): see its docstring for the arithmetic.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from .wire import ParameterError
 
@@ -124,6 +125,9 @@ class TokenBucket:
         """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at); a fixed-rate
         bucket ignores it."""
 
+    def grant(self, rate_bps: float) -> None:
+        """The server's rate grant (core rule R12); a fixed rate is the user's, and stays."""
+
 
 class AutoPacer(TokenBucket):
     """Self-pacing: the rate set from each pass's outcome, no hand-set rate (``--pace auto``).
@@ -188,6 +192,27 @@ class AutoPacer(TokenBucket):
         self._strikes = 0  # rounds in a row whose first pass lost heavily at a good rate
         self.cuts = 0  # congestion verdicts, for records and tests
         self.restores = 0  # cuts undone: the loss did not fall with the rate
+        self.grants = 0  # grants applied (R12), for records and tests
+
+    def grant(self, rate_bps: float) -> None:
+        """R12: start the next upload at the server's grant (:class:`UploadGrant`), the rate every
+        self-pacing worker of the run starts from; this pacer's own rule then acts within the
+        round (its retransmission passes) and no higher than the grant: the grant is where it
+        holds (``ceiling = grant / HOLD``), and the rate the server proved (a burst at it is not
+        the rate's doing).
+
+        Why: the senders of one bottleneck, adapting alone by factors of their own rates, keep
+        the ratios their first flood gave them (47-66 Mbit/s beside 17-25, docs/pacing.md), and
+        a round waits for its slowest upload. The server sees every sender's passes: it decides
+        one rate for all."""
+        if not (math.isfinite(rate_bps) and rate_bps > 0):
+            return
+        self.ceiling_bps = rate_bps / HOLD
+        self.good_bps = rate_bps
+        self._cut = None
+        self._strikes = 0
+        self.grants += 1
+        self.rate_bps = rate_bps
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
                 first: bool = True, rate_bps: float | None = None) -> None:
@@ -309,6 +334,97 @@ class PacerGroup:
 
     def member(self) -> TokenBucket:
         return _Member(self)
+
+
+class UploadGrant:
+    """R12, the server's side: one upload rate for every self-pacing worker, from all their passes.
+
+    Why: senders that adapt alone keep the unequal shares their first flood gave them, and a
+    round lasts as long as its slowest upload (docs/pacing.md). The server receives every
+    worker's upload: after each round's upstream it knows each worker's first-pass loss (the
+    count its first BITMAP carried; none when STOP came first) and, from the PROBEs, the rate
+    each pass was sent at. It runs :class:`AutoPacer`'s verdicts on the group:
+
+    - seed: the first round in which workers stated rates (their own R11 estimates after the
+      unpaced first flood: a PROBE states its pass's rate), their mean - the sum they found,
+      split equally; or, a round with every first pass clean (a STOP before the PROBE states
+      nothing), the mean rate the uploads arrived at; judged by that round's loss as below;
+    - every worker's first pass clean: the grant rises by :data:`STEP` up to :data:`HOLD` of
+      the grant that last lost (the ceiling, creeping :data:`CEILING_CREEP` a round), doubling
+      while no loss has been seen at a granted rate;
+    - first-pass loss (the workers' mean): congestion when under :data:`BURSTY_LOSS` or at a
+      grant above the last clean one: the ceiling becomes the grant, which is cut by
+      ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
+      after light loss (a fifth less load cannot lose 20%); heavy loss at a clean grant, or
+      one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
+      nor does light loss in the round after a burst cut (the burst's tail: a burst of the
+      microburst scenario reaches into the next round's first passes); a cut after which the
+      loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random
+      loss would otherwise halve the grant round after round, to the floor).
+
+    The grant is then every worker's starting rate (:meth:`AutoPacer.grant`)."""
+
+    def __init__(self) -> None:
+        self.rate_bps = 0.0  # 0: no grant (nothing stated yet)
+        self.ceiling_bps = math.inf
+        self.good_bps = 0.0
+        self._strikes = 0
+        self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
+        self._cut: tuple[float, float] | None = None  # (grant before the last cut, that round's loss)
+        self.cuts = 0
+        self.restores = 0
+
+    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
+        """A round's uploads: the rate each worker stated (0: none), each first pass's loss
+        fraction, and the mean rate clean uploads arrived at (bit/s; 0: some first pass lost).
+        Returns the next round's grant (0: none)."""
+        if self.rate_bps == 0.0:
+            rates = [r for r in stated_bps if math.isfinite(r) and r > 0]
+            if rates:  # the seed: the sum the workers found alone, split equally
+                self.rate_bps = max(AUTO_FLOOR_BPS, sum(rates) / len(rates))
+            elif arrival_bps > 0 and math.isfinite(arrival_bps):  # nothing stated, nothing lost: as they arrived
+                self.rate_bps = max(AUTO_FLOOR_BPS, arrival_bps)
+            else:
+                return 0.0
+        loss = sum(losses) / len(losses) if losses else 0.0
+        g = self.rate_bps
+        proven = g <= self.good_bps * (1.0 + STEP) * CEILING_CREEP
+        tail, self._tail = self._tail, False
+        cut, self._cut = self._cut, None
+        if loss == 0.0:
+            self._strikes = 0
+            self.good_bps = max(self.good_bps, g)
+            if self.ceiling_bps == math.inf:
+                self.rate_bps = 2.0 * g
+            else:
+                self.ceiling_bps *= CEILING_CREEP
+                self.rate_bps = max(g, min(g * (1.0 + STEP), HOLD * self.ceiling_bps))
+            return self.rate_bps
+        # a burst, not the rate's doing: heavy loss at a clean grant or one step above it (a +4%
+        # step adds 4% to the load, it cannot lose 20% of it) ...
+        if loss >= BURSTY_LOSS and proven:
+            self._strikes += 1
+            if self._strikes < STRIKES:
+                self._tail = True
+                return g
+        elif tail and proven:  # light loss in the round after a burst: the burst's tail, not the rate
+            return g
+        if cut is not None and loss >= RECOVERED * cut[1]:  # slower did not help: a lossy path, not congestion
+            self.restores += 1
+            self.rate_bps = self.good_bps = cut[0]
+            self._strikes = 0
+            return self.rate_bps
+        self._strikes = 0
+        self.cuts += 1
+        starting = self.ceiling_bps == math.inf
+        self.ceiling_bps = g
+        self._cut = (g, loss)
+        if starting and 0.0 < self.good_bps < g:  # the doubling overshot: back to the last clean grant
+            self.rate_bps = self.good_bps
+        else:  # a cut after light loss is proven for bursts: at a fifth less load, the light loss cannot grow to 20%
+            self.rate_bps = max(AUTO_FLOOR_BPS, g * max(MAX_CUT, 1.0 - max(2.0 * loss, CUT)))
+            self.good_bps = self.rate_bps if loss < BURSTY_LOSS else 0.0
+        return self.rate_bps
 
 
 def make_pacer(rate_bps: float | None) -> TokenBucket:

@@ -68,7 +68,7 @@ import numpy as np
 from . import control as ctl
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from .pacing import PacerGroup, TokenBucket, make_pacer
+from .pacing import PacerGroup, TokenBucket, UploadGrant, make_pacer
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
 
@@ -230,7 +230,8 @@ class ServerSession:
         self.values = values
         # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
         # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
-        if pacer is None and context.send_rate_bps is None:
+        self_paced = pacer is None and context.send_rate_bps is None
+        if self_paced:
             group = PacerGroup()
             pacer = lambda w: group.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
@@ -256,6 +257,10 @@ class ServerSession:
         self._extra: dict = {}
         self._down_headers: np.ndarray | None = None
         self._begun = False  # S3b: the broadcast is under way, its ROUND(down) not yet out
+        # R12: one upload rate for every self-pacing worker - granted when the server self-paces too (the
+        # run's pacing is the same on both sides; a fixed-rate run sends the frames it always sent)
+        self._uploads = UploadGrant() if self_paced else None
+        self._grant = 0.0  # the rate granted in the next ROUND(up)s (0: none)
 
     # -- driver API -----------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -318,6 +323,11 @@ class ServerSession:
         so a round of N stopping broadcasts costs N checks, not N^2."""
         if self.phase is Phase.UPSTREAM and self.peers and all(p.receiver.complete for p in self.peers.values()):
             self._t_up = now
+            # R12: every upload of the round is in, its first pass's loss known: the next round's grant
+            if self._uploads is not None:
+                ps = list(self.peers.values())
+                self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
+                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps))
             for p in self.peers.values():
                 p.receiver.finish_round()
             self.phase = Phase.REDUCE
@@ -434,7 +444,20 @@ class ServerSession:
         p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)
         if p.buffer is not None:  # the worker's R3 order, so its datagrams are received in place (R10)
             p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
-        self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr))))
+        self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr),
+                                                            self._grant)))
+
+    def _arrival_bps(self, ps: list[_Up]) -> float:
+        """R12: the mean bit/s at which clean uploads arrived (first datagram to threshold; 0 when
+        any first pass lost): paced below the bottleneck, each worker's own rate."""
+        rates = []
+        for p in ps:
+            r = p.receiver
+            span = r.stats.t_done - r.stats.t_first
+            if r.first_loss > 0 or not span > 0:
+                return 0.0
+            rates.append(r.received * self.layout.datagram_size * 8.0 / span)
+        return sum(rates) / len(rates) if rates else 0.0
 
     def _down_done(self, w: int, now: float) -> None:
         p = self.peers[w]
@@ -523,6 +546,8 @@ class WorkerSession:
         if not isinstance(msg, ctl.RoundStart):
             return
         self._announced[(msg.round, msg.direction)] = (msg, now)
+        if msg.direction == ctl.UP and msg.grant_bps > 0:  # R12: the next upload starts from the grant
+            self.pacer.grant(msg.grant_bps)
         r = self.receiver
         if msg.direction == ctl.DOWN and r.round_no == msg.round and r.active:
             r.set_tolerance(msg.tolerance, now)

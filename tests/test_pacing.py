@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from dblp import control as ctl
 from dblp.cliargs import pace_arg, pace_share_arg, pace_rate
 from dblp.core import EncodedRound, Receiver, RoundSender
 from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
-                         TokenBucket, make_pacer)
+                         TokenBucket, UploadGrant, make_pacer)
 from dblp.wire import ChunkLayout, ParameterError
 
 DGRAM = 1472
@@ -59,8 +60,8 @@ def test_unlimited_and_simulator_buckets_unchanged():
 
 
 def flood(p: AutoPacer, sent: int = 1000, delivered: int = 200, reply_s: float = 0.1, send_s: float = 0.01,
-          first: bool = True) -> None:
-    p.on_pass(sent, delivered, sent * DGRAM, send_s, reply_s, first)
+          first: bool = True, rate_bps: float | None = None) -> None:
+    p.on_pass(sent, delivered, sent * DGRAM, send_s, reply_s, first, rate_bps)
 
 
 def test_autopacer_cuts_an_unpaced_flood_between_its_two_bounds_then_doubles():
@@ -218,3 +219,113 @@ def test_a_broadcast_group_moves_its_rate_once_per_round():
     assert g.brain.rate_bps == r and g.brain.cuts == 1
     b.on_pass(1000, 1000, 1000 * DGRAM, 0.01, 0.05, True, r)  # clean at the group's rate: all double
     assert a.rate_bps == b.rate_bps == pytest.approx(2 * r)
+
+
+# -- R12: the server's rate grant ------------------------------------------------------------------
+
+
+def test_r12_fields_are_optional_on_the_wire():
+    """A grant and a stated rate travel as a trailing f64; without them (0) the frame is the old one,
+    byte for byte, and an old peer's frame decodes with 0 ("not stated")."""
+    old_round, old_probe = ctl.RoundStart(3, ctl.UP, 0.1, True), ctl.Probe(3, ctl.UP, 2)
+    assert len(ctl.encode(old_round)) == 5 + 14 and len(ctl.encode(old_probe)) == 5 + 9
+    for msg in (old_round, old_probe, ctl.RoundStart(3, ctl.UP, 0.1, True, 33.3e6), ctl.Probe(3, ctl.UP, 2, 21.5e6)):
+        frame = ctl.encode(msg)
+        assert ctl.ControlDecoder().feed(frame) == [msg]
+    assert len(ctl.encode(ctl.Probe(3, ctl.UP, 2, 21.5e6))) == 5 + 9 + 8
+    for t, body in ((3, ctl.encode(old_round)[5:] + b"\x00" * 3), (4, ctl.encode(old_probe)[5:] + b"\x00" * 9),
+                    (4, ctl.encode(old_probe)[5:] + struct.pack("!d", -1.0)),
+                    (3, ctl.encode(old_round)[5:] + struct.pack("!d", math.nan))):
+        with pytest.raises(ctl.ControlError):
+            ctl.decode_frame(t, body)
+
+
+def test_r12_a_grant_sets_the_rate_and_where_it_holds():
+    """A worker settled at 20 Mbit/s (its ceiling 28M) is granted 33.3M: it starts there, holds there
+    (ceiling = grant / HOLD), and a 70% burst at the grant is not taken for congestion; a hand-set rate
+    ignores the grant."""
+    p = AutoPacer()
+    p.rate_bps, p.ceiling_bps, p.good_bps = 20e6, 28e6, 20e6
+    p.grant(100e6 / 3)
+    assert p.rate_bps == pytest.approx(100e6 / 3) and p.ceiling_bps == pytest.approx(100e6 / 3 / 0.9)
+    assert p.grants == 1
+    flood(p, delivered=300, rate_bps=p.rate_bps)  # a 70% burst at the granted rate: no cut
+    assert p.rate_bps == pytest.approx(100e6 / 3) and p.cuts == 0
+    flood(p, delivered=1000, reply_s=1000 * DGRAM * 8 / 33e6, rate_bps=p.rate_bps)  # clean: held (creep 0.2%)
+    assert p.rate_bps == pytest.approx(100e6 / 3 * 1.002)
+    fixed = make_pacer(30e6)
+    fixed.grant(50e6)
+    assert fixed.rate_bps == 30e6  # a hand-set rate is the user's
+
+
+def test_r12_upload_grant_verdicts():
+    """The server's rule on a round's first passes: the seed from the rates stated (their mean), then
+    +4% per clean round to 0.9 x the grant that lost, a cut of max(2 x loss, 20%) on congestion, and
+    no change for one burst round (70% at a clean grant); nothing stated, nothing lost: no grant."""
+    u = UploadGrant()
+    assert u.round_done([0.0, 0.0, 0.0], [0.5, 0.6, 0.4]) == 0.0  # the unpaced flood: nothing stated yet
+    g = u.round_done([60e6, 20e6, 20e6], [0.05, 0.0, 0.0])  # seeded at 33.3M, which lost 1.7%: congestion
+    assert g == pytest.approx(100e6 / 3 * 0.8) and u.ceiling_bps == pytest.approx(100e6 / 3) and u.cuts == 1
+    g2 = u.round_done([0.0] * 3, [0.0] * 3)  # clean: +4%, at most 0.9 x the (crept) ceiling
+    assert g2 == pytest.approx(min(g * 1.04, 0.9 * 100e6 / 3 * 1.002))
+    assert u.round_done([0.0] * 3, [0.7, 0.7, 0.7]) == g2  # one burst round at a clean grant: unchanged
+    assert u.round_done([0.0] * 3, [0.7, 0.7, 0.7]) == pytest.approx(g2 * 0.5)  # the second in a row: congestion
+    t = UploadGrant()
+    g = t.round_done([30e6] * 3, [0.0] * 3)  # seeded and clean: doubling
+    assert g == 60e6 and t.round_done([0.0] * 3, [0.1] * 3) == 30e6  # the doubling overshot: back, ceiling 60M
+    assert t.round_done([0.0] * 3, [0.7] * 3) == 30e6  # a burst at the clean grant
+    assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == 30e6  # light loss just after it: the burst's tail
+    assert t.round_done([0.0] * 3, [0.02, 0.0, 0.01]) == pytest.approx(30e6 * 0.8)  # once more: congestion
+    r = UploadGrant()  # 25% random loss every round (a lossy path): each cut is undone the next round
+    grants = [r.round_done([40e6] * 3, [0.25] * 3)] + [r.round_done([0.0] * 3, [0.25] * 3) for _ in range(20)]
+    assert min(grants) == 20e6 and r.restores == r.cuts == 7 and sum(grants) / len(grants) > 33e6  # never below half
+    v = UploadGrant()
+    assert v.round_done([0.0] * 3, [0.0] * 3, arrival_bps=14e6) == pytest.approx(28e6)  # seeded clean: doubles
+    assert v.round_done([0.0] * 3, [0.1, 0.0, 0.05]) == pytest.approx(14e6)  # the doubling overshot: back
+    assert UploadGrant().round_done([0.0], [0.0]) == 0.0
+
+
+def shared_link_rounds(grants: bool, rounds: int = 30, capacity: float = 100e6, chunks: int = 1400,
+                       start: tuple[float, ...] = (60e6, 20e6, 20e6)) -> tuple[list[float], list[float]]:
+    """Senders of one drop-tail bottleneck, a round at a time on a modelled clock: each sends a whole
+    tensor's first pass at its rate; when their sum exceeds ``capacity`` every sender loses the excess
+    share (1 - capacity / sum), else none. Returns each round's max/min rate ratio and its first-pass
+    time (the slowest sender's), with or without R12's grant between rounds (its seed: the rates the
+    senders stated in round 0)."""
+    ps = []
+    for r in start:
+        p = AutoPacer()
+        p.rate_bps, p.ceiling_bps, p.good_bps = r, r / 0.9, r  # settled, each 10% below where it last lost
+        ps.append(p)
+    u = UploadGrant()
+    ratios, times = [], []
+    for _ in range(rounds):
+        rates = [p.rate_bps for p in ps]
+        total = sum(rates)
+        loss = max(0.0, 1.0 - capacity / total)
+        times.append(max(chunks * DGRAM * 8 / r for r in rates))
+        ratios.append(max(rates) / min(rates))
+        for p, r in zip(ps, rates):
+            got = round(chunks * (1.0 - loss))
+            p.on_pass(chunks, got, chunks * DGRAM, chunks * DGRAM * 8 / r, chunks * DGRAM * 8 / min(r, capacity / 3),
+                      True, r)
+        if grants:
+            g = u.round_done(rates, [loss] * len(rates))
+            for p in ps:
+                p.grant(g)
+    return ratios, times
+
+
+def test_r12_senders_of_one_bottleneck_converge_on_equal_shares():
+    """Without grants the senders' 2:1 ratio holds round after round (both steps multiplicative) and each
+    round waits for the slow sender; with them the rates are equal from the first grant on and the
+    first pass (a 2 MB tensor on a 100 Mbit/s link) ends near the fair share's pace."""
+    alone, t_alone = shared_link_rounds(False)
+    granted, t_granted = shared_link_rounds(True)
+    assert min(alone[5:]) > 1.9  # (the first pass's delivery-rate cap trims 3:1 to 2:1, no further)
+    assert granted[0] == pytest.approx(3.0) and max(granted[1:]) == pytest.approx(1.0)
+    fair = 1400 * DGRAM * 8 / (100e6 / 3)
+    med_alone, med_granted = float(np.median(t_alone[5:])), float(np.median(t_granted[5:]))
+    assert med_alone > 1.5 * fair and fair < med_granted < 1.2 * fair
+    print(f"first pass, median of rounds 5-29: alone {med_alone:.3f} s, granted {med_granted:.3f} s, "
+          f"fair share {fair:.3f} s")
