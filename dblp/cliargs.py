@@ -722,7 +722,8 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
 # The scenarios' default --pace-share: a sender's fair share of the server link, known from the
 # scenario's topology. Not ``auto``: the self-pacing rule (R11) settles at unequal rates and made the
 # default microburst run's burst rounds 0.77 s against 0.45 s (Table II 1.19x against 1.8-1.9x,
-# docs/pacing.md); it is the default where no topology is known (python -m dblp, hosts inventories).
+# docs/pacing.md; with R12's grant a paired run matched hand pacing, a full run is still owed); it is
+# the default where no topology is known (python -m dblp, hosts inventories).
 SCENARIO_PACE_SHARE = 0.9
 
 
