@@ -144,8 +144,12 @@ class EmuNet:
         """The hosts whose shell is gone (killed from outside, e.g. by ``mn -c``) while the net runs."""
         if self.net is None or not self._started or self._stopped:
             return []
-        # the shell is our child: poll() reaps it (a killed child stays a zombie, which kill(pid, 0) still finds)
-        return [h.name for h in self.net.hosts if getattr(h, "shell", None) is None or h.shell.poll() is not None]
+        # The shell is our child: poll() reaps it (a killed child stays a zombie, which kill(pid, 0) still
+        # finds). A shell still exiting is not yet a zombie but has already dropped its namespace (the kernel
+        # releases namespaces before it notifies the parent), so a missing /proc/PID/ns/net counts as gone too.
+        return [h.name for h in self.net.hosts
+                if getattr(h, "shell", None) is None or h.shell.poll() is not None
+                or netns_inode(h.pid) is None]
 
     def start(self) -> "EmuNet":
         """Build, start and shape the network; on any failure, tear down and re-raise."""
