@@ -217,6 +217,19 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = N
     return paths
 
 
+def _measured_band(ax, runs: Sequence, color, *, alpha: float) -> np.ndarray:
+    """Measured accuracy of one setting's seeds: min-max band and mean dots, in percent.
+
+    The convergence figures show every fitted curve against the runs it was fitted or held out on,
+    and the spread of the seeds is the evidence a reader weighs the model's error against; returns
+    the iterations the runs were evaluated at."""
+    x = np.array(runs[0].iterations)
+    acc = np.array([c.accuracy for c in runs]) * 100
+    ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=alpha, lw=0)
+    ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
+    return x
+
+
 def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Path:
     """The convergence model against its training runs: measured accuracy (mean and range over seeds) and the
     model's curve, one panel per group of schedules (``curves``: :class:`dblp.sim.convergence.Curve`)."""
@@ -233,10 +246,7 @@ def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Pa
             if not runs:
                 continue
             color = "black" if name == "clean" else cmap(0.15 + 0.7 * j / max(1, len(names) - 1))
-            x = np.array(runs[0].iterations)
-            acc = np.array([c.accuracy for c in runs]) * 100
-            ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=0.15, lw=0)
-            ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
+            x = _measured_band(ax, runs, color, alpha=0.15)
             pred = np.array(model.curve(runs[0].fractions())) * 100
             sch = runs[0].schedule
             where = f", iterations {sch.start}-{min(sch.end, int(x.max()))}" if sch.start or sch.end < x.max() else ""
@@ -279,10 +289,7 @@ def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
             if not runs:
                 continue
             color = "black" if name == "clean" else cmap(0.1 + 0.75 * j / max(1, len(shown) - 1))
-            x = np.array(runs[0].iterations)
-            acc = np.array([c.accuracy for c in runs]) * 100
-            ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=0.12, lw=0)
-            ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
+            _measured_band(ax, runs, color, alpha=0.12)
             for model, style in ((phase[wl], "-"), (uniform[wl], "--")):
                 pred = np.mean([model.curve(c.fractions(), c.critical()) for c in runs], axis=0) * 100
                 ax.plot(np.arange(pred.size), pred, style, lw=1.1, color=color,
