@@ -76,9 +76,9 @@ BURST_CASES = {
 def test_class_level_holds_to_the_walk_under_bursts(name: str) -> None:
     """Bursts at class level: the loss process taken in expectation at the representative's receiver
     (``mean_loss``), held to the round level's per-datagram draws. Tolerances (in parentheses the largest
-    difference over the walk's seeds 0-2, 2026-12-05 00:55 UTC): the mean round time within 5% (3.3%), the
-    mean round time of the burst iterations within 5% (4.0%), the time to train within 7% (6.1%: at a 20%
-    tolerance the class level's mean worker ends a little early), the passes per upload within 30% (23.8%),
+    difference over the walk's seeds 0-2, 2026-12-05 00:57 UTC): the mean round time within 5% (3.3%), the
+    mean round time of the burst iterations within 5% (4.1%), the time to train within 7% (6.1%: with DBLP off
+    P_low from iteration 2, a high tolerance, the class level's last worker ends a little early), the passes per upload within 30% (23.8%),
     the lost fractions exact and the same iterations marked as bursts."""
     kw = dict(model=1_000_000, **BURST_CASES[name])
     walk = simulate(SimConfig(fidelity="round", **kw))
