@@ -29,6 +29,7 @@ CPU time is the one to compare with targets "on one core").
     python scenarios/bench_sim.py --only-incast --incast-workers 64,128,256   # the incast: walk vs flow level
     python scenarios/bench_sim.py --only-fabric --fabric-workers 16,32,64     # leaf-spine: round vs class level
     python scenarios/bench_sim.py --only-targets --targets leafspine10k      # 10,000 workers at class level
+    python scenarios/bench_sim.py --only-targets --targets whatif10k         # ... ResNet-50 under bursts (the what-if)
 """
 
 from __future__ import annotations
@@ -151,8 +152,8 @@ def print_worker_targets(rows: list[dict]) -> None:
 
 
 # The issue's targets (#16, #29) as configurations: name -> (what, SimConfig keyword arguments, CPU s limit,
-# memory limit in GiB or None). 1M floats = 2,763 datagrams per direction; "fair share" paces every
-# sender at the server link's rate over the workers.
+# memory limit in GiB or None). 1M floats (unless a target names its model) = 2,763 datagrams per direction;
+# "fair share" paces every sender at the server link's rate over the workers.
 SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
     "star64": ("64 workers x 100 iterations, default star", dict(workers=64, rounds=100), 2.0, None),
     "quick16": ("16 workers x 5 iterations, default star (a smoke run)", dict(workers=16, rounds=5), 1.0, None),
@@ -166,6 +167,11 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
                      "(dblp.sim.fabric: one representative flow per port class)",
                      dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100,
                           fidelity="class"), 300.0, 8.0),
+    "whatif10k": ("the 10,000-worker what-if under bursts: leafspine10k with ResNet-50 (707 chunks a shard) x 40 "
+                  "iterations, 70% bursts at iterations 5, 20, 35, class level (one policy)",
+                  dict(model="resnet50", workers=10_000, rounds=40, topology="leafspine", racks=100, spines=4,
+                       servers=100, fidelity="class",
+                       loss=[{"kind": "iteration_bursts", "at": [5, 20, 35], "loss": 0.7}]), 300.0, 8.0),
 }
 
 
@@ -223,7 +229,7 @@ def _target_child(kw: dict, cap_s: float, mem_gib: float, conn) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (int(cap_s) + 1, int(cap_s) + 3))
     lim = int(mem_gib * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-    res, wall, cpu = timed(SimConfig(model=1_000_000, **kw))
+    res, wall, cpu = timed(SimConfig(**{"model": 1_000_000, **kw}))
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     conn.send({"cpu_s": cpu, "wall_s": wall, "rss_gib": rss, "datagrams": res.datagrams, **res.summary()})
 
@@ -331,7 +337,7 @@ def main() -> int:
     p.add_argument("--only-targets", action="store_true",
                    help="only the issue's targets (#29: the default star, paced senders and 10,000 workers at "
                         "1M floats), each run in a fresh process, median and range of --target-runs")
-    p.add_argument("--targets", type=name_list_arg(SCALE_TARGETS), default="star64,provisioned1024,star1024,paced1024,leafspine10k",
+    p.add_argument("--targets", type=name_list_arg(SCALE_TARGETS), default="star64,provisioned1024,star1024,paced1024,leafspine10k,whatif10k",
                    help="which targets --only-targets runs (comma-separated names)")
     p.add_argument("--target-runs", type=count_arg(1), default=3, help="runs of each target")
     p.add_argument("--target-cap", type=float_arg(1.0), default=3.0,

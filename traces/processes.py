@@ -36,7 +36,9 @@ The text form (command lines): ``kind:key=value:key=value`` with lists as
 ``a,b,c`` (:func:`parse_spec`), or the JSON of the dict.
 
 Each process answers a whole batch at once (``drops``) and one datagram
-(``drop1``); both draw from the same distribution. The Gilbert-Elliott chain
+(``drop1``); both draw from the same distribution. ``mean_loss`` gives the
+expected fraction lost over a window instead (the simulator's class level,
+which follows one representative flow in expectation). The Gilbert-Elliott chain
 (:class:`GilbertElliottChain`) is the one implementation of netem's
 ``gemodel`` in the project: the trace generators lay it out as a file, the
 simulator streams it per flow.
@@ -354,6 +356,12 @@ class LossProcess(Protocol):
         """Whether an iteration-keyed burst is in force in iteration ``rnd`` (for records)."""
         ...
 
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        """The expected fraction of a flow's datagrams dropped when they arrive spread evenly over
+        ``[t0_s, t1_s)`` in iteration ``rnd``: what a model that follows one representative flow in
+        expectation (:mod:`dblp.sim.fabric`) takes from the process instead of drawing verdicts."""
+        ...
+
 
 class Bernoulli:
     time_based = False
@@ -372,6 +380,9 @@ class Bernoulli:
 
     def burst(self, rnd: int) -> bool:
         return False
+
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        return self.p
 
 
 class GilbertElliott:
@@ -409,6 +420,10 @@ class GilbertElliott:
     def burst(self, rnd: int) -> bool:
         return False
 
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        """The chain's stationary loss (its runs, which decide how the drops cluster, are not kept)."""
+        return gilbert_elliott_mean_loss(self.p, self.r, self.bad_loss, self.good_loss)
+
 
 class IterationBursts:
     """Loss ``level[rnd]`` for every datagram of the listed iterations."""
@@ -433,6 +448,9 @@ class IterationBursts:
 
     def burst(self, rnd: int) -> bool:
         return self.level.get(rnd, 0.0) > 0.0
+
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        return self.level.get(rnd, 0.0)
 
 
 class TimeBursts:
@@ -465,6 +483,13 @@ class TimeBursts:
     def burst(self, rnd: int) -> bool:
         return False
 
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        """The windows' loss weighted by their overlap with ``[t0_s, t1_s)`` (at ``t0_s`` for an instant)."""
+        if t1_s <= t0_s:
+            return float(self._p(np.array([t0_s]))[0])
+        cover = np.clip(np.minimum(self.ends, t1_s) - np.maximum(self.starts, t0_s), 0.0, None)
+        return float(min(1.0, (cover * self.loss).sum() / (t1_s - t0_s)))
+
 
 class TraceLoss:
     """Replay of a trace through its drop-process hook.
@@ -491,6 +516,10 @@ class TraceLoss:
     def burst(self, rnd: int) -> bool:
         return False
 
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        raise LossSpecError("loss trace: a trace keyed by time has no expected loss over a window here "
+                            "(replay it per datagram: the round or packet level)", "path")
+
 
 class Combined:
     """Drop if any process drops. Every process sees every datagram (so each
@@ -516,6 +545,13 @@ class Combined:
 
     def burst(self, rnd: int) -> bool:
         return any(p.burst(rnd) for p in self.procs)
+
+    def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
+        """A datagram gets through if every process lets it: 1 - prod(1 - loss_i) (independent draws)."""
+        keep = 1.0
+        for p in self.procs:
+            keep *= 1.0 - p.mean_loss(t0_s, t1_s, rnd)
+        return 1.0 - keep
 
 
 _TRACE_CACHE: dict[str, Any] = {}

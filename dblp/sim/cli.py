@@ -40,6 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runs.append(("baseline", baseline_of(cfg)))
     summaries = {}
     results = {}
+    traces: dict[str, tuple[list[float], list[float]]] = {}
     model = model_for(args.convergence, args.convergence_workload, args.convergence_weights)  # refused before a run
     for label, c in runs:
         rec = str(out / f"records-{label}.jsonl") if out else args.records
@@ -48,6 +49,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         res = simulate(c, records=rec)
         s = res.summary()
         ends, lost = round_trace(res.records)
+        traces[label] = (ends, lost)
         s.update(time_to_accuracy(ends, lost, args.target_accuracy, model, sim_regimes(c, len(ends))))
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
@@ -71,11 +73,43 @@ def cmd_run(args: argparse.Namespace) -> int:
         (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
         from .plots import plot_run
 
+        from .plots import plot_time_to_accuracy
+
         plot_run({k: r.records for k, r in results.items()}, out)
-        print(f"wrote {out}/ (config.json, params.json, records-*.jsonl, summary.json, latency.png, cdf.png)")
+        bursts = sorted({r.round for r in results[runs[0][0]].records if r.role == "worker" and r.extra.get("burst")})
+        plot_time_to_accuracy({k: (traces[k][0], summaries[k]) for k in results}, bursts, args.target_accuracy, out,
+                              title=f"{cfg.workers} workers, {cfg.model}, {cfg.topology}, {cfg.fidelity} level")
+        _write_rounds(out / "rounds.csv", results, traces)
+        print(f"wrote {out}/ (config.json, params.json, records-*.jsonl, rounds.csv, summary.json, latency.png, "
+              "cdf.png, time.png)")
     elif args.summary:
         Path(args.summary).write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
     return 0
+
+
+def _write_rounds(path: Path, results: dict, traces: dict) -> None:
+    """rounds.csv: per run and iteration, the mean worker's figures and the iteration's end (simulated s) -
+    the table behind latency.png and time.png, small where the records are one per worker."""
+    import csv
+
+    import numpy as np
+
+    with path.open("w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["run", "iteration", "burst", "end_s", "round_s", "up_s", "down_s", "up_passes", "down_passes",
+                    "lost"])
+        for label, res in results.items():
+            by: dict[int, list] = {}
+            for r in res.records:
+                if r.role == "worker":
+                    by.setdefault(r.round, []).append(r)
+            ends, lost = traces[label]
+            for i, k in enumerate(sorted(by)):
+                rs = by[k]
+                w.writerow([label, k, int(any(r.extra.get("burst") for r in rs)), f"{ends[i]:.6g}",
+                            *(f"{np.mean([getattr(r, a) for r in rs]):.6g}" for a in
+                              ("round_latency_s", "up_latency_s", "down_latency_s", "up_passes", "down_passes")),
+                            f"{lost[i]:.6g}"])
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -5,7 +5,7 @@ Why: on a leaf-spine with ``servers`` M and N workers a round is N x M sessions 
 and the round level (:mod:`dblp.sim.fast`) walks every pass of every one of them through every
 port it crosses; 200 workers x 10 servers did not finish one iteration in 500 s. Nothing the
 headline records hold needs the flows one by one where they are alike: with the uploads starting
-together (no compute jitter), no loss process and unpaced senders, every worker's host sends its
+together (no compute jitter) and unpaced senders, every worker's host sends its
 M shard uploads round-robin the same way, every server's host its N broadcasts, and each port of
 a class (a worker rack's pooled uplinks, the spines' port into the servers' rack, a server's
 port; the reverse ports for the broadcast) sees the same offered load.
@@ -31,8 +31,19 @@ round-robin (``host_slice`` datagrams a turn, the servers' turns rotated so that
 port: :meth:`dblp.sim.model.Simulation._dispatch_server`) ends the workers' rounds spread over its
 last turn, so from the second iteration on the uploads start spread over that time S, and an
 upload of length D meets only :func:`overlap` (D, S) of its class's flows at once (found by
-iterating D). The records are the mean worker's (its start and end S/2 before the last's); the
-server's upstream ends with the last worker's.
+iterating D). The last turn is the broadcast's last pass as it left (cut by the STOP): after a lossy
+broadcast the retransmissions are short turns, so the next uploads start nearly together again (an
+incast after each burst, as the walk has it). The records are the mean worker's (its start and end
+S/2 before the last's); the server's upstream ends with the last worker's.
+
+Loss processes (bursts): the round level draws each datagram's fate at its receiver's ingress, after
+the queues (:mod:`dblp.sim.loss`); here the representative's receiver takes the same processes in
+expectation - a pass's arrivals thinned by ``mean_loss`` over their arrival window
+(:mod:`traces.processes`: an iteration burst's loss, a time burst's loss weighted by its overlap,
+Bernoulli's p, a Gilbert-Elliott chain's stationary loss). A burst is then a fraction of every flow
+of the receiving class's datagrams lost, not a draw per datagram; ``tests/sim/test_fabric.py`` holds
+it to the walk under the microburst's iteration bursts. A trace keyed by time is refused (it is
+replayed per datagram).
 
 What it leaves out: the spread of the workers' figures (every worker gets the mean's record);
 which chunks arrive; stale counts; the workers in the servers' own rack (they skip the fabric:
@@ -42,7 +53,7 @@ the representative is a worker in another rack). In a synchronised incast all fl
 it to the round level on small leaf-spines (tolerances there).
 
 When it applies (:func:`not_applicable`): star or leaf-spine, dedicated servers (not sharded),
-unpaced senders, no loss process, no compute jitter, ``group`` 1, no S7 consistency.
+unpaced senders, no loss trace keyed by time, no compute jitter, ``group`` 1, no S7 consistency.
 """
 
 from __future__ import annotations
@@ -59,6 +70,7 @@ from ..policy import needed_chunks
 from ..records import RoundRecord
 from ..shard import NORM_MESSAGE_BYTES
 from ..wire import ChunkLayout, ParameterError
+from .loss import Combined, make_flow_loss
 from .net import Host, ctrl_wire_bytes
 from .topology import _Fabric, rack_of, uplink_rate_bps
 
@@ -78,8 +90,11 @@ def not_applicable(cfg: Any) -> str | None:
         return "aggregation='sharded' (dedicated servers only)"
     if cfg.send_rate_bps:
         return "paced senders"
-    if cfg.loss:
-        return "a loss process"
+    specs = cfg.loss if isinstance(cfg.loss, list) else []  # (the config's own check names a malformed list)
+    trace = next((sp for sp in specs if isinstance(sp, dict) and sp.get("kind") == "trace"
+                  and sp.get("key", "time") == "time"), None)
+    if trace is not None:
+        return f"a loss trace keyed by time ({trace.get('path')}: replayed per datagram only)"
     if cfg.compute_jitter_s:
         return "compute jitter (the flows would not start together)"
     if cfg.group != 1:
@@ -139,10 +154,13 @@ class _Port:
 
 
 class _Direction:
-    """One direction's representative: its ports in series, its host's per-flow rate, the delays."""
+    """One direction's representative: its ports in series, its host's per-flow rate, the delays, and
+    the loss process at its receiver's ingress (the round level's place for it: :mod:`dblp.sim.loss`),
+    taken in expectation (``mean_loss`` over the pass's arrivals)."""
 
-    def __init__(self, ports: list[_Port], flow_pps: float, base: float, back: float) -> None:
+    def __init__(self, ports: list[_Port], flow_pps: float, base: float, back: float, loss: Combined) -> None:
         self.ports, self.flow_pps, self.base, self.back = ports, flow_pps, base, back
+        self.loss = loss
 
     def scale(self, factor: float) -> None:
         """Only ``factor`` of each class's flows send at once (the uploads' starts spread out)."""
@@ -163,17 +181,24 @@ class _Direction:
             for p in self.ports:  # offered to each port: its class's flows, thinned by the ports before
                 lam = p.carry(self.flow_pps * p.share * lam, t, dur) / (self.flow_pps * p.share)
             wait = sum(p.q / p.mu for p in self.ports)  # the PROBE waits behind what the queues hold
-            arriving = m * min(1.0, lam)  # the pass's expected arrivals: a flow of its class, on average
             first = t + self.base + wait
+            # the pass's expected arrivals: a flow of its class, on average, less what the loss process
+            # drops at the receiver's ingress (after the queues: a dropped datagram still used the links)
+            keep = 1.0 - self.loss.mean_loss(first, first + dur, k) if self.loss.procs else 1.0
+            arriving = m * min(1.0, lam) * keep
             if mean + arriving >= need - 1e-9:  # R5: the receiver crosses need within this pass
                 crossing = first + dur * (need - mean) / arriving
                 t_stop = crossing + self.back
-                if t_stop < t + dur:  # R6 mid-pass: what left before the STOP
-                    s.stats.sent -= m - max(1, math.ceil(m * (t_stop - t) / dur))
+                left = m  # what left before the STOP: the pass's datagrams, its last turns cut (R6 mid-pass)
+                if t_stop < t + dur:
+                    left = max(1, math.ceil(m * (t_stop - t) / dur))
+                    s.stats.sent -= m - left
+                s.last_pass = left  # type: ignore[attr-defined]
                 s.handle_control(ctl.Stop(k, direction, need), max(t_stop, t))
                 s.stats.t_done = t_stop
                 s.crossing = crossing  # type: ignore[attr-defined]
                 return s
+            s.last_pass = m  # type: ignore[attr-defined]
             mean += arriving
             got = int(mean + 1e-9)  # the BITMAP reports whole chunks
             t_reply = t + dur + self.base + wait + self.back
@@ -232,10 +257,14 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
         remote, fullest = n, n
     w_pps = min(cfg.send_pps, cfg.bandwidth_bps / dgram)
     s_pps = min(cfg.server_pps, cfg.server_rate_bps / dgram)
+    # the representative flow's loss (the round level gives each flow its own instance of the run's
+    # specs; iteration bursts, the microburst's, hit every flow of an iteration alike)
+    up_loss, dn_loss = (make_flow_loss(cfg.loss, seed=cfg.seed, direction=d, worker=0, rounds=cfg.rounds)
+                        for d in (ctl.UP, ctl.DOWN))
     upd = _Direction(_ports(cfg, n, m, wire, True, remote, fullest), w_pps / m, base_up,
-                     down_path.ctrl_base_delay(ctrl))
+                     down_path.ctrl_base_delay(ctrl), up_loss)
     dnd = _Direction(_ports(cfg, n, m, wire, False, remote, fullest), s_pps / n, base_dn,
-                     up_path.ctrl_base_delay(ctrl))
+                     up_path.ctrl_base_delay(ctrl), dn_loss)
     hub = 0.0 if m == 1 else 2 * fab.path(servers[0], servers[0]).ctrl_base_delay(ctrl_wire_bytes(NORM_MESSAGE_BYTES))
     policy = cfg.make_policy()
     records: list[RoundRecord] = []
@@ -246,8 +275,12 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
     reduce_s = cfg.reduce_s * ((b0 - a0) / cfg.elements if m > 1 else 1.0)
     # the broadcast's round-robin (host_slice datagrams a turn, servers' turns rotated:
     # model._dispatch_server) spreads the workers' ends over the last turn: the next uploads start spread
-    last_turn = lay.chunks - cfg.host_slice * (math.ceil(lay.chunks / cfg.host_slice) - 1)
-    spread_s = max(n - m, 1) * last_turn / s_pps if n > 1 else 0.0
+    # (of the broadcast's last pass: after a lossy broadcast the retransmissions are short turns, and the
+    # next uploads start nearly together again - an incast after every burst, as the walk has it)
+
+    def turn_spread(last_pass: int) -> float:
+        last_turn = last_pass - cfg.host_slice * (math.ceil(last_pass / cfg.host_slice) - 1)
+        return max(n - m, 1) * last_turn / s_pps if n > 1 else 0.0
     spread = 0.0  # round 0: every upload starts at once (no compute jitter)
     for k in range(cfg.rounds):
         t_last = t + cfg.compute_s  # the last worker's start; the mean worker's is spread/2 before it
@@ -266,14 +299,14 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
         clr = bool(policy.clr)
         dn = dnd.round(lay, k, ctl.DOWN, t_red, needed_chunks(lay.chunks, p_down))
         half = spread / 2
-        spread = spread_s
+        spread = turn_spread(dn.last_pass)  # type: ignore[attr-defined]
         t_end = dn.crossing  # type: ignore[attr-defined]  # the last worker's; the mean worker's spread/2 before
         t0 = t_last - half
         up_sent, dn_sent = up.stats.sent * m, dn.stats.sent * m
         datagrams += (up_sent + dn_sent) * n
         got_up = need_up * total_chunks // lay.chunks
         got_dn = needed_chunks(lay.chunks, p_down) * total_chunks // lay.chunks
-        extra = {"fidelity": "class", "compute_s": cfg.compute_s}
+        extra = {"fidelity": "class", "compute_s": cfg.compute_s, "burst": up_loss.burst(k) or dn_loss.burst(k)}
         if m > 1:
             extra.update(aggregation=cfg.aggregation, shards=m)
         wrec = RoundRecord(source, "worker", 0, k, t_start=t0, policy=policy.name, tolerance_up=p_up,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from ..analysis import RUN_COLORS
+from ..analysis import BURST_COLOR, RUN_COLORS
 from ..records import RoundRecord
 
 
@@ -49,9 +50,9 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
         bursts = sorted({r.round for r in recs if r.role == "worker" and r.extra.get("burst")})
         for b in bursts:
             for ax in axes:
-                ax.axvline(b, color="red", alpha=0.15, lw=3)
+                ax.axvline(b, color=BURST_COLOR, alpha=0.25, lw=3)
     axes[0].legend()
-    axes[1].set_xlabel("iteration (red: burst)")
+    axes[1].set_xlabel("iteration (orange: burst)")
     fig.tight_layout()
     fig.savefig(out / "latency.png", dpi=120)
     plt.close(fig)
@@ -66,6 +67,41 @@ def plot_run(runs: dict[str, list[RoundRecord]], out: Path) -> None:
     fig.tight_layout()
     fig.savefig(out / "cdf.png", dpi=120)
     plt.close(fig)
+
+
+def plot_time_to_accuracy(runs: dict[str, tuple[Sequence[float], dict]], bursts: Sequence[int], target: float,
+                          out: Path, title: str = "") -> Path:
+    """time.png: each run's simulated time at the end of every iteration, and where it reaches ``target``
+    accuracy (the convergence model's ``iterations_to_accuracy`` / ``time_to_accuracy_s`` of its summary; a
+    dashed line where that lies past the simulated iterations and was extrapolated). Why beside latency.png:
+    a policy that shortens rounds by letting gradient go needs more iterations, and only this view shows
+    both at once."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label, (ends, s) in runs.items():
+        color = RUN_COLORS.get(label)
+        x = np.arange(1, len(ends) + 1)
+        ax.plot(x, ends, lw=1.2, color=color, label=f"{label}: simulated")
+        it, tta = s.get("iterations_to_accuracy", math.nan), s.get("time_to_accuracy_s", math.nan)
+        if math.isfinite(it) and math.isfinite(tta):
+            if it > len(ends):
+                ax.plot([len(ends), it], [ends[-1], tta], ls="--", lw=1.0, color=color)
+            ax.plot([it], [tta], marker="*", ms=12, color=color, ls="none",
+                    label=f"{label}: {target:.0%} accuracy at iteration {it:.0f}, {tta:,.0f} s"
+                    + (" (extrapolated)" if it > len(ends) else ""))
+    for b in bursts:
+        ax.axvline(b + 1, color=BURST_COLOR, alpha=0.3, lw=2)
+    ax.set_xlabel("iterations done (orange: the end of a burst iteration)")
+    ax.set_ylabel("simulated time (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    path = out / "time.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, title: str, ax, fmt: str = "{:.3g}",

@@ -33,7 +33,10 @@ def test_run_writes_records_summary_and_plots(tmp_path, capsys):
     assert rc == 0
     names = {p.name for p in tmp_path.iterdir()}
     assert {"params.json", "records-dblp.jsonl", "records-baseline.jsonl", "summary.json", "latency.png",
-            "cdf.png"} <= names
+            "cdf.png", "time.png", "rounds.csv"} <= names
+    rows = (tmp_path / "rounds.csv").read_text().splitlines()
+    assert len(rows) == 1 + 2 * 12  # a header, then one row per run and iteration
+    assert [r.split(",")[2] for r in rows[1:13]] == ["1" if k in (3, 8) else "0" for k in range(12)]  # bursts
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["baseline"]["lost_up"] < s["dblp"]["lost_up"]
     # params.json reproduces the run

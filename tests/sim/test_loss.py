@@ -108,3 +108,24 @@ def test_bad_specs_are_refused_by_name(spec, msg):
 def test_missing_trace_file_is_a_clear_error(tmp_path):
     with pytest.raises(ParameterError, match="nope.pkts"):
         simulate(small(rounds=1, loss=[{"kind": "trace", "path": str(tmp_path / "nope.pkts")}]))
+
+
+def test_mean_loss_is_the_expected_fraction_over_a_window():
+    """``mean_loss`` (the class level's view of a process) against the processes' own draws."""
+    specs = [{"kind": "iteration_bursts", "at": [3], "loss": 0.7},
+             {"kind": "time_bursts", "at_s": [1.0], "loss": 0.5, "duration_s": 0.2},
+             {"kind": "bernoulli", "p": 0.1}]
+    f = make_flow_loss(specs, seed=0, direction=ctl.UP, worker=0, rounds=10)
+    assert f.mean_loss(0.0, 0.5, 0) == pytest.approx(0.1)  # Bernoulli alone
+    assert f.mean_loss(0.0, 0.5, 3) == pytest.approx(1 - 0.3 * 0.9)  # and the burst iteration's 70%
+    # the time burst covers 0.2 s of [0.9, 1.3): half of 0.2 / 0.4 lost, then the Bernoulli 10%
+    assert f.mean_loss(0.9, 1.3, 0) == pytest.approx(1 - (1 - 0.25) * 0.9)
+    t = np.linspace(0.9, 1.3, 400_000, endpoint=False)
+    assert f.drops(t, 0).mean() == pytest.approx(1 - 0.75 * 0.9, abs=0.003)
+    ge = make_flow_loss([{"kind": "gilbert_elliott", "p": 0.02, "r": 0.25}], seed=0, direction=ctl.UP, worker=0,
+                        rounds=1)
+    assert ge.mean_loss(0.0, 1.0, 0) == pytest.approx(0.02 / 0.27)
+    tr = make_flow_loss([{"kind": "trace", "path": str(SAMPLES / "onoff-lognormal.loss.csv")}], seed=0,
+                        direction=ctl.UP, worker=0, rounds=1)
+    with pytest.raises(Exception, match="keyed by time"):
+        tr.mean_loss(0.0, 1.0, 0)
