@@ -391,12 +391,13 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
                 workdir = "{Path(hosts.__file__).resolve().parents[2]}"
                 """) 
             inv.write_text(inv.read_text() + hosts_toml)
-            for _ in range(50):  # sshd up?
-                if net["ctl"].run(["sh", "-c", f"echo > /dev/tcp/{net['w3'].ip}/2222"], check=False).returncode == 0:
-                    break
-                import time
+            import time
 
-                time.sleep(0.1)
+            deadline = time.monotonic() + 30  # every host's sshd up (only w3's was waited for, 5 s at most)
+            for h in names:
+                while net["ctl"].run(["bash", "-c", f"echo > /dev/tcp/{net[h].ip}/2222"], check=False).returncode:
+                    assert time.monotonic() < deadline, f"sshd on {h} is not listening"
+                    time.sleep(0.1)
             r = net["ctl"].run([sys.executable, "-m", "emulation.hosts", "run", str(inv), "--results",
                                 str(tmp_path / "results")], check=False, timeout=240)
             assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
