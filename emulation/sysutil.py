@@ -86,7 +86,7 @@ def listening(pid: int, port: int) -> bool:
         names = os.listdir(f"/proc/{pid}/fd")
     except OSError:  # gone
         return False
-    fds = set()
+    fds: set[str] = set()
     for fd in names:
         try:
             fds.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
