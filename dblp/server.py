@@ -205,6 +205,9 @@ class ParameterServer:
                                                                bytes.fromhex(auth.new_secret()))
         self.refused: dict[str, int] = {}  # refused connections by reason kind (hostile-client accounting)
         self.excluded: list[tuple[int, dict[str, str]]] = []  # (round, worker -> why) left out of a mean
+        # the ids the workers asked for (-1: any), in the order their logins completed: another thread
+        # (a test, a launcher's progress) can see a login through without waiting for the whole run's
+        self.logged_in: list[int] = []
         self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False,
                                              backlog=LISTEN_BACKLOG)
         self._fd_warned = False
@@ -322,6 +325,7 @@ class ParameterServer:
             sel.unregister(conn)
             conn.setblocking(True)
             pending.append((conn, hello, keys))
+            self.logged_in.append(hello.worker)
 
         def on_message(conn: socket.socket, msg: ctl.Message, canon: bytes | None = None) -> None:
             hs = shaking[conn]

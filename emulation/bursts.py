@@ -38,6 +38,7 @@ from typing import IO, Iterable, Sequence, Union
 from traces.processes import burst_iterations, burst_windows, check_spec
 
 from .loss import LossController, LossTarget
+from .sysutil import CommandError, wait_listening
 
 
 @dataclass(frozen=True)
@@ -206,8 +207,12 @@ class BurstInjector:
         self._emit({"event": "start", "t": self._t0,
                     "schedule": [dict(burst_to_dict(b), index=i) for i, b in enumerate(self.schedule)],
                     "default_targets": [t.label() for t in self.targets]})
-        if self._servers:
-            time.sleep(0.2)  # let iperf3 servers bind before a client may connect
+        try:
+            for (_, port), server in self._servers.items():  # listening before a client may connect
+                wait_listening(server, port)
+        except CommandError:
+            self.stop()
+            raise
         if self._timers:
             self._thread = threading.Thread(target=self._timer_loop, name="burst-timer", daemon=True)
             self._thread.start()

@@ -76,6 +76,52 @@ def netns_inode(pid: int | str) -> int | None:
         return None
 
 
+def listening(pid: int, port: int) -> bool:
+    """Whether process ``pid`` itself holds a TCP socket listening on ``port`` (IPv4 or IPv6).
+
+    Read from ``/proc/PID/net/tcp{,6}`` - the tables of the process's own network namespace - and
+    matched to the process's descriptors by socket inode, so another listener on that port (in
+    the same namespace, or the root one before the process entered its own) does not count."""
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:  # gone
+        return False
+    fds: set[str] = set()
+    for fd in names:
+        try:
+            fds.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:  # closed while we looked (the listing's own, for this process)
+            pass
+    for table in ("tcp", "tcp6"):
+        try:
+            rows = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()  # sl local_address rem_address st ... inode (10th)
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port \
+                    and f"socket:[{f[9]}]" in fds:
+                return True
+    return False
+
+
+def wait_listening(proc: subprocess.Popen, port: int, timeout_s: float = 20.0) -> None:
+    """Return once ``proc`` (a server started in a host, e.g. ``iperf3 -s``) listens on TCP ``port``.
+
+    Why not a sleep after starting it: on a loaded machine the server is not listening yet when
+    the client connects, and the client fails with "connection refused". Raises
+    :class:`CommandError` naming the program if it exits first or is not listening in ``timeout_s``.
+    """
+    deadline = time.monotonic() + timeout_s
+    while not listening(proc.pid, port):
+        name = " ".join(map(str, proc.args)) if isinstance(proc.args, (list, tuple)) else str(proc.args)
+        if proc.poll() is not None:
+            raise CommandError(f"{name!r} exited (rc={proc.returncode}) before listening on TCP port {port}")
+        if time.monotonic() > deadline:
+            raise CommandError(f"{name!r} was not listening on TCP port {port} after {timeout_s:g} s")
+        time.sleep(0.005)
+
+
 def root_netns_inode() -> int | None:
     """Inode of the root network namespace (that of PID 1)."""
     return netns_inode(1)

@@ -118,6 +118,7 @@ from dblp.launch import Launch, LaunchError, RunArgs  # noqa: E402
 from dblp.watch import Tail  # noqa: E402
 from emulation.loss import LossController, LossTarget, segment_links  # noqa: E402
 from emulation.nshosts import DROP_TABLE, NsHost, NsNet, Shape, nft_apply, nft_remove  # noqa: E402
+from emulation.sysutil import CommandError, wait_listening  # noqa: E402
 
 WORKERS = 3  # default of --workers
 #: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain;
@@ -206,7 +207,11 @@ def run_iperf(net: NsNet, clients: list[str], seconds: float, logdir: Path) -> f
     srv = net["srv"]
     servers = [srv.popen(["iperf3", "-s", "-1", "-B", srv.ip, "-p", str(IPERF_PORT + i)],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(len(clients))]
-    time.sleep(0.3)
+    for i, s in enumerate(servers):  # (a sleep here let a client find its server not yet listening)
+        try:
+            wait_listening(s, IPERF_PORT + i)
+        except CommandError as exc:
+            raise BenchError(f"iperf3 server on srv: {exc}") from None
     procs = []
     for i, c in enumerate(clients):
         out = open(logdir / f"iperf3-{len(clients)}flows-{c}.json", "w")

@@ -146,7 +146,10 @@ def test_bad_hellos_are_refused_by_name_and_the_run_stays_exact():
         if why is not None:
             assert isinstance(replies[name], ctl.Bye) and why in replies[name].reason, (name, replies[name])
     run.start_worker(0, 2)
-    time.sleep(0.5)  # worker 0's HELLO is in: a second claim of id 0 is refused
+    deadline = time.monotonic() + 30  # worker 0's login is through: a second claim of id 0 is refused
+    while 0 not in run.srv.logged_in:  # (a 0.5 s sleep here: refused for want of authentication instead
+        assert time.monotonic() < deadline and not run.errors, run.errors  # when worker 0 came late)
+        time.sleep(0.005)
     dup = connect(run.port)
     dup.sendall(hello_frame(valid(0)))
     reply = answer(dup)
@@ -154,6 +157,7 @@ def test_bad_hellos_are_refused_by_name_and_the_run_stays_exact():
     run.start_worker(1, 2)
     run.join()
     assert run.exact == [ROUNDS, ROUNDS]  # every round bit-exact at both workers
+    assert run.srv.logged_in == [0, 1]  # the refused claims never logged in
     # the silent client held up nothing (its handshake deadline is 30 s) and was let go at the start
     assert run.first_round_s is not None and run.first_round_s < 10
     silent = answer(socks["silent"])

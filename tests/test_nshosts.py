@@ -121,8 +121,10 @@ def test_tbf_shaping():
                                capture_output=True, text=True, check=True).stdout
             assert "tbf" in q and "100Mbit" in q
         if shutil.which("iperf3"):
+            from emulation.sysutil import wait_listening
+
             srv = net["b"].popen(["iperf3", "-s", "-1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(0.3)
+            wait_listening(srv, 5201)  # (a 0.3 s sleep here: refused whenever iperf3 started later)
             import json
             out = net["a"].run(["iperf3", "-c", net["b"].ip, "-t", "1", "-J"], timeout=30).stdout
             bps = json.loads(out)["end"]["sum_received"]["bits_per_second"]
@@ -142,3 +144,37 @@ def test_bad_arguments():
         NsNet(["a"], shape={"zz": Shape.tbf("1gbit")})
     with pytest.raises(ValueError):
         Shape.tbf("fast")
+
+
+def test_wait_listening_sees_the_servers_own_socket_only():
+    """emulation.sysutil.wait_listening, the barrier before a client connects to a server just started:
+    a listener counts only when it is the server's own, and a server that exits first is named."""
+    import socket
+
+    from emulation.sysutil import CommandError, listening, wait_listening
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        port = s.getsockname()[1]
+        assert listening(os.getpid(), port) and not listening(os.getpid(), port + 1 if port < 65535 else 1)
+        other = subprocess.Popen(["sleep", "30"])
+        try:
+            assert not listening(other.pid, port)  # the port is listened on, but not by this process
+            t = time.monotonic()
+            with pytest.raises(CommandError, match=f"'sleep 30' was not listening on TCP port {port} after 0.2 s"):
+                wait_listening(other, port, timeout_s=0.2)
+            assert time.monotonic() - t >= 0.2
+        finally:
+            other.kill()
+            other.wait()
+    with pytest.raises(CommandError, match=r"'false' exited \(rc=1\) before listening on TCP port 5201"):
+        wait_listening(subprocess.Popen(["false"]), 5201)
+    six = "try:\n s = socket.create_server(('::', 0), family=socket.AF_INET6)\nexcept OSError:\n s = socket.create_server(('127.0.0.1', 0))\n"
+    server = subprocess.Popen([sys.executable, "-c", "import socket, time\n" + six +
+                               "print(s.getsockname()[1], flush=True)\ntime.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        wait_listening(server, port, timeout_s=10)  # an IPv6 (dual-stack) listener where there is IPv6, as iperf3 -s makes
+        assert listening(server.pid, port)
+    finally:
+        server.kill()
+        server.wait()

@@ -75,7 +75,9 @@ def test_run_folder_collects_everything(tmp_path, ready_file):
     assert summary["burst_events"] == 4  # start, apply, remove, stop
     nft = summary["nft_delta"][target.label()]
     assert nft["seen_packets"] == 600
-    assert 0.6 * 200 <= nft["dropped_packets"] <= 0.8 * 200
+    # 70% of 200 datagrams, drawn by the kernel (nft numgen random, no seed): 140 +- 6.5. The window of
+    # 120-160 it had failed once in ~650 runs (binomial tails: 1.5e-3); 100-180 once in ~1e9 (1.1e-9)
+    assert 0.5 * 200 <= nft["dropped_packets"] <= 0.9 * 200
     # the switch port towards srv forwarded all 600 datagrams (the drops happen at srv's ingress)
     assert summary["qdisc_delta"][srv_port]["sent_packets"] >= 600
     end = json.loads((rec.path / "counters_end.json").read_text())

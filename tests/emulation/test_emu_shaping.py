@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
 import pytest
 
@@ -64,9 +63,11 @@ def test_tbf_rate_iperf3(bw):
     from topologies.star import StarTopo
 
     with EmuNet(StarTopo(n=1, bw=bw, buffer_pkts=100)) as net:
+        from emulation.sysutil import wait_listening
+
         server = net.popen("srv", ["iperf3", "-s", "-1", "-p", "5301"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(0.3)
+        wait_listening(server, 5301)  # (a 0.3 s sleep here: refused whenever iperf3 started later)
         out = net.cmd("w1", ["iperf3", "-c", net.ip("srv"), "-p", "5301", "-t", "3", "-J"],
                       timeout=20)
         server.wait(timeout=5)

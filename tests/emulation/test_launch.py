@@ -50,18 +50,28 @@ def test_command_lines_state_their_units():
 
 
 def test_follow_reads_only_complete_new_lines(tmp_path):
+    """Each step waits for the follower to have read what it should (sleeps of 50 ms as barriers
+    failed when the follower thread got the CPU late: stop was set before it read anything); the
+    pause after the half line only gives it the chance to yield "b" alone, which would be wrong."""
     p = tmp_path / "f.jsonl"
     stop = threading.Event()
     got: list[bytes] = []
     t = threading.Thread(target=lambda: got.extend(follow(p, stop, 0.001)))
+
+    def until(n: int) -> None:
+        deadline = time.monotonic() + 20
+        while len(got) < n and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     t.start()
     time.sleep(0.02)
     with open(p, "ab") as fh:
         fh.write(b"a\nb")
         fh.flush()
+        until(1)
         time.sleep(0.05)
         fh.write(b"c\n")
-    time.sleep(0.05)
+    until(2)
     stop.set()
     t.join(2)
     assert got == [b"a", b"bc"]
