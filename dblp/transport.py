@@ -334,14 +334,21 @@ class Peer:
         """A pass over the host-local slot: its values copied in once per round, then one LOCAL."""
         s = self.sender
         assert s is not None and self.local is not None
-        b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
-        if b is not None:
-            if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
-                np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
-            self.send_control(ctl.Local(s.round_no, s.direction))
-        if not self.hold_probes:
-            for m in s.control_to_send():
-                self.send_control(m)
+        corked = self.corked
+        if not corked:  # R13: the LOCAL and the PROBE after it are one write
+            self.cork()
+        try:
+            b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
+            if b is not None:
+                if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
+                    np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
+                self.send_control(ctl.Local(s.round_no, s.direction))
+            if not self.hold_probes:
+                for m in s.control_to_send():
+                    self.send_control(m)
+        finally:
+            if not corked:
+                self.uncork()
         return s.ready(now)
 
     def send_data(self, now: float) -> bool:

@@ -26,15 +26,16 @@ WORKERS = 3
 
 
 def _run(elements: int, rounds: int, workers: int, p: float = 0.0, pause: float = 0.0,
-         counts: dict | None = None) -> tuple[ParameterServer, list[Worker], list]:
+         counts: dict | None = None, local: bool = False) -> tuple[ParameterServer, list[Worker], list]:
     """``pause``: seconds each worker waits between its rounds (a training step's compute);
-    ``counts`` gets the server's control writes and each worker's control reads (login included)."""
+    ``counts`` gets the server's control writes and each worker's control reads and writes (login
+    included); ``local``: the workers' data through host-local slots (dblp.hostlocal), not UDP."""
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=0, workers=workers, policy=FixedPolicy(p),
                                        rounds=rounds, peer_timeout=30))
     result: dict = {}
     th = threading.Thread(target=lambda: result.setdefault("rounds", srv.serve()), daemon=True)
     th.start()
-    ws = [Worker("127.0.0.1", srv.port, elements=elements, worker_id=i) for i in range(workers)]
+    ws = [Worker("127.0.0.1", srv.port, elements=elements, worker_id=i, local=local) for i in range(workers)]
     outs: list[list[np.ndarray]] = [[] for _ in range(workers)]
     grads = [[np.full(elements, float(i + r), np.float32) for r in range(rounds)] for i in range(workers)]
     errors: list[BaseException] = []
@@ -60,6 +61,7 @@ def _run(elements: int, rounds: int, workers: int, p: float = 0.0, pause: float 
         t.join(60)
     sent_by_workers = [dict(w.peer.control_sent) for w in ws]
     reads = [w.peer.control_reads for w in ws]  # (before their close reads the server's goodbye)
+    writes = [w.peer.control_writes for w in ws]
     for w in ws:
         w.close()
     th.join(30)
@@ -69,6 +71,7 @@ def _run(elements: int, rounds: int, workers: int, p: float = 0.0, pause: float 
     if counts is not None:  # (the server's BYE at its close, if it came before the workers', not counted)
         counts["server_writes"] = [p.control_writes - p.control_sent.get("Bye", 0) for p in server_peers]
         counts["worker_reads"] = reads
+        counts["worker_writes"] = writes
     assert not errors, errors
     assert result.get("rounds") == rounds
     for i in range(workers):  # the exchange is right: the exact mean every round
@@ -157,3 +160,22 @@ def test_held_stop_of_a_small_lossy_round_still_comes():
             assert np.array_equal(outs[i][k], np.full(elements, k + (WORKERS - 1) / 2, np.float32))
     assert all(r.up_passes >= 2 and r.up_received == 20 for r in records), [(r.up_passes, r.up_received)
                                                                           for r in records]
+
+
+def test_lossless_small_round_over_host_local_slots_costs_two_writes_each_way():
+    """Workers on the server's host (dblp.hostlocal: a pass is a copy into shared memory and a LOCAL
+    message, as DBLPComm's ranks on rank 0's host do): with R13 a round is two control writes each
+    way per worker - the worker's [LOCAL + PROBE(up)] and STOP(down), the server's [STOP(up) +
+    ROUND(down) + LOCAL + PROBE(down)] and the next ROUND(up) - so the broadcast wakes a worker
+    once. Measured: 25 server writes, 26 worker writes (with HELLO and AUTH) in 12 rounds."""
+    counts: dict = {}
+    _, by_workers, by_server = _run(ELEMENTS, ROUNDS, WORKERS, pause=0.005, counts=counts, local=True)
+    for sent in by_workers:
+        assert sent.get("Local") == ROUNDS and sent.get("Probe") == ROUNDS and sent.get("Stop") == ROUNDS, sent
+    for sent in by_server:
+        assert sent.get("Local") == ROUNDS and sent.get("RoundStart") == 2 * ROUNDS, sent
+    # META, ROUND(0, up), then 2 a round, less the ROUND(up) after the last one: 2 x 12 + 1 = 25
+    for w in counts["server_writes"]:
+        assert 2 * ROUNDS + 1 <= w <= 2 * ROUNDS + 6, counts
+    # HELLO, AUTH, then exactly 2 a round: 26
+    assert counts["worker_writes"] == [2 * ROUNDS + 2] * WORKERS, counts
