@@ -76,8 +76,9 @@ class DBLPComm:
     gradient through a shared-memory slot instead of UDP datagrams (:mod:`dblp.hostlocal`; the
     rounds, tolerances and control messages are the same, nothing is lost on that path) -
     ``"auto"`` (the default) when the server's address is one of this host's, ``True``, or
-    ``False`` (datagrams even on one host: to measure DBLP's own data path, or to lose
-    datagrams to an emulated path on loopback).
+    ``False`` (datagrams even on one host: to measure DBLP's own data path, to lose datagrams
+    to an emulated path on loopback, or where ranks share rank 0's address but not its
+    ``/dev/shm``, as containers of one pod may - the server then refuses the slot).
     """
 
     def __init__(self, model: Any, *, policy: str = "dblp", records: str | os.PathLike | None = None,
