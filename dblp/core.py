@@ -67,6 +67,24 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
     ignores the grant.
+R13 Coalesced control (issue #30, small models; a transport's rule like
+    R10, no message changes): a side may hold the control messages it sends
+    one peer and write them later in one piece, in their order, so that one
+    write wakes the peer once instead of once per message. Held messages go
+    before any datagram that follows them (a ROUND still announces its
+    datagrams), and before the holder waits for input - except a STOP, which
+    may be held across waits until the holder's next message to that peer,
+    when its timing tells nobody anything: a pass of fewer than
+    :data:`dblp.pacing.MIN_SAMPLE` datagrams, which R11 does not report. A
+    STOP that is held is still sent (R5: sent means queued; a PROBE crossing
+    it gets no answer), and nothing else that is awaited waits behind it.
+    The server (:mod:`dblp.server`) holds: a one-batch round's STOP(up)s
+    until the end of its loop's turn - below MIN_SAMPLE chunks, and the last
+    worker's always, until the broadcast, whose ROUND(down) they join - and
+    each worker's ROUND(down) until that worker's datagrams, its PROBE(down)
+    until the turn ends. A lossless 10,762-element round then costs each
+    worker two control wakeups instead of three to four
+    (``tests/test_control_cost.py``).
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
 from .hostlocal import LocalSlot, LocalSlotError
+from .pacing import MIN_SAMPLE
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter
 from .reduce import DEFAULT_MAX_NORM, MODES, guarded_mean_norm
@@ -659,8 +660,35 @@ class ParameterServer:
 
     def serve_round(self) -> bool:
         """One step of Algorithm 3. Returns False once every worker has left."""
+        try:
+            return self._serve_round()
+        finally:
+            self._uncork()
+
+    def _cork(self) -> None:
+        """Core rule R13: hold every worker's control frames until the loop waits or sends it data."""
+        for w in self.workers:
+            w.peer.cork()
+
+    def _uncork(self) -> None:
+        for w in self.workers:
+            try:
+                w.peer.uncork()
+            except PeerError:
+                w.peer.closed = True  # judged at the next round, as a send failure in _dispatch is
+
+    def _serve_round(self) -> bool:
         s = self.session
         assert self.layout is not None and self.mean is not None and s is not None
+        if self.layout.chunks <= s.max_batch:
+            # R13: a pass of one batch is on the wire before its STOP can come (nothing for R6 to cut),
+            # so the STOP(up) may wait for the end of the loop's turn - and the last worker's for the
+            # broadcast, whose ROUND(down) it then joins: one write, one wakeup of that worker.
+            self._cork()
+            if self.layout.chunks < MIN_SAMPLE:
+                # R13: STOP(up)s of passes whose reply time no pacer reads (R11) wait for the broadcast
+                for w in self.workers:
+                    w.peer.hold_stops = True
         # 1. DBLP_RECV from every worker (their receivers were opened at the end of the last round).
         # The upstream may be complete already: a worker lost as the last round ended leaves the
         # session to end that round, and the poll after it may find every other upstream in.
@@ -680,6 +708,9 @@ class ParameterServer:
         g = guarded_mean_norm([s.buffer(w) for w in live], [s.receiver(w).mask for w in live],
                               self.layout, self.mean, self.cfg.reduce, self.cfg.max_grad_norm, self.cfg.clip_norm)
         norm = g.norm
+        self._cork()  # R13: each worker's ROUND(down) goes with its datagrams, its PROBE(down) after them
+        for w in self.workers:
+            w.peer.hold_stops = False
         if self.norm_exchange is not None:  # the sharded mode: the policy sees the whole mean's norm
             for w in self.workers:  # S3b: PROBEs follow the ROUND(down) (dblp.transport.Peer.hold_probes)
                 w.peer.hold_probes = True

@@ -133,6 +133,15 @@ class Peer:
         # control messages sent to this peer, by type (RoundStart, Probe, Stop...): what a round
         # costs in control round trips, counted (tests/test_control_cost.py)
         self.control_sent: dict[str, int] = {}
+        # Corked (:meth:`cork`): control frames are encoded (numbered, tagged) at once but held, and
+        # written together - one write, one wakeup of the peer - by :meth:`release`. None: not corked.
+        self._held: list[bytes] | None = None
+        # Corked and holding STOPs (R13): a STOP stays held while the loop waits, until release() - set
+        # by the server for passes too small to tell a pacer anything by their STOP's timing. Any other
+        # frame clears it (a BITMAP, say, is awaited: it and what is held before it go before the wait).
+        self.hold_stops = False
+        self.control_writes = 0  # TCP writes of control frames (a write wakes the peer; counted like control_sent)
+        self.control_reads = 0  # reads that brought control bytes (about one per write the peer made)
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # A peer whose process dies closes the connection at once; a peer whose
         # host vanishes is found by TCP keepalive, so a long compute step of
@@ -157,13 +166,60 @@ class Peer:
         self.mac_out = ctl.ControlMac(key_out)
 
     def send_control(self, msg: ctl.Message) -> None:
+        """Send ``msg`` now, or, while corked, hold it for :meth:`release` (in order either way)."""
         name = type(msg).__name__
         try:
             with self._send_lock:
                 self.control_sent[name] = self.control_sent.get(name, 0) + 1
-                self.tcp.sendall(ctl.encode(msg, self.mac_out))
+                frame = ctl.encode(msg, self.mac_out)
+                if self._held is not None:
+                    self._held.append(frame)
+                    if self.hold_stops and not isinstance(msg, ctl.Stop):
+                        self.hold_stops = False
+                    return
+                self.control_writes += 1
+                self.tcp.sendall(frame)
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
+
+    # -- corking (core rule R13) -----------------------------------------------------------------
+    def cork(self) -> None:
+        """Hold control frames from now on until :meth:`release` writes them in one piece.
+
+        Why: every write on the control connection wakes the peer's event loop, and on a host
+        with fewer cores than processes a woken peer preempts the writer (~1 ms at load 7-9,
+        docs/benchmark.md). A small model's round is all control: the server's ROUND(down) and
+        PROBE(down) of the broadcast, and the last worker's STOP(up) before them, go as one write.
+        :func:`pump` releases every peer's held frames before it waits for input (a frame
+        never waits on its own reply), so the one who corks need only :meth:`uncork` at the end."""
+        with self._send_lock:
+            if self._held is None:
+                self._held = []
+
+    @property
+    def corked(self) -> bool:
+        return self._held is not None
+
+    def release(self) -> None:
+        """Write the frames held so far in one write (nothing to write: nothing done); stay corked."""
+        if not self._held:
+            return
+        try:
+            with self._send_lock:
+                data, self._held[:] = b"".join(self._held), []
+                self.control_writes += 1
+                self.tcp.sendall(data)
+        except OSError as exc:
+            raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
+
+    def uncork(self) -> None:
+        """Release what is held and send every later frame at once again."""
+        try:
+            self.release()
+        finally:
+            with self._send_lock:
+                self._held = None
+                self.hold_stops = False
 
     def flush(self) -> None:
         if self.receiver is not None:
@@ -190,6 +246,7 @@ class Peer:
             raise PeerError(f"{self.name}: closed the control connection (process died or exited mid-round)"
                             f"{unauth}", self)
         self.last_heard = time.monotonic()
+        self.control_reads += 1
         refused = self.decoder.refused_total
         try:
             msgs = self.decoder.feed(data)
@@ -277,14 +334,21 @@ class Peer:
         """A pass over the host-local slot: its values copied in once per round, then one LOCAL."""
         s = self.sender
         assert s is not None and self.local is not None
-        b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
-        if b is not None:
-            if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
-                np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
-            self.send_control(ctl.Local(s.round_no, s.direction))
-        if not self.hold_probes:
-            for m in s.control_to_send():
-                self.send_control(m)
+        corked = self.corked
+        if not corked:  # R13: the LOCAL and the PROBE after it are one write
+            self.cork()
+        try:
+            b = s.datagrams_to_send(now, limit=max(1, s.pass_remaining), headers=False)
+            if b is not None:
+                if s.stats.passes == 1 and b.values is not None and not _same_memory(self.local[0], b.values):
+                    np.copyto(self.local[0], b.values)  # (a server's mean may be reduced into the slot itself)
+                self.send_control(ctl.Local(s.round_no, s.direction))
+            if not self.hold_probes:
+                for m in s.control_to_send():
+                    self.send_control(m)
+        finally:
+            if not corked:
+                self.uncork()
         return s.ready(now)
 
     def send_data(self, now: float) -> bool:
@@ -300,6 +364,8 @@ class Peer:
             b = s.datagrams_to_send(now)
             if b is None:
                 break
+            if self._held:  # R13: what was held (the ROUND that announces these datagrams) goes first
+                self.release()
             self.udp.send_chunks(b.headers, b.values, b.seqs, b.lengths, b.layout, self.udp_addr)
         if not self.hold_probes:
             for m in s.control_to_send():
@@ -366,6 +432,9 @@ def pump(
                     t = p.sender.get_timer() if p.sender is not None and not p.sender.done else None
                     if t is not None:
                         wait = min(wait, max(WAKE_S, t - now))
+            for p in peers:  # R13: nothing held while we wait (a held frame may be what the peer waits for) ...
+                if p._held and not p.hold_stops:  # ... but a STOP the holder releases with its next frame
+                    p.release()
             if wait < SELECT_RESOLUTION_S and wait > 0.0:
                 # A pacing timer closer than epoll's 1 ms resolution (it rounds a wait up): look at the
                 # sockets, then sleep exactly that long (dblp.pacing: a late wake-up costs the rate).

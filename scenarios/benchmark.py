@@ -584,12 +584,17 @@ def ddp_target_rows(args, say: Progress, rep: int) -> list[TargetRow]:
     """DDP over DBLP against plain DDP, 3 CPU ranks, a 10,762-parameter model (dblp.train.ddpbench)."""
     from dblp.train.ddpbench import OVERHEAD_TARGET_S, SMALL_MODEL_PARAMS, ddp_overhead
 
-    r = ddp_overhead(3, args.ddp_steps, timeout=args.timeout * 10)
-    say(f"DDP {SMALL_MODEL_PARAMS} parameters x 3 ranks: plain {r.plain_median_s * 1e3:.2f} ms, "
-        f"DBLP {r.dblp_median_s * 1e3:.2f} ms a step")
-    return [TargetRow(f"DDP {SMALL_MODEL_PARAMS:,}-parameter model x 3 ranks: DBLP step - plain DDP step",
-                      r.overhead_s * 1e3, "ms", {"any": OVERHEAD_TARGET_S * 1e3},
-                      detail=f"{r.dblp_median_s * 1e3:.2f} - {r.plain_median_s * 1e3:.2f} ms")]
+    rows = []
+    # DBLPComm as it ships (ranks on the server's host: shared memory, dblp.hostlocal), then over
+    # UDP datagrams on loopback (DBLP's own data path, what ranks on other hosts use)
+    for local, how in (("auto", ""), ("off", ", UDP datagrams")):
+        r = ddp_overhead(3, args.ddp_steps, timeout=args.timeout * 10, local=local)
+        say(f"DDP {SMALL_MODEL_PARAMS} parameters x 3 ranks{how}: plain {r.plain_median_s * 1e3:.2f} ms, "
+            f"DBLP {r.dblp_median_s * 1e3:.2f} ms a step")
+        rows.append(TargetRow(f"DDP {SMALL_MODEL_PARAMS:,}-parameter model x 3 ranks{how}: "
+                              "DBLP step - plain DDP step", r.overhead_s * 1e3, "ms", {"any": OVERHEAD_TARGET_S * 1e3},
+                              detail=f"{r.dblp_median_s * 1e3:.2f} - {r.plain_median_s * 1e3:.2f} ms"))
+    return rows
 
 
 # Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s

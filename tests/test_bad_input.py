@@ -183,6 +183,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("benchmark.py", "--targets", "--target-sets", "gpu", "--dry-run"), ("--target-sets", "gpu")),
     (_mod("dblp.train.ddpbench", "--ranks", "0"), ("--ranks", "0")),
     (_mod("dblp.train.ddpbench", "--policy", "fast"), ("--policy", "fast")),
+    (_mod("dblp.train.ddpbench", "--hostlocal", "maybe"), ("--hostlocal", "maybe")),
     (_scn("benchmark.py", "--targets", "--repeats", "0", "--dry-run"), ("--repeats", "0")),
     (_scn("gloo_allreduce.py", "--rank", "3", "--world-size", "2", "--init", "tcp://127.0.0.1:1"), ("--rank", "3")),
     (_scn("gloo_allreduce.py", "--rank", "0", "--world-size", "2", "--init", "tcp://127.0.0.1:70000"),

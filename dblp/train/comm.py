@@ -72,12 +72,19 @@ class DBLPComm:
     127.0.0.1). ``peer_timeout``: the longest pause between two iterations (evaluation,
     checkpointing) before the server gives a silent rank up. ``server_args``: further
     ``python -m dblp server`` flags (e.g. ``["--pace", "900M"]``). ``timeout``: seconds to
-    wait for the server to start and to end.
+    wait for the server to start and to end. ``local``: a rank on the server's host moves its
+    gradient through a shared-memory slot instead of UDP datagrams (:mod:`dblp.hostlocal`; the
+    rounds, tolerances and control messages are the same, nothing is lost on that path) -
+    ``"auto"`` (the default) when the server's address is one of this host's, ``True``, or
+    ``False`` (datagrams even on one host: to measure DBLP's own data path, to lose datagrams
+    to an emulated path on loopback, or where ranks share rank 0's address but not its
+    ``/dev/shm``, as containers of one pod may - the server then refuses the slot).
     """
 
     def __init__(self, model: Any, *, policy: str = "dblp", records: str | os.PathLike | None = None,
                  port: int = DEFAULT_PORT, server_host: str | None = None, peer_timeout: float = 600.0,
-                 server_args: Sequence[str] = (), timeout: float = 60.0, **policy_kw: float) -> None:
+                 server_args: Sequence[str] = (), timeout: float = 60.0, local: bool | str = "auto",
+                 **policy_kw: float) -> None:
         unknown = set(policy_kw) - set(_POLICY_KW)
         if unknown:
             raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_KW)}")
@@ -91,6 +98,8 @@ class DBLPComm:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not peer_timeout > 0:
             raise ValueError(f"peer_timeout must be positive, got {peer_timeout}")
+        if local not in (True, False, "auto"):
+            raise ValueError(f"local must be True, False or 'auto', got {local!r}")
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DBLPComm needs an initialized torch.distributed process group "
                                "(dist.init_process_group, as DistributedDataParallel does)")
@@ -128,9 +137,15 @@ class DBLPComm:
         self.server_addr = (host, int(value))
         elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
         wrec = str(self.records_dir / f"worker{self.rank}.jsonl") if self.records_dir is not None else None
+        if local == "auto":  # the server's address is this host's: its data need not cross a socket
+            from dblp.shard import find_local_shard
+
+            local = find_local_shard([self.server_addr]) == 0
+        self.local = bool(local)
         try:
             self.worker = Worker(host, int(value), elements=elements, worker_id=self.rank, records=wrec,
-                                 source="hosts", connect_timeout=timeout, secret=bytes.fromhex(secret)).connect()
+                                 source="hosts", connect_timeout=timeout, secret=bytes.fromhex(secret),
+                                 local=self.local).connect()
         except Exception:
             self._stop_server()
             raise

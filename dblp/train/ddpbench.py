@@ -48,6 +48,8 @@ _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the dblp packa
 SMALL_MODEL_PARAMS = 10_762
 #: the issue's target: DBLP's step at most this much slower than plain DDP's
 OVERHEAD_TARGET_S = 0.001
+#: ``--hostlocal``: the DBLP arm's data path (DBLPComm's ``local``: auto, True, False)
+LOCAL_CHOICES = ("auto", "on", "off")
 
 
 @dataclass
@@ -59,6 +61,7 @@ class DdpOverhead:
     plain_s: list[float] = field(default_factory=list)
     dblp_s: list[float] = field(default_factory=list)
     control: dict = field(default_factory=dict)  # control messages rank 0's worker sent per DBLP step, by type
+    local: bool | None = None  # whether rank 0's gradient went through the host-local slot (not UDP)
 
     @property
     def plain_median_s(self) -> float:
@@ -76,13 +79,16 @@ class DdpOverhead:
     def to_dict(self) -> dict:
         return {"ranks": self.ranks, "params": self.params, "plain_median_s": self.plain_median_s,
                 "dblp_median_s": self.dblp_median_s, "overhead_s": self.overhead_s, "steps": len(self.dblp_s),
-                "control": self.control}
+                "control": self.control, "local": self.local}
 
 
 def ddp_overhead(ranks: int = 3, steps: int = 200, *, block: int = 20, warmup: int = 20,
-                 timeout: float = 300.0, policy: str = "dblp") -> DdpOverhead:
-    """Launch ``ranks`` CPU ranks under torchrun; ``steps`` timed steps per arm. Raises
-    RuntimeError with the ranks' output if the run fails."""
+                 timeout: float = 300.0, policy: str = "dblp", local: str = "auto") -> DdpOverhead:
+    """Launch ``ranks`` CPU ranks under torchrun; ``steps`` timed steps per arm. ``local``:
+    :class:`~dblp.train.DBLPComm`'s data path (``auto``: shared memory on one host, ``off``:
+    UDP datagrams). Raises RuntimeError with the ranks' output if the run fails."""
+    if local not in LOCAL_CHOICES:
+        raise ValueError(f"local must be one of {', '.join(LOCAL_CHOICES)}, got {local!r}")
     if ranks < 1 or steps < 1 or block < 1 or warmup < 0:
         raise ValueError(f"need ranks, steps, block >= 1 and warmup >= 0 (got {ranks}, {steps}, {block}, {warmup})")
     env = {**os.environ, "OMP_NUM_THREADS": "1",
@@ -91,7 +97,7 @@ def ddp_overhead(ranks: int = 3, steps: int = 200, *, block: int = 20, warmup: i
         out = Path(tmp) / "result.json"
         argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
                 "-m", "dblp.train.ddpbench", "--rank-main", "--steps", str(steps), "--block", str(block),
-                "--warmup", str(warmup), "--policy", policy, "--out", str(out)]
+                "--warmup", str(warmup), "--policy", policy, "--hostlocal", local, "--out", str(out)]
         try:
             r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, cwd=tmp)
         except subprocess.TimeoutExpired:
@@ -100,11 +106,11 @@ def ddp_overhead(ranks: int = 3, steps: int = 200, *, block: int = 20, warmup: i
         if r.returncode != 0 or not out.exists():
             raise RuntimeError(f"the DDP benchmark exited with {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
         d = json.loads(out.read_text())
-    return DdpOverhead(ranks, d["params"], d["plain_s"], d["dblp_s"], d.get("control", {}))
+    return DdpOverhead(ranks, d["params"], d["plain_s"], d["dblp_s"], d.get("control", {}), d.get("local"))
 
 
 # -- one rank (run by torchrun) ---------------------------------------------------------------
-def _rank_main(steps: int, block: int, warmup: int, policy: str, out: str) -> None:
+def _rank_main(steps: int, block: int, warmup: int, policy: str, local: str, out: str) -> None:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -127,7 +133,8 @@ def _rank_main(steps: int, block: int, warmup: int, policy: str, out: str) -> No
     arms = {"plain": (plain, torch.optim.SGD(plain.parameters(), lr=0.01)),
             "dblp": (hooked, torch.optim.SGD(hooked.parameters(), lr=0.01))}
     times: dict[str, list[float]] = {"plain": [], "dblp": []}
-    with DBLPComm(hooked, policy=policy, port=0, records=None) as comm:
+    with DBLPComm(hooked, policy=policy, port=0, records=None,
+                  local={"auto": "auto", "on": True, "off": False}[local]) as comm:
         def run(arm: str, n: int, keep: bool) -> None:
             model, opt = arms[arm]
             for _ in range(n):
@@ -154,7 +161,7 @@ def _rank_main(steps: int, block: int, warmup: int, policy: str, out: str) -> No
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
     if rank == 0:
         Path(out).write_text(json.dumps({"params": params, "world": world, "plain_s": t[0].tolist(),
-                                         "dblp_s": t[1].tolist(), "control": control}))
+                                         "dblp_s": t[1].tolist(), "control": control, "local": comm.local}))
     dist.destroy_process_group()
 
 
@@ -168,16 +175,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="steps per block; arms alternate by block (default 20)")
     ap.add_argument("--warmup", type=count_arg(0), default=20, help="untimed steps per arm first (default 20)")
     ap.add_argument("--policy", choices=POLICIES, default="dblp", help="DBLP tolerance policy (default dblp)")
+    ap.add_argument("--hostlocal", choices=LOCAL_CHOICES, default="auto",
+                    help="the DBLP arm's data path: auto (shared memory, dblp.hostlocal, when the server is on "
+                         "this host - here it always is), on, or off (UDP datagrams over loopback) (default auto)")
     ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="300s",
                     help="time for the whole run, e.g. 300s; a bare number is seconds (default 300 s)")
     ap.add_argument("--rank-main", action="store_true", help=argparse.SUPPRESS)  # one torchrun rank
     ap.add_argument("--out", default="", help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.rank_main:
-        _rank_main(a.steps, a.block, a.warmup, a.policy, a.out)
+        _rank_main(a.steps, a.block, a.warmup, a.policy, a.hostlocal, a.out)
         return 0
     try:
-        res = ddp_overhead(a.ranks, a.steps, block=a.block, warmup=a.warmup, timeout=a.timeout, policy=a.policy)
+        res = ddp_overhead(a.ranks, a.steps, block=a.block, warmup=a.warmup, timeout=a.timeout, policy=a.policy,
+                           local=a.hostlocal)
     except (ValueError, RuntimeError) as exc:
         print(f"ddpbench: {exc}", file=sys.stderr)
         return 1

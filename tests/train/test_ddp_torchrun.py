@@ -57,7 +57,8 @@ SCRIPT = textwrap.dedent(f'''
             train()
         dist.destroy_process_group()
     else:  # no close(): the comm closes itself at interpreter exit
-        DBLPComm(model, policy=sys.argv[2], records=sys.argv[1], port=int(sys.argv[3]))      # DBLP
+        DBLPComm(model, policy=sys.argv[2], records=sys.argv[1], port=int(sys.argv[3]),
+                 local=False)  # (UDP datagrams: "with" above takes the host-local slot, local="auto")
         train()
 ''')
 
@@ -101,3 +102,11 @@ def test_server_that_cannot_start_is_reported_on_every_rank(tmp_path: Path) -> N
     assert r.returncode != 0
     out = r.stdout + r.stderr
     assert out.count("did not start") >= 2, out[-3000:]
+
+
+def test_dblpcomm_refuses_a_bad_local_by_name() -> None:
+    """``local`` is True, False or "auto"; anything else is refused before a process group is needed."""
+    from dblp.train import DBLPComm
+
+    with pytest.raises(ValueError, match="local must be True, False or 'auto', got 'yes'"):
+        DBLPComm(object(), local="yes")
