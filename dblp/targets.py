@@ -154,7 +154,7 @@ def plot(lines: list[dict[str, Any]], path: str, title: str) -> None:
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_yticks(range(len(shown)), [ln["target"] for ln in shown], fontsize=8)
-    ax.set_xlabel("median / bound, log scale (whisker: range over the repeats; left of the dashed line "
+    ax.set_xlabel("median / bound, log scale\n(whisker: range over the repeats; left of the dashed line "
                   "meets a '<=' bound)", fontsize=8)
     ax.set_title(title.replace(", load", ",\nload", 1), fontsize=9)
     fig.tight_layout()

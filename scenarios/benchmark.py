@@ -641,8 +641,9 @@ def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
     lines = summarize(per_repeat, cores)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     header = (f"issue 30 targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s), "
-              f"{args.rounds} timed rounds each")
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s)"
+              + (f", {args.rounds} timed rounds each" if set(args.target_sets) - {"ddp"} else
+                 f", {args.ddp_steps} DDP steps each"))
     with open(args.out / "targets.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["target", "unit", "median", "min", "max", "repeats", "bound", "better", "met", "cores"])
