@@ -216,6 +216,13 @@ class RoundFlow(FlowBase):
     b_end = 0.0  # when the last pass's datagrams were out, and how many
     b_used = 0
     _bound_at = math.inf  # when a check armed by less load at the port falls due (see less_load)
+    _x_at = math.inf  # when the crossing event now waiting (xgen's) is due (inf: none waiting)
+    # less_load's memory (see there): less load at the port before _quiet cannot concern this pass
+    # (while its host owes it no re-layout); reset to -inf by whatever can bring its crossing bound
+    # forward (a layout, a tolerance, a new pass, its STOP, the armed check falling due, another
+    # crossing event than the one found final, _x_fin)
+    _quiet = -math.inf
+    _x_fin = -1.0
     _wgen = 0  # the sender's waits (see _arm)
     _waiting = _wtrig = _ctrig = _timed = False
 
@@ -303,6 +310,7 @@ class RoundFlow(FlowBase):
                 self.seqbuf = s.pass_chunks  # slot i of the pass carries chunk seqbuf[i] (the core's view)
                 self.leave, self.taken, self.in_pass = None, 0, True
                 self.d_slot, self.d_t, self.dpos = _EMPTY_I, _EMPTY_F, 0
+                self._quiet = -math.inf
                 self.host.join(self)
             else:
                 t = s.get_timer()
@@ -326,6 +334,7 @@ class RoundFlow(FlowBase):
     def before_sender_msg(self, msg: ctl.Message, t: float) -> None:
         if not (isinstance(msg, ctl.Stop) and msg.round == self.rnd and self.in_pass):
             return
+        self._quiet = -math.inf
         self.host.settle(self)
         self.ensure_fresh()
         self.in_pass = False
@@ -389,6 +398,7 @@ class RoundFlow(FlowBase):
     # -- placement ----------------------------------------------------------------------------
     def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
         """The host set the leave times of slots ``a..n-1`` (all of them for a new pass)."""
+        self._quiet = -math.inf
         path = self.path
         self._arr1 = None
         if self.leave is None:
@@ -454,9 +464,18 @@ class RoundFlow(FlowBase):
             others, removed = self.queue.set(self, t, self._span())
             self.port_refresh(t)
             if others and (removed or EAGER_PORT):  # less load: the others' crossings may come sooner
-                for f in list(self.queue.entries):
-                    if f is not self:
-                        f.less_load(t)
+                if EAGER_PORT:
+                    for f in list(self.queue.entries):
+                        if f is not self:
+                            f.less_load(t)
+                else:  # the passes whose sender is done leave the port's watch for good
+                    watch = self.queue.watch
+                    for f in list(watch):
+                        # (less_load's first test, inline: most are quiet, and this is N per STOP)
+                        if f is self or (t < f._quiet and not f.host._pending and f.host.redo is None):
+                            continue
+                        if f.less_load(t):
+                            del watch[f]
             # more load only delays the others: each re-checks when its crossing falls due
             return
         changed = []
@@ -472,7 +491,7 @@ class RoundFlow(FlowBase):
                     seen.add(f)
                     f.less_load(t)
 
-    def less_load(self, t: float) -> None:
+    def less_load(self, t: float) -> bool | None:
         """Another pass took load off this pass's port at ``t``: its verdicts may improve, and the
         crossing that brings its receiver to ``need`` come sooner than scheduled.
 
@@ -487,24 +506,48 @@ class RoundFlow(FlowBase):
         if EAGER_PORT or self.multi:  # several ports: a slot's verdicts at the later ports are fixed when it
             self.port_refresh(t)      # reaches the first, so when they are taken matters (fast.py's docstring)
             return
+        # Between the changes that reset _quiet (and while its host owes it no re-layout), the
+        # bound only moves later (deliveries and evaluations can only make it so): a check armed
+        # at _bound_at, or a crossing found final, still stands without computing it again (N
+        # passes asked at each of N STOPs a round: most of them armed or final). A done sender's
+        # pass leaves the port's watch (queue_update) for good.
+        h = self.host
+        if not h._pending and h.redo is None:
+            if self.sender.done:  # no crossing to come (_crossing_bound's inf), for good: the caller
+                return True       # need not ask again (a re-evaluation of a done pass changes nothing)
+            if t < self._quiet:
+                return None
         tb = self._crossing_bound()
         if tb <= t:
             self.port_refresh(t)
         elif tb < math.inf and (tb < self._bound_at or self._bound_at < t):
-            self._bound_at = tb  # (a check armed for no later than tb still stands)
+            self._bound_at = self._quiet = tb  # (a check armed for no later than tb still stands)
             self.engine.at(tb, self._bound_due)
+        elif tb < math.inf:
+            self._quiet = self._bound_at
+        return None
 
     def _bound_due(self, t: float) -> None:
         if t >= self._bound_at:
             self._bound_at = math.inf
+            self._quiet = -math.inf
         self.ensure_fresh()
 
     def _crossing_bound(self) -> float:
-        """The earliest time this pass can bring its receiver to ``need``: the slot that would do
-        it were every slot after the last delivered one to arrive, without waiting (-inf: no
-        bound, re-evaluate now; inf: no crossing to come - the pass cannot bring it, or the
-        receiver is not waiting for one; whatever reads the pass's arrivals then re-evaluates
-        them first, as the lazy rule has it)."""
+        """The earliest time this pass can bring its receiver to ``need`` (-inf: no bound,
+        re-evaluate now; inf: nothing to do - the pass cannot bring it, or the receiver is not
+        waiting for one, and whatever reads the pass's arrivals re-evaluates them first, as the
+        lazy rule has it; or the crossing already waiting is final, below).
+
+        The slots that reached the port before the pass's last evaluation (``fresh_t``) have their
+        final verdicts (a port's profile before a change stays as it was): those of them that
+        arrive are certain, those that do not are certainly lost. If they alone bring the
+        receiver to ``need``, the crossing waiting at ``_x_at`` is the one every later evaluation
+        gives (inf). Otherwise the crossing is at best the slot that brings it there were every
+        later slot to arrive without waiting. Why: paced uploads at their fair share cross in
+        lockstep with their crossing slots in the queue, and a bound counting every slot after the
+        last delivered one as arriving (the rule before) fell due at once at every early STOP, so
+        such a pass was re-evaluated ~10 times in its crossing (128 workers x 30, counted)."""
         if self.host._pending or self.host.redo is not None:
             return -math.inf
         r = self.ep.receiver
@@ -514,9 +557,24 @@ class RoundFlow(FlowBase):
         left = r.need - r.received
         if left <= 0:
             return -math.inf
-        j = (int(self.d_slot[self.dpos - 1]) + 1 if self.dpos else 0) + left - 1
+        dpos = self.dpos
+        first = int(self.d_slot[dpos - 1]) + 1 if dpos else 0  # the first slot not delivered
+        j = first + left - 1  # the crossing's slot were every slot from `first` on to arrive
         if j >= self.limit:
             return math.inf
+        # slots reaching the port before the last evaluation (a nanosecond's margin: fewer is safe)
+        m = int(self.leave.searchsorted(self.fresh_t - self.path.d1 - 1e-9, side="left"))
+        if m > first:
+            m = min(m, self.limit)
+            got = _slots_below(self.d_slot, m) - dpos  # of them, those that arrive, undelivered
+            if got >= left:
+                if float(self.d_t[dpos + left - 1]) == self._x_at:
+                    self._x_fin, self._quiet = self._x_at, math.inf
+                    return math.inf  # final, and its event is waiting
+            else:
+                j = m + left - got - 1
+                if j >= self.limit:
+                    return math.inf
         return float(self.leave[j]) + self.c_total
 
     def _version(self) -> int:
@@ -668,18 +726,26 @@ class RoundFlow(FlowBase):
         """Wake at the arrival that brings the receiver to its ``need`` (if this pass has it)."""
         r = self.ep.receiver
         self.xgen += 1
+        self._x_at = math.inf
         if not (r.active and r.round_no == self.rnd and not r.complete) or r.tolerance is None:  # not open
             return
         left = r.need - r.received
         if 0 < left <= self.d_slot.size - self.dpos:
             t_x = float(self.d_t[self.dpos + left - 1])
+            self._x_at = t_x
             self.engine.at(t_x, self._crossing, self.xgen)
+        if self._quiet == math.inf and self._x_at != self._x_fin:  # not the crossing found final
+            self._quiet = -math.inf
 
     def _crossing(self, t: float, gen: int) -> None:
         if gen == self.xgen:
+            self._x_at = math.inf
+            if self._quiet == math.inf:
+                self._quiet = -math.inf
             self.deliver_until(t)
 
     def tolerance_changed(self, t: float) -> None:
+        self._quiet = -math.inf
         self.host.settle(self)
         self.ensure_fresh()
         self.schedule_crossing()

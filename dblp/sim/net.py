@@ -142,6 +142,9 @@ class FluidQueue:
         self._eslot: dict[PortReader, int] = {}
         self._eused = 0
         self._tick = 0
+        # the passes in ``entries``, in their order, less those a reader took out for good (the round
+        # level's passes whose sender is done, which less load can no longer concern)
+        self.watch: dict[PortReader, None] = {}
         self.version = 0  # bumped at every change: a reader evaluated at another version is stale
         self.t_ref = 0.0
         self.q_ref = 0.0
@@ -182,6 +185,7 @@ class FluidQueue:
         self.q_ref = self._queue_at1(t) if was else 0.0
         self.t_ref = t
         old = self.entries.pop(owner, None)
+        self.watch.pop(owner, None)
         removed = old is not None and old[1] > t and (
             span is None or span[2] < old[2] or span[1] < old[1] or span[0] > max(old[0], t))
         if old is not None:
@@ -189,6 +193,7 @@ class FluidQueue:
             self._ent_drop(owner)
         if span is not None:
             self.entries[owner] = span
+            self.watch[owner] = None
             self._ent_add(owner, span)
             self._total += span[2]
             self._tick += 1
@@ -200,6 +205,7 @@ class FluidQueue:
                 if o is not owner:
                     o.port_settle(t)  # its last verdicts from the profile that held then
                 del self.entries[o]
+                self.watch.pop(o, None)
                 self._ent_drop(o)
                 self._total -= sp[2]
         if not self.entries:
