@@ -67,6 +67,17 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
     ignores the grant.
+R13 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
+    streams): a sender keeps its first pass's loss at that pass's reply
+    (:attr:`RoundSender.first_loss`, from the BITMAP's count; 0 when STOP
+    came first, as R12's receiver) and the rate that pass was sent at
+    (:attr:`RoundSender.first_rate_bps`) - a self-pacing sender's. When the
+    next broadcast begins, the round logic sets the rate of all the server's
+    self-paced streams from every stream's first pass of the round before,
+    by R12's rule (:meth:`dblp.pacing.PacerGroup.round_done`); the streams
+    then hold that rate for the whole round, and their R11 reports move it
+    only until the rule has a rate (rounds 0-1: the unpaced flood, then the
+    start it gave).
 """
 
 from __future__ import annotations
@@ -349,6 +360,8 @@ class RoundSender:
         self._pass_t1 = 0.0
         self._pass_sent = 0
         self._pass_bytes = 0
+        self.first_loss = 0.0  # R13: the loss of this round's first pass at its reply (0: STOP came first)
+        self.first_rate_bps = 0.0  # R13: the pacer's rate when the first pass began (0: unpaced)
 
     @property
     def done(self) -> bool:
@@ -479,6 +492,9 @@ class RoundSender:
         if t0 is None or sent == 0 or not self.pacer.auto:
             return
         delivered = received - self.stats.received
+        if self.stats.passes == 1:  # R13: the first pass's outcome, for the broadcast's rate
+            self.first_rate_bps = self._pass_rate
+            self.first_loss = 0.0 if stop else min(1.0, max(0.0, 1.0 - delivered / sent))
         if stop:  # the receiver stopped counting at its threshold, datagrams may be in flight: clean, or nothing
             if sent - delivered > EARLY_CLEAN * sent:
                 return

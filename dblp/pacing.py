@@ -314,7 +314,8 @@ class _Member(TokenBucket):
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
                 first: bool = True, rate_bps: float | None = None) -> None:
-        self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+        if not self.group.granted:  # R13: once the group has a rate, it moves at round boundaries only
+            self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
 
 
 class PacerGroup:
@@ -324,16 +325,38 @@ class PacerGroup:
     each found its own rate from its own losses - streams that happened to
     get through unpaced stayed unpaced and flooded the queue the others
     lost in, and the others fell to a tenth of their share (a round lasts as
-    long as its slowest stream). One :class:`AutoPacer` sets every member's
-    per-stream rate from all members' reports; a report about a rate the
-    group has already left is ignored, so the N first passes of a round move
-    the rate once, not N times. Each member keeps its own tokens."""
+    long as its slowest stream). So every member paces at one rate, each
+    with its own tokens.
+
+    Who sets it (core rule R13): in round 0 nothing is known, and one
+    :class:`AutoPacer` (``brain``) takes the members' R11 reports - the
+    first lossy report of the unpaced flood sets the start rate, and a
+    report about a rate the group has already left is ignored. From then on
+    the rate moves once a round, at the next broadcast's start, by R12's
+    rule on *every* stream's first pass (:meth:`round_done`, an
+    :class:`UploadGrant`): the brain alone moved on whichever reply came
+    first, and the first reply of a broadcast is usually a clean stream's
+    early STOP, so it stepped up +4% a round while the streams that lost
+    were ignored as stale (1.3-1.7 passes per lossless round, docs/pacing.md)."""
 
     def __init__(self) -> None:
         self.brain = AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
+        self.rule = UploadGrant()
+        self.granted = False  # the rule has set a rate: the members' own reports no longer move it
 
     def member(self) -> TokenBucket:
         return _Member(self)
+
+    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
+        """R13: a broadcast's streams are done - the rate each first pass was sent at (0: unpaced),
+        each first pass's loss, and the mean rate clean streams arrived at (0: some lost), as
+        :meth:`UploadGrant.round_done` takes them. Sets and returns the group's next rate (0:
+        nothing known yet, the brain's start stands)."""
+        g = self.rule.round_done(stated_bps, losses, arrival_bps)
+        if g > 0:
+            self.granted = True
+            self.brain.grant(g)
+        return g
 
 
 class UploadGrant:
@@ -351,7 +374,8 @@ class UploadGrant:
       nothing), the mean rate the uploads arrived at; judged by that round's loss as below;
     - every worker's first pass clean: the grant rises by :data:`STEP` up to :data:`HOLD` of
       the grant that last lost (the ceiling, creeping :data:`CEILING_CREEP` a round), doubling
-      while no loss has been seen at a granted rate;
+      while no loss has been seen at a granted rate, but to at most :data:`HEADROOM` x the
+      rate the clean uploads arrived at (a doubling past the share cost a round of 3-5 passes);
     - first-pass loss (the workers' mean): congestion when under :data:`BURSTY_LOSS` or at a
       grant above the last clean one: the ceiling becomes the grant, which is cut by
       ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
@@ -394,8 +418,11 @@ class UploadGrant:
         if loss == 0.0:
             self._strikes = 0
             self.good_bps = max(self.good_bps, g)
-            if self.ceiling_bps == math.inf:
-                self.rate_bps = 2.0 * g
+            if self.ceiling_bps == math.inf:  # doubling, but at most HEADROOM x what clean passes delivered
+                # (paced below the path they arrive at the grant, so a clean round rises 25%, not 100%,
+                # and a start that doubled past the share cost a round of 3-5 passes)
+                cap = HEADROOM * arrival_bps if arrival_bps > 0 and math.isfinite(arrival_bps) else math.inf
+                self.rate_bps = max(MAX_CUT * g, min(2.0 * g, cap))
             else:
                 self.ceiling_bps *= CEILING_CREEP
                 self.rate_bps = max(g, min(g * (1.0 + STEP), HOLD * self.ceiling_bps))

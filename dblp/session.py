@@ -231,8 +231,9 @@ class ServerSession:
         # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
         # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
         self_paced = pacer is None and context.send_rate_bps is None
+        self._group: PacerGroup | None = None
         if self_paced:
-            group = PacerGroup()
+            group = self._group = PacerGroup()
             pacer = lambda w: group.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
         self._pacers: dict[int, TokenBucket] = {}
@@ -388,6 +389,11 @@ class ServerSession:
             self._down_headers = enc.headers
         else:
             enc = VirtualRound(self.layout, k)
+        if self._group is not None:  # R13: the last broadcast's first passes set this one's rate
+            sent = [p.sender for p in self.peers.values() if p.sender is not None and p.sender.done]
+            if sent:
+                self._group.round_done([s.first_rate_bps for s in sent], [s.first_loss for s in sent],
+                                       self._down_arrival_bps(sent))
         for w, p in self.peers.items():
             p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._worker_pacer(w),
                                    max_batch=self.max_batch)
@@ -457,6 +463,17 @@ class ServerSession:
             if r.first_loss > 0 or not span > 0:
                 return 0.0
             rates.append(r.received * self.layout.datagram_size * 8.0 / span)
+        return sum(rates) / len(rates) if rates else 0.0
+
+    def _down_arrival_bps(self, senders: list[RoundSender]) -> float:
+        """R13: the mean bit/s at which clean broadcast streams got their chunks to the receivers
+        (start to STOP; 0 when any first pass lost): the seed when the group had nothing to state."""
+        rates = []
+        for s in senders:
+            span = s.stats.t_done - s.stats.t_start
+            if s.first_loss > 0 or not span > 0:
+                return 0.0
+            rates.append(s.stats.received * self.layout.datagram_size * 8.0 / span)
         return sum(rates) / len(rates) if rates else 0.0
 
     def _down_done(self, w: int, now: float) -> None:
