@@ -175,6 +175,7 @@ def test_rule_r11_through_the_core():
     lo, hi = got * nbytes / n * 8 / (now + 0.02), got / n * nbytes * 8 / last  # the two bounds of the flood's share
     assert got == pytest.approx(0.4 * n, abs=1) and pacer.rate_bps == pytest.approx(math.sqrt(lo * hi))
     assert snd.stats.passes == 2 and snd.get_timer() is not None  # the retransmission pass is paced
+    assert snd.first_loss == pytest.approx(1 - got / n) and snd.first_rate_bps == 0.0  # R13: kept, sent unpaced
 
 
 @pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf"), "fast"])
@@ -219,6 +220,57 @@ def test_a_broadcast_group_moves_its_rate_once_per_round():
     assert g.brain.rate_bps == r and g.brain.cuts == 1
     b.on_pass(1000, 1000, 1000 * DGRAM, 0.01, 0.05, True, r)  # clean at the group's rate: all double
     assert a.rate_bps == b.rate_bps == pytest.approx(2 * r)
+
+
+def test_r13_the_broadcast_group_moves_once_a_round_by_every_streams_first_pass():
+    """Round 0's flood: the brain's start from the first lossy report, nothing stated for the rule yet.
+    Round 1 at that rate: the rule seeds from it and judges every stream's first pass (one of three
+    lost 5%: congestion, cut 20%); from then on the members' own reports move nothing within a round,
+    and a clean round steps +4% up to 0.9 x the rate that lost."""
+    g = PacerGroup()
+    a, b, c = g.member(), g.member(), g.member()
+    a.on_pass(1000, 200, 1000 * DGRAM, 0.01, 0.1, True, 0.0)
+    r0 = g.brain.rate_bps
+    assert r0 > 0 and g.round_done([0.0] * 3, [0.8, 0.9, 0.85]) == 0.0 and not g.granted
+    b.on_pass(1000, 1000, 1000 * DGRAM, 0.01, 0.1, True, r0)  # round 1, before the rule: the brain still acts
+    r1 = g.brain.rate_bps
+    assert r1 > r0
+    assert g.round_done([r1] * 3, [0.0, 0.05, 0.0]) == pytest.approx(0.8 * r1) and g.granted
+    assert a.rate_bps == b.rate_bps == c.rate_bps == pytest.approx(0.8 * r1)
+    for m, got in ((a, 1000), (b, 700), (c, 990)):  # within the round: no report moves the group
+        m.on_pass(1000, got, 1000 * DGRAM, 0.01, 0.1, True, 0.8 * r1)
+    assert c.rate_bps == pytest.approx(0.8 * r1)
+    assert g.round_done([0.8 * r1] * 3, [0.0] * 3) == pytest.approx(min(0.8 * r1 * 1.04, 0.9 * r1 * 1.002))
+
+
+def broadcast_rounds(rule: bool, rounds: int = 40, capacity: float = 100e6, streams: int = 3) -> list[int]:
+    """A server's broadcast through one drop-tail link, a round at a time: every stream sends a whole
+    tensor's first pass at the group's rate; over the link's rate the queue drops unevenly - stream 0
+    gets through (its STOP is the round's first reply, early) and the others lose twice the excess.
+    Returns which rounds lost (1) or not (0), the group moved by its brain alone (the old way: the
+    first reply wins, the rest are about a rate already left) or by R13's rule."""
+    g = PacerGroup()
+    ms = [g.member() for _ in range(streams)]
+    g.brain.rate_bps, g.brain.good_bps = 20e6, 20e6  # a clean start below the share (33 Mbit/s)
+    lossy = []
+    for _ in range(rounds):
+        r = g.brain.rate_bps
+        excess = max(0.0, 1.0 - capacity / (streams * r))
+        losses = [0.0] + [min(0.9, 2 * excess)] * (streams - 1)
+        lossy.append(int(excess > 0))
+        for m, loss in zip(ms, losses):  # the replies in arrival order: the clean STOP first
+            got = round(1400 * (1 - loss))
+            m.on_pass(1400, got, 1400 * DGRAM, 0.3, 1400 * DGRAM * 8 / min(r, capacity / streams) + 0.01, True, r)
+        if rule:
+            g.round_done([r] * streams, losses)
+    return lossy
+
+
+def test_r13_the_rule_stops_the_broadcast_probing_past_its_link():
+    """The old group (the brain alone) hears the clean stream first and steps up while the others lose:
+    most rounds past the start lose. R13's rule sees every stream: a few probes, then it holds."""
+    old, new = broadcast_rounds(False), broadcast_rounds(True)
+    assert sum(old[10:]) >= 20 and sum(new[10:]) <= 3, (old, new)
 
 
 # -- R12: the server's rate grant ------------------------------------------------------------------
