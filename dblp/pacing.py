@@ -380,7 +380,9 @@ class UploadGrant:
       grant above the last clean one: the ceiling becomes the grant, which is cut by
       ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
       after light loss (a fifth less load cannot lose 20%); heavy loss at a clean grant, or
-      one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
+      one step above it, or more than the step up from the last clean grant can lose (a load
+      raised f-fold loses at most 1 - 1/f of it: the start's 1.25x steps 20%), is a burst
+      (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
       nor does light loss in the round after a burst cut (the burst's tail: a burst of the
       microburst scenario reaches into the next round's first passes); a cut after which the
       loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random
@@ -429,7 +431,9 @@ class UploadGrant:
             return self.rate_bps
         # a burst, not the rate's doing: heavy loss at a clean grant or one step above it (a +4%
         # step adds 4% to the load, it cannot lose 20% of it) ...
-        if loss >= BURSTY_LOSS and proven:
+        # (or more than any step up from the last clean grant can lose - a load raised by a factor f loses at
+        # most 1 - 1/f of it: a start step of 1.25x at most 20%; 70% during the start is a burst too)
+        if loss >= BURSTY_LOSS and (proven or (self.good_bps > 0 and loss > 1.0 - self.good_bps / g)):
             self._strikes += 1
             if self._strikes < STRIKES:
                 self._tail = True

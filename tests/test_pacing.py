@@ -338,6 +338,19 @@ def test_r12_upload_grant_verdicts():
     assert UploadGrant().round_done([0.0], [0.0]) == 0.0
 
 
+def test_r12_a_burst_during_the_start_is_not_taken_for_congestion():
+    """The start rises 1.25x a round (the clean arrival rate's headroom); a 70% burst at a step of it is
+    more than a 1.25x load can lose (20%), so it is a burst: the grant stays (the pacecheck burst row
+    had cut 27 -> 17 Mbit/s at round 5 and paced its bursts at 19-20 against 30 by hand)."""
+    u = UploadGrant()
+    g = u.round_done([13e6] * 3, [0.0] * 3, arrival_bps=13e6)  # seeded and clean: 1.25x
+    g = u.round_done([0.0] * 3, [0.0] * 3, arrival_bps=g)
+    assert g == pytest.approx(13e6 * 1.25 ** 2)
+    assert u.round_done([0.0] * 3, [0.7] * 3) == g and u.cuts == 0  # the burst: unchanged
+    # 15% after it: congestion, the start's step overshot - back to the last clean grant
+    assert u.round_done([0.0] * 3, [0.15] * 3) == pytest.approx(13e6 * 1.25) and u.cuts == 1
+
+
 def shared_link_rounds(grants: bool, rounds: int = 30, capacity: float = 100e6, chunks: int = 1400,
                        start: tuple[float, ...] = (60e6, 20e6, 20e6)) -> tuple[list[float], list[float]]:
     """Senders of one drop-tail bottleneck, a round at a time on a modelled clock: each sends a whole
