@@ -341,7 +341,10 @@ class PacerGroup:
 
     def __init__(self) -> None:
         self.brain = AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
-        self.rule = UploadGrant()
+        # one strike more than the uploads: a burst that begins while a broadcast is under way reaches
+        # into two broadcasts in a row (the pacecheck burst row: heavy loss at rounds 8 and 9 for a
+        # burst at 9), and two strikes cut the group at every burst, 31 -> 25 -> 22 Mbit/s over three
+        self.rule = UploadGrant(strikes=STRIKES + 1)
         self.granted = False  # the rule has set a rate: the members' own reports no longer move it
 
     def member(self) -> TokenBucket:
@@ -386,17 +389,20 @@ class UploadGrant:
       nor does light loss in the round after a burst cut (the burst's tail: a burst of the
       microburst scenario reaches into the next round's first passes); a cut after which the
       loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random
-      loss would otherwise halve the grant round after round, to the floor).
+      loss would otherwise halve the grant round after round, to the floor; and a burst's head -
+      light loss as it began, a cut, then the burst - is not a reason to stay cut).
 
     The grant is then every worker's starting rate (:meth:`AutoPacer.grant`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, strikes: int = STRIKES) -> None:
+        self.strikes = strikes  # rounds in a row of heavy loss at a proven grant that make congestion
         self.rate_bps = 0.0  # 0: no grant (nothing stated yet)
         self.ceiling_bps = math.inf
         self.good_bps = 0.0
         self._strikes = 0
         self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
-        self._cut: tuple[float, float] | None = None  # (grant before the last cut, that round's loss)
+        self._cut: tuple[float, float, bool] | None = None  # (grant before the last cut, that round's loss,
+        # whether that grant was proven and the loss light)
         self.cuts = 0
         self.restores = 0
 
@@ -433,9 +439,15 @@ class UploadGrant:
         # step adds 4% to the load, it cannot lose 20% of it) ...
         # (or more than any step up from the last clean grant can lose - a load raised by a factor f loses at
         # most 1 - 1/f of it: a start step of 1.25x at most 20%; 70% during the start is a burst too)
+        if cut is not None and cut[2] and loss >= BURSTY_LOSS:
+            # a burst's head: light loss at a proven grant as the burst began, a cut, then the burst itself
+            self.restores += 1
+            self.rate_bps = self.good_bps = cut[0]
+            self._strikes, self._tail = 0, True
+            return self.rate_bps
         if loss >= BURSTY_LOSS and (proven or (self.good_bps > 0 and loss > 1.0 - self.good_bps / g)):
             self._strikes += 1
-            if self._strikes < STRIKES:
+            if self._strikes < self.strikes:
                 self._tail = True
                 return g
         elif tail and proven:  # light loss in the round after a burst: the burst's tail, not the rate
@@ -449,7 +461,7 @@ class UploadGrant:
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
         self.ceiling_bps = g
-        self._cut = (g, loss)
+        self._cut = (g, loss, proven and loss < BURSTY_LOSS)
         if starting and 0.0 < self.good_bps < g:  # the doubling overshot: back to the last clean grant
             self.rate_bps = self.good_bps
         else:  # a cut after light loss is proven for bursts: at a fifth less load, the light loss cannot grow to 20%

@@ -351,6 +351,27 @@ def test_r12_a_burst_during_the_start_is_not_taken_for_congestion():
     assert u.round_done([0.0] * 3, [0.15] * 3) == pytest.approx(13e6 * 1.25) and u.cuts == 1
 
 
+def test_r13_a_burst_over_two_broadcasts_does_not_cut_the_group():
+    """A burst that begins while a broadcast is under way hits two broadcasts: with its head light
+    (a cut, then the burst: the cut is undone) or heavy (two heavy rounds: the group's rule takes
+    three in a row for congestion, the uploads' two) - the group's rate leaves the burst where it
+    entered it, where the pacecheck burst row had ratcheted it 31 -> 25 -> 22 Mbit/s."""
+    g = PacerGroup()
+    g.round_done([30e6] * 3, [0.05] * 3)  # seeded, light loss: cut to 24M, proven
+    r = g.round_done([0.0] * 3, [0.0] * 3)
+    assert r == pytest.approx(24e6 * 1.04)
+    for head in (0.05, 0.6):
+        assert g.round_done([0.0] * 3, [head] * 3) <= r  # the burst's head
+        assert g.round_done([0.0] * 3, [0.7] * 3) == pytest.approx(r)  # the burst: back where it entered
+        assert g.round_done([0.0] * 3, [0.0] * 3) == pytest.approx(r)  # clean after it: held (never down)
+        assert g.brain.rate_bps == pytest.approx(r)
+    u = UploadGrant()  # the uploads' rule: two heavy rounds in a row are congestion
+    u.round_done([30e6] * 3, [0.05] * 3)
+    r = u.round_done([0.0] * 3, [0.0] * 3)
+    assert u.round_done([0.0] * 3, [0.6] * 3) == pytest.approx(r)
+    assert u.round_done([0.0] * 3, [0.7] * 3) == pytest.approx(r * 0.5)
+
+
 def shared_link_rounds(grants: bool, rounds: int = 30, capacity: float = 100e6, chunks: int = 1400,
                        start: tuple[float, ...] = (60e6, 20e6, 20e6)) -> tuple[list[float], list[float]]:
     """Senders of one drop-tail bottleneck, a round at a time on a modelled clock: each sends a whole
