@@ -467,11 +467,14 @@ class ServerSession:
 
     def _down_arrival_bps(self, senders: list[RoundSender]) -> float:
         """R13: the mean bit/s at which clean broadcast streams got their chunks to the receivers
-        (start to STOP; 0 when any first pass lost): the seed when the group had nothing to state."""
+        (start to STOP; 0 when any first pass lost) - once the group paces. An unpaced broadcast
+        that got through clean stays unpaced (0: no seed), as the group's AutoPacer leaves it:
+        on a path it cannot overflow (loopback, fast links) pacing buys nothing, and a paced last
+        datagram races its PROBE (a BITMAP that misses it resends it: duplicates)."""
         rates = []
         for s in senders:
             span = s.stats.t_done - s.stats.t_start
-            if s.first_loss > 0 or not span > 0:
+            if s.first_loss > 0 or not span > 0 or s.first_rate_bps == 0:
                 return 0.0
             rates.append(s.stats.received * self.layout.datagram_size * 8.0 / span)
         return sum(rates) / len(rates) if rates else 0.0
