@@ -62,7 +62,7 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     fixed-rate); the receiver keeps the last stated rate of its peer
     (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
     pass when its PROBE came (:attr:`Receiver.first_loss`; 0 when STOP came
-    first). The round logic (:mod:`dblp.session`) grants the next round's
+    first) with the rate that PROBE stated (:attr:`Receiver.first_rate_bps`). The round logic (:mod:`dblp.session`) grants the next round's
     upload rate in ROUND(up), one rate for every worker, set from all their
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
@@ -622,6 +622,7 @@ class Receiver:
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
         self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
+        self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -644,7 +645,7 @@ class Receiver:
         self.received = 0
         self.active = True
         self._stop_sent = False
-        self.first_loss = 0.0
+        self.first_loss = self.first_rate_bps = 0.0
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -963,6 +964,7 @@ class Receiver:
             self.stated_rate_bps = float(msg.rate_bps)
         if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
             self.first_loss = 1.0 - self.received / self.layout.chunks
+            self.first_rate_bps = float(msg.rate_bps)
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:

@@ -406,14 +406,17 @@ class UploadGrant:
         self.cuts = 0
         self.restores = 0
 
-    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
+    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0,
+                   paced: bool = True) -> float:
         """A round's uploads: the rate each worker stated (0: none), each first pass's loss
-        fraction, and the mean rate clean uploads arrived at (bit/s; 0: some first pass lost).
-        Returns the next round's grant (0: none)."""
+        fraction, the mean rate clean uploads arrived at (bit/s; 0: some first pass lost), and
+        whether any first pass was paced (stated a rate). Returns the next round's grant (0: none)."""
         if self.rate_bps == 0.0:
             rates = [r for r in stated_bps if math.isfinite(r) and r > 0]
             if rates:  # the seed: the sum the workers found alone, split equally
                 self.rate_bps = max(AUTO_FLOOR_BPS, sum(rates) / len(rates))
+                if not paced:  # stated by later passes: the first passes' loss is the unpaced flood's, no verdict
+                    return self.rate_bps
             elif arrival_bps > 0 and math.isfinite(arrival_bps):  # nothing stated, nothing lost: as they arrived
                 self.rate_bps = max(AUTO_FLOOR_BPS, arrival_bps)
             else:

@@ -328,7 +328,8 @@ class ServerSession:
             if self._uploads is not None:
                 ps = list(self.peers.values())
                 self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
-                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps))
+                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps),
+                                                       paced=any(p.receiver.first_rate_bps > 0 for p in ps))
             for p in self.peers.values():
                 p.receiver.finish_round()
             self.phase = Phase.REDUCE
