@@ -501,7 +501,8 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
                     help="senders pace at this fraction of their share of the server link, which the scenario "
                          "knows from its own topology (0 = unpaced); auto: every sender paces itself "
                          "(dblp.pacing.AutoPacer, the default of the transport's own commands, where no topology "
-                         "is known) - today slower in burst rounds than the fair share, docs/pacing.md")
+                         "is known) - as fast in burst rounds as the fair share; DBLP's accuracy was lower "
+                         "in three paired runs, docs/pacing.md")
     ap.add_argument("--compute", type=duration_arg(), default="5ms",
                     help="per-iteration compute time of the workers; a bare number is seconds")
     ap.add_argument("--gso", action="store_true",
@@ -720,10 +721,11 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
 
 
 # The scenarios' default --pace-share: a sender's fair share of the server link, known from the
-# scenario's topology. Not ``auto``: the self-pacing rule (R11) settles at unequal rates and made the
-# default microburst run's burst rounds 0.77 s against 0.45 s (Table II 1.19x against 1.8-1.9x,
-# docs/pacing.md; with R12's grant a paired run matched hand pacing, a full run is still owed); it is
-# the default where no topology is known (python -m dblp, hosts inventories).
+# scenario's topology. Not ``auto`` yet: with the server's rules (R12 uploads, R14 broadcast) three
+# default microburst runs self-paced kept Table II (DBLP burst rounds 0.39-0.55 s against 0.43-0.66 s),
+# but DBLP's final accuracy was lower in all three pairs (0.929-0.948 against 0.948-0.953, docs/pacing.md,
+# "Measured with R14"); ``auto`` is the default where no topology is known (python -m dblp, hosts
+# inventories).
 SCENARIO_PACE_SHARE = 0.9
 
 

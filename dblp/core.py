@@ -62,7 +62,7 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     fixed-rate); the receiver keeps the last stated rate of its peer
     (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
     pass when its PROBE came (:attr:`Receiver.first_loss`; 0 when STOP came
-    first). The round logic (:mod:`dblp.session`) grants the next round's
+    first) with the rate that PROBE stated (:attr:`Receiver.first_rate_bps`). The round logic (:mod:`dblp.session`) grants the next round's
     upload rate in ROUND(up), one rate for every worker, set from all their
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
@@ -85,6 +85,17 @@ R13 Coalesced control (issue #30, small models; a transport's rule like
     until the turn ends. A lossless 10,762-element round then costs each
     worker two control wakeups instead of three to four
     (``tests/test_control_cost.py``).
+R14 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
+    streams): a sender keeps its first pass's loss at that pass's reply
+    (:attr:`RoundSender.first_loss`, from the BITMAP's count; 0 when STOP
+    came first, as R12's receiver) and the rate that pass was sent at
+    (:attr:`RoundSender.first_rate_bps`) - a self-pacing sender's. When the
+    next broadcast begins, the round logic sets the rate of all the server's
+    self-paced streams from every stream's first pass of the round before,
+    by R12's rule (:meth:`dblp.pacing.PacerGroup.round_done`); the streams
+    then hold that rate for the whole round, and their R11 reports move it
+    only until the rule has a rate (rounds 0-1: the unpaced flood, then the
+    start it gave).
 """
 
 from __future__ import annotations
@@ -367,6 +378,8 @@ class RoundSender:
         self._pass_t1 = 0.0
         self._pass_sent = 0
         self._pass_bytes = 0
+        self.first_loss = 0.0  # R14: the loss of this round's first pass at its reply (0: STOP came first)
+        self.first_rate_bps = 0.0  # R14: the pacer's rate when the first pass began (0: unpaced)
 
     @property
     def done(self) -> bool:
@@ -497,6 +510,9 @@ class RoundSender:
         if t0 is None or sent == 0 or not self.pacer.auto:
             return
         delivered = received - self.stats.received
+        if self.stats.passes == 1:  # R14: the first pass's outcome, for the broadcast's rate
+            self.first_rate_bps = self._pass_rate
+            self.first_loss = 0.0 if stop else min(1.0, max(0.0, 1.0 - delivered / sent))
         if stop:  # the receiver stopped counting at its threshold, datagrams may be in flight: clean, or nothing
             if sent - delivered > EARLY_CLEAN * sent:
                 return
@@ -624,6 +640,7 @@ class Receiver:
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
         self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
+        self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -646,7 +663,7 @@ class Receiver:
         self.received = 0
         self.active = True
         self._stop_sent = False
-        self.first_loss = 0.0
+        self.first_loss = self.first_rate_bps = 0.0
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -965,6 +982,7 @@ class Receiver:
             self.stated_rate_bps = float(msg.rate_bps)
         if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
             self.first_loss = 1.0 - self.received / self.layout.chunks
+            self.first_rate_bps = float(msg.rate_bps)
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:

@@ -314,7 +314,8 @@ class _Member(TokenBucket):
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
                 first: bool = True, rate_bps: float | None = None) -> None:
-        self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+        if not self.group.granted:  # R14: once the group has a rate, it moves at round boundaries only
+            self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
 
 
 class PacerGroup:
@@ -324,16 +325,41 @@ class PacerGroup:
     each found its own rate from its own losses - streams that happened to
     get through unpaced stayed unpaced and flooded the queue the others
     lost in, and the others fell to a tenth of their share (a round lasts as
-    long as its slowest stream). One :class:`AutoPacer` sets every member's
-    per-stream rate from all members' reports; a report about a rate the
-    group has already left is ignored, so the N first passes of a round move
-    the rate once, not N times. Each member keeps its own tokens."""
+    long as its slowest stream). So every member paces at one rate, each
+    with its own tokens.
+
+    Who sets it (core rule R14): in round 0 nothing is known, and one
+    :class:`AutoPacer` (``brain``) takes the members' R11 reports - the
+    first lossy report of the unpaced flood sets the start rate, and a
+    report about a rate the group has already left is ignored. From then on
+    the rate moves once a round, at the next broadcast's start, by R12's
+    rule on *every* stream's first pass (:meth:`round_done`, an
+    :class:`UploadGrant`): the brain alone moved on whichever reply came
+    first, and the first reply of a broadcast is usually a clean stream's
+    early STOP, so it stepped up +4% a round while the streams that lost
+    were ignored as stale (1.3-1.7 passes per lossless round, docs/pacing.md)."""
 
     def __init__(self) -> None:
         self.brain = AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
+        # one strike more than the uploads: a burst that begins while a broadcast is under way reaches
+        # into two broadcasts in a row (the pacecheck burst row: heavy loss at rounds 8 and 9 for a
+        # burst at 9), and two strikes cut the group at every burst, 31 -> 25 -> 22 Mbit/s over three
+        self.rule = UploadGrant(strikes=STRIKES + 1)
+        self.granted = False  # the rule has set a rate: the members' own reports no longer move it
 
     def member(self) -> TokenBucket:
         return _Member(self)
+
+    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
+        """R14: a broadcast's streams are done - the rate each first pass was sent at (0: unpaced),
+        each first pass's loss, and the mean rate clean streams arrived at (0: some lost), as
+        :meth:`UploadGrant.round_done` takes them. Sets and returns the group's next rate (0:
+        nothing known yet, the brain's start stands)."""
+        g = self.rule.round_done(stated_bps, losses, arrival_bps)
+        if g > 0:
+            self.granted = True
+            self.brain.grant(g)
+        return g
 
 
 class UploadGrant:
@@ -351,37 +377,46 @@ class UploadGrant:
       nothing), the mean rate the uploads arrived at; judged by that round's loss as below;
     - every worker's first pass clean: the grant rises by :data:`STEP` up to :data:`HOLD` of
       the grant that last lost (the ceiling, creeping :data:`CEILING_CREEP` a round), doubling
-      while no loss has been seen at a granted rate;
+      while no loss has been seen at a granted rate, but to at most :data:`HEADROOM` x the
+      rate the clean uploads arrived at (a doubling past the share cost a round of 3-5 passes);
     - first-pass loss (the workers' mean): congestion when under :data:`BURSTY_LOSS` or at a
       grant above the last clean one: the ceiling becomes the grant, which is cut by
       ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
       after light loss (a fifth less load cannot lose 20%); heavy loss at a clean grant, or
-      one step above it, is a burst (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
+      one step above it, or more than the step up from the last clean grant can lose (a load
+      raised f-fold loses at most 1 - 1/f of it: the start's 1.25x steps 20%), is a burst
+      (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
       nor does light loss in the round after a burst cut (the burst's tail: a burst of the
       microburst scenario reaches into the next round's first passes); a cut after which the
       loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random
-      loss would otherwise halve the grant round after round, to the floor).
+      loss would otherwise halve the grant round after round, to the floor; and a burst's head -
+      light loss as it began, a cut, then the burst - is not a reason to stay cut).
 
     The grant is then every worker's starting rate (:meth:`AutoPacer.grant`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, strikes: int = STRIKES) -> None:
+        self.strikes = strikes  # rounds in a row of heavy loss at a proven grant that make congestion
         self.rate_bps = 0.0  # 0: no grant (nothing stated yet)
         self.ceiling_bps = math.inf
         self.good_bps = 0.0
         self._strikes = 0
         self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
-        self._cut: tuple[float, float] | None = None  # (grant before the last cut, that round's loss)
+        self._cut: tuple[float, float, bool] | None = None  # (grant before the last cut, that round's loss,
+        # whether that grant was proven and the loss light)
         self.cuts = 0
         self.restores = 0
 
-    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
+    def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0,
+                   paced: bool = True) -> float:
         """A round's uploads: the rate each worker stated (0: none), each first pass's loss
-        fraction, and the mean rate clean uploads arrived at (bit/s; 0: some first pass lost).
-        Returns the next round's grant (0: none)."""
+        fraction, the mean rate clean uploads arrived at (bit/s; 0: some first pass lost), and
+        whether any first pass was paced (stated a rate). Returns the next round's grant (0: none)."""
         if self.rate_bps == 0.0:
             rates = [r for r in stated_bps if math.isfinite(r) and r > 0]
             if rates:  # the seed: the sum the workers found alone, split equally
                 self.rate_bps = max(AUTO_FLOOR_BPS, sum(rates) / len(rates))
+                if not paced:  # stated by later passes: the first passes' loss is the unpaced flood's, no verdict
+                    return self.rate_bps
             elif arrival_bps > 0 and math.isfinite(arrival_bps):  # nothing stated, nothing lost: as they arrived
                 self.rate_bps = max(AUTO_FLOOR_BPS, arrival_bps)
             else:
@@ -394,17 +429,28 @@ class UploadGrant:
         if loss == 0.0:
             self._strikes = 0
             self.good_bps = max(self.good_bps, g)
-            if self.ceiling_bps == math.inf:
-                self.rate_bps = 2.0 * g
+            if self.ceiling_bps == math.inf:  # doubling, but at most HEADROOM x what clean passes delivered
+                # (paced below the path they arrive at the grant, so a clean round rises 25%, not 100%,
+                # and a start that doubled past the share cost a round of 3-5 passes)
+                cap = HEADROOM * arrival_bps if arrival_bps > 0 and math.isfinite(arrival_bps) else math.inf
+                self.rate_bps = max(MAX_CUT * g, min(2.0 * g, cap))
             else:
                 self.ceiling_bps *= CEILING_CREEP
                 self.rate_bps = max(g, min(g * (1.0 + STEP), HOLD * self.ceiling_bps))
             return self.rate_bps
         # a burst, not the rate's doing: heavy loss at a clean grant or one step above it (a +4%
         # step adds 4% to the load, it cannot lose 20% of it) ...
-        if loss >= BURSTY_LOSS and proven:
+        # (or more than any step up from the last clean grant can lose - a load raised by a factor f loses at
+        # most 1 - 1/f of it: a start step of 1.25x at most 20%; 70% during the start is a burst too)
+        if cut is not None and cut[2] and loss >= BURSTY_LOSS:
+            # a burst's head: light loss at a proven grant as the burst began, a cut, then the burst itself
+            self.restores += 1
+            self.rate_bps = self.good_bps = cut[0]
+            self._strikes, self._tail = 0, True
+            return self.rate_bps
+        if loss >= BURSTY_LOSS and (proven or (self.good_bps > 0 and loss > 1.0 - self.good_bps / g)):
             self._strikes += 1
-            if self._strikes < STRIKES:
+            if self._strikes < self.strikes:
                 self._tail = True
                 return g
         elif tail and proven:  # light loss in the round after a burst: the burst's tail, not the rate
@@ -418,7 +464,7 @@ class UploadGrant:
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
         self.ceiling_bps = g
-        self._cut = (g, loss)
+        self._cut = (g, loss, proven and loss < BURSTY_LOSS)
         if starting and 0.0 < self.good_bps < g:  # the doubling overshot: back to the last clean grant
             self.rate_bps = self.good_bps
         else:  # a cut after light loss is proven for bursts: at a fifth less load, the light loss cannot grow to 20%

@@ -1,6 +1,6 @@
 """The round logic of the parameter server and the worker (Algorithms 3 and 4), sans I/O.
 
-:mod:`dblp.core` states the per-transfer rules R1-R10; this module states,
+:mod:`dblp.core` states the per-transfer rules R1-R14; this module states,
 once, what a *round* is made of on each side, so the socket server and
 worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
 (:mod:`dblp.sim.model`) and the training exchange drive the same logic and
@@ -231,8 +231,9 @@ class ServerSession:
         # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
         # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
         self_paced = pacer is None and context.send_rate_bps is None
+        self._group: PacerGroup | None = None
         if self_paced:
-            group = PacerGroup()
+            group = self._group = PacerGroup()
             pacer = lambda w: group.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
         self._pacers: dict[int, TokenBucket] = {}
@@ -327,7 +328,8 @@ class ServerSession:
             if self._uploads is not None:
                 ps = list(self.peers.values())
                 self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
-                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps))
+                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps),
+                                                       paced=any(p.receiver.first_rate_bps > 0 for p in ps))
             for p in self.peers.values():
                 p.receiver.finish_round()
             self.phase = Phase.REDUCE
@@ -388,6 +390,11 @@ class ServerSession:
             self._down_headers = enc.headers
         else:
             enc = VirtualRound(self.layout, k)
+        if self._group is not None:  # R14: the last broadcast's first passes set this one's rate
+            sent = [p.sender for p in self.peers.values() if p.sender is not None and p.sender.done]
+            if sent:
+                self._group.round_done([s.first_rate_bps for s in sent], [s.first_loss for s in sent],
+                                       self._down_arrival_bps(sent))
         for w, p in self.peers.items():
             p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._worker_pacer(w),
                                    max_batch=self.max_batch)
@@ -457,6 +464,20 @@ class ServerSession:
             if r.first_loss > 0 or not span > 0:
                 return 0.0
             rates.append(r.received * self.layout.datagram_size * 8.0 / span)
+        return sum(rates) / len(rates) if rates else 0.0
+
+    def _down_arrival_bps(self, senders: list[RoundSender]) -> float:
+        """R14: the mean bit/s at which clean broadcast streams got their chunks to the receivers
+        (start to STOP; 0 when any first pass lost) - once the group paces. An unpaced broadcast
+        that got through clean stays unpaced (0: no seed), as the group's AutoPacer leaves it:
+        on a path it cannot overflow (loopback, fast links) pacing buys nothing, and a paced last
+        datagram races its PROBE (a BITMAP that misses it resends it: duplicates)."""
+        rates = []
+        for s in senders:
+            span = s.stats.t_done - s.stats.t_start
+            if s.first_loss > 0 or not span > 0 or s.first_rate_bps == 0:
+                return 0.0
+            rates.append(s.stats.received * self.layout.datagram_size * 8.0 / span)
         return sum(rates) / len(rates) if rates else 0.0
 
     def _down_done(self, w: int, now: float) -> None:
