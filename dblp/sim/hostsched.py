@@ -397,9 +397,9 @@ class HostSched:
         h, q, k = self.h, self.q, len(rem)
         if not self.pace and k == 1:
             return self._steps(r) + t
-        j = np.arange(r, dtype=np.int64) if not equal else None
         if self.pace:
             return self._paced_leave(t, k, f, start, r)
+        j = np.arange(r, dtype=np.int64) if not equal else None
         if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
             key = (r, k, q, i, h)
             scaled = _PATTERNS.get(key)
@@ -429,6 +429,7 @@ class HostSched:
         with ``k`` active senders: paced senders take what their bucket allows each turn,
         the host shared evenly, each sender capped by its bucket (the others matter only
         through ``k``)."""
-        j = np.arange(r, dtype=np.int64)
-        leave = t + (self.h * k) * (j + 1).astype(np.float64)
-        return np.maximum(leave, f.bucket_times(start + j))
+        leave = self.engine.ones(r) * (self.h * k)  # (j + 1) h k for j = 0..r-1, then + t: in place
+        leave += t
+        np.maximum(leave, f.bucket_times(start, r), out=leave)
+        return leave
