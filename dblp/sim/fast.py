@@ -630,7 +630,8 @@ class RoundFlow(FlowBase):
                 nb = limit - b
                 w_out = sw[b:limit] if sw is not None else self.engine.scratch_wait(nb)
                 o_out = so[b:limit] if so is not None else self.engine.scratch_ovf(nb)
-                got = self.queue.outcome_into(arr[b:limit], self._draws(0)[b:limit], w_out, o_out)
+                u = self.u if self.u is not None else self._draws(0)
+                got = self.queue.outcome_into(arr[b:limit], u[b:limit], w_out, o_out)
                 if sw is None and got & 1:
                     self.wait = np.zeros(self.n)
                     self.wait[b:limit] = w_out
