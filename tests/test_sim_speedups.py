@@ -424,6 +424,68 @@ def test_fluid_outcome_in_c_gives_numpy_verdicts(monkeypatch) -> None:
     assert seen_wait and seen_drop  # both verdicts were exercised
 
 
+@pytest.mark.parametrize("c_helper", [True, False])
+def test_outcome_into_writes_the_verdicts_of_outcome(monkeypatch, c_helper: bool) -> None:
+    """FluidQueue.outcome_into (port_refresh writes a pass's verdicts into its own arrays) gives
+    outcome's waits and drops to the last bit, zeros where outcome gives None, and flags saying
+    which it found - with the C helper and without; stale values in the arrays are overwritten."""
+    import numpy as np
+
+    import dblp.sim.net as net
+    from dblp.sim.net import FluidQueue, Port
+
+    if c_helper and net._c_fluid_outcome is None:
+        pytest.skip("the C helper is not built here")
+    if not c_helper:
+        monkeypatch.setattr(net, "_c_fluid_outcome", None)
+    rng = np.random.default_rng(5)
+    q = FluidQueue(Port("srv", 10e9, 60 * 1514), 1514)
+    for _ in range(7):  # the port of the test above: the queue builds, fills, drains
+        lo = float(rng.uniform(0, 4e-3))
+        q.set(_Pass(), 0.0, (lo, lo + float(rng.uniform(1e-3, 4e-3)), float(rng.uniform(2e5, 4e5))))
+    flags = []
+    for arr in (np.sort(rng.uniform(-1e-3, 9e-3, 3000)), np.sort(rng.uniform(2e-3, 3e-3, 7)),
+                np.linspace(20.0, 21.0, 5)):  # the last: after the queue is calm (no wait, no drop)
+        u = rng.random(arr.size)
+        want_w, want_o = q.outcome(arr, u, True)
+        wait, ovf = np.full(arr.size, 7.0), np.ones(arr.size, bool)
+        got = q.outcome_into(arr, u, wait, ovf)
+        assert got == (want_w is not None) | ((want_o is not None) << 1)
+        assert np.array_equal(wait, np.zeros(arr.size) if want_w is None else want_w)
+        assert np.array_equal(ovf, np.zeros(arr.size, bool) if want_o is None else want_o)
+        flags.append(got)
+    assert flags == [3, 1, 0]  # waits and drops, waits alone, neither
+
+
+def test_paced_leave_in_place_gives_the_formula_s_doubles() -> None:
+    """HostSched._paced_leave (in place on the engine's shared 1..r) is max(t + h k (j + 1),
+    b_t0 + max(0, (start + j + 1) bytes - tokens) / rate) to the last bit, the formula it
+    replaced, for several senders, starts and bucket states."""
+    import numpy as np
+
+    from dblp.sim.config import SimConfig
+    from dblp.sim.fast import RoundFlow
+    from dblp.sim.model import Simulation
+
+    sim = Simulation(SimConfig(model=300_000, workers=8, rounds=1, send_rate_bps=10e9 / 8))
+    eng = sim.engine
+    sched = eng.sched(sim.up_paths[0].host)
+    assert sched.pace > 0  # the bucket binds: the paced layout
+    f = RoundFlow.__new__(RoundFlow)
+    f.engine = eng
+    rng = np.random.default_rng(3)
+    for k, start, r in ((1, 0, 200), (8, 0, 200), (3, 57, 1000), (1024, 9, 33)):
+        f.b_t0, f.b_tokens0 = float(rng.uniform(0, 1)), float(rng.uniform(0, eng.burst_bytes))
+        t = f.b_t0 + float(rng.uniform(0, 1e-3))
+        j = np.arange(r, dtype=np.int64)
+        slots = start + j
+        bucket = f.b_t0 + np.maximum(0.0, (slots + 1).astype(np.float64) * eng.dgram_bytes - f.b_tokens0) / eng.rate_Bps
+        want = np.maximum(t + (sched.h * k) * (j + 1).astype(np.float64), bucket)
+        got = sched._paced_leave(t, k, f, start, r)
+        assert got.flags.writeable and np.array_equal(got, want), (k, start, r)
+        assert (got > t).all()
+
+
 @pytest.mark.parametrize("passes", [3, 60, 200])  # 200: over 256 segments, the walk's long form
 def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
     """dblp/_fastpath_c/fluid.c's profile of a port (breakpoints, offered rate, queue, congested) is

@@ -389,11 +389,20 @@ class RoundFlow(FlowBase):
             tokens = min(eng.burst_bytes, max(left, 0.0) + max(0.0, t0 - self.b_end) * eng.rate_Bps)
         self.b_t0, self.b_tokens0 = t0, tokens
 
-    def bucket_times(self, slots: np.ndarray) -> np.ndarray:
-        """Earliest time the bucket lets slot ``slots[i]`` of the pass go."""
+    def bucket_times(self, start: int, r: int) -> np.ndarray:
+        """Earliest time the bucket lets each of slots ``start..start+r-1`` of the pass go (a new array).
+
+        In place on one array from the engine's shared 1..r (slot + 1 as whole floats: exact), the
+        same operations as ``b_t0 + max(0, (slot + 1) * bytes - tokens) / rate``: a paced host lays
+        out every sender of a broadcast several times a round, and the temporaries were half its cost."""
         eng = self.engine
-        need = (slots + 1).astype(np.float64) * eng.dgram_bytes - self.b_tokens0
-        return self.b_t0 + np.maximum(0.0, need) / eng.rate_Bps
+        need = eng.ones(r) + float(start)
+        need *= eng.dgram_bytes
+        need -= self.b_tokens0
+        np.maximum(need, 0.0, out=need)
+        need /= eng.rate_Bps
+        need += self.b_t0
+        return need
 
     # -- placement ----------------------------------------------------------------------------
     def laid_out(self, a: int, leave: np.ndarray, t: float) -> None:
@@ -510,13 +519,20 @@ class RoundFlow(FlowBase):
         # bound only moves later (deliveries and evaluations can only make it so): a check armed
         # at _bound_at, or a crossing found final, still stands without computing it again (N
         # passes asked at each of N STOPs a round: most of them armed or final). A done sender's
-        # pass leaves the port's watch (queue_update) for good.
+        # pass leaves the port's watch (queue_update) for good, and so does the pass of a receiver
+        # that has met ``need`` (its STOP sent): complete stays so for the round, its round number
+        # only grows, so _crossing_bound's answer is inf from now on. Why: in the lockstep of paced
+        # uploads the receivers complete a little before their senders hear the STOP, and each of
+        # them was asked again at every STOP until then (1024 x 20: 153,000 of 188,000 questions).
         h = self.host
         if not h._pending and h.redo is None:
             if self.sender.done:  # no crossing to come (_crossing_bound's inf), for good: the caller
                 return True       # need not ask again (a re-evaluation of a done pass changes nothing)
             if t < self._quiet:
                 return None
+            r = self.ep.receiver
+            if r.round_no == self.rnd and r.complete:
+                return True
         tb = self._crossing_bound()
         if tb <= t:
             self.port_refresh(t)
@@ -601,6 +617,7 @@ class RoundFlow(FlowBase):
         b = 0 if self.fresh_t == -math.inf else _count_le(leave, self.fresh_t - path.d1, limit)
         self.fresh_t, self.qver = self.env._now, (self._version() if self.multi else self.queue.version)
         wait = ovf = None
+        into = False  # the verdicts were written into the pass's arrays already
         if b < limit:
             if self.multi:
                 wait, ovf = self._outcomes(b)
@@ -608,12 +625,25 @@ class RoundFlow(FlowBase):
                 arr = self._arr1
                 if arr is None:  # the slots' arrival times at the port, kept until the next layout
                     arr = self._arr1 = leave + path.d1
-                wait, ovf = self.queue.outcome(arr[b:limit], self._draws(0)[b:limit], True)
-        if wait is not None or self.wait is not None:
+                # the verdicts straight into the pass's arrays where it has them (scratch otherwise)
+                sw, so = self.wait, self.ovf
+                nb = limit - b
+                w_out = sw[b:limit] if sw is not None else self.engine.scratch_wait(nb)
+                o_out = so[b:limit] if so is not None else self.engine.scratch_ovf(nb)
+                u = self.u if self.u is not None else self._draws(0)
+                got = self.queue.outcome_into(arr[b:limit], u[b:limit], w_out, o_out)
+                if sw is None and got & 1:
+                    self.wait = np.zeros(self.n)
+                    self.wait[b:limit] = w_out
+                if so is None and got & 2:
+                    self.ovf = np.zeros(self.n, bool)
+                    self.ovf[b:limit] = o_out
+                into = True
+        if not into and (wait is not None or self.wait is not None):
             if self.wait is None:
                 self.wait = np.zeros(self.n)
             self.wait[b:limit] = 0.0 if wait is None else wait
-        if ovf is not None or self.ovf is not None:
+        if not into and (ovf is not None or self.ovf is not None):
             if self.ovf is None:
                 self.ovf = np.zeros(self.n, bool)
             self.ovf[b:limit] = False if ovf is None else ovf
@@ -813,6 +843,8 @@ class RoundEngine:
         self._ones = _EMPTY_F
         self._fiota = _EMPTY_F
         self._zeros = _EMPTY_F
+        self._scr_w = _EMPTY_F
+        self._scr_o = np.empty(0, bool)
         # the first iteration's synchronised incast at flow level, where it stands for the walk (dblp.sim.incast)
         self.incast = incast_group(self)
 
@@ -887,6 +919,18 @@ class RoundEngine:
             self._fiota = np.arange(max(r, 2 * self._fiota.size), dtype=np.float64)
             self._fiota.flags.writeable = False
         return self._fiota[:r]
+
+    def scratch_wait(self, r: int) -> np.ndarray:
+        """``r`` float64 entries to write into and read at once (one buffer of the run, reused: never kept)."""
+        if self._scr_w.size < r:
+            self._scr_w = np.empty(max(r, 2 * self._scr_w.size))
+        return self._scr_w[:r]
+
+    def scratch_ovf(self, r: int) -> np.ndarray:
+        """``r`` bool entries to write into and read at once (as :meth:`scratch_wait`)."""
+        if self._scr_o.size < r:
+            self._scr_o = np.empty(max(r, 2 * self._scr_o.size), bool)
+        return self._scr_o[:r]
 
     def zeros(self, r: int) -> np.ndarray:
         """``r`` zeros (float64), read-only and shared: the times a loss process that ignores them is given."""

@@ -243,7 +243,7 @@ class HostSched:
         """
         if self.redo is not None:  # an owed re-layout of an earlier early end comes first
             self._flush_redo()
-        if len(self.active) == 1 and not self._pending and not self.pace:
+        if len(self.active) == 1 and not self._pending:
             self._relayout_one(t)
             return
         self._settle_owed(t)
@@ -300,9 +300,10 @@ class HostSched:
         self._schedule_chain()
 
     def _relayout_one(self, t: float) -> None:
-        """:meth:`relayout` of a host with one unpaced sender and nothing pending (every
-        worker's host): its remaining slots one host interval apart from ``t``, without
-        the shared description (no other sender could ever read it)."""
+        """:meth:`relayout` of a host with one sender and nothing pending (every worker's
+        host): its remaining slots one host interval apart from ``t`` (paced: as its bucket
+        lets them go), without the shared description (no other sender could ever read it;
+        a paced host never reads one). Why: 1024 workers paced lay out ~1,300 passes a round."""
         f = self.active[0]
         self._layout = None
         self._chain_gen += 1
@@ -314,6 +315,11 @@ class HostSched:
                 return  # alone and already laid out: nothing changes
         r = f.n - a
         if r <= 0:
+            return
+        if self.pace:
+            if f.leave is None:
+                f.bucket_start(t)
+            f.laid_out(a, self._paced_leave(t, 1, f, a, r), t)
             return
         f.laid_out(a, self._steps(r) + t, t)
 
@@ -397,9 +403,9 @@ class HostSched:
         h, q, k = self.h, self.q, len(rem)
         if not self.pace and k == 1:
             return self._steps(r) + t
-        j = np.arange(r, dtype=np.int64) if not equal else None
         if self.pace:
             return self._paced_leave(t, k, f, start, r)
+        j = np.arange(r, dtype=np.int64) if not equal else None
         if equal:  # round-robin, equal passes: turn u, offset w (whole numbers: exact in any order)
             key = (r, k, q, i, h)
             scaled = _PATTERNS.get(key)
@@ -429,6 +435,7 @@ class HostSched:
         with ``k`` active senders: paced senders take what their bucket allows each turn,
         the host shared evenly, each sender capped by its bucket (the others matter only
         through ``k``)."""
-        j = np.arange(r, dtype=np.int64)
-        leave = t + (self.h * k) * (j + 1).astype(np.float64)
-        return np.maximum(leave, f.bucket_times(start + j))
+        leave = self.engine.ones(r) * (self.h * k)  # (j + 1) h k for j = 0..r-1, then + t: in place
+        leave += t
+        np.maximum(leave, f.bucket_times(start, r), out=leave)
+        return leave
