@@ -457,14 +457,8 @@ class ServerSession:
     def _arrival_bps(self, ps: list[_Up]) -> float:
         """R12: the mean bit/s at which clean uploads arrived (first datagram to threshold; 0 when
         any first pass lost): paced below the bottleneck, each worker's own rate."""
-        rates = []
-        for p in ps:
-            r = p.receiver
-            span = r.stats.t_done - r.stats.t_first
-            if r.first_loss > 0 or not span > 0:
-                return 0.0
-            rates.append(r.received * self.layout.datagram_size * 8.0 / span)
-        return sum(rates) / len(rates) if rates else 0.0
+        return self._clean_rate_bps([(p.receiver.first_loss, p.receiver.received,
+                                      p.receiver.stats.t_done - p.receiver.stats.t_first) for p in ps])
 
     def _down_arrival_bps(self, senders: list[RoundSender]) -> float:
         """R14: the mean bit/s at which clean broadcast streams got their chunks to the receivers
@@ -472,12 +466,19 @@ class ServerSession:
         that got through clean stays unpaced (0: no seed), as the group's AutoPacer leaves it:
         on a path it cannot overflow (loopback, fast links) pacing buys nothing, and a paced last
         datagram races its PROBE (a BITMAP that misses it resends it: duplicates)."""
+        if any(s.first_rate_bps == 0 for s in senders):
+            return 0.0
+        return self._clean_rate_bps([(s.first_loss, s.stats.received, s.stats.t_done - s.stats.t_start)
+                                     for s in senders])
+
+    def _clean_rate_bps(self, flows: list[tuple[float, int, float]]) -> float:
+        """R12/R14's arrival rate: the mean bit/s of ``(first-pass loss, chunks delivered, seconds)``
+        flows, 0 when any first pass lost or a span is empty (no clean evidence of the path's rate)."""
         rates = []
-        for s in senders:
-            span = s.stats.t_done - s.stats.t_start
-            if s.first_loss > 0 or not span > 0 or s.first_rate_bps == 0:
+        for loss, chunks, span in flows:
+            if loss > 0 or not span > 0:
                 return 0.0
-            rates.append(s.stats.received * self.layout.datagram_size * 8.0 / span)
+            rates.append(chunks * self.layout.datagram_size * 8.0 / span)
         return sum(rates) / len(rates) if rates else 0.0
 
     def _down_done(self, w: int, now: float) -> None:

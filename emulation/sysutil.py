@@ -113,8 +113,8 @@ def wait_listening(proc: subprocess.Popen, port: int, timeout_s: float = 20.0) -
     :class:`CommandError` naming the program if it exits first or is not listening in ``timeout_s``.
     """
     deadline = time.monotonic() + timeout_s
+    name = " ".join(map(str, proc.args)) if isinstance(proc.args, (list, tuple)) else str(proc.args)
     while not listening(proc.pid, port):
-        name = " ".join(map(str, proc.args)) if isinstance(proc.args, (list, tuple)) else str(proc.args)
         if proc.poll() is not None:
             raise CommandError(f"{name!r} exited (rc={proc.returncode}) before listening on TCP port {port}")
         if time.monotonic() > deadline:
