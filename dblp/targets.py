@@ -149,12 +149,16 @@ def plot(lines: list[dict[str, Any]], path: str, title: str) -> None:
         ax.annotate(f"{_num(ln['median'], ln['unit'])}  (bound {ln['better']} {_num(b, ln['unit'])})",
                     (hi, i), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
-    ax.set_xscale("log")  # ratios of 0.9 and a 10x miss on one axis
-    ax.set_xlim(min(xs) / 1.5, max(xs) * 6)
+    if min(xs) > 0:
+        ax.set_xscale("log")  # ratios of 0.9 and a 10x miss on one axis
+        ax.set_xlim(min(xs) / 1.5, max(xs) * 6)
+    else:  # a difference below zero (DBLP's step faster than plain DDP's) has no logarithm
+        ax.set_xscale("symlog", linthresh=0.1)
+        ax.set_xlim(min(xs) * 1.5, max(xs) * 6)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_yticks(range(len(shown)), [ln["target"] for ln in shown], fontsize=8)
-    ax.set_xlabel("median / bound, log scale\n(whisker: range over the repeats; left of the dashed line "
+    ax.set_xlabel(f"median / bound, {'log' if min(xs) > 0 else 'symmetric log'} scale\n(whisker: range over the repeats; left of the dashed line "
                   "meets a '<=' bound)", fontsize=8)
     ax.set_title(title.replace(", load", ",\nload", 1), fontsize=9)
     fig.tight_layout()

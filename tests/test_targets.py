@@ -94,3 +94,30 @@ def test_plot_writes_a_png(tmp_path):
     lines = summarize(_rows([1.25, 1.9, 1.1]), cores=2)
     plot(lines, str(tmp_path / "t.png"), "title, load 1.0")
     assert (tmp_path / "t.png").stat().st_size > 5000
+
+
+def test_plot_takes_a_difference_below_zero(tmp_path):
+    """DBLP's DDP step can be faster than plain DDP's (-0.49 ms measured 2026-12-05): a log axis has
+    no place for it, so the plot switches to a symmetric log axis and says so."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = summarize([[TargetRow("ddp", -0.49, "ms", {"any": 1.0})], [TargetRow("ddp", 0.8, "ms", {"any": 1.0})],
+                       [TargetRow("ddp", 2.1, "ms", {"any": 1.0})]], cores=2)
+    seen = []
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *a, **kw):
+        seen.append((fig.axes[0].get_xscale(), fig.axes[0].get_xlim(), fig.axes[0].get_xlabel()))
+        return real_savefig(fig, *a, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        plot(lines, str(tmp_path / "t.png"), "title, load 1.0")
+    finally:
+        plt.Figure.savefig = real_savefig
+    (scale, (lo, hi), label), = seen
+    assert scale == "symlog" and lo < -0.49 and hi > 2.1 and "symmetric log" in label
+    assert (tmp_path / "t.png").stat().st_size > 5000
