@@ -129,7 +129,8 @@ class HostProc:
 
     def run(self):
         env = self.env
-        h = self.host.interval_s
+        host = self.host
+        h = host.interval_s
         cfg = self.engine.sim.cfg
         while True:
             busy = False
@@ -138,6 +139,8 @@ class HostProc:
                 if s.done:
                     self.flows.remove(f)
                     continue
+                if host.recv_s:  # the receive part only for the share the loss lets through
+                    h = host.interval_at(f.loss.mean_loss(env.now, env.now, f.rnd))
                 sent = 0
                 while sent < cfg.host_slice and not s.done:
                     b = s.datagrams_to_send(env.now, limit=min(cfg.max_batch, cfg.host_slice - sent))
@@ -155,7 +158,8 @@ class HostProc:
             if timers:
                 # at least 1 ns: at the exact time TokenBucket.next_time names, float
                 # rounding can leave its allowance at 0, and a zero wait would spin
-                yield self.wake | env.timeout(max(1e-9, min(timers) - env.now))
+                # (sender batching: the transport's loop sleeps at least wake_s, then sends what its bucket allows)
+                yield self.wake | env.timeout(max(1e-9, cfg.wake_s, min(timers) - env.now))
             else:
                 yield self.wake
 
