@@ -84,7 +84,7 @@ from simpy.events import NORMAL, URGENT
 
 from .. import control as ctl
 from ..core import RoundSender
-from ..pacing import TokenBucket
+from ..pacing import TokenBucket, make_pacer
 from .flow import Endpoint, FlowBase, pass_remaining
 from .hostsched import HostSched
 from .incast import IncastFlow, incast_group
@@ -830,6 +830,8 @@ class RoundEngine:
         self.rate_Bps = cfg.send_rate_bps / 8.0
         self.wake_s = cfg.wake_s  # sender batching (bucket_times): 0 = exact timers
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
+        if cfg.wake_s:  # sender batching: the real sender's bucket (dblp.pacing.make_pacer), 5 ms of its rate
+            self.burst_bytes = make_pacer(cfg.send_rate_bps).burst_bytes
         self.seed = cfg.seed
         self.eager = EAGER_PORT  # read once per run (tests switch it)
         keep_heap()

@@ -68,6 +68,10 @@ class Host:
         the receive part of a delivered datagram) and the NIC."""
         return max(1.0 / self.send_pps + self.recv_s, self.wire_bytes * 8.0 / self.nic_bps)
 
+    def cpu_at(self, loss: float) -> float:
+        """:meth:`interval_at` without the NIC: the host's own cost (a sender whose egress is a queue)."""
+        return 1.0 / self.send_pps + self.recv_s * (1.0 - loss)
+
     def interval_at(self, loss: float) -> float:
         """Seconds per datagram when a fraction ``loss`` of them is dropped before the receiver
         (a burst at its ingress): only the delivered ones cost the receive part."""
