@@ -421,10 +421,11 @@ def _reply_wait(recs: list[RoundRecord], rounds: set[int]) -> float | None:
 def _control_overhead(cfg: SimConfig, recs: list[RoundRecord], burst_rounds: set[int]) -> tuple[float, str]:
     """The processing a control message costs (``ctrl_overhead_s``), from the run's burst rounds: every
     pass there waits for its reply (a PROBE out, a BITMAP back: two messages), and the measured wait per
-    pass, less the simulated one at the current overhead, is two overheads more. Why: on the emulator a
-    reply took ~3.4 ms a pass (2 Gbit/s star, load 7-9) against 0.2 ms simulated with the base's 20 us;
-    over a burst round's 14 passes that is ~45 ms the round level did not have, and the receive part
-    fitted from burst rounds (:func:`_receive_costs`) would absorb it. The base's value where the run has
+    pass, less the simulated one at the current overhead, is two overheads more (every control message
+    then costs it, in lossless rounds too). Why: on the emulator a reply took 6.2-7.4 ms a pass (median;
+    2 Gbit/s star, load 6-9) against 0.23 ms simulated with the base's 20 us; over a burst round's 14
+    passes that is ~90 ms the round level did not have, and the receive part fitted from burst rounds
+    (:func:`_receive_costs`) would otherwise absorb it. The base's value where the run has
     no multi-pass burst transfers or shows less."""
     from .model import simulate
 
