@@ -115,6 +115,10 @@ class SimConfig:
     # dblp.pacing.WAKE_S, longer on a loaded host) and sends what its bucket allows then, as a batch at the
     # host's rate; 0 = exact timers (a paced flow leaves one datagram at a time: smooth)
     wake_s: float = 0.0
+    # self-pacing (the transport's --pace auto): no pacer is handed to the sessions, so dblp.session makes the
+    # core's own dblp.pacing.AutoPacer per sender and the server's PacerGroup (rules R11, R12, R14 act as in
+    # the transport); packet level only (the round level's bucket is a fixed rate in closed form)
+    self_pacing: bool = False
     ctrl_overhead_s: float = 20e-6  # processing added to each control message
     # -- loss processes (see dblp.sim.loss) ------------------------------------------
     loss: list = field(default_factory=list)
@@ -174,6 +178,14 @@ class SimConfig:
         if self.group > 1 and self.fidelity != "round":
             raise ParameterError(f"group={self.group} is a round-level approximation; the packet level needs group=1")
         _positive_int("max_batch", self.max_batch)
+        if not isinstance(self.self_pacing, bool):
+            raise ParameterError(f"self_pacing must be true or false, got {self.self_pacing!r}")
+        if self.self_pacing and self.fidelity != "packet":
+            raise ParameterError(f"self_pacing (the core's AutoPacer, rules R11/R12/R14) is modelled at the packet "
+                                 f"level only (the round level's bucket is a fixed rate); got fidelity={self.fidelity!r}")
+        if self.self_pacing and self.send_rate_bps:
+            raise ParameterError(f"self_pacing and a fixed send_rate_bps={self.send_rate_bps!r} exclude each other "
+                                 "(the transport's --pace auto or a rate); set send_rate_bps to 0")
         if not (isinstance(self.critical_every, int) and self.critical_every >= 0):
             raise ParameterError(f"critical_every must be a non-negative integer, got {self.critical_every!r}")
         if not isinstance(self.loss, list):

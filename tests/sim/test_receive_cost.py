@@ -105,3 +105,21 @@ def test_negative_receive_cost_or_wake_is_refused():
     for name in ("recv_cost_s", "server_recv_cost_s", "wake_s"):
         with pytest.raises(Exception, match=name):
             SimConfig(**{name: -1e-6})
+
+
+def test_self_pacing_reaches_the_simulated_pacers():
+    """self_pacing hands the sessions no pacer: the core's AutoPacer sets each worker's rate from its
+    passes (R11), as the transport's --pace auto. 6 workers, 100 Mbit/s: the upload rate starts
+    unlimited (0), is set after the first lossy pass and rises (measured: 0, 0, 25.1, 31.7, 40.3, 50.0
+    Mbit/s in rounds 0-5); a fixed rate stays."""
+    common = dict(model=300_000, workers=6, rounds=6, bandwidth_bps=100e6, fidelity="packet", policy="baseline",
+                  p=0.008)
+    recs = simulate(SimConfig(**common, self_pacing=True)).records
+    rates = [r.send_rate_bps for r in sorted(recs, key=lambda r: r.round) if r.role == "worker" and r.worker == 0]
+    assert rates[0] == 0.0 and 10e6 < rates[2] < rates[-1] < 100e6
+    fixed = simulate(SimConfig(**common, send_rate_bps=15e6)).records
+    assert {r.send_rate_bps for r in fixed if r.role == "worker"} == {15e6}
+    with pytest.raises(Exception, match="packet level only"):
+        SimConfig(**{**common, "fidelity": "round"}, self_pacing=True)
+    with pytest.raises(Exception, match="exclude each other"):
+        SimConfig(**common, self_pacing=True, send_rate_bps=15e6)
