@@ -250,11 +250,14 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
     (out / "sim").mkdir(exist_ok=True)
     cal.to_json(out / "sim" / "params.json", extra=meta)  # what was simulated (policy set per run)
     print(f"\nsimulator: {how}\n  link {cal.bandwidth_bps / 1e6:.0f} Mbit/s, worker {cal.send_pps:.0f} datagrams/s, "
-          f"server {cal.server_pps:.0f} datagrams/s, compute {cal.compute_s * 1e3:.2f} ms, "
+          f"server {cal.server_pps:.0f} datagrams/s, receive {cal.server_recv_cost_s * 1e6:.2f} / "
+          f"{cal.recv_cost_s * 1e6:.2f} us a delivered datagram (server / worker), compute {cal.compute_s * 1e3:.2f} ms, "
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
     for who, h in ((k, notes.get("estimates", {}).get("host", {}).get(k)) for k in ("worker", "server")):
         if h:  # a calibration on this run: whether the run showed the host's cost (dblp.sim.calibrate)
             print(f"  {who} host: {h['how']}", flush=True)
+            if h.get("receive"):  # its receive part (dblp.sim.calibrate._receive_costs)
+                print(f"  {who} host's datagrams, receive part: {h['receive']}", flush=True)
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))
     kind = getattr(a, "hosts_kind", "mininet")  # a run folder from before --hosts: Mininet's

@@ -104,6 +104,21 @@ class SimConfig:
     send_pps: float = 200_000.0  # datagrams/s a worker's sender can push (per-host send cost)
     server_send_pps: float | None = None  # the server host's (shared by its N senders); default send_pps
     send_rate_bps: float = 0.0  # pacing of every sender (dblp.pacing.TokenBucket); 0 = unlimited
+    # receive cost: seconds a delivered datagram costs its receiving host - a worker for the broadcast's, the
+    # server for the uploads' (dblp.sim.calibrate fits them from a run's burst rounds). The engines charge it
+    # to the sending host's stream, in proportion to the datagrams the loss lets through: on the emulator the
+    # hosts share the machine's cores, and a datagram a burst drops before the receiver costs only the send
+    # part (1 / send_pps). 0 = none: the send cost holds the whole datagram's cost (as before).
+    recv_cost_s: float = 0.0
+    server_recv_cost_s: float = 0.0
+    # sender batching: a paced sender's loop sleeps at least this long between batches (the transport's
+    # dblp.pacing.WAKE_S, longer on a loaded host) and sends what its bucket allows then, as a batch at the
+    # host's rate; 0 = exact timers (a paced flow leaves one datagram at a time: smooth)
+    wake_s: float = 0.0
+    # self-pacing (the transport's --pace auto): no pacer is handed to the sessions, so dblp.session makes the
+    # core's own dblp.pacing.AutoPacer per sender and the server's PacerGroup (rules R11, R12, R14 act as in
+    # the transport); packet level only (the round level's bucket is a fixed rate in closed form)
+    self_pacing: bool = False
     ctrl_overhead_s: float = 20e-6  # processing added to each control message
     # -- loss processes (see dblp.sim.loss) ------------------------------------------
     loss: list = field(default_factory=list)
@@ -130,7 +145,8 @@ class SimConfig:
         ChunkLayout(1, self.mtu)
         if self.wire not in (1, 2):
             raise ParameterError(f"wire must be 1 (the paper's CRC wire) or 2 (authenticated), got {self.wire!r}")
-        for name in ("compute_s", "compute_jitter_s", "reduce_s", "delay_s", "ctrl_overhead_s", "send_rate_bps"):
+        for name in ("compute_s", "compute_jitter_s", "reduce_s", "delay_s", "ctrl_overhead_s", "send_rate_bps",
+                     "recv_cost_s", "server_recv_cost_s", "wake_s"):
             _nonneg(name, getattr(self, name))
         for name in ("bandwidth_bps", "send_pps"):
             _positive(name, getattr(self, name))
@@ -162,6 +178,14 @@ class SimConfig:
         if self.group > 1 and self.fidelity != "round":
             raise ParameterError(f"group={self.group} is a round-level approximation; the packet level needs group=1")
         _positive_int("max_batch", self.max_batch)
+        if not isinstance(self.self_pacing, bool):
+            raise ParameterError(f"self_pacing must be true or false, got {self.self_pacing!r}")
+        if self.self_pacing and self.fidelity != "packet":
+            raise ParameterError(f"self_pacing (the core's AutoPacer, rules R11/R12/R14) is modelled at the packet "
+                                 f"level only (the round level's bucket is a fixed rate); got fidelity={self.fidelity!r}")
+        if self.self_pacing and self.send_rate_bps:
+            raise ParameterError(f"self_pacing and a fixed send_rate_bps={self.send_rate_bps!r} exclude each other "
+                                 "(the transport's --pace auto or a rate); set send_rate_bps to 0")
         if not (isinstance(self.critical_every, int) and self.critical_every >= 0):
             raise ParameterError(f"critical_every must be a non-negative integer, got {self.critical_every!r}")
         if not isinstance(self.loss, list):

@@ -90,6 +90,8 @@ def not_applicable(cfg: Any) -> str | None:
         return "aggregation='sharded' (dedicated servers only)"
     if cfg.send_rate_bps:
         return "paced senders"
+    if cfg.recv_cost_s or cfg.server_recv_cost_s or cfg.wake_s:
+        return "a receive cost or sender batching (recv_cost_s, server_recv_cost_s, wake_s: round or packet level)"
     specs = cfg.loss if isinstance(cfg.loss, list) else []  # (the config's own check names a malformed list)
     trace = next((sp for sp in specs if isinstance(sp, dict) and sp.get("kind") == "trace"
                   and sp.get("key", "time") == "time"), None)

@@ -84,7 +84,7 @@ from simpy.events import NORMAL, URGENT
 
 from .. import control as ctl
 from ..core import RoundSender
-from ..pacing import TokenBucket
+from ..pacing import TokenBucket, make_pacer
 from .flow import Endpoint, FlowBase, pass_remaining
 from .hostsched import HostSched
 from .incast import IncastFlow, incast_group
@@ -401,6 +401,10 @@ class RoundFlow(FlowBase):
         need -= self.b_tokens0
         np.maximum(need, 0.0, out=need)
         need /= eng.rate_Bps
+        if eng.wake_s:  # sender batching: the loop wakes every wake_s and sends what the bucket allows then
+            need /= eng.wake_s
+            np.ceil(need, out=need)
+            need *= eng.wake_s
         need += self.b_t0
         return need
 
@@ -824,7 +828,10 @@ class RoundEngine:
         self.dgram_bytes = sim.layout.datagram_size * g
         self.pace_s = self.dgram_bytes * 8.0 / cfg.send_rate_bps if cfg.send_rate_bps else 0.0
         self.rate_Bps = cfg.send_rate_bps / 8.0
+        self.wake_s = cfg.wake_s  # sender batching (bucket_times): 0 = exact timers
         self.burst_bytes = TokenBucket(cfg.send_rate_bps).burst_bytes  # the core's default bucket
+        if cfg.wake_s:  # sender batching: the real sender's bucket (dblp.pacing.make_pacer), 5 ms of its rate
+            self.burst_bytes = make_pacer(cfg.send_rate_bps).burst_bytes
         self.seed = cfg.seed
         self.eager = EAGER_PORT  # read once per run (tests switch it)
         keep_heap()

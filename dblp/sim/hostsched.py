@@ -98,6 +98,7 @@ class HostSched:
     def __init__(self, engine: RoundEngine, host: Host) -> None:
         self.sim = engine.sim
         self.engine = engine
+        self.host = host
         self.h = host.interval_s * engine.group  # per unit of `group` datagrams
         self.eps = 1e-6 * self.h  # times closer than this are the same instant of the host's clock
         self.q = max(1, engine.sim.cfg.host_slice // engine.group)
@@ -133,8 +134,23 @@ class HostSched:
     def _commit(self, t: float) -> None:
         self._commit_at = None
         new, self.joining = self.joining, []
+        if self.host.recv_s and not self.active and not self._pending and self.redo is None:
+            self._set_interval(t, new)
         self.active.extend(new)
         self.relayout(t)
+
+    def _set_interval(self, t: float, new: list) -> None:
+        """A host with a receive cost (:attr:`Host.recv_s`) starting passes while idle: its interval for
+        them, from the share of their datagrams the loss lets through (the mean of the passes' expected
+        loss at ``t``: an iteration's burst holds for the whole round). Why only while idle: a layout
+        made with one interval is never continued with another; the passes of one round see one loss."""
+        loss = sum(f.loss.mean_loss(t, t, f.rnd) for f in new) / len(new) if new else 0.0
+        h = self.host.interval_at(loss) * self.engine.group
+        if h != self.h:
+            self.h = h
+            self.eps = 1e-6 * h
+            self._hsteps = np.empty(0)
+            self.pace = self.engine.pace_s if self.engine.pace_s > h else 0.0
 
     def remove(self, f: RoundFlow, t: float) -> None:
         if f in self.joining:
@@ -438,4 +454,9 @@ class HostSched:
         leave = self.engine.ones(r) * (self.h * k)  # (j + 1) h k for j = 0..r-1, then + t: in place
         leave += t
         np.maximum(leave, f.bucket_times(start, r), out=leave)
+        if self.engine.wake_s:  # batches (bucket_times): a batch's slots leave at the host's pace, h k apart
+            step = self.engine.fiota(r) * (self.h * k)
+            leave -= step
+            np.maximum.accumulate(leave, out=leave)
+            leave += step
         return leave

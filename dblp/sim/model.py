@@ -180,18 +180,21 @@ class Simulation:
 
             self.engine = RoundEngine(self)
         core_order, seed = self.engine.core_order, cfg.seed
+        auto = cfg.self_pacing  # no pacer and no rate: the sessions make the core's AutoPacers and PacerGroup
         for sh in self.shards:
             ctx = RecordContext(source=SOURCE, policy=sh.policy.name, order=cfg.order,
-                                send_rate_bps=cfg.send_rate_bps, scale=sh.layout.chunks / sh.core_layout.chunks)
+                                send_rate_bps=None if auto else cfg.send_rate_bps,
+                                scale=sh.layout.chunks / sh.core_layout.chunks)
             base = sh.j * self.n
             sh.server = ServerSession(
                 sh.core_layout, range(self.n), policy=sh.policy, run_id=RUN_ID, context=ctx, order=core_order,
                 seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
-                pacer=lambda w, base=base: self.engine.pacer(ctl.DOWN, base + w), consistency=cfg.consistency)
+                pacer=None if auto else (lambda w, base=base: self.engine.pacer(ctl.DOWN, base + w)),
+                consistency=cfg.consistency)
             for i in range(self.n):
                 ws = WorkerSession(sh.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
-                                   pacer=self.engine.pacer(ctl.UP, base + i), max_batch=cfg.max_batch,
-                                   consistency=cfg.consistency)
+                                   pacer=None if auto else self.engine.pacer(ctl.UP, base + i),
+                                   max_batch=cfg.max_batch, consistency=cfg.consistency)
                 sh.links.append(_Link(i, sh.j, base + i, ws, Endpoint(self, sh.server.receiver(i)),
                                       Endpoint(self, ws.receiver)))
         self.server = sh0.server  # one server: the run's

@@ -56,11 +56,26 @@ class Host:
     send_pps: float
     nic_bps: float
     wire_bytes: int
+    #: seconds a datagram this host sends costs the receiving host when it is delivered (SimConfig's
+    #: ``recv_cost_s`` / ``server_recv_cost_s``), charged to this host's stream: on the emulator every
+    #: host shares the machine's cores, so a receiver's CPU time is time the sender does not get, and
+    #: a datagram a burst drops before the receiver costs only its send part
+    recv_s: float = 0.0
 
     @property
     def interval_s(self) -> float:
-        """Seconds per datagram: the slower of the send cost and the NIC."""
-        return max(1.0 / self.send_pps, self.wire_bytes * 8.0 / self.nic_bps)
+        """Seconds per datagram of a lossless pass: the slower of the host cost (send part and
+        the receive part of a delivered datagram) and the NIC."""
+        return max(1.0 / self.send_pps + self.recv_s, self.wire_bytes * 8.0 / self.nic_bps)
+
+    def cpu_at(self, loss: float) -> float:
+        """:meth:`interval_at` without the NIC: the host's own cost (a sender whose egress is a queue)."""
+        return 1.0 / self.send_pps + self.recv_s * (1.0 - loss)
+
+    def interval_at(self, loss: float) -> float:
+        """Seconds per datagram when a fraction ``loss`` of them is dropped before the receiver
+        (a burst at its ingress): only the delivered ones cost the receive part."""
+        return max(1.0 / self.send_pps + self.recv_s * (1.0 - loss), self.wire_bytes * 8.0 / self.nic_bps)
 
 
 @dataclass

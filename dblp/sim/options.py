@@ -120,6 +120,13 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
                                                                   "datagram (each direction)"),
     ("--send-pps", "send_pps", float, "datagrams/s a worker host can send"),
     ("--server-send-pps", "server_send_pps", float, "datagrams/s the server host can send"),
+    ("--recv-cost", "recv_cost_s", duration_arg(), "a worker host's cost per broadcast datagram delivered to it, "
+                                                  "e.g. 15us (charged to the sender's stream; calibrate fits it)"),
+    ("--server-recv-cost", "server_recv_cost_s", duration_arg(), "the server host's cost per upload datagram "
+                                                                "delivered to it, e.g. 15us"),
+    ("--wake", "wake_s", duration_arg(), "sender batching: a paced sender's loop sleeps at least this long, e.g. "
+                                         "2ms; the packet level then sends batches into a drop-tail host egress "
+                                         "queue (0 = exact timers, smooth)"),
     ("--pace", "send_rate_bps", rate_arg(), "pacing rate of every sender, e.g. 900M; a bare number is Mbit/s "
                                            "(0 = unlimited)"),
     ("--ctrl-overhead", "ctrl_overhead_s", duration_arg(), "processing per control message, e.g. 20us"),

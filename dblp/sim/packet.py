@@ -22,9 +22,9 @@ from simpy.events import Timeout
 
 from .. import control as ctl
 from ..core import RoundSender
-from ..pacing import TokenBucket
+from ..pacing import TokenBucket, make_pacer
 from .flow import Endpoint, FlowBase
-from .net import Host, Path
+from .net import Host, Path, Port
 
 
 class PacketFlow(FlowBase):
@@ -36,11 +36,22 @@ class PacketFlow(FlowBase):
         self._last_t = 0.0
 
     def emit_batch(self, seqs: list[int], t0: float, h: float) -> None:
-        """Datagram i of ``seqs`` leaves the host at t0 + (i+1) h; one port event each."""
+        """Datagram i of ``seqs`` leaves the host at t0 + (i+1) h; one port event each.
+
+        With sender batching (``wake_s``) the host's own egress is a drop-tail queue of the link's
+        rate and ``queue_bytes`` (the emulator's TBF on the host's interface: a UDP socket does not
+        block on a full qdisc, the datagram is dropped), and ``h`` is the host's cost alone."""
         env, d1, cb = self.env, self.path.d1, self._at_port
         now = env.now
+        egress = self.hostproc.egress
         for i, seq in enumerate(seqs):
-            t_port = t0 + (i + 1) * h + d1
+            t_port = t0 + (i + 1) * h
+            if egress is not None:
+                dep = egress.arrive(t_port, self.engine.wire)
+                if dep is None:
+                    continue
+                t_port = dep
+            t_port += d1
             ev = Timeout(env, t_port - now, (seq, t_port))
             ev.callbacks.append(cb)
         self.engine.events += len(seqs)
@@ -117,6 +128,10 @@ class HostProc:
         self.host = host
         self.flows: list[PacketFlow] = []
         self.wake = self.env.event()
+        # sender batching (wake_s): the host's own egress queue (see PacketFlow.emit_batch); else the host
+        # blocks on its NIC (never drops its own datagrams)
+        cfg = engine.sim.cfg
+        self.egress = Port(f"{host.name}->", host.nic_bps, cfg.queue_bytes) if cfg.wake_s else None
         self.env.process(self.run())
 
     def add(self, flow: PacketFlow) -> None:
@@ -129,7 +144,8 @@ class HostProc:
 
     def run(self):
         env = self.env
-        h = self.host.interval_s
+        host = self.host
+        h = host.interval_s
         cfg = self.engine.sim.cfg
         while True:
             busy = False
@@ -138,6 +154,10 @@ class HostProc:
                 if s.done:
                     self.flows.remove(f)
                     continue
+                if host.recv_s:  # the receive part only for the share the loss lets through
+                    h = host.interval_at(f.loss.mean_loss(env.now, env.now, f.rnd))
+                if self.egress is not None:  # the CPU's cost alone: the egress queue holds the link's time
+                    h = host.cpu_at(f.loss.mean_loss(env.now, env.now, f.rnd) if host.recv_s else 0.0)
                 sent = 0
                 while sent < cfg.host_slice and not s.done:
                     b = s.datagrams_to_send(env.now, limit=min(cfg.max_batch, cfg.host_slice - sent))
@@ -155,7 +175,8 @@ class HostProc:
             if timers:
                 # at least 1 ns: at the exact time TokenBucket.next_time names, float
                 # rounding can leave its allowance at 0, and a zero wait would spin
-                yield self.wake | env.timeout(max(1e-9, min(timers) - env.now))
+                # (sender batching: the transport's loop sleeps at least wake_s, then sends what its bucket allows)
+                yield self.wake | env.timeout(max(1e-9, cfg.wake_s, min(timers) - env.now))
             else:
                 yield self.wake
 
@@ -175,9 +196,15 @@ class PacketEngine:
         if direction == ctl.UP:
             b = self._worker_pacers.get(worker)
             if b is None:
-                b = self._worker_pacers[worker] = TokenBucket(self.sim.cfg.send_rate_bps)
+                b = self._worker_pacers[worker] = self._bucket()
             return b
-        return TokenBucket(self.sim.cfg.send_rate_bps)
+        return self._bucket()
+
+    def _bucket(self) -> TokenBucket:
+        """The simulator's bucket (64 KiB deep: its timers are exact), or with sender batching
+        (``wake_s``) the real sender's (:func:`dblp.pacing.make_pacer`: 5 ms of its rate)."""
+        cfg = self.sim.cfg
+        return make_pacer(cfg.send_rate_bps) if cfg.wake_s else TokenBucket(cfg.send_rate_bps)
 
     def hostproc(self, host: Host) -> HostProc:
         hp = self._hosts.get(id(host))

@@ -185,13 +185,15 @@ def _positive_int(name: str, v: Any) -> None:
 def build_network(cfg: Any) -> Network:
     """Hosts and paths of ``cfg``'s topology and aggregation (parameters already checked)."""
     wire, n = cfg.wire_bytes, cfg.workers
-    workers = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(n)]
     m = dedicated_servers(cfg)
+    # a datagram's receive part is the receiving host's: a worker's uploads reach a server, a broadcast a worker
+    up_recv = cfg.server_recv_cost_s if m else cfg.recv_cost_s
+    workers = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire, up_recv) for i in range(n)]
     if m == 0:  # sharded: shard server i on worker i's host (one NIC, one send loop for both roles)
         servers = workers
     else:
-        servers = [Host("server" if m == 1 else f"server{j}", cfg.server_pps, cfg.server_rate_bps, wire)
-                   for j in range(m)]
+        servers = [Host("server" if m == 1 else f"server{j}", cfg.server_pps, cfg.server_rate_bps, wire,
+                        cfg.recv_cost_s) for j in range(m)]
     fab = _Fabric(cfg, servers if m else [], workers)
     up: list[Path] = []
     down: list[Path] = []
