@@ -61,8 +61,13 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     states the rate its pass was sent at (0, not stated, when unpaced or
     fixed-rate); the receiver keeps the last stated rate of its peer
     (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
-    pass when its PROBE came (:attr:`Receiver.first_loss`; 0 when STOP came
-    first) with the rate that PROBE stated (:attr:`Receiver.first_rate_bps`). The round logic (:mod:`dblp.session`) grants the next round's
+    pass when its PROBE came (:attr:`Receiver.first_loss`) with the rate that
+    PROBE stated (:attr:`Receiver.first_rate_bps`). When STOP came first (a
+    high tolerance: the threshold falls mid-pass) and the receiver knows the
+    sender's R3 order, the loss is that of the chunks the order put before the
+    last one that arrived: one pass crosses one FIFO path, so each of them
+    still missing was lost (a grant that overflows the bottleneck's queue is
+    seen in such rounds too; it was taken for clean). The round logic (:mod:`dblp.session`) grants the next round's
     upload rate in ROUND(up), one rate for every worker, set from all their
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
@@ -639,13 +644,14 @@ class Receiver:
         self.stats = RecvStats()
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
-        self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
+        self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE, or at a STOP before it
         self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
         self._index = index_order(layout.chunks)  # see _accept_new
         self._order = self._pos = self._identity
+        self._order_known = False  # expect_order was told this round's order (R12's loss at an early STOP)
         self._claim = np.zeros(layout.chunks, np.uint8)
         self._cursor = np.zeros(1, np.int64)
 
@@ -668,6 +674,7 @@ class Receiver:
         self.tolerance = None
         self.need = self.layout.chunks
         self._order = self._pos = self._identity
+        self._order_known = False
         self._cursor[0] = 0
         if tolerance is not None:
             self.set_tolerance(tolerance, now)
@@ -694,6 +701,7 @@ class Receiver:
         if not np.array_equal(order[pos], self._identity):
             raise ValueError(f"order must be a permutation of the {n} chunks")
         self._order, self._pos = order, pos
+        self._order_known = True
 
     def placement(self) -> Placement | None:
         """Where payloads may be received in place now, or None (no round
@@ -963,8 +971,23 @@ class Receiver:
         if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need:
             self._stop_sent = True
             self.stats.t_done = now
+            if self.stats.probes == 0:  # R12: STOP before the first pass's PROBE
+                self.first_loss = self._early_stop_loss()
             self._control.append(ctl.Stop(self.round_no, self.direction, self.received))
             self._zero_fill()
+
+    def _early_stop_loss(self) -> float:
+        """R12: the first pass's loss at a STOP that came before its PROBE - the fraction of the
+        chunks the sender's order put before the last one that arrived that are missing (a pass
+        crosses one FIFO path: those were sent, and lost). Why: at a high tolerance STOP always comes
+        first, and a grant whose uploads overflow the server link's queue (3 x 205 Mbit/s into 500)
+        looked clean round after round and kept rising (docs/pacing.md, "Issue #30's accuracy
+        gap"). 0 when the order is not known (index order assumed) or nothing arrived."""
+        if not self._order_known or self.received == 0:
+            return 0.0
+        held = self.mask[self._order]  # in send order
+        sent = held.size - int(np.argmax(held[::-1]))  # positions 0..sent-1 left before the last arrival
+        return max(0.0, 1.0 - self.received / sent)
 
     def _zero_fill(self) -> None:
         """R7: unreceived chunks become zeros."""

@@ -449,7 +449,9 @@ class ServerSession:
         p = self.peers[w]
         p.tolerance = float(self.policy.tolerance)
         p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)
-        if p.buffer is not None:  # the worker's R3 order, so its datagrams are received in place (R10)
+        if p.buffer is not None or self._uploads is not None:
+            # the worker's R3 order, so its datagrams are received in place (R10), and R12 knows what the
+            # first pass lost when STOP comes before its PROBE
             p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
         self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr),
                                                             self._grant)))
