@@ -67,7 +67,8 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     sender's R3 order, the loss is that of the chunks the order put before the
     last one that arrived: one pass crosses one FIFO path, so each of them
     still missing was lost (a grant that overflows the bottleneck's queue is
-    seen in such rounds too; it was taken for clean). The round logic (:mod:`dblp.session`) grants the next round's
+    seen in such rounds too; it was taken for clean); at most
+    :data:`EARLY_CLEAN` of them is clean, as R11 takes a STOP. The round logic (:mod:`dblp.session`) grants the next round's
     upload rate in ROUND(up), one rate for every worker, set from all their
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
@@ -982,12 +983,17 @@ class Receiver:
         crosses one FIFO path: those were sent, and lost). Why: at a high tolerance STOP always comes
         first, and a grant whose uploads overflow the server link's queue (3 x 205 Mbit/s into 500)
         looked clean round after round and kept rising (docs/pacing.md, "Issue #30's accuracy
-        gap"). 0 when the order is not known (index order assumed) or nothing arrived."""
+        gap"). 0 when the order is not known (index order assumed) or nothing arrived, and at most
+        :data:`EARLY_CLEAN` counts as clean, as R11 takes a STOP: a few datagrams missing at a
+        rate far below the link (a loaded host's late wake-ups, a 5 ms bucket each, meeting in a
+        100-packet queue; a batch cut by the STOP) are not the rate's doing, and judged as
+        congestion they ratcheted the grant down cut after cut (144 -> 62 Mbit/s, share 167)."""
         if not self._order_known or self.received == 0:
             return 0.0
         held = self.mask[self._order]  # in send order
         sent = held.size - int(np.argmax(held[::-1]))  # positions 0..sent-1 left before the last arrival
-        return max(0.0, 1.0 - self.received / sent)
+        loss = 1.0 - self.received / sent
+        return loss if loss > EARLY_CLEAN else 0.0
 
     def _zero_fill(self) -> None:
         """R7: unreceived chunks become zeros."""

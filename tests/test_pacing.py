@@ -460,8 +460,11 @@ def test_r12_a_stop_before_the_probe_reports_the_first_pass_loss_from_the_order(
     sent = int(np.flatnonzero(held)[-1]) + 1
     assert rcv.first_loss == pytest.approx(1 - rcv.received / sent)
     assert rcv.first_loss == pytest.approx(0.25 * (sent - 100) / sent, abs=0.01)  # about 21% of this pass
-    # lossless: 0; without the order (index order assumed, which it is not): no verdict, as before
-    for known, lost, want in ((True, np.zeros(n, bool), 0.0), (False, queue_full, 0.0)):
+    # lossless, or a few datagrams missing (at most EARLY_CLEAN, as R11 takes a STOP: a loaded host's
+    # late wake-ups meeting in the queue, which ratcheted the grant down): 0; without the order
+    # (index order assumed, which it is not): no verdict, as before
+    few = (pos > 100) & (pos % 97 == 0)  # about 1% of the pass
+    for known, lost, want in ((True, np.zeros(n, bool), 0.0), (True, few, 0.0), (False, queue_full, 0.0)):
         rcv.begin_round(0, None, now=0.0, tolerance=0.408)
         if known:
             rcv.expect_order(order)
