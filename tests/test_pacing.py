@@ -12,10 +12,10 @@ import pytest
 
 from dblp import control as ctl
 from dblp.cliargs import pace_arg, pace_share_arg, pace_rate
-from dblp.core import EncodedRound, Receiver, RoundSender
+from dblp.core import EncodedRound, Receiver, RoundSender, send_order
 from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
                          TokenBucket, UploadGrant, make_pacer)
-from dblp.wire import ChunkLayout, ParameterError
+from dblp.wire import ChunkLayout, ParameterError, assemble_rows
 
 DGRAM = 1472
 
@@ -484,7 +484,6 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     congestion, and the grant is cut (it had risen +4% a round while overflowing)."""
     from dblp.policy import FixedPolicy
     from dblp.session import RecordContext, ServerSession, up_stream
-    from dblp.core import send_order
 
     layout = ChunkLayout(200_000, 1500)
     n = layout.chunks
@@ -504,3 +503,40 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     loss = sum(losses) / 3
     # congestion: the ceiling becomes the grant, cut by 2 x the loss (before: taken for clean, 205.6M)
     assert srv._grant == pytest.approx(205e6 * (1 - 2 * loss)) and srv._uploads.ceiling_bps == 205e6
+
+
+def test_r14_a_stop_first_broadcast_stream_reports_its_loss_in_the_stop():
+    """The broadcast's streams STOP first at P_high too, and R14 took them for clean: a final-rule run's
+    group rate sat at 260 Mbit/s a stream (3 into the 500 Mbit/s server link), 10.7% sent past what
+    arrived. The receiver counts the loss (R12's rule) and states its span in the STOP - only when the
+    loss counts, so a lossless STOP is the old frame byte for byte - and the sender takes its loss."""
+    old = ctl.Stop(3, ctl.DOWN, 1644)
+    assert len(ctl.encode(old)) == 5 + 9 and ctl.ControlDecoder().feed(ctl.encode(old)) == [old]
+    new = ctl.Stop(3, ctl.DOWN, 1644, 2000)
+    assert len(ctl.encode(new)) == 5 + 9 + 4 and ctl.ControlDecoder().feed(ctl.encode(new)) == [new]
+    for body in (ctl.encode(old)[5:] + b"\x00" * 2, ctl.encode(old)[5:] + struct.pack("!I", 1000)):
+        with pytest.raises(ctl.ControlError):  # a stray length; a span below the count
+            ctl.decode_frame(6, body)
+    layout = ChunkLayout(200_000, 1500)
+    n = layout.chunks
+    values = np.arange(layout.elements, dtype=np.float32)
+    for lost_every, want_span in ((4, True), (None, False)):
+        order = send_order(n, "perm", 5, 0, 0)
+        enc = EncodedRound(values, layout, round_no=0, run_id=7, sender=0, order=order)
+        snd = RoundSender(enc, direction=ctl.DOWN, now=0.0, order=order, pacer=AutoPacer())
+        rcv = Receiver(layout, run_id=7, expected_sender=0, direction=ctl.DOWN)
+        rcv.begin_round(0, np.zeros(layout.elements, np.float32), now=0.0, tolerance=0.408)
+        rcv.expect_order(order)
+        sent = 0
+        while not rcv.complete:
+            b = snd.datagrams_to_send(0.0)
+            pos = sent + np.arange(b.seqs.size)
+            keep = np.ones(b.seqs.size, bool) if lost_every is None else ~((pos >= 100) & (pos % lost_every == 0))
+            sent += b.seqs.size
+            rows, lengths = assemble_rows(b.headers, b.values, b.seqs, b.layout)
+            rcv.receive_batch(rows[keep], lengths[keep], 0.001)
+        (stop,) = rcv.control_to_send()
+        assert isinstance(stop, ctl.Stop) and (stop.span > 0) == want_span
+        snd.handle_control(stop, 0.01)
+        assert snd.done and snd.first_loss == pytest.approx(rcv.first_loss)
+        assert (0.15 < snd.first_loss < 0.25) if want_span else snd.first_loss == 0.0
