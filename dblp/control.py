@@ -142,6 +142,8 @@ class Stop:
     round: int
     direction: int
     received: int
+    span: int = 0  # R14: a STOP before the first PROBE - the first pass's datagrams up to its last arrival, by
+    # the sender's order, when more than EARLY_CLEAN of them are missing (their loss); 0 = not stated
 
 
 @dataclass(frozen=True)
@@ -210,6 +212,7 @@ _PROBE = struct.Struct("!IBI")
 _RATE = struct.Struct("!d")  # R12's optional trailing field of ROUND and PROBE
 _BITMAP = struct.Struct("!IBI")
 _STOP = struct.Struct("!IBI")
+_SPAN = struct.Struct("!I")  # R14's optional trailing span of a STOP
 _FRAME = struct.Struct("!IB")
 _ROUND_NO = struct.Struct("!I")
 _LOCAL = struct.Struct("!IB")
@@ -262,7 +265,7 @@ def _body(msg: Message) -> tuple[int, bytes]:
     elif isinstance(msg, Bitmap):
         t, body = 5, _BITMAP.pack(msg.round, msg.direction, msg.received) + msg.bits
     elif isinstance(msg, Stop):
-        t, body = 6, _STOP.pack(msg.round, msg.direction, msg.received)
+        t, body = 6, _STOP.pack(msg.round, msg.direction, msg.received) + (_SPAN.pack(msg.span) if msg.span else b"")
     elif isinstance(msg, Bye):
         t, body = 7, msg.reason.encode()
     elif isinstance(msg, Held):
@@ -318,7 +321,15 @@ def decode_frame(t: int, body: bytes) -> Message:
             r, d, n = _BITMAP.unpack_from(body)
             return Bitmap(r, d, n, bytes(body[_BITMAP.size :]))
         if t == 6:
-            return Stop(*_STOP.unpack(body))
+            if len(body) == _STOP.size:  # (an old peer's STOP, and every STOP without R14's span)
+                return Stop(*_STOP.unpack(body))
+            if len(body) != _STOP.size + _SPAN.size:
+                raise ControlError(f"STOP body of {len(body)} bytes, expected {_STOP.size} or {_STOP.size + _SPAN.size}")
+            r, d, n = _STOP.unpack_from(body)
+            (span,) = _SPAN.unpack_from(body, _STOP.size)
+            if not n <= span:
+                raise ControlError(f"STOP span {span} is below its count {n}")
+            return Stop(r, d, n, span)
         if t == 7:
             return Bye(body.decode(errors="replace"))
         if t in (8, 9):

@@ -61,8 +61,14 @@ R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
     states the rate its pass was sent at (0, not stated, when unpaced or
     fixed-rate); the receiver keeps the last stated rate of its peer
     (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
-    pass when its PROBE came (:attr:`Receiver.first_loss`; 0 when STOP came
-    first) with the rate that PROBE stated (:attr:`Receiver.first_rate_bps`). The round logic (:mod:`dblp.session`) grants the next round's
+    pass when its PROBE came (:attr:`Receiver.first_loss`) with the rate that
+    PROBE stated (:attr:`Receiver.first_rate_bps`). When STOP came first (a
+    high tolerance: the threshold falls mid-pass) and the receiver knows the
+    sender's R3 order, the loss is that of the chunks the order put before the
+    last one that arrived: one pass crosses one FIFO path, so each of them
+    still missing was lost (a grant that overflows the bottleneck's queue is
+    seen in such rounds too; it was taken for clean); at most
+    :data:`EARLY_CLEAN` of them is clean, as R11 takes a STOP. The round logic (:mod:`dblp.session`) grants the next round's
     upload rate in ROUND(up), one rate for every worker, set from all their
     first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
     starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
@@ -87,8 +93,10 @@ R13 Coalesced control (issue #30, small models; a transport's rule like
     (``tests/test_control_cost.py``).
 R14 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
     streams): a sender keeps its first pass's loss at that pass's reply
-    (:attr:`RoundSender.first_loss`, from the BITMAP's count; 0 when STOP
-    came first, as R12's receiver) and the rate that pass was sent at
+    (:attr:`RoundSender.first_loss`, from the BITMAP's count; when STOP came
+    first, the loss R12's receiver counted, which the STOP states as its span
+    - the first pass's datagrams up to the last arrival - when more than
+    :data:`EARLY_CLEAN` of them are missing; else 0) and the rate that pass was sent at
     (:attr:`RoundSender.first_rate_bps`) - a self-pacing sender's. When the
     next broadcast begins, the round logic sets the rate of all the server's
     self-paced streams from every stream's first pass of the round before,
@@ -378,7 +386,7 @@ class RoundSender:
         self._pass_t1 = 0.0
         self._pass_sent = 0
         self._pass_bytes = 0
-        self.first_loss = 0.0  # R14: the loss of this round's first pass at its reply (0: STOP came first)
+        self.first_loss = 0.0  # R14: the loss of this round's first pass at its reply (a STOP first: its span's)
         self.first_rate_bps = 0.0  # R14: the pacer's rate when the first pass began (0: unpaced)
 
     @property
@@ -458,7 +466,7 @@ class RoundSender:
         if isinstance(msg, ctl.Stop):
             # R6: stop at once, also mid-pass.
             self.stats.early_stop = self.state is SendState.SENDING
-            self._report_pass(int(msg.received), now, stop=True)
+            self._report_pass(int(msg.received), now, stop=True, span=int(msg.span))
             self.stats.received = msg.received
             self.stats.t_done = now
             self._end_wait(now)
@@ -503,7 +511,7 @@ class RoundSender:
             self._start_pass(now)
         self._last_received = received
 
-    def _report_pass(self, received: int, now: float, *, stop: bool) -> None:
+    def _report_pass(self, received: int, now: float, *, stop: bool, span: int = 0) -> None:
         """R11: tell the pacer how the pass that this reply answers went; a new pass starts counting."""
         sent, t0, nbytes = self._pass_sent, self._pass_t0, self._pass_bytes
         self._pass_t0, self._pass_sent, self._pass_bytes = None, 0, 0
@@ -512,7 +520,9 @@ class RoundSender:
         delivered = received - self.stats.received
         if self.stats.passes == 1:  # R14: the first pass's outcome, for the broadcast's rate
             self.first_rate_bps = self._pass_rate
-            self.first_loss = 0.0 if stop else min(1.0, max(0.0, 1.0 - delivered / sent))
+            # (a STOP first: the loss its receiver counted in the order's span, when it states one)
+            self.first_loss = (1.0 - received / span if span >= received > 0 else 0.0) if stop else \
+                min(1.0, max(0.0, 1.0 - delivered / sent))
         if stop:  # the receiver stopped counting at its threshold, datagrams may be in flight: clean, or nothing
             if sent - delivered > EARLY_CLEAN * sent:
                 return
@@ -639,13 +649,14 @@ class Receiver:
         self.stats = RecvStats()
         self.total_drops = DropCounters()  # over the connection's life, between rounds included
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
-        self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
+        self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE, or at a STOP before it
         self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
         self._index = index_order(layout.chunks)  # see _accept_new
         self._order = self._pos = self._identity
+        self._order_known = False  # expect_order was told this round's order (R12's loss at an early STOP)
         self._claim = np.zeros(layout.chunks, np.uint8)
         self._cursor = np.zeros(1, np.int64)
 
@@ -668,6 +679,7 @@ class Receiver:
         self.tolerance = None
         self.need = self.layout.chunks
         self._order = self._pos = self._identity
+        self._order_known = False
         self._cursor[0] = 0
         if tolerance is not None:
             self.set_tolerance(tolerance, now)
@@ -694,6 +706,7 @@ class Receiver:
         if not np.array_equal(order[pos], self._identity):
             raise ValueError(f"order must be a permutation of the {n} chunks")
         self._order, self._pos = order, pos
+        self._order_known = True
 
     def placement(self) -> Placement | None:
         """Where payloads may be received in place now, or None (no round
@@ -963,8 +976,30 @@ class Receiver:
         if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need:
             self._stop_sent = True
             self.stats.t_done = now
-            self._control.append(ctl.Stop(self.round_no, self.direction, self.received))
+            span = 0
+            if self.stats.probes == 0:  # R12: STOP before the first pass's PROBE
+                self.first_loss, span = self._early_stop_loss()
+            self._control.append(ctl.Stop(self.round_no, self.direction, self.received, span))
             self._zero_fill()
+
+    def _early_stop_loss(self) -> tuple[float, int]:
+        """R12: the first pass's loss at a STOP that came before its PROBE - the fraction of the
+        chunks the sender's order put before the last one that arrived that are missing (a pass
+        crosses one FIFO path: those were sent, and lost). Why: at a high tolerance STOP always comes
+        first, and a grant whose uploads overflow the server link's queue (3 x 205 Mbit/s into 500)
+        looked clean round after round and kept rising (docs/pacing.md, "Issue #30's accuracy
+        gap"). 0 when the order is not known (index order assumed) or nothing arrived, and at most
+        :data:`EARLY_CLEAN` counts as clean, as R11 takes a STOP: a few datagrams missing at a
+        rate far below the link (a loaded host's late wake-ups, a 5 ms bucket each, meeting in a
+        100-packet queue; a batch cut by the STOP) are not the rate's doing, and judged as
+        congestion they ratcheted the grant down cut after cut (144 -> 62 Mbit/s, share 167).
+        Returns the loss and the span it is of (the STOP states the span when the loss counts, R14)."""
+        if not self._order_known or self.received == 0:
+            return 0.0, 0
+        held = self.mask[self._order]  # in send order
+        sent = held.size - int(np.argmax(held[::-1]))  # positions 0..sent-1 left before the last arrival
+        loss = 1.0 - self.received / sent
+        return (loss, sent) if loss > EARLY_CLEAN else (0.0, 0)
 
     def _zero_fill(self) -> None:
         """R7: unreceived chunks become zeros."""

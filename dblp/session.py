@@ -449,7 +449,9 @@ class ServerSession:
         p = self.peers[w]
         p.tolerance = float(self.policy.tolerance)
         p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)
-        if p.buffer is not None:  # the worker's R3 order, so its datagrams are received in place (R10)
+        if p.buffer is not None or self._uploads is not None:
+            # the worker's R3 order, so its datagrams are received in place (R10), and R12 knows what the
+            # first pass lost when STOP comes before its PROBE
             p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
         self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr),
                                                             self._grant)))
@@ -503,6 +505,9 @@ class ServerSession:
     def _server_record(self, w: int, p: _Up, now: float) -> RoundRecord:
         r, s, c = p.receiver, p.sender, self.context
         assert s is not None
+        extra = {"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra}
+        if self._uploads is not None:  # R12's evidence: this upload's first-pass loss, the next round's grant
+            extra.update(up_first_loss=r.first_loss, grant_bps=self._grant)
         return RoundRecord(
             source=c.source, role="server", worker=w, round=self.round, t_start=self._t0 + c.clock_offset,
             policy=c.policy, tolerance_up=p.tolerance, tolerance_down=self._p_down, clr=self._clr,
@@ -511,7 +516,7 @@ class ServerSession:
             round_latency_s=now - self._t0, up_received=c.count(r.received), down_sent=c.count(s.stats.sent),
             down_passes=s.stats.passes, down_received=c.count(s.stats.received), early_stop_down=s.stats.early_stop,
             send_rate_bps=s.pacer.rate_bps, order=c.order, **_drops(c, r, p.reported),
-            extra={"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra},
+            extra=extra,
         )
 
 
