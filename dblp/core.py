@@ -96,6 +96,30 @@ R14 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
     then hold that rate for the whole round, and their R11 reports move it
     only until the rule has a rate (rounds 0-1: the unpaced flood, then the
     start it gave).
+R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
+    of R12 and R14): a receiver keeps when it accepted the round's first and
+    latest chunk; at the first pass's PROBE it keeps that pass's chunks and
+    their span (:attr:`Receiver.first_received`,
+    :attr:`Receiver.first_span_s`; a STOP first: the chunks and span at
+    STOP). Every datagram accepted before that PROBE's answer belongs to the
+    first pass (a retransmission needs the answer). When every upload of a
+    round whose first passes were all unpaced is in, they lost
+    :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
+    no grant exists yet, the round logic takes all first passes' chunks
+    over the span from the earliest first chunk to the latest last one -
+    while an unpaced flood overflows a queue, the link behind it is busy, so
+    that is the bottleneck's rate (packet-train dispersion, the whole pass
+    the train) - as every worker's equal share of it. It seeds R12's grant
+    at :data:`dblp.pacing.HOLD` of the share, the share its ceiling
+    (:meth:`dblp.pacing.UploadGrant.seed`: soft until the first cut, it
+    rises by the step a clean round), unless the rates the workers
+    stated (their own R11 estimates) are higher; and it is the floor of
+    R14's start: when the broadcast's own flood gives its group a rate
+    below HOLD of the share, the group is seeded there the same way
+    (:meth:`dblp.pacing.PacerGroup.report`; the uploads measure the server's
+    receiving, its sending may be faster). A seed is unproven: the next
+    round's loss is judged as at any new rate (a cut, the ceiling the rate);
+    the unpaced passes it was measured on are no verdict on it.
 """
 
 from __future__ import annotations
@@ -641,6 +665,9 @@ class Receiver:
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
         self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
         self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
+        self.t_last = float("nan")  # R15: when the latest chunk of the round was accepted
+        self.first_received = 0  # R15: chunks of the first pass (at its PROBE; 0: not yet, or STOP came first)
+        self.first_span_s = 0.0  # R15: first to last of those chunks' acceptance (s)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -663,7 +690,9 @@ class Receiver:
         self.received = 0
         self.active = True
         self._stop_sent = False
-        self.first_loss = self.first_rate_bps = 0.0
+        self.first_loss = self.first_rate_bps = self.first_span_s = 0.0
+        self.first_received = 0
+        self.t_last = float("nan")
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -903,6 +932,7 @@ class Receiver:
             mask[:] = True
         self.received += n
         self.stats.accepted += n
+        self.t_last = now
         self._check_threshold(now)
         return n
 
@@ -947,6 +977,7 @@ class Receiver:
         self.mask[uniq] = True
         self.received += int(uniq.size)
         self.stats.accepted += int(uniq.size)
+        self.t_last = now
         self._check_threshold(now)
         return int(uniq.size)
 
@@ -983,6 +1014,9 @@ class Receiver:
         if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
             self.first_loss = 1.0 - self.received / self.layout.chunks
             self.first_rate_bps = float(msg.rate_bps)
+            if self.received:  # R15: the first pass's chunks and their span, before any retransmission
+                self.first_received = self.received
+                self.first_span_s = self.t_last - self.stats.t_first
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:
