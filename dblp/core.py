@@ -102,7 +102,13 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     their span (:attr:`Receiver.first_received`,
     :attr:`Receiver.first_span_s`; a STOP first: the chunks and span at
     STOP). Every datagram accepted before that PROBE's answer belongs to the
-    first pass (a retransmission needs the answer). When every upload of a
+    first pass (a retransmission needs the answer). In a self-paced run
+    (:attr:`Receiver.tell_rate`) the answer to an unpaced first pass (its
+    PROBE states no rate) that lost states the rate its chunks arrived at
+    (a BITMAP+, :mod:`dblp.control` type 13): the sender's pacer starts its
+    retransmissions from it (:meth:`dblp.pacing.AutoPacer.on_pass`), not
+    from its own bounds, which the reply's delay spoils - the full queue
+    drops the PROBE, and TCP resends it 0.2 s later. When every upload of a
     round whose first passes were all unpaced is in, they lost
     :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
     no grant exists yet, the round logic takes all first passes' chunks
@@ -131,7 +137,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .pacing import TokenBucket
+from .pacing import MIN_SAMPLE, TokenBucket
 from .policy import check_tolerance, needed_chunks
 from .wire import (
     KIND_DATA,
@@ -489,7 +495,7 @@ class RoundSender:
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
-            self._report_pass(int(msg.received), now, stop=False)
+            self._report_pass(int(msg.received), now, stop=False, arrival_bps=msg.rate_bps)
             # R3: missing chunks, round order (in index order that is the missing ones as they are)
             self._reply(int(msg.received), (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]],
                         now)
@@ -527,7 +533,7 @@ class RoundSender:
             self._start_pass(now)
         self._last_received = received
 
-    def _report_pass(self, received: int, now: float, *, stop: bool) -> None:
+    def _report_pass(self, received: int, now: float, *, stop: bool, arrival_bps: float = 0.0) -> None:
         """R11: tell the pacer how the pass that this reply answers went; a new pass starts counting."""
         sent, t0, nbytes = self._pass_sent, self._pass_t0, self._pass_bytes
         self._pass_t0, self._pass_sent, self._pass_bytes = None, 0, 0
@@ -543,7 +549,7 @@ class RoundSender:
             arrived = min(sent, max(delivered, 0))
             nbytes, sent, delivered = nbytes * arrived // sent, arrived, arrived
         self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1,
-                           rate_bps=self._pass_rate)
+                           rate_bps=self._pass_rate, arrival_bps=arrival_bps)
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)
@@ -668,6 +674,8 @@ class Receiver:
         self.t_last = float("nan")  # R15: when the latest chunk of the round was accepted
         self.first_received = 0  # R15: chunks of the first pass (at its PROBE; 0: not yet, or STOP came first)
         self.first_span_s = 0.0  # R15: first to last of those chunks' acceptance (s)
+        self.tell_rate = False  # R15: answer an unpaced lossy first pass with the rate it arrived at (self-paced runs)
+        self._told_bps = 0.0  # R15: the rate to state in the next BITMAP (once a round)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -693,6 +701,7 @@ class Receiver:
         self.first_loss = self.first_rate_bps = self.first_span_s = 0.0
         self.first_received = 0
         self.t_last = float("nan")
+        self._told_bps = 0.0
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -1017,6 +1026,9 @@ class Receiver:
             if self.received:  # R15: the first pass's chunks and their span, before any retransmission
                 self.first_received = self.received
                 self.first_span_s = self.t_last - self.stats.t_first
+                if (self.tell_rate and msg.rate_bps == 0 and self.received >= MIN_SAMPLE
+                        and self.first_span_s > 0):
+                    self._told_bps = self.received * self.layout.datagram_size * 8.0 / self.first_span_s
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:
@@ -1029,7 +1041,8 @@ class Receiver:
                 self._control.append(self._bitmap())
 
     def _bitmap(self) -> ctl.Bitmap:
-        return ctl.Bitmap(self.round_no, self.direction, self.received, np.packbits(self.mask).tobytes())
+        told, self._told_bps = self._told_bps, 0.0
+        return ctl.Bitmap(self.round_no, self.direction, self.received, np.packbits(self.mask).tobytes(), told)
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []

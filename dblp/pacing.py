@@ -122,9 +122,10 @@ class TokenBucket:
         return now if deficit <= 0 else now + deficit * 8.0 / self._rate + 1e-9
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
-        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at); a fixed-rate
-        bucket ignores it."""
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
+        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at; ``arrival_bps``:
+        the rate its chunks arrived at, when the receiver told it, R15); a fixed-rate bucket
+        ignores it."""
 
     def grant(self, rate_bps: float) -> None:
         """The server's rate grant (core rule R12); a fixed rate is the user's, and stays."""
@@ -145,7 +146,9 @@ class AutoPacer(TokenBucket):
     an additive increase - the same bit/s for all - would equalise them, and
     a sender alone knows no such step. docs/pacing.md measures the cost.)
 
-    - start: the first lossy pass of an unpaced sender sets the rate to the
+    - start: the first lossy pass of an unpaced sender sets the rate to
+      :data:`HOLD` of the rate its chunks arrived at, when the receiver told
+      it (core rule R15: the flood's dispersion), else to the
       geometric mean of two bounds on its share of the bottleneck: the
       delivery rate ``delivered bytes / reply_s`` (too low by the reply's
       delay) and ``(1 - loss) x bytes / send_s`` (too high by what the queue
@@ -216,7 +219,7 @@ class AutoPacer(TokenBucket):
         self.rate_bps = rate_bps
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
         if sent < MIN_SAMPLE or reply_s <= 0:
             return
         if rate_bps is not None and rate_bps != self.rate_bps:  # news of a rate no longer in force (a group)
@@ -246,7 +249,9 @@ class AutoPacer(TokenBucket):
         self._cut = (self.rate_bps, loss)
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
-        if in_force == math.inf:  # the unpaced start: between two bounds on the share, then doubling
+        if in_force == math.inf and arrival_bps > 0 and math.isfinite(arrival_bps):
+            new = HOLD * arrival_bps  # R15: the receiver saw the flood arrive at the bottleneck's rate
+        elif in_force == math.inf:  # the unpaced start: between two bounds on the share, then doubling
             lo = delivered * (nbytes / sent) * 8.0 / reply_s  # the reply's delay counted in: too low
             hi = (1.0 - loss) * nbytes * 8.0 / send_s if send_s > 0 else lo  # the queue's fill counted: too high
             new = math.sqrt(lo * max(lo, hi))
@@ -314,9 +319,9 @@ class _Member(TokenBucket):
         return super().next_time(now, item_bytes)
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
         if not self.group.granted:  # R14: once the group has a rate, it moves at round boundaries only
-            self.group.report(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+            self.group.report(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
 
 
 class PacerGroup:
@@ -354,7 +359,7 @@ class PacerGroup:
         return _Member(self)
 
     def report(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-               first: bool = True, rate_bps: float | None = None) -> None:
+               first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
         """A member's R11 report while the group has no rate of the rule's: the brain's. R15: when
         the brain's start - its estimate from the first lossy pass of the unpaced flood - falls
         below :data:`HOLD` of the share the uploads' flood measured (:attr:`floor_bps`), the group
@@ -368,7 +373,7 @@ class PacerGroup:
         ``tests/test_transport.py``'s lossy run), so a broadcast paced at the uploads' share from
         its first datagram halved it there. As a floor the measurement only lifts a worse guess."""
         start = self.brain.rate_bps == 0.0
-        self.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+        self.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
         if start and 0.0 < self.brain.rate_bps < HOLD * self.floor_bps:
             self._floored = self.seed(self.floor_bps) > 0
 

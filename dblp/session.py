@@ -244,6 +244,8 @@ class ServerSession:
                    np.zeros(layout.elements, np.float32) if values else None)
             for w in workers
         }
+        for p in self.peers.values():  # R15: a self-paced run's uploads are told their flood's arrival rate
+            p.receiver.tell_rate = self_paced
         self.round = 0
         self._opened = -1  # the last round announced as opening
         self._unrecorded = 0  # broadcasts of this round not yet recorded (S4)
@@ -586,6 +588,7 @@ class WorkerSession:
         self.max_batch = max_batch
         self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
                                  peer_addr=peer_addr)
+        self.receiver.tell_rate = self.pacer.auto  # R15: a self-paced run's broadcast is told its flood's rate
         self.round = 0
         self.sender: RoundSender | None = None
         self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}

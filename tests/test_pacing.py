@@ -559,3 +559,46 @@ def test_r15_a_floor_below_the_brains_estimate_changes_nothing():
     m = g.member()
     m.on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
     assert not g.granted and m.rate_bps > 0.9 * 10e6
+
+
+def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
+    """On the wire a BITMAP with a rate is type 13 (type 5, byte for byte the old frame, without one). A
+    self-paced receiver answers an unpaced first pass that lost with the rate its chunks arrived at
+    (400 chunks over 0.05 s); the sender's AutoPacer starts its retransmissions at 0.9 of it, where its
+    own bounds (the reply 0.25 s late) said a few Mbit/s. A paced first pass is not told; nor is a
+    receiver of a run that does not self-pace."""
+    old = ctl.Bitmap(3, ctl.UP, 5, b"\x0f\xf0")
+    told = ctl.Bitmap(3, ctl.UP, 5, b"\x0f\xf0", 40e6)
+    assert ctl.encode(old)[4] == 5 and ctl.encode(told)[4] == 13 and len(ctl.encode(told)) == len(ctl.encode(old)) + 8
+    assert ctl.ControlDecoder().feed(ctl.encode(old) + ctl.encode(told)) == [old, told]
+    for body in (ctl.encode(told)[5:14], ctl.encode(old)[5:14] + b"\x00" * 8 + b"\x0f\xf0",
+                 ctl.encode(old)[5:14] + struct.pack("!d", math.inf) + b"\x0f\xf0"):
+        with pytest.raises(ctl.ControlError):
+            ctl.decode_frame(13, body)
+
+    layout = ChunkLayout(362 * 1000)
+    values = np.zeros(layout.elements, np.float32)
+    rates = {}
+    for tell, stated in ((True, 0.0), (False, 0.0), (True, 20e6)):
+        rcv = Receiver(layout, run_id=1, expected_sender=0, direction=ctl.UP)
+        rcv.tell_rate = tell
+        rcv.begin_round(0, None, now=0.0, tolerance=0.0)
+        seqs = np.arange(0, 1000, 2)[:400]
+        for i in range(0, 400, 40):
+            rcv.receive_chunks(0, seqs[i:i + 40], 0.01 + 0.05 * (i + 40) / 400)
+        rcv.handle_control(ctl.Probe(0, ctl.UP, 1, stated), 0.26)
+        (bm,) = rcv.control_to_send()
+        rates[(tell, stated)] = bm.rate_bps
+    arrived = 400 * layout.datagram_size * 8 / 0.045
+    assert rates == {(True, 0.0): pytest.approx(arrived), (False, 0.0): 0.0, (True, 20e6): 0.0}
+
+    enc = EncodedRound(values, layout, round_no=0, run_id=1, sender=0)
+    pacer = AutoPacer()
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="inorder", pacer=pacer)
+    while snd.datagrams_to_send(0.0) is not None:
+        pass
+    snd.control_to_send()
+    mask = np.zeros(layout.chunks, bool)
+    mask[seqs] = True
+    snd.handle_control(ctl.Bitmap(0, ctl.UP, 400, np.packbits(mask).tobytes(), arrived), 0.26)
+    assert pacer.rate_bps == pytest.approx(0.9 * arrived) and pacer.cuts == 1
