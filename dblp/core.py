@@ -101,7 +101,12 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     latest chunk; at the first pass's PROBE it keeps that pass's chunks and
     their span (:attr:`Receiver.first_received`,
     :attr:`Receiver.first_span_s`; a STOP first: the chunks and span at
-    STOP). Every datagram accepted before that PROBE's answer belongs to the
+    STOP) - without the chunks of the first read (:attr:`Receiver.lead`):
+    the times are those of the reads, and a receiver that read late found
+    a backlog whose arrival it did not see (counted in, a descheduled
+    server measured 850 Mbit/s on a 100 Mbit/s link); the chunks of a later
+    read arrived after the read before it, so the rate is a lower bound of
+    the arrival rate over the span. Every datagram accepted before that PROBE's answer belongs to the
     first pass (a retransmission needs the answer). In a self-paced run
     (:attr:`Receiver.tell_rate`) the answer to an unpaced first pass (its
     PROBE states no rate) that lost states the rate its chunks arrived at
@@ -672,8 +677,10 @@ class Receiver:
         self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE (0: STOP came first)
         self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
         self.t_last = float("nan")  # R15: when the latest chunk of the round was accepted
-        self.first_received = 0  # R15: chunks of the first pass (at its PROBE; 0: not yet, or STOP came first)
-        self.first_span_s = 0.0  # R15: first to last of those chunks' acceptance (s)
+        self.lead = 0  # R15: chunks accepted at the round's first read (``now`` of t_first): when they arrived is unknown
+        # R15: chunks of the first pass after its first read (at its PROBE; 0: not yet, or STOP came first) ...
+        self.first_received = 0
+        self.first_span_s = 0.0  # ... and the span from the first read to the last chunk's (s)
         self.tell_rate = False  # R15: answer an unpaced lossy first pass with the rate it arrived at (self-paced runs)
         self._told_bps = 0.0  # R15: the rate to state in the next BITMAP (once a round)
         self._control: list[ctl.Message] = []
@@ -699,7 +706,7 @@ class Receiver:
         self.active = True
         self._stop_sent = False
         self.first_loss = self.first_rate_bps = self.first_span_s = 0.0
-        self.first_received = 0
+        self.first_received = self.lead = 0
         self.t_last = float("nan")
         self._told_bps = 0.0
         self.stats = RecvStats(t_start=now)
@@ -942,6 +949,8 @@ class Receiver:
         self.received += n
         self.stats.accepted += n
         self.t_last = now
+        if now == self.stats.t_first:
+            self.lead += n
         self._check_threshold(now)
         return n
 
@@ -987,6 +996,8 @@ class Receiver:
         self.received += int(uniq.size)
         self.stats.accepted += int(uniq.size)
         self.t_last = now
+        if now == self.stats.t_first:
+            self.lead += int(uniq.size)
         self._check_threshold(now)
         return int(uniq.size)
 
@@ -1024,11 +1035,11 @@ class Receiver:
             self.first_loss = 1.0 - self.received / self.layout.chunks
             self.first_rate_bps = float(msg.rate_bps)
             if self.received:  # R15: the first pass's chunks and their span, before any retransmission
-                self.first_received = self.received
+                self.first_received = self.received - self.lead
                 self.first_span_s = self.t_last - self.stats.t_first
-                if (self.tell_rate and msg.rate_bps == 0 and self.received >= MIN_SAMPLE
+                if (self.tell_rate and msg.rate_bps == 0 and self.first_received >= MIN_SAMPLE
                         and self.first_span_s > 0):
-                    self._told_bps = self.received * self.layout.datagram_size * 8.0 / self.first_span_s
+                    self._told_bps = self.first_received * self.layout.datagram_size * 8.0 / self.first_span_s
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:

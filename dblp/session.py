@@ -470,7 +470,8 @@ class ServerSession:
         all unpaced and lost :data:`FLOOD_LOSS` or more (their mean: a queue overflowed - 25% random
         loss on loopback, a cold receiver behind it, measured half the rate there): all first-pass chunks over the span from the earliest first
         chunk's acceptance to the latest last one's (a first pass that ended in STOP: its chunks
-        at STOP). 0 when the round says nothing of the path: a paced or a clean first pass
+        at STOP), the chunks of each receiver's first read left out (Receiver.lead: a backlog, its
+        arrival unseen). 0 when the round says nothing of the path: a paced or a clean first pass
         (R12's seeds act then), fewer than MIN_SAMPLE chunks, or no span.
 
         Why the span, not the reply: while the flood overflows a queue the link behind it is
@@ -483,7 +484,7 @@ class ServerSession:
         chunks, t0, t1 = 0, math.inf, -math.inf
         for r in rs:
             got, end = ((r.first_received, r.stats.t_first + r.first_span_s) if r.first_loss > 0
-                        else (r.received, r.stats.t_done))  # (no loss at the first PROBE: STOP came first)
+                        else (r.received - r.lead, r.stats.t_done))  # (no loss at the first PROBE: STOP came first)
             if got and math.isfinite(r.stats.t_first) and math.isfinite(end):
                 chunks += got
                 t0, t1 = min(t0, r.stats.t_first), max(t1, end)

@@ -470,9 +470,17 @@ def test_r15_the_receiver_keeps_the_first_pass_span_not_the_probe_time():
     assert [type(m) for m in rcv.control_to_send()] == [ctl.Bitmap]
     rcv.receive_chunks(0, np.setdiff1d(np.arange(1000), seqs), 0.5)
     assert rcv.complete and rcv.first_loss == pytest.approx(0.6)
-    assert rcv.first_received == 400 and rcv.first_span_s == pytest.approx(0.05 - 0.005)
+    # the first read's 40 chunks arrived at times it did not see: left out (a lower bound: 360 over 0.045 s)
+    assert rcv.lead == 40 and rcv.first_received == 360 and rcv.first_span_s == pytest.approx(0.05 - 0.005)
     rcv.begin_round(1, None, now=1.0, tolerance=0.0)
-    assert rcv.first_received == 0 and rcv.first_span_s == 0.0 and math.isnan(rcv.t_last)
+    assert rcv.first_received == rcv.lead == 0 and rcv.first_span_s == 0.0 and math.isnan(rcv.t_last)
+    # a receiver that read late: 300 chunks waiting at its first read (one ``now``), 100 more over 0.01 s -
+    # with the backlog counted in, 400 over 0.01 s would say 4x the rate the 100 arrived at
+    rcv.receive_chunks(1, np.arange(150), 1.2)
+    rcv.receive_chunks(1, np.arange(150, 300), 1.2)
+    rcv.receive_chunks(1, np.arange(300, 400), 1.21)
+    rcv.handle_control(ctl.Probe(1, ctl.UP, 1), 1.3)
+    assert rcv.lead == 300 and rcv.first_received == 100 and rcv.first_span_s == pytest.approx(0.01)
 
 
 def _flood_round(srv, chunks: int, link_bps: float, kept: float, t0: float = 0.0) -> float:
@@ -527,14 +535,14 @@ def test_r15_a_lossy_unpaced_flood_seeds_the_grant_and_floors_the_broadcast_star
     mask = np.arange(layout.chunks) % 10 < 2  # 20% arrived; the reply 0.25 s late
     first.handle_control(ctl.Bitmap(0, ctl.DOWN, int(mask.sum()), np.packbits(mask).tobytes()), now + 0.25)
     for s in started:
-        assert s.pacer.rate_bps == pytest.approx(0.9 * share, rel=0.02)
+        assert s.pacer.rate_bps == pytest.approx(0.9 * share, rel=0.05)  # (each first read left out: 97%)
     for s in started[1:]:
         s.handle_control(ctl.Stop(0, ctl.DOWN, layout.chunks), now + 0.5)
     first.handle_control(ctl.Stop(0, ctl.DOWN, layout.chunks), now + 0.6)
     srv.poll(now + 0.6)
     grants = [e.message.grant_bps for e in srv.events()
               if isinstance(e, ControlToSend) and isinstance(e.message, ctl.RoundStart) and e.message.round == 1]
-    assert len(grants) == 3 and grants[0] == pytest.approx(0.9 * share, rel=0.02) and len(set(grants)) == 1
+    assert len(grants) == 3 and grants[0] == pytest.approx(0.9 * share, rel=0.05) and len(set(grants)) == 1
     light = ServerSession(layout, range(3), policy=FixedPolicy(0.0), run_id=1, context=ctx, values=False, rounds=3)
     light.start(0.0)
     light.events()
@@ -589,7 +597,7 @@ def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
         rcv.handle_control(ctl.Probe(0, ctl.UP, 1, stated), 0.26)
         (bm,) = rcv.control_to_send()
         rates[(tell, stated)] = bm.rate_bps
-    arrived = 400 * layout.datagram_size * 8 / 0.045
+    arrived = 360 * layout.datagram_size * 8 / 0.045  # the first read's 40 left out
     assert rates == {(True, 0.0): pytest.approx(arrived), (False, 0.0): 0.0, (True, 20e6): 0.0}
 
     enc = EncodedRound(values, layout, round_no=0, run_id=1, sender=0)
@@ -599,6 +607,6 @@ def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
         pass
     snd.control_to_send()
     mask = np.zeros(layout.chunks, bool)
-    mask[seqs] = True
+    mask[np.arange(0, 1000, 2)[:400]] = True
     snd.handle_control(ctl.Bitmap(0, ctl.UP, 400, np.packbits(mask).tobytes(), arrived), 0.26)
     assert pacer.rate_bps == pytest.approx(0.9 * arrived) and pacer.cuts == 1
