@@ -107,13 +107,17 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     server measured 850 Mbit/s on a 100 Mbit/s link); the chunks of a later
     read arrived after the read before it, so the rate is a lower bound of
     the arrival rate over the span. Every datagram accepted before that PROBE's answer belongs to the
-    first pass (a retransmission needs the answer). In a self-paced run
-    (:attr:`Receiver.tell_rate`) the answer to an unpaced first pass (its
-    PROBE states no rate) that lost states the rate its chunks arrived at
-    (a BITMAP+, :mod:`dblp.control` type 13): the sender's pacer starts its
-    retransmissions from it (:meth:`dblp.pacing.AutoPacer.on_pass`), not
-    from its own bounds, which the reply's delay spoils - the full queue
-    drops the PROBE, and TCP resends it 0.2 s later. When every upload of a
+    first pass (a retransmission needs the answer). The server's receivers
+    (:attr:`Receiver.tell_rate`, a self-paced run) answer an unpaced first
+    upload pass (its PROBE states no rate) that lost with the rate its
+    chunks arrived at (a BITMAP+, :mod:`dblp.control` type 13): the
+    worker's pacer starts round 0's retransmissions from it
+    (:meth:`dblp.pacing.AutoPacer.on_pass`), not from its own bounds, which
+    the reply's delay spoils - the full queue drops the PROBE, and TCP
+    resends it 0.2 s later. (One sender's rate is an estimate of its share
+    only where the bottleneck interleaves the senders finely; served in
+    bursts, each sees up to the whole link - 3x the share measured for the
+    broadcast's streams, whose receivers therefore tell nothing.) When every upload of a
     round whose first passes were all unpaced is in, they lost
     :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
     no grant exists yet, the round logic takes all first passes' chunks
@@ -123,8 +127,7 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     the train) - as every worker's equal share of it. It seeds R12's grant
     at :data:`dblp.pacing.HOLD` of the share, the share its ceiling
     (:meth:`dblp.pacing.UploadGrant.seed`: soft until the first cut, it
-    rises by the step a clean round), unless the rates the workers
-    stated (their own R11 estimates) are higher; and it is the floor of
+    rises by the step a clean round); and it is the floor of
     R14's start: when the broadcast's own flood gives its group a rate
     below HOLD of the share, the group is seeded there the same way
     (:meth:`dblp.pacing.PacerGroup.report`; the uploads measure the server's

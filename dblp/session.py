@@ -68,7 +68,7 @@ import numpy as np
 from . import control as ctl
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from .pacing import FLOOD_LOSS, HOLD, MIN_SAMPLE, PacerGroup, TokenBucket, UploadGrant, make_pacer
+from .pacing import FLOOD_LOSS, MIN_SAMPLE, PacerGroup, TokenBucket, UploadGrant, make_pacer
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
 
@@ -332,9 +332,8 @@ class ServerSession:
                 share = self._flood_share_bps(ps) if self._uploads.rate_bps == 0 else 0.0
                 if self._group is not None and share > 0 and not self._group.granted:
                     self._group.floor_bps = share  # R15: the broadcast's start no lower than the uploads' share
-                stated = [r for r in (p.receiver.stated_rate_bps for p in ps) if r > 0]
-                if share > 0 and HOLD * share >= (sum(stated) / len(stated) if stated else 0.0):
-                    # R15: a lossy unpaced flood measured the bottleneck, above what the workers found
+                if share > 0:  # R15: a lossy unpaced flood measured the bottleneck (the workers' own rates,
+                    # told their own floods' arrival, see the bottleneck serve each in bursts: up to its whole rate)
                     self._grant = self._uploads.seed(share)
                 else:
                     self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
@@ -589,7 +588,6 @@ class WorkerSession:
         self.max_batch = max_batch
         self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
                                  peer_addr=peer_addr)
-        self.receiver.tell_rate = self.pacer.auto  # R15: a self-paced run's broadcast is told its flood's rate
         self.round = 0
         self.sender: RoundSender | None = None
         self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
