@@ -106,8 +106,9 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     a backlog whose arrival it did not see (counted in, a descheduled
     server measured 850 Mbit/s on a 100 Mbit/s link); the chunks of a later
     read arrived after the read before it, so the rate is a lower bound of
-    the arrival rate over the span. Every datagram accepted before that PROBE's answer belongs to the
-    first pass (a retransmission needs the answer). The server's receivers
+    the arrival rate over the span. Every datagram accepted before that
+    PROBE's answer belongs to the first pass (a retransmission needs the
+    answer). The server's receivers
     (:attr:`Receiver.tell_rate`, a self-paced run) answer an unpaced first
     upload pass (its PROBE states no rate) that lost with the rate its
     chunks arrived at (a BITMAP+, :mod:`dblp.control` type 13): the
@@ -117,8 +118,9 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     resends it 0.2 s later. (One sender's rate is an estimate of its share
     only where the bottleneck interleaves the senders finely; served in
     bursts, each sees up to the whole link - 3x the share measured for the
-    broadcast's streams, whose receivers therefore tell nothing.) When every upload of a
-    round whose first passes were all unpaced is in, they lost
+    broadcast's streams, whose receivers therefore tell nothing.) When
+    every upload of a round whose first passes were all unpaced is in, they
+    lost
     :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
     no grant exists yet, the round logic takes all first passes' chunks
     over the span from the earliest first chunk to the latest last one -
