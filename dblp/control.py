@@ -25,6 +25,9 @@ type    name       body
 11      AUTH       worker proof (32 bytes)
 12      LOCAL      round u32, direction u8: a pass of the whole tensor is in the
                    host-local slot (:mod:`dblp.hostlocal`, the sharded mode)
+13      BITMAP+    round u32, direction u8, received u32, rate f64, packed bits:
+                   a BITMAP that states the rate the first pass arrived at
+                   (core rule R15; sent as type 5 when there is no rate)
 ======  =========  ==========================================================
 
 CHALLENGE and AUTH are the authenticated handshake (:mod:`dblp.auth`): the
@@ -132,6 +135,7 @@ class Bitmap:
     direction: int
     received: int
     bits: bytes  # np.packbits of the received-chunk mask
+    rate_bps: float = 0.0  # R15: the rate the first pass arrived at (bit/s), told a self-pacing sender; 0 = none
 
     def mask(self, chunks: int) -> np.ndarray:
         return _unpack(self.bits, chunks)
@@ -263,7 +267,9 @@ def _body(msg: Message) -> tuple[int, bytes]:
     elif isinstance(msg, Probe):
         t, body = 4, _PROBE.pack(msg.round, msg.direction, msg.pass_no) + _rate(msg.rate_bps)
     elif isinstance(msg, Bitmap):
-        t, body = 5, _BITMAP.pack(msg.round, msg.direction, msg.received) + msg.bits
+        head = _BITMAP.pack(msg.round, msg.direction, msg.received)
+        # R15: a rate makes it type 13 (the bits' length is the layout's, so no trailing field fits)
+        t, body = (13, head + _RATE.pack(msg.rate_bps) + msg.bits) if msg.rate_bps else (5, head + msg.bits)
     elif isinstance(msg, Stop):
         t, body = 6, _STOP.pack(msg.round, msg.direction, msg.received) + (_SPAN.pack(msg.span) if msg.span else b"")
     elif isinstance(msg, Bye):
@@ -320,6 +326,12 @@ def decode_frame(t: int, body: bytes) -> Message:
         if t == 5:
             r, d, n = _BITMAP.unpack_from(body)
             return Bitmap(r, d, n, bytes(body[_BITMAP.size :]))
+        if t == 13:
+            r, d, n = _BITMAP.unpack_from(body)
+            bps = _tail_rate(body[: _BITMAP.size + _RATE.size], _BITMAP.size, "BITMAP")
+            if not bps > 0:
+                raise ControlError("BITMAP+ rate must be > 0 bit/s (0 is type 5)")
+            return Bitmap(r, d, n, bytes(body[_BITMAP.size + _RATE.size :]), bps)
         if t == 6:
             if len(body) == _STOP.size:  # (an old peer's STOP, and every STOP without R14's span)
                 return Stop(*_STOP.unpack(body))

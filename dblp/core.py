@@ -104,6 +104,46 @@ R14 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
     then hold that rate for the whole round, and their R11 reports move it
     only until the rule has a rate (rounds 0-1: the unpaced flood, then the
     start it gave).
+R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
+    of R12 and R14): a receiver keeps when it accepted the round's first and
+    latest chunk; at the first pass's PROBE it keeps that pass's chunks and
+    their span (:attr:`Receiver.first_received`,
+    :attr:`Receiver.first_span_s`; a STOP first: the chunks and span at
+    STOP) - without the chunks of the first read (:attr:`Receiver.lead`):
+    the times are those of the reads, and a receiver that read late found
+    a backlog whose arrival it did not see (counted in, a descheduled
+    server measured 850 Mbit/s on a 100 Mbit/s link); the chunks of a later
+    read arrived after the read before it, so the rate is a lower bound of
+    the arrival rate over the span. Every datagram accepted before that
+    PROBE's answer belongs to the first pass (a retransmission needs the
+    answer). The server's receivers
+    (:attr:`Receiver.tell_rate`, a self-paced run) answer an unpaced first
+    upload pass (its PROBE states no rate) that lost with the rate its
+    chunks arrived at (a BITMAP+, :mod:`dblp.control` type 13): the
+    worker's pacer starts round 0's retransmissions from it
+    (:meth:`dblp.pacing.AutoPacer.on_pass`), not from its own bounds, which
+    the reply's delay spoils - the full queue drops the PROBE, and TCP
+    resends it 0.2 s later. (One sender's rate is an estimate of its share
+    only where the bottleneck interleaves the senders finely; served in
+    bursts, each sees up to the whole link - 3x the share measured for the
+    broadcast's streams, whose receivers therefore tell nothing.) When
+    every upload of a round whose first passes were all unpaced is in, they
+    lost
+    :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
+    no grant exists yet, the round logic takes all first passes' chunks
+    over the span from the earliest first chunk to the latest last one -
+    while an unpaced flood overflows a queue, the link behind it is busy, so
+    that is the bottleneck's rate (packet-train dispersion, the whole pass
+    the train) - as every worker's equal share of it. It seeds R12's grant
+    at :data:`dblp.pacing.HOLD` of the share, the share its ceiling
+    (:meth:`dblp.pacing.UploadGrant.seed`: soft until the first cut, it
+    rises by the step a clean round); and it is the floor of
+    R14's start: when the broadcast's own flood gives its group a rate
+    below HOLD of the share, the group is seeded there the same way
+    (:meth:`dblp.pacing.PacerGroup.report`; the uploads measure the server's
+    receiving, its sending may be faster). A seed is unproven: the next
+    round's loss is judged as at any new rate (a cut, the ceiling the rate);
+    the unpaced passes it was measured on are no verdict on it.
 """
 
 from __future__ import annotations
@@ -115,7 +155,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import control as ctl
-from .pacing import TokenBucket
+from .pacing import MIN_SAMPLE, TokenBucket
 from .policy import check_tolerance, needed_chunks
 from .wire import (
     KIND_DATA,
@@ -473,7 +513,7 @@ class RoundSender:
             self.state = SendState.DONE
         elif isinstance(msg, ctl.Bitmap) and self.state is SendState.AWAIT_REPLY:
             mask = msg.mask(self.layout.chunks)
-            self._report_pass(int(msg.received), now, stop=False)
+            self._report_pass(int(msg.received), now, stop=False, arrival_bps=msg.rate_bps)
             # R3: missing chunks, round order (in index order that is the missing ones as they are)
             self._reply(int(msg.received), (~mask).nonzero()[0] if self._inorder else self.order[~mask[self.order]],
                         now)
@@ -511,7 +551,8 @@ class RoundSender:
             self._start_pass(now)
         self._last_received = received
 
-    def _report_pass(self, received: int, now: float, *, stop: bool, span: int = 0) -> None:
+    def _report_pass(self, received: int, now: float, *, stop: bool, span: int = 0,
+                     arrival_bps: float = 0.0) -> None:
         """R11: tell the pacer how the pass that this reply answers went; a new pass starts counting."""
         sent, t0, nbytes = self._pass_sent, self._pass_t0, self._pass_bytes
         self._pass_t0, self._pass_sent, self._pass_bytes = None, 0, 0
@@ -529,7 +570,7 @@ class RoundSender:
             arrived = min(sent, max(delivered, 0))
             nbytes, sent, delivered = nbytes * arrived // sent, arrived, arrived
         self.pacer.on_pass(sent, delivered, nbytes, self._pass_t1 - t0, now - t0, first=self.stats.passes == 1,
-                           rate_bps=self._pass_rate)
+                           rate_bps=self._pass_rate, arrival_bps=arrival_bps)
 
     def _start_pass(self, now: float) -> None:
         self._end_wait(now)
@@ -651,6 +692,13 @@ class Receiver:
         self.stated_rate_bps = 0.0  # R12: the rate the peer's last PROBE stated (kept across rounds); 0 = none
         self.first_loss = 0.0  # R12: the loss of this round's first pass at its PROBE, or at a STOP before it
         self.first_rate_bps = 0.0  # R12: the rate that PROBE stated (0: unpaced, or STOP came first)
+        self.t_last = float("nan")  # R15: when the latest chunk of the round was accepted
+        self.lead = 0  # R15: chunks accepted at the round's first read (``now`` of t_first): when they arrived is unknown
+        # R15: chunks of the first pass after its first read (at its PROBE; 0: not yet, or STOP came first) ...
+        self.first_received = 0
+        self.first_span_s = 0.0  # ... and the span from the first read to the last chunk's (s)
+        self.tell_rate = False  # R15: answer an unpaced lossy first pass with the rate it arrived at (self-paced runs)
+        self._told_bps = 0.0  # R15: the rate to state in the next BITMAP (once a round)
         self._control: list[ctl.Message] = []
         self._stop_sent = False
         self._identity = np.arange(layout.chunks, dtype=np.int64)
@@ -674,7 +722,10 @@ class Receiver:
         self.received = 0
         self.active = True
         self._stop_sent = False
-        self.first_loss = self.first_rate_bps = 0.0
+        self.first_loss = self.first_rate_bps = self.first_span_s = 0.0
+        self.first_received = self.lead = 0
+        self.t_last = float("nan")
+        self._told_bps = 0.0
         self.stats = RecvStats(t_start=now)
         self.tolerance = None
         self.need = self.layout.chunks
@@ -916,6 +967,9 @@ class Receiver:
             mask[:] = True
         self.received += n
         self.stats.accepted += n
+        self.t_last = now
+        if now == self.stats.t_first:
+            self.lead += n
         self._check_threshold(now)
         return n
 
@@ -960,6 +1014,9 @@ class Receiver:
         self.mask[uniq] = True
         self.received += int(uniq.size)
         self.stats.accepted += int(uniq.size)
+        self.t_last = now
+        if now == self.stats.t_first:
+            self.lead += int(uniq.size)
         self._check_threshold(now)
         return int(uniq.size)
 
@@ -1018,6 +1075,12 @@ class Receiver:
         if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
             self.first_loss = 1.0 - self.received / self.layout.chunks
             self.first_rate_bps = float(msg.rate_bps)
+            if self.received:  # R15: the first pass's chunks and their span, before any retransmission
+                self.first_received = self.received - self.lead
+                self.first_span_s = self.t_last - self.stats.t_first
+                if (self.tell_rate and msg.rate_bps == 0 and self.first_received >= MIN_SAMPLE
+                        and self.first_span_s > 0):
+                    self._told_bps = self.first_received * self.layout.datagram_size * 8.0 / self.first_span_s
         if self._stop_sent:
             return  # R5: the STOP of this round is already on its way
         if self.tolerance is None:
@@ -1030,7 +1093,8 @@ class Receiver:
                 self._control.append(self._bitmap())
 
     def _bitmap(self) -> ctl.Bitmap:
-        return ctl.Bitmap(self.round_no, self.direction, self.received, np.packbits(self.mask).tobytes())
+        told, self._told_bps = self._told_bps, 0.0
+        return ctl.Bitmap(self.round_no, self.direction, self.received, np.packbits(self.mask).tobytes(), told)
 
     def control_to_send(self) -> list[ctl.Message]:
         out, self._control = self._control, []

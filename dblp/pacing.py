@@ -51,6 +51,7 @@ MAX_CUT = 0.5  # ... to no less than this fraction of the rate (a burst misread 
 BURSTY_LOSS = 0.2  # a pass losing this much or more at a proven rate: a burst; less: congestion
 STRIKES = 2  # rounds in a row losing heavily at a proven rate before it counts as congestion
 RECOVERED = 0.8  # after a cut, loss at this fraction of the cut pass's loss or more: the rate was not to blame
+FLOOD_LOSS = 0.5  # R15: unpaced first passes losing this much (their mean) overflowed a queue: their span is a rate
 
 class TokenBucket:
     """A fixed-rate bucket (``rate_bps`` bit/s, 0 = unlimited), ``burst_bytes`` deep, or ``depth_s``
@@ -121,9 +122,10 @@ class TokenBucket:
         return now if deficit <= 0 else now + deficit * 8.0 / self._rate + 1e-9
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
-        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at); a fixed-rate
-        bucket ignores it."""
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
+        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at; ``arrival_bps``:
+        the rate its chunks arrived at, when the receiver told it, R15); a fixed-rate bucket
+        ignores it."""
 
     def grant(self, rate_bps: float) -> None:
         """The server's rate grant (core rule R12); a fixed rate is the user's, and stays."""
@@ -144,7 +146,9 @@ class AutoPacer(TokenBucket):
     an additive increase - the same bit/s for all - would equalise them, and
     a sender alone knows no such step. docs/pacing.md measures the cost.)
 
-    - start: the first lossy pass of an unpaced sender sets the rate to the
+    - start: the first lossy pass of an unpaced sender sets the rate to
+      :data:`HOLD` of the rate its chunks arrived at, when the receiver told
+      it (core rule R15: the flood's dispersion), else to the
       geometric mean of two bounds on its share of the bottleneck: the
       delivery rate ``delivered bytes / reply_s`` (too low by the reply's
       delay) and ``(1 - loss) x bytes / send_s`` (too high by what the queue
@@ -215,7 +219,7 @@ class AutoPacer(TokenBucket):
         self.rate_bps = rate_bps
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
         if sent < MIN_SAMPLE or reply_s <= 0:
             return
         if rate_bps is not None and rate_bps != self.rate_bps:  # news of a rate no longer in force (a group)
@@ -245,7 +249,9 @@ class AutoPacer(TokenBucket):
         self._cut = (self.rate_bps, loss)
         self.cuts += 1
         starting = self.ceiling_bps == math.inf
-        if in_force == math.inf:  # the unpaced start: between two bounds on the share, then doubling
+        if in_force == math.inf and arrival_bps > 0 and math.isfinite(arrival_bps):
+            new = HOLD * arrival_bps  # R15: the receiver saw the flood arrive at the bottleneck's rate
+        elif in_force == math.inf:  # the unpaced start: between two bounds on the share, then doubling
             lo = delivered * (nbytes / sent) * 8.0 / reply_s  # the reply's delay counted in: too low
             hi = (1.0 - loss) * nbytes * 8.0 / send_s if send_s > 0 else lo  # the queue's fill counted: too high
             new = math.sqrt(lo * max(lo, hi))
@@ -313,9 +319,9 @@ class _Member(TokenBucket):
         return super().next_time(now, item_bytes)
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
-                first: bool = True, rate_bps: float | None = None) -> None:
+                first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
         if not self.group.granted:  # R14: once the group has a rate, it moves at round boundaries only
-            self.group.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps)
+            self.group.report(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
 
 
 class PacerGroup:
@@ -346,15 +352,49 @@ class PacerGroup:
         # burst at 9), and two strikes cut the group at every burst, 31 -> 25 -> 22 Mbit/s over three
         self.rule = UploadGrant(strikes=STRIKES + 1)
         self.granted = False  # the rule has set a rate: the members' own reports no longer move it
+        self.floor_bps = 0.0  # R15: each stream's share as the uploads' first flood measured it (0: none)
+        self._floored = False  # R15: seeded at the floor during a broadcast whose first passes were unpaced
 
     def member(self) -> TokenBucket:
         return _Member(self)
+
+    def report(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
+               first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
+        """A member's R11 report while the group has no rate of the rule's: the brain's. R15: when
+        the brain's start - its estimate from the first lossy pass of the unpaced flood - falls
+        below :data:`HOLD` of the share the uploads' flood measured (:attr:`floor_bps`), the group
+        is seeded at that share instead (:meth:`seed`).
+
+        Why a floor, not the broadcast's first rate: the brain's estimate reads the reply time,
+        which the flood's full queue stretches (it dropped the PROBE; TCP resent it 0.2 s later):
+        4 Mbit/s a stream where the share was 30, and the group then rose 1.25x a round to it
+        (docs/pacing.md). But the uploads measure the server's receiving, not its sending: on
+        loopback the server sent twice as fast as it received (240 against 111 Mbit/s a stream,
+        ``tests/test_transport.py``'s lossy run), so a broadcast paced at the uploads' share from
+        its first datagram halved it there. As a floor the measurement only lifts a worse guess."""
+        start = self.brain.rate_bps == 0.0
+        self.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
+        if start and 0.0 < self.brain.rate_bps < HOLD * self.floor_bps:
+            self._floored = self.seed(self.floor_bps) > 0
+
+    def seed(self, share_bps: float) -> float:
+        """R15: the group's rate from a measured share of each stream (:meth:`UploadGrant.seed`:
+        :data:`HOLD` of it, the share its ceiling). Returns the rate (0: none)."""
+        g = self.rule.seed(share_bps)
+        if g > 0:
+            self.granted = True
+            self.brain.grant(g)
+        return g
 
     def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0) -> float:
         """R14: a broadcast's streams are done - the rate each first pass was sent at (0: unpaced),
         each first pass's loss, and the mean rate clean streams arrived at (0: some lost), as
         :meth:`UploadGrant.round_done` takes them. Sets and returns the group's next rate (0:
         nothing known yet, the brain's start stands)."""
+        if self._floored:  # R15: seeded during an unpaced broadcast, whose loss says nothing of the seed
+            self._floored = False
+            if not any(r > 0 for r in stated_bps):
+                return self.rule.rate_bps
         g = self.rule.round_done(stated_bps, losses, arrival_bps)
         if g > 0:
             self.granted = True
@@ -403,8 +443,29 @@ class UploadGrant:
         self._tail = False  # the last round was a burst: its tail may fall into the next round's first passes
         self._cut: tuple[float, float, bool] | None = None  # (grant before the last cut, that round's loss,
         # whether that grant was proven and the loss light)
+        self._soft = False  # R15: the ceiling is a seed's measured share, not a loss seen: it rises STEP a round
         self.cuts = 0
         self.restores = 0
+
+    def seed(self, share_bps: float) -> float:
+        """R15: the first grant from a measured share (bit/s per worker: the bottleneck's rate
+        the round's unpaced first passes arrived at, split equally), when no grant exists yet.
+        The grant starts at :data:`HOLD` of it and the share is its ceiling - where a hand-set
+        ``--pace-share 0.9`` puts a worker - so it neither doubles past the share nor climbs
+        to it from a poor guess (the seeds before R15: the workers' own estimates from the
+        flood, 9-11 Mbit/s against a 30 Mbit/s share, then 1.25x a round). The ceiling is soft
+        until the first cut: a clean round raises it by :data:`STEP`, not :data:`CEILING_CREEP`,
+        so a share measured too low (a burst in the flood, a cold receiver) is left at 4% a
+        round, and a right one costs one light loss a few rounds on. Unproven: the next
+        round's loss is judged as at any new grant (a cut, the ceiling the grant).
+        Returns the grant (0: a grant exists, or the share is not a rate)."""
+        if self.rate_bps > 0 or not (math.isfinite(share_bps) and share_bps > 0):
+            return 0.0
+        self.ceiling_bps = share_bps
+        self.good_bps = 0.0
+        self._soft = True
+        self.rate_bps = max(AUTO_FLOOR_BPS, HOLD * share_bps)
+        return self.rate_bps
 
     def round_done(self, stated_bps: Sequence[float], losses: Sequence[float], arrival_bps: float = 0.0,
                    paced: bool = True) -> float:
@@ -435,7 +496,7 @@ class UploadGrant:
                 cap = HEADROOM * arrival_bps if arrival_bps > 0 and math.isfinite(arrival_bps) else math.inf
                 self.rate_bps = max(MAX_CUT * g, min(2.0 * g, cap))
             else:
-                self.ceiling_bps *= CEILING_CREEP
+                self.ceiling_bps *= (1.0 + STEP) if self._soft else CEILING_CREEP
                 self.rate_bps = max(g, min(g * (1.0 + STEP), HOLD * self.ceiling_bps))
             return self.rate_bps
         # a burst, not the rate's doing: heavy loss at a clean grant or one step above it (a +4%
@@ -462,6 +523,7 @@ class UploadGrant:
             return self.rate_bps
         self._strikes = 0
         self.cuts += 1
+        self._soft = False
         starting = self.ceiling_bps == math.inf
         self.ceiling_bps = g
         self._cut = (g, loss, proven and loss < BURSTY_LOSS)

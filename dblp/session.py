@@ -1,6 +1,6 @@
 """The round logic of the parameter server and the worker (Algorithms 3 and 4), sans I/O.
 
-:mod:`dblp.core` states the per-transfer rules R1-R14; this module states,
+:mod:`dblp.core` states the per-transfer rules R1-R15; this module states,
 once, what a *round* is made of on each side, so the socket server and
 worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
 (:mod:`dblp.sim.model`) and the training exchange drive the same logic and
@@ -68,7 +68,7 @@ import numpy as np
 from . import control as ctl
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from .pacing import PacerGroup, TokenBucket, UploadGrant, make_pacer
+from .pacing import FLOOD_LOSS, MIN_SAMPLE, PacerGroup, TokenBucket, UploadGrant, make_pacer
 from .records import RoundRecord
 from .wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
 
@@ -244,6 +244,8 @@ class ServerSession:
                    np.zeros(layout.elements, np.float32) if values else None)
             for w in workers
         }
+        for p in self.peers.values():  # R15: a self-paced run's uploads are told their flood's arrival rate
+            p.receiver.tell_rate = self_paced
         self.round = 0
         self._opened = -1  # the last round announced as opening
         self._unrecorded = 0  # broadcasts of this round not yet recorded (S4)
@@ -327,9 +329,17 @@ class ServerSession:
             # R12: every upload of the round is in, its first pass's loss known: the next round's grant
             if self._uploads is not None:
                 ps = list(self.peers.values())
-                self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
-                                                       [p.receiver.first_loss for p in ps], self._arrival_bps(ps),
-                                                       paced=any(p.receiver.first_rate_bps > 0 for p in ps))
+                share = self._flood_share_bps(ps) if self._uploads.rate_bps == 0 else 0.0
+                if self._group is not None and share > 0 and not self._group.granted:
+                    self._group.floor_bps = share  # R15: the broadcast's start no lower than the uploads' share
+                if share > 0:  # R15: a lossy unpaced flood measured the bottleneck (the workers' own rates,
+                    # told their own floods' arrival, see the bottleneck serve each in bursts: up to its whole rate)
+                    self._grant = self._uploads.seed(share)
+                else:
+                    self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
+                                                           [p.receiver.first_loss for p in ps],
+                                                           self._arrival_bps(ps),
+                                                           paced=any(p.receiver.first_rate_bps > 0 for p in ps))
             for p in self.peers.values():
                 p.receiver.finish_round()
             self.phase = Phase.REDUCE
@@ -455,6 +465,33 @@ class ServerSession:
             p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
         self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr),
                                                             self._grant)))
+
+    def _flood_share_bps(self, ps: list[_Up]) -> float:
+        """R15: each worker's equal share of the bottleneck, from a round whose first passes were
+        all unpaced and lost :data:`FLOOD_LOSS` or more (their mean: a queue overflowed - 25% random
+        loss on loopback, a cold receiver behind it, measured half the rate there): all first-pass chunks over the span from the earliest first
+        chunk's acceptance to the latest last one's (a first pass that ended in STOP: its chunks
+        at STOP), the chunks of each receiver's first read left out (Receiver.lead: a backlog, its
+        arrival unseen). 0 when the round says nothing of the path: a paced or a clean first pass
+        (R12's seeds act then), fewer than MIN_SAMPLE chunks, or no span.
+
+        Why the span, not the reply: while the flood overflows a queue the link behind it is
+        busy, so chunks leave it at its rate; the replies wait on the PROBE, which the full queue
+        may drop (TCP resends it 0.2 s later) - the span to the PROBE measured a fifth of the
+        share here (docs/pacing.md)."""
+        rs = [p.receiver for p in ps]
+        if not rs or any(r.first_rate_bps > 0 for r in rs) or sum(r.first_loss for r in rs) < FLOOD_LOSS * len(rs):
+            return 0.0
+        chunks, t0, t1 = 0, math.inf, -math.inf
+        for r in rs:
+            got, end = ((r.first_received, r.stats.t_first + r.first_span_s) if r.first_loss > 0
+                        else (r.received - r.lead, r.stats.t_done))  # (no loss at the first PROBE: STOP came first)
+            if got and math.isfinite(r.stats.t_first) and math.isfinite(end):
+                chunks += got
+                t0, t1 = min(t0, r.stats.t_first), max(t1, end)
+        if chunks < MIN_SAMPLE or not t1 > t0:
+            return 0.0
+        return chunks * self.layout.datagram_size * 8.0 / (t1 - t0) / len(rs)
 
     def _arrival_bps(self, ps: list[_Up]) -> float:
         """R12: the mean bit/s at which clean uploads arrived (first datagram to threshold; 0 when

@@ -279,8 +279,12 @@ class Peer:
         else:
             self.on_message(self, m)
 
-    def read_data(self, now: float) -> None:
-        """Drain the data socket into the receiver, a row matrix at a time."""
+    def read_data(self, now: float, clock: Callable[[], float] | None = None) -> None:
+        """Drain the data socket into the receiver, a row matrix at a time. With ``clock`` each
+        batch is stamped when it was read, not with the loop turn's ``now``: a turn that served
+        other peers first, or a thread the host descheduled, would stamp a flood's last chunks
+        early, and core rule R15 reads the flood's rate from those stamps (a stale end made a
+        100 Mbit/s link look 1.6x faster)."""
         width = self.receiver.layout.datagram_size if self.receiver is not None else 2048
         if self._rows.shape[1] != width:
             self._rows = np.empty((RECV_ROWS, width), np.uint8)
@@ -293,6 +297,8 @@ class Peer:
                 k = self.udp.recv_rows(self._rows, self._lengths, self._srcs)
             if k == 0:
                 break
+            if clock is not None:
+                now = max(now, clock())
             if self.receiver is not None:
                 foreign = None
                 peer = self.receiver.peer_addr
@@ -452,7 +458,7 @@ def pump(
                 if kind == "wake":
                     continue
                 if kind == "udp":
-                    p.read_data(now)
+                    p.read_data(now, clock)
                 else:
                     p.read_control(now)
                     if p.closed:

@@ -540,3 +540,187 @@ def test_r14_a_stop_first_broadcast_stream_reports_its_loss_in_the_stop():
         snd.handle_control(stop, 0.01)
         assert snd.done and snd.first_loss == pytest.approx(rcv.first_loss)
         assert (0.15 < snd.first_loss < 0.25) if want_span else snd.first_loss == 0.0
+
+
+# -- R15: the flood's dispersion ---------------------------------------------------------------------
+
+
+def test_r15_a_seed_holds_at_the_share_and_is_judged_unproven():
+    """The seed from a measured share: 0.9 of it, the share its ceiling, so a clean round holds (the
+    ceiling's creep only) instead of doubling past the share; one seed per run; loss at the seed is
+    congestion (a cut), also heavy loss (the seed is not proven)."""
+    u = UploadGrant()
+    assert u.seed(30e6) == pytest.approx(27e6) and u.ceiling_bps == 30e6
+    assert u.seed(50e6) == 0.0 and u.rate_bps == pytest.approx(27e6)  # a grant exists: no second seed
+    # clean: the soft ceiling rises 4% (not 0.2%), the grant to 0.9 of it; light loss then cuts it and
+    # makes the ceiling firm (0.2% a clean round from then on)
+    assert u.round_done([0.0] * 3, [0.0] * 3, arrival_bps=27e6) == pytest.approx(0.9 * 30e6 * 1.04)
+    assert u.round_done([0.0] * 3, [0.05] * 3) == pytest.approx(0.9 * 30e6 * 1.04 * 0.8) and u.cuts == 1
+    g = u.round_done([0.0] * 3, [0.0] * 3)
+    assert u.ceiling_bps == pytest.approx(0.9 * 30e6 * 1.04 * 1.002)
+    v = UploadGrant()
+    v.seed(30e6)
+    assert v.round_done([0.0] * 3, [0.7] * 3) == pytest.approx(27e6 * 0.5) and v.cuts == 1
+    assert UploadGrant().seed(math.nan) == 0.0 and UploadGrant().seed(0.0) == 0.0
+    g = PacerGroup()
+    a, b = g.member(), g.member()
+    assert g.seed(40e6) == pytest.approx(36e6) and g.granted
+    assert a.rate_bps == b.rate_bps == pytest.approx(36e6)
+    a.on_pass(1000, 100, 1000 * DGRAM, 0.01, 0.1, True, 36e6)  # the members' reports no longer move it
+    assert b.rate_bps == pytest.approx(36e6)
+
+
+def test_r15_the_receiver_keeps_the_first_pass_span_not_the_probe_time():
+    """A flood's 400 datagrams arrive over 0.05 s (the link's pace), its PROBE 0.25 s after the first (a
+    full queue dropped it; TCP resent it): the first pass is 400 chunks over 0.05 s; the retransmission's
+    chunks after the BITMAP do not move it."""
+    layout = ChunkLayout(362 * 1000)
+    rcv = Receiver(layout, run_id=1, expected_sender=0, direction=ctl.UP)
+    rcv.begin_round(0, None, now=0.0, tolerance=0.0)
+    seqs = np.arange(0, 1000, 2)[:400]
+    for i in range(0, 400, 40):
+        rcv.receive_chunks(0, seqs[i:i + 40], 0.01 + 0.05 * (i + 40) / 400)
+    rcv.handle_control(ctl.Probe(0, ctl.UP, 1), 0.26)
+    assert [type(m) for m in rcv.control_to_send()] == [ctl.Bitmap]
+    rcv.receive_chunks(0, np.setdiff1d(np.arange(1000), seqs), 0.5)
+    assert rcv.complete and rcv.first_loss == pytest.approx(0.6)
+    # the first read's 40 chunks arrived at times it did not see: left out (a lower bound: 360 over 0.045 s)
+    assert rcv.lead == 40 and rcv.first_received == 360 and rcv.first_span_s == pytest.approx(0.05 - 0.005)
+    rcv.begin_round(1, None, now=1.0, tolerance=0.0)
+    assert rcv.first_received == rcv.lead == 0 and rcv.first_span_s == 0.0 and math.isnan(rcv.t_last)
+    # a receiver that read late: 300 chunks waiting at its first read (one ``now``), 100 more over 0.01 s -
+    # with the backlog counted in, 400 over 0.01 s would say 4x the rate the 100 arrived at
+    rcv.receive_chunks(1, np.arange(150), 1.2)
+    rcv.receive_chunks(1, np.arange(150, 300), 1.2)
+    rcv.receive_chunks(1, np.arange(300, 400), 1.21)
+    rcv.handle_control(ctl.Probe(1, ctl.UP, 1), 1.3)
+    assert rcv.lead == 300 and rcv.first_received == 100 and rcv.first_span_s == pytest.approx(0.01)
+
+
+def _flood_round(srv, chunks: int, link_bps: float, kept: float, t0: float = 0.0) -> float:
+    """Round 0's uploads through one bottleneck: every worker floods unpaced, ``kept`` of each pass
+    gets through, the survivors interleaved at ``link_bps``; the PROBEs come 0.25 s later, the
+    retransmissions (everything else) after that. Returns when the last upload ended."""
+    workers = list(srv.live)
+    dsize = srv.layout.datagram_size
+    keep = np.flatnonzero(np.arange(chunks) % 10 < round(kept * 10))
+    t, step = t0, dsize * 8 / link_bps
+    for i in range(0, keep.size, 16):  # 16 datagrams of each worker in turn: the queue's interleaving
+        for w in workers:
+            t += step * keep[i:i + 16].size
+            srv.receiver(w).receive_chunks(0, keep[i:i + 16], t)
+    t_probe = t0 + 0.25
+    for w in workers:
+        srv.receiver(w).handle_control(ctl.Probe(0, ctl.UP, 1), t_probe)
+        srv.receiver(w).control_to_send()
+    rest = np.setdiff1d(np.arange(chunks), keep)
+    for w in workers:
+        srv.receiver(w).receive_chunks(0, rest, t_probe + 1.0)
+    return t_probe + 1.0
+
+
+def test_r15_a_lossy_unpaced_flood_seeds_the_grant_and_floors_the_broadcast_start():
+    """Three workers flood a 100 Mbit/s bottleneck, 30% gets through: the server measures 100 Mbit/s
+    from the flood's span (not the PROBEs' 0.25 s, which would say a fifth of it) and grants 0.9 x
+    100/3 Mbit/s in round 1's ROUND(up). Round 0's broadcast still floods; its first lossy reply (a
+    PROBE answered 0.25 s late again) would start the group at a few Mbit/s: the uploads' share is
+    its floor, so every stream goes on at 0.9 x the share, and the group's rule does not judge that
+    seed by the unpaced broadcast's loss. Before R15: no grant in round 1 (nothing stated), and the
+    group at the brain's estimate."""
+    from dblp.policy import FixedPolicy
+    from dblp.session import ControlToSend, RecordContext, ReduceRequested, SenderStarted, ServerSession
+
+    layout = ChunkLayout(362 * 1400)
+    ctx = RecordContext(source="test", policy="fixed", order="inorder", send_rate_bps=None)
+    srv = ServerSession(layout, range(3), policy=FixedPolicy(0.0), run_id=1, context=ctx, values=False, rounds=3)
+    srv.start(0.0)
+    srv.events()
+    now = _flood_round(srv, layout.chunks, 100e6, kept=0.3)
+    srv.poll(now)
+    assert [type(e) for e in srv.events()] == [ReduceRequested]
+    share = 100e6 / 3
+    srv.broadcast(1.0, now)
+    started = [e.sender for e in srv.events() if isinstance(e, SenderStarted)]
+    assert len(started) == 3 and all(s.pacer.unlimited for s in started)  # round 0's broadcast: unpaced
+    first = started[0]
+    while first.datagrams_to_send(now) is not None:
+        pass
+    assert [type(m) for m in first.control_to_send()] == [ctl.Probe]
+    mask = np.arange(layout.chunks) % 10 < 2  # 20% arrived; the reply 0.25 s late
+    first.handle_control(ctl.Bitmap(0, ctl.DOWN, int(mask.sum()), np.packbits(mask).tobytes()), now + 0.25)
+    for s in started:
+        assert s.pacer.rate_bps == pytest.approx(0.9 * share, rel=0.05)  # (each first read left out: 97%)
+    for s in started[1:]:
+        s.handle_control(ctl.Stop(0, ctl.DOWN, layout.chunks), now + 0.5)
+    first.handle_control(ctl.Stop(0, ctl.DOWN, layout.chunks), now + 0.6)
+    srv.poll(now + 0.6)
+    grants = [e.message.grant_bps for e in srv.events()
+              if isinstance(e, ControlToSend) and isinstance(e.message, ctl.RoundStart) and e.message.round == 1]
+    assert len(grants) == 3 and grants[0] == pytest.approx(0.9 * share, rel=0.05) and len(set(grants)) == 1
+    light = ServerSession(layout, range(3), policy=FixedPolicy(0.0), run_id=1, context=ctx, values=False, rounds=3)
+    light.start(0.0)
+    light.events()
+    light.poll(_flood_round(light, layout.chunks, 100e6, kept=0.8))  # 20% lost: under FLOOD_LOSS, no measure
+    assert [type(e) for e in light.events()] == [ReduceRequested]
+    light.broadcast(1.0, 2.0)
+    assert all(e.sender.pacer.unlimited for e in light.events() if isinstance(e, SenderStarted))
+    g = PacerGroup()  # the rule's first verdict after such a seed: the unpaced broadcast's loss is none
+    g.floor_bps = share
+    m = g.member()
+    m.on_pass(1400, 280, 1400 * DGRAM, 0.1, 0.25, True, 0.0)  # the brain: 21 Mbit/s
+    assert g.granted and m.rate_bps == pytest.approx(0.9 * share)
+    assert g.round_done([0.0] * 3, [0.8] * 3) == pytest.approx(0.9 * share) and g.rule.cuts == 0
+    assert g.round_done([0.9 * share] * 3, [0.0] * 3) == pytest.approx(0.9 * share * 1.04)  # clean: the soft step
+
+
+def test_r15_a_floor_below_the_brains_estimate_changes_nothing():
+    """The uploads' share is the server's receiving; on loopback it sent faster than it received:
+    a broadcast whose own flood estimate is above the floor keeps it (no seed, R14 as before)."""
+    g = PacerGroup()
+    g.floor_bps = 10e6
+    m = g.member()
+    m.on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
+    assert not g.granted and m.rate_bps > 0.9 * 10e6
+
+
+def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
+    """On the wire a BITMAP with a rate is type 13 (type 5, byte for byte the old frame, without one). A
+    self-paced receiver answers an unpaced first pass that lost with the rate its chunks arrived at
+    (400 chunks over 0.05 s); the sender's AutoPacer starts its retransmissions at 0.9 of it, where its
+    own bounds (the reply 0.25 s late) said a few Mbit/s. A paced first pass is not told; nor is a
+    receiver of a run that does not self-pace."""
+    old = ctl.Bitmap(3, ctl.UP, 5, b"\x0f\xf0")
+    told = ctl.Bitmap(3, ctl.UP, 5, b"\x0f\xf0", 40e6)
+    assert ctl.encode(old)[4] == 5 and ctl.encode(told)[4] == 13 and len(ctl.encode(told)) == len(ctl.encode(old)) + 8
+    assert ctl.ControlDecoder().feed(ctl.encode(old) + ctl.encode(told)) == [old, told]
+    for body in (ctl.encode(told)[5:14], ctl.encode(old)[5:14] + b"\x00" * 8 + b"\x0f\xf0",
+                 ctl.encode(old)[5:14] + struct.pack("!d", math.inf) + b"\x0f\xf0"):
+        with pytest.raises(ctl.ControlError):
+            ctl.decode_frame(13, body)
+
+    layout = ChunkLayout(362 * 1000)
+    values = np.zeros(layout.elements, np.float32)
+    rates = {}
+    for tell, stated in ((True, 0.0), (False, 0.0), (True, 20e6)):
+        rcv = Receiver(layout, run_id=1, expected_sender=0, direction=ctl.UP)
+        rcv.tell_rate = tell
+        rcv.begin_round(0, None, now=0.0, tolerance=0.0)
+        seqs = np.arange(0, 1000, 2)[:400]
+        for i in range(0, 400, 40):
+            rcv.receive_chunks(0, seqs[i:i + 40], 0.01 + 0.05 * (i + 40) / 400)
+        rcv.handle_control(ctl.Probe(0, ctl.UP, 1, stated), 0.26)
+        (bm,) = rcv.control_to_send()
+        rates[(tell, stated)] = bm.rate_bps
+    arrived = 360 * layout.datagram_size * 8 / 0.045  # the first read's 40 left out
+    assert rates == {(True, 0.0): pytest.approx(arrived), (False, 0.0): 0.0, (True, 20e6): 0.0}
+
+    enc = EncodedRound(values, layout, round_no=0, run_id=1, sender=0)
+    pacer = AutoPacer()
+    snd = RoundSender(enc, direction=ctl.UP, now=0.0, order="inorder", pacer=pacer)
+    while snd.datagrams_to_send(0.0) is not None:
+        pass
+    snd.control_to_send()
+    mask = np.zeros(layout.chunks, bool)
+    mask[np.arange(0, 1000, 2)[:400]] = True
+    snd.handle_control(ctl.Bitmap(0, ctl.UP, 400, np.packbits(mask).tobytes(), arrived), 0.26)
+    assert pacer.rate_bps == pytest.approx(0.9 * arrived) and pacer.cuts == 1
