@@ -154,9 +154,9 @@ def test_quiet_gc_only_raises_the_youngest_threshold() -> None:
         gc.set_threshold(700, 11, 12)
         fast.quiet_gc()
         assert gc.get_threshold() == (fast._GC_GEN0, 11, 12)
-        gc.set_threshold(50_000, 11, 12)
+        gc.set_threshold(5 * fast._GC_GEN0, 11, 12)
         fast.quiet_gc()
-        assert gc.get_threshold() == (50_000, 11, 12)
+        assert gc.get_threshold() == (5 * fast._GC_GEN0, 11, 12)
         gc.set_threshold(0, 11, 12)  # collection off stays off
         fast.quiet_gc()
         assert gc.get_threshold() == (0, 11, 12)
