@@ -524,6 +524,34 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
 
 
 
+def test_fluid_profile_breakpoints_are_numpys_sorted_set() -> None:
+    """fluid.c sorts the breakpoints with an inline introsort (not qsort): through sorted, reversed,
+    all-equal, few-valued, organ-pipe and random inputs of many sizes - quicksort's levels
+    and the insertion sort below 16 - they come out as ``np.unique`` of t0 and every lo, hi after it."""
+    import numpy as np
+
+    import dblp.sim.net as net
+
+    if net._c_fluid_profile is None:
+        pytest.skip("the C helper is not built here")
+    rng = np.random.default_rng(7)
+    checked = 0
+    for e in (1, 2, 7, 8, 9, 17, 40, 333, 1500):
+        for kind in ("random", "sorted", "reversed", "equal", "few", "organ"):
+            lo = {"random": rng.uniform(0, 1, e), "sorted": np.linspace(0, 1, e), "reversed": np.linspace(1, 0, e),
+                  "equal": np.full(e, 0.5), "few": rng.integers(0, 5, e) / 4.0,
+                  "organ": np.concatenate((np.linspace(0, 1, e - e // 2), np.linspace(1, 0, e // 2)))}[kind]
+            hi = lo + rng.choice([0.25, 0.5], e)
+            ent = np.column_stack((lo, hi, np.full(e, 1e5))).ravel()
+            t0 = 0.1 if kind != "equal" else 0.0
+            bt, ba, bq = (np.empty(2 * e + 1) for _ in range(3))
+            m, _ = net._c_fluid_profile(ent, t0, 0.0, 8e5, 50.0, bt, ba, bq)
+            want = np.unique(np.concatenate(([t0], lo[lo > t0], hi[hi > t0])))
+            assert bt[:m].tolist() == want.tolist(), (e, kind)
+            checked += 1
+    assert checked == 54
+
+
 def test_a_ports_kept_past_survives_its_buffer() -> None:
     """FluidQueue keeps its profile in one buffer, rewritten from each change's instant on, its past
     trimmed, compacted and grown in place: through thousands of changes the past it keeps is always

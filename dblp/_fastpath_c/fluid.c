@@ -98,9 +98,80 @@ PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
  * need room for 2E + 1. Why C: a congested port rebuilds this at every pass that
  * starts or ends (~3,300 times in a 64-worker incast's first iteration), and
  * numpy took ~20 calls each. */
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+/* Ascending sort of doubles (no NaN) with the comparison inline: qsort's call per comparison
+ * was most of this function at 1024 passes (~2,000 breakpoints sorted at each change of a
+ * congested port). Introsort: median-of-three quicksort, heapsort past 2 log2 n levels,
+ * insertion sort below 16. Any correct sort gives these doubles in the same order. */
+static void sort_insertion(double *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const double x = a[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && a[j - 1] > x; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+static void sort_sift(double *a, Py_ssize_t i, Py_ssize_t n) {
+    const double x = a[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && a[c + 1] > a[c]) c++;
+        if (!(a[c] > x)) break;
+        a[i] = a[c];
+        i = c;
+    }
+    a[i] = x;
+}
+
+static void sort_heap(double *a, Py_ssize_t n) {
+    for (Py_ssize_t i = n / 2; i-- > 0;) sort_sift(a, i, n);
+    for (Py_ssize_t e = n - 1; e > 0; e--) {
+        const double t = a[0];
+        a[0] = a[e];
+        a[e] = t;
+        sort_sift(a, 0, e);
+    }
+}
+
+static void sort_intro(double *a, Py_ssize_t n, int depth) {
+    while (n > 16) {
+        if (depth-- <= 0) {
+            sort_heap(a, n);
+            return;
+        }
+        /* median of three to a[0] (the pivot), a[n / 2] <= pivot <= a[n - 1] */
+        double *m = a + n / 2, *z = a + n - 1, t;
+        if (*m > *z) { t = *m; *m = *z; *z = t; }
+        if (a[0] > *z) { t = a[0]; a[0] = *z; *z = t; }
+        if (*m > a[0]) { t = *m; *m = a[0]; a[0] = t; }
+        const double p = a[0];
+        Py_ssize_t i = 0, j = n;
+        for (;;) { /* Hoare: a[1..i] <= p <= a[j..n-1]; the sentinels a[n / 2] and a[n - 1] stop the scans */
+            do i++; while (a[i] < p);
+            do j--; while (a[j] > p);
+            if (i >= j) break;
+            t = a[i]; a[i] = a[j]; a[j] = t;
+        }
+        a[0] = a[j];
+        a[j] = p;
+        /* a[0..j) <= p = a[j] <= a(j..n): the smaller side by recursion, the larger in the loop */
+        if (j < n - j - 1) {
+            sort_intro(a, j, depth);
+            a += j + 1;
+            n -= j + 1;
+        } else {
+            sort_intro(a + j + 1, n - j - 1, depth);
+            n = j;
+        }
+    }
+    sort_insertion(a, n);
+}
+
+static void sort_doubles(double *a, Py_ssize_t n) {
+    int depth = 0;
+    for (Py_ssize_t k = n; k > 1; k >>= 1) depth += 2;
+    sort_intro(a, n, depth);
 }
 
 
@@ -178,7 +249,7 @@ PyObject *fp_fluid_profile(PyObject *self, PyObject *args) {
         if (ent[3 * k] > t0) bt[m++] = ent[3 * k];
     for (Py_ssize_t k = 0; k < e; k++)
         if (ent[3 * k + 1] > t0) bt[m++] = ent[3 * k + 1];
-    qsort(bt, (size_t)m, sizeof(double), cmp_double);
+    sort_doubles(bt, m);
     Py_ssize_t u = 1;
     for (Py_ssize_t k = 1; k < m; k++)
         if (bt[k] != bt[k - 1]) bt[u++] = bt[k];
