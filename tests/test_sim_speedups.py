@@ -552,6 +552,26 @@ def test_fluid_profile_breakpoints_are_numpys_sorted_set() -> None:
     assert checked == 54
 
 
+def test_uniforms_are_the_seed_sequences_stream() -> None:
+    """``fast._uniforms`` (the PCG64 state from fluid.c's pcg64_seed, set on one kept generator) gives
+    ``np.random.default_rng(entropy).random(n)`` to the last bit: entropy of 1 to 9 words (the pool
+    of four, and words beyond it), large words, zeros, one stream after another; and words of 2**32
+    or more take numpy's own path."""
+    import numpy as np
+
+    if fast._c_pcg64_seed is None:
+        pytest.skip("the C helper is not built here")
+    rng = np.random.default_rng(3)
+    for k in range(60):
+        words = [int(w) for w in rng.integers(0, 2**32, 1 + k % 9, dtype=np.uint64)]
+        if k % 4 == 0:
+            words = [w % 7 for w in words]
+        n = 1 + k * 37
+        assert fast._uniforms(words, n).tolist() == np.random.default_rng(words).random(n).tolist(), words
+    big = [2**40, 5, 9]
+    assert fast._uniforms(big, 50).tolist() == np.random.default_rng(big).random(50).tolist()
+
+
 def test_a_ports_kept_past_survives_its_buffer() -> None:
     """FluidQueue keeps its profile in one buffer, rewritten from each change's instant on, its past
     trimmed, compacted and grown in place: through thousands of changes the past it keeps is always
