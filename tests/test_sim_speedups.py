@@ -154,9 +154,9 @@ def test_quiet_gc_only_raises_the_youngest_threshold() -> None:
         gc.set_threshold(700, 11, 12)
         fast.quiet_gc()
         assert gc.get_threshold() == (fast._GC_GEN0, 11, 12)
-        gc.set_threshold(50_000, 11, 12)
+        gc.set_threshold(5 * fast._GC_GEN0, 11, 12)
         fast.quiet_gc()
-        assert gc.get_threshold() == (50_000, 11, 12)
+        assert gc.get_threshold() == (5 * fast._GC_GEN0, 11, 12)
         gc.set_threshold(0, 11, 12)  # collection off stays off
         fast.quiet_gc()
         assert gc.get_threshold() == (0, 11, 12)
@@ -522,6 +522,54 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
     if passes == 200:
         assert max(len(g[0]) for g in ref) > net._WALK_SHORT + 1
 
+
+
+def test_fluid_profile_breakpoints_are_numpys_sorted_set() -> None:
+    """fluid.c sorts the breakpoints with an inline introsort (not qsort): through sorted, reversed,
+    all-equal, few-valued, organ-pipe and random inputs of many sizes - quicksort's levels
+    and the insertion sort below 16 - they come out as ``np.unique`` of t0 and every lo, hi after it."""
+    import numpy as np
+
+    import dblp.sim.net as net
+
+    if net._c_fluid_profile is None:
+        pytest.skip("the C helper is not built here")
+    rng = np.random.default_rng(7)
+    checked = 0
+    for e in (1, 2, 7, 8, 9, 17, 40, 333, 1500):
+        for kind in ("random", "sorted", "reversed", "equal", "few", "organ"):
+            lo = {"random": rng.uniform(0, 1, e), "sorted": np.linspace(0, 1, e), "reversed": np.linspace(1, 0, e),
+                  "equal": np.full(e, 0.5), "few": rng.integers(0, 5, e) / 4.0,
+                  "organ": np.concatenate((np.linspace(0, 1, e - e // 2), np.linspace(1, 0, e // 2)))}[kind]
+            hi = lo + rng.choice([0.25, 0.5], e)
+            ent = np.column_stack((lo, hi, np.full(e, 1e5))).ravel()
+            t0 = 0.1 if kind != "equal" else 0.0
+            bt, ba, bq = (np.empty(2 * e + 1) for _ in range(3))
+            m, _ = net._c_fluid_profile(ent, t0, 0.0, 8e5, 50.0, bt, ba, bq)
+            want = np.unique(np.concatenate(([t0], lo[lo > t0], hi[hi > t0])))
+            assert bt[:m].tolist() == want.tolist(), (e, kind)
+            checked += 1
+    assert checked == 54
+
+
+def test_uniforms_are_the_seed_sequences_stream() -> None:
+    """``fast._uniforms`` (the PCG64 state from fluid.c's pcg64_seed, set on one kept generator) gives
+    ``np.random.default_rng(entropy).random(n)`` to the last bit: entropy of 1 to 9 words (the pool
+    of four, and words beyond it), large words, zeros, one stream after another; and words of 2**32
+    or more take numpy's own path."""
+    import numpy as np
+
+    if fast._c_pcg64_seed is None:
+        pytest.skip("the C helper is not built here")
+    rng = np.random.default_rng(3)
+    for k in range(60):
+        words = [int(w) for w in rng.integers(0, 2**32, 1 + k % 9, dtype=np.uint64)]
+        if k % 4 == 0:
+            words = [w % 7 for w in words]
+        n = 1 + k * 37
+        assert fast._uniforms(words, n).tolist() == np.random.default_rng(words).random(n).tolist(), words
+    big = [2**40, 5, 9]
+    assert fast._uniforms(big, 50).tolist() == np.random.default_rng(big).random(50).tolist()
 
 
 def test_a_ports_kept_past_survives_its_buffer() -> None:

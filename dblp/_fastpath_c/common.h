@@ -9,7 +9,7 @@
  *   mac.c      the authenticated datagram (version 2): AES-GMAC tags, mac_rows
  *   reduce.c   the server's fused, threaded mean and norm: mean_into
  *   fluid.c    the simulator's switch port: its queue profile, a pass's waits and drops and its arrivals,
- *              fluid_profile, fluid_outcome, fluid_arrivals
+ *              fluid_profile, fluid_outcome, fluid_arrivals; pcg64_seed (a pass's stream of draws)
  *   module.c   the method table and the module's start-up
  *   buffers.h  taking and giving back the Python buffers an entry point works on
  *
@@ -111,6 +111,7 @@ PyObject *fp_mac_rows(PyObject *self, PyObject *args);
 PyObject *fp_fluid_outcome(PyObject *self, PyObject *args);
 PyObject *fp_fluid_profile(PyObject *self, PyObject *args);
 PyObject *fp_fluid_arrivals(PyObject *self, PyObject *args);
+PyObject *fp_pcg64_seed(PyObject *self, PyObject *args);
 
 #if defined(__GNUC__) || defined(__clang__)
 #pragma GCC visibility pop

@@ -98,9 +98,80 @@ PyObject *fp_fluid_outcome(PyObject *self, PyObject *args) {
  * need room for 2E + 1. Why C: a congested port rebuilds this at every pass that
  * starts or ends (~3,300 times in a 64-worker incast's first iteration), and
  * numpy took ~20 calls each. */
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
+/* Ascending sort of doubles (no NaN) with the comparison inline: qsort's call per comparison
+ * was most of this function at 1024 passes (~2,000 breakpoints sorted at each change of a
+ * congested port). Introsort: median-of-three quicksort, heapsort past 2 log2 n levels,
+ * insertion sort below 16. Any correct sort gives these doubles in the same order. */
+static void sort_insertion(double *a, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {
+        const double x = a[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && a[j - 1] > x; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+static void sort_sift(double *a, Py_ssize_t i, Py_ssize_t n) {
+    const double x = a[i];
+    for (;;) {
+        Py_ssize_t c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && a[c + 1] > a[c]) c++;
+        if (!(a[c] > x)) break;
+        a[i] = a[c];
+        i = c;
+    }
+    a[i] = x;
+}
+
+static void sort_heap(double *a, Py_ssize_t n) {
+    for (Py_ssize_t i = n / 2; i-- > 0;) sort_sift(a, i, n);
+    for (Py_ssize_t e = n - 1; e > 0; e--) {
+        const double t = a[0];
+        a[0] = a[e];
+        a[e] = t;
+        sort_sift(a, 0, e);
+    }
+}
+
+static void sort_intro(double *a, Py_ssize_t n, int depth) {
+    while (n > 16) {
+        if (depth-- <= 0) {
+            sort_heap(a, n);
+            return;
+        }
+        /* median of three to a[0] (the pivot), a[n / 2] <= pivot <= a[n - 1] */
+        double *m = a + n / 2, *z = a + n - 1, t;
+        if (*m > *z) { t = *m; *m = *z; *z = t; }
+        if (a[0] > *z) { t = a[0]; a[0] = *z; *z = t; }
+        if (*m > a[0]) { t = *m; *m = a[0]; a[0] = t; }
+        const double p = a[0];
+        Py_ssize_t i = 0, j = n;
+        for (;;) { /* Hoare: a[1..i] <= p <= a[j..n-1]; the sentinels a[n / 2] and a[n - 1] stop the scans */
+            do i++; while (a[i] < p);
+            do j--; while (a[j] > p);
+            if (i >= j) break;
+            t = a[i]; a[i] = a[j]; a[j] = t;
+        }
+        a[0] = a[j];
+        a[j] = p;
+        /* a[0..j) <= p = a[j] <= a(j..n): the smaller side by recursion, the larger in the loop */
+        if (j < n - j - 1) {
+            sort_intro(a, j, depth);
+            a += j + 1;
+            n -= j + 1;
+        } else {
+            sort_intro(a + j + 1, n - j - 1, depth);
+            n = j;
+        }
+    }
+    sort_insertion(a, n);
+}
+
+static void sort_doubles(double *a, Py_ssize_t n) {
+    int depth = 0;
+    for (Py_ssize_t k = n; k > 1; k >>= 1) depth += 2;
+    sort_intro(a, n, depth);
 }
 
 
@@ -178,7 +249,7 @@ PyObject *fp_fluid_profile(PyObject *self, PyObject *args) {
         if (ent[3 * k] > t0) bt[m++] = ent[3 * k];
     for (Py_ssize_t k = 0; k < e; k++)
         if (ent[3 * k + 1] > t0) bt[m++] = ent[3 * k + 1];
-    qsort(bt, (size_t)m, sizeof(double), cmp_double);
+    sort_doubles(bt, m);
     Py_ssize_t u = 1;
     for (Py_ssize_t k = 1; k < m; k++)
         if (bt[k] != bt[k - 1]) bt[u++] = bt[k];
@@ -249,4 +320,75 @@ PyObject *fp_fluid_arrivals(PyObject *self, PyObject *args) {
     }
     give_back_buffers(6, v);
     return PyLong_FromSsize_t(m);
+}
+
+/* pcg64_seed(entropy) -> (state, inc)
+ *
+ * The state of np.random.PCG64(np.random.SeedSequence(entropy)) (numpy's SeedSequence: the
+ * entropy words hashed into a pool of four, two uint64 words each for the seed and the increment,
+ * then PCG's set-seq seeding), for entropy of at most 2**31 uint32 words, as the two 128-bit
+ * integers of PCG64's state dict. Why: the round level draws each pass's uniforms from a stream
+ * of its own (seed, direction, worker, round, pass), and building the SeedSequence and the PCG64
+ * in numpy cost ~25 us a pass, as much as the draws (~1,400 passes an iteration at 1024 workers
+ * paced). dblp/sim/fast.py's _uniforms is held to numpy's generator by tests. */
+#define SS_INIT_A 0x43b0d7e5u
+#define SS_MULT_A 0x931e8875u
+#define SS_INIT_B 0x8b51f9ddu
+#define SS_MULT_B 0x58f38dedu
+#define SS_MIX_L 0xca01f9ddu
+#define SS_MIX_R 0x4973f715u
+
+static uint32_t ss_hashmix(uint32_t v, uint32_t *h) {
+    v ^= *h;
+    *h *= SS_MULT_A;
+    v *= *h;
+    v ^= v >> 16;
+    return v;
+}
+
+static uint32_t ss_mix(uint32_t x, uint32_t y) {
+    uint32_t r = SS_MIX_L * x - SS_MIX_R * y;
+    return r ^ (r >> 16);
+}
+
+PyObject *fp_pcg64_seed(PyObject *self, PyObject *args) {
+    PyObject *o[1];
+    if (!PyArg_ParseTuple(args, "O", &o[0])) return NULL;
+    static const int flags[1] = {BUF_IN};
+    Py_buffer v[1];
+    if (take_buffers(1, v, o, flags) < 0) return NULL;
+    if (v[0].itemsize != 4 || v[0].len % 4) {
+        give_back_buffers(1, v);
+        return value_error("pcg64_seed: entropy: uint32 words");
+    }
+    const uint32_t *ent = v[0].buf;
+    const Py_ssize_t n = v[0].len / 4;
+    uint32_t pool[4], h = SS_INIT_A;
+    for (int i = 0; i < 4; i++) pool[i] = ss_hashmix(i < n ? ent[i] : 0u, &h);
+    for (int s = 0; s < 4; s++)
+        for (int d = 0; d < 4; d++)
+            if (s != d) pool[d] = ss_mix(pool[d], ss_hashmix(pool[s], &h));
+    for (Py_ssize_t s = 4; s < n; s++)
+        for (int d = 0; d < 4; d++) pool[d] = ss_mix(pool[d], ss_hashmix(ent[s], &h));
+    give_back_buffers(1, v);
+    uint32_t w[8], hb = SS_INIT_B;
+    for (int i = 0; i < 8; i++) {
+        uint32_t x = pool[i % 4];
+        x ^= hb;
+        hb *= SS_MULT_B;
+        x *= hb;
+        x ^= x >> 16;
+        w[i] = x;
+    }
+    uint64_t q[4]; /* generate_state(4, uint64): the uint32 words in pairs, little-endian */
+    for (int i = 0; i < 4; i++) q[i] = (uint64_t)w[2 * i] | ((uint64_t)w[2 * i + 1] << 32);
+    const unsigned __int128 mult = ((unsigned __int128)0x2360ED051FC65DA4ULL << 64) | 0x4385DF649FCCF645ULL;
+    const unsigned __int128 seed = ((unsigned __int128)q[0] << 64) | q[1];
+    const unsigned __int128 inc = ((((unsigned __int128)q[2] << 64) | q[3]) << 1) | 1u;
+    unsigned __int128 st = 0;
+    st = st * mult + inc;
+    st += seed;
+    st = st * mult + inc;
+    return Py_BuildValue("(KKKK)", (unsigned long long)(st >> 64), (unsigned long long)st,
+                         (unsigned long long)(inc >> 64), (unsigned long long)inc);
 }

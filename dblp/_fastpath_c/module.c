@@ -24,6 +24,8 @@ static PyMethodDef methods[] = {
      "Waits and overflow drops of slots at a fluid switch port (dblp.sim.net.FluidQueue.outcome); flags."},
     {"fluid_profile", fp_fluid_profile, METH_VARARGS,
      "A congested fluid switch port's profile (dblp.sim.net.FluidQueue._rebuild); (breakpoints, congested)."},
+    {"pcg64_seed", fp_pcg64_seed, METH_VARARGS,
+     "np.random.PCG64(np.random.SeedSequence(uint32 entropy))'s state: (state high, low, inc high, low)."},
     {"fluid_arrivals", fp_fluid_arrivals, METH_VARARGS,
      "The slots of a pass that reach the receiver and when (dblp.sim.fast.RoundFlow.port_refresh); their count."},
     {"crc_rows", fp_crc_rows, METH_VARARGS, "CRC-32C of rows[i, start:lengths[i]] into out[i], GIL released."},

@@ -94,8 +94,12 @@ try:  # a pass's arrivals in one C loop (the optional helper, setup.py); numpy i
     from .._fastpath import fluid_arrivals as _c_fluid_arrivals
 except ImportError:
     _c_fluid_arrivals = None
+try:  # a pass's stream of draws seeded in C (_uniforms); numpy's SeedSequence otherwise
+    from .._fastpath import pcg64_seed as _c_pcg64_seed
+except ImportError:
+    _c_pcg64_seed = None
 if os.environ.get("DBLP_NO_C"):
-    _c_fluid_arrivals = None
+    _c_fluid_arrivals = _c_pcg64_seed = None
 
 # Re-evaluate every pass on a port at every change (the lazy rule's reference; tests compare the two).
 EAGER_PORT = False
@@ -111,6 +115,27 @@ def _rng(entropy: list[int]) -> np.random.Generator:
     if max(entropy) < 1 << 32 and min(entropy) >= 0:
         return np.random.Generator(np.random.PCG64(np.random.SeedSequence(np.array(entropy, np.uint32))))
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(entropy)))
+
+
+_UNI_BG: np.random.PCG64 | None = None  # _uniforms' bit generator, its state set per stream
+_UNI_GEN: np.random.Generator | None = None
+
+
+def _uniforms(entropy: list[int], n: int) -> np.ndarray:
+    """``_rng(entropy).random(n)``: the same doubles, the stream's PCG64 state computed in C
+    (``pcg64_seed``: SeedSequence's hash and PCG's seeding) and set on one kept generator.
+    Why: building the SeedSequence and the PCG64 cost ~25 us, as much as the draws, and the
+    round level draws once per pass and port (~1,400 times an iteration at 1024 paced workers)."""
+    global _UNI_BG, _UNI_GEN
+    if _c_pcg64_seed is None or max(entropy) >= 1 << 32 or min(entropy) < 0:
+        return _rng(entropy).random(n)
+    sh, sl, ih, il = _c_pcg64_seed(np.array(entropy, np.uint32))
+    if _UNI_BG is None:
+        _UNI_BG = np.random.PCG64(0)
+        _UNI_GEN = np.random.Generator(_UNI_BG)
+    _UNI_BG.state = {"bit_generator": "PCG64", "state": {"state": (sh << 64) | sl, "inc": (ih << 64) | il},
+                     "has_uint32": 0, "uinteger": 0}
+    return _UNI_GEN.random(n)
 
 
 def keep_heap() -> None:
@@ -152,7 +177,7 @@ _FIXED_FRAMES = frozenset({ctl.RoundStart, ctl.Probe, ctl.Stop, ctl.Bitmap, ctl.
 _BITS_FRAMES = frozenset({ctl.Bitmap, ctl.Held, ctl.Common})
 _EMPTY_I = np.empty(0, np.int64)
 _EMPTY_F = np.empty(0)
-_GC_GEN0 = 10_000  # see quiet_gc
+_GC_GEN0 = 100_000  # see quiet_gc
 
 
 def quiet_gc() -> None:
@@ -164,6 +189,9 @@ def quiet_gc() -> None:
     so the collector ran every few flows, each time also walking what the run
     keeps (records, sessions): ~8-10% of a 512-1024-worker run. A larger
     threshold collects the same garbage, in fewer passes. Never changes a result.
+    At 10,000 a paced 1024-worker run still collected 68 times in 30 iterations
+    (1.4 s of its 22 s in the collector, ``gc.callbacks``; a round level run leaves
+    next to no cyclic garbage: 9 objects at 256 x 20); at 100,000, 3 times (0.26 s).
     """
     g0, g1, g2 = gc.get_threshold()
     if 0 < g0 < _GC_GEN0:
@@ -221,7 +249,7 @@ class RoundFlow(FlowBase):
     # (while its host owes it no re-layout); reset to -inf by whatever can bring its crossing bound
     # forward (a layout, a tolerance, a new pass, its STOP, the armed check falling due, another
     # crossing event than the one found final, _x_fin)
-    _quiet = -math.inf
+    _qv = -math.inf  # (the value of _quiet, below)
     _x_fin = -1.0
     _wgen = 0  # the sender's waits (see _arm)
     _waiting = _wtrig = _ctrig = _timed = False
@@ -240,6 +268,21 @@ class RoundFlow(FlowBase):
 
     def _start(self) -> None:
         self.engine.call(0.0, self._resume, 0, URGENT)  # where SimPy put the process's Initialize
+
+    @property
+    def _quiet(self) -> float:
+        return self._qv
+
+    @_quiet.setter
+    def _quiet(self, v: float) -> None:
+        """An earlier answer than before: the ports that watch this pass ask it again from ``v``
+        on (``FluidQueue.recheck``; a later one needs nothing: the earlier item still comes first,
+        and the walk asks again from the new value)."""
+        if v < self._qv:
+            for q in self.queues:
+                if self in q.watch:
+                    q.recheck(self, v)
+        self._qv = v
 
     # -- the sender side ------------------------------------------------------------------
     # A state machine, not a SimPy process: a process cost a Process, an Initialize, an
@@ -482,13 +525,31 @@ class RoundFlow(FlowBase):
                         if f is not self:
                             f.less_load(t)
                 else:  # the passes whose sender is done leave the port's watch for good
-                    watch = self.queue.watch
-                    for f in list(watch):
-                        # (less_load's first test, inline: most are quiet, and this is N per STOP)
-                        if f is self or (t < f._quiet and not f.host._pending and f.host.redo is None):
-                            continue
-                        if f.less_load(t):
-                            del watch[f]
+                    q = self.queue
+                    watch = q.watch
+                    if self.engine.owing and self.engine.any_owing():
+                        # a host owes a re-layout: its passes are asked whatever their _quiet
+                        for f in list(watch):
+                            # (less_load's first test, inline: this is N per STOP)
+                            if f is self or (t < f._qv and not f.host._pending and f.host.redo is None):
+                                continue
+                            if f.less_load(t):
+                                del watch[f]
+                    else:
+                        # No host owes one: the passes less_load would not skip are those whose _quiet
+                        # is at or before t, and the port's heap names them (with others whose item
+                        # is stale), in the watch's order. Why: 1024 paced uploads, ~1,000 early STOPs a
+                        # round each walking ~500 passes, nearly all of them quiet (see docs/scale.md).
+                        due = q.fallen_due(t)
+                        for f in due:
+                            if f is self or t < f._qv:
+                                continue
+                            if f.less_load(t):
+                                del watch[f]
+                        for f in due:  # the ones still watched are asked again from their _quiet on
+                            v = f._qv
+                            if v < math.inf and f in watch:
+                                q.recheck(f, v)
             # more load only delays the others: each re-checks when its crossing falls due
             return
         changed = []
@@ -730,12 +791,12 @@ class RoundFlow(FlowBase):
         one stream per pass and port, so verdicts do not depend on when or how often they are taken."""
         if k == 0:
             if self.u is None:
-                self.u = _rng([self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass]).random(self.n)
+                self.u = _uniforms([self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass], self.n)
             return self.u
         u = self.u_more.get(k)
         if u is None:
-            u = self.u_more[k] = _rng(
-                [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass, k]).random(self.n)
+            u = self.u_more[k] = _uniforms(
+                [self.engine.seed, 0x9047, self.direction, self.worker, self.rnd, self.npass, k], self.n)
         return u
 
     def _outcomes(self, b: int) -> tuple[np.ndarray | None, np.ndarray | None]:
@@ -852,8 +913,19 @@ class RoundEngine:
         self._zeros = _EMPTY_F
         self._scr_w = _EMPTY_F
         self._scr_o = np.empty(0, bool)
+        # hosts that may owe their senders a re-layout (HostSched._pending or redo; pruned by any_owing):
+        # while one does, an early STOP asks every watched pass on its port (queue_update)
+        self.owing: set[HostSched] = set()
         # the first iteration's synchronised incast at flow level, where it stands for the walk (dblp.sim.incast)
         self.incast = incast_group(self)
+
+    def any_owing(self) -> bool:
+        """Whether a host owes a re-layout now (forgetting those that no longer do)."""
+        ow = self.owing
+        for h in list(ow):
+            if not h._pending and h.redo is None:
+                ow.discard(h)
+        return bool(ow)
 
     # -- SimPy queue entries ----------------------------------------------------------------
     # These push onto SimPy's queue the very tuple ``Environment.schedule`` pushes (simpy 4.1:

@@ -183,6 +183,7 @@ class HostSched:
             self._flush_redo()
         if self.redo is None:
             self.redo = t
+            self.engine.owing.add(self)
             self._redo_gen += 1
             self.engine.call(0.0, self._redo_due, self._redo_gen)
 
@@ -297,6 +298,7 @@ class HostSched:
         # as they are re-pended, the senders are owed this layout (a sender asked for its times
         # while the others are laid out gets it)
         self._layout, self._pending = L, new_pending
+        self.engine.owing.add(self)
         for i, f in enumerate(flows):
             r = int(rem[i])
             if r <= 0 or (f.leave is not None and k == 1 and starts[i] > 0):

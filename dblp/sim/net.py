@@ -27,7 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 import os
-from itertools import chain
+from itertools import chain, count
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,6 +40,8 @@ except ImportError:
     _c_fluid_outcome = _c_fluid_profile = None
 if os.environ.get("DBLP_NO_C"):
     _c_fluid_outcome = _c_fluid_profile = None
+
+_WSEQ = count()  # ties of FluidQueue._wheap (never compares owners)
 
 TCP_MSS = 1448
 TCP_OVERHEAD = 66  # Ethernet 14 + IPv4 20 + TCP 32 (timestamps) per segment
@@ -158,8 +160,13 @@ class FluidQueue:
         self._eused = 0
         self._tick = 0
         # the passes in ``entries``, in their order, less those a reader took out for good (the round
-        # level's passes whose sender is done, which less load can no longer concern)
-        self.watch: dict[PortReader, None] = {}
+        # level's passes whose sender is done, which less load can no longer concern); each with the
+        # tick of its entry (increasing in the dict's order, so a few of them sort back into it)
+        self.watch: dict[PortReader, int] = {}
+        # (time, seq, owner): a watched owner whose answer to less load may change from that time on
+        # (recheck, fallen_due); every owner enters at -inf. Stale items (owner gone, or asked again
+        # later) are skipped; the heap is rebuilt when it outgrows the watch (see fallen_due)
+        self._wheap: list[tuple[float, int, PortReader]] = []
         self.version = 0  # bumped at every change: a reader evaluated at another version is stale
         self.t_ref = 0.0
         self.q_ref = 0.0
@@ -208,10 +215,11 @@ class FluidQueue:
             self._ent_drop(owner)
         if span is not None:
             self.entries[owner] = span
-            self.watch[owner] = None
+            self._tick += 1
+            self.watch[owner] = self._tick
+            self.recheck(owner, -math.inf)
             self._ent_add(owner, span)
             self._total += span[2]
-            self._tick += 1
             heapq.heappush(self._ends, (span[1], self._tick, owner, span))
         ends = self._ends
         while ends and ends[0][0] < t:  # passes over before t no longer shape the queue
@@ -229,6 +237,28 @@ class FluidQueue:
         self.version += 1
         self._rebuild()
         return was or self.congested, removed
+
+    def recheck(self, owner: PortReader, at: float) -> None:
+        """Have ``fallen_due`` name the watched ``owner`` from time ``at`` on (until it is taken
+        out of the watch). Why: the round level's early STOP asked every watched pass whether the
+        load it removed concerned it, and most answered "not before a later time" - with N passes
+        and N STOPs a round, an O(N^2) walk; this heap hands it only the passes whose time came."""
+        heapq.heappush(self._wheap, (at, next(_WSEQ), owner))
+        if len(self._wheap) > 4 * len(self.watch) + 64:  # mostly stale: every watched owner at -inf
+            self._wheap = [(-math.inf, next(_WSEQ), o) for o in self.watch]  # (a heap: keys equal, seq rising)
+
+    def fallen_due(self, t: float) -> list[PortReader]:
+        """The watched owners with a ``recheck`` time at or before ``t``, each once, in the watch's
+        order; their items leave the heap (the reader asks again for those it still watches)."""
+        h, w = self._wheap, self.watch
+        got: dict[PortReader, None] = {}
+        while h and h[0][0] <= t:
+            o = heapq.heappop(h)[2]
+            if o in w:
+                got[o] = None
+        if len(got) < 2:
+            return list(got)
+        return sorted(got, key=w.__getitem__)
 
     def _ent_drop(self, owner: PortReader) -> None:
         k = 3 * self._eslot.pop(owner)

@@ -148,3 +148,43 @@ def test_less_load_checks_a_pass_at_its_earliest_crossing(monkeypatch):
     assert (lazy_calls, calls[0]) == (2814, 6928)
     monkeypatch.setattr(fast, "EAGER_PORT", True)
     _assert_same(lazy, fingerprint(simulate(cfg)), "paced, eager")
+
+
+def test_an_early_stop_asks_the_passes_the_whole_walk_asks(monkeypatch):
+    """An early STOP at a congested port asks only the watched passes the port's heap names
+    (``FluidQueue.recheck`` / ``fallen_due``: those whose ``_quiet`` came): exactly the passes the walk
+    over every watched pass asked, in the same order - the same records, the same ``less_load``
+    calls - while the heap names a fraction of what the watch holds."""
+    from dblp.sim.net import FluidQueue
+
+    cfg = SimConfig(model=150_000, workers=24, rounds=12, freq=2, send_rate_bps=10e9 / 24,
+                    loss=[{"kind": "bernoulli", "p": 0.005}])
+    asked, named = [0], [0]
+    less_load, fallen_due = fast.RoundFlow.less_load, FluidQueue.fallen_due
+
+    def counted(self, t):
+        asked[0] += 1
+        return less_load(self, t)
+
+    def naming(self, t):
+        got = fallen_due(self, t)
+        named[0] += len(got)
+        return got
+
+    monkeypatch.setattr(fast.RoundFlow, "less_load", counted)
+    monkeypatch.setattr(FluidQueue, "fallen_due", naming)
+    heap = fingerprint(simulate(cfg))
+    heap_counts = (asked[0], named[0])
+    asked[0] = named[0] = 0
+
+    def every(self, t):  # the walk before the heap: every watched pass, in the watch's order
+        got = list(self.watch)
+        named[0] += len(got)
+        return got
+
+    monkeypatch.setattr(FluidQueue, "fallen_due", every)
+    _assert_same(heap, fingerprint(simulate(cfg)), "every watched pass")
+    assert heap_counts[0] == asked[0]
+    # 854 passes asked; the heap named 1,070 (some of them stale or not yet due), the walk 2,286
+    # (at 1024 workers x 20: 53,202 named against 4.6M walked)
+    assert (heap_counts, named[0]) == ((854, 1070), 2286)
