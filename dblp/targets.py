@@ -162,5 +162,5 @@ def plot(lines: list[dict[str, Any]], path: str, title: str) -> None:
                   "meets a '<=' bound)", fontsize=8)
     ax.set_title(title.replace(", load", ",\nload", 1), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # the annotations right of the whiskers included
     plt.close(fig)
