@@ -102,3 +102,6 @@ def fluid_profile(ent: _In, t0: float, q_ref: float, cap: float, qcap: float, bt
 def fluid_arrivals(leave: _In, b: int, limit: int, c: float, lossdrop: _In | None, ovf: _In | None, wait: _In | None,
                    floor: float, idx: _Out, t: _Out, /) -> int:
     """dblp.sim.fast.RoundFlow.port_refresh's arrivals: slots b..limit-1 not lost nor dropped into idx, at leave + c (+ wait), kept in order and >= floor, into t; their count."""
+
+def pcg64_seed(entropy: _In, /) -> tuple[int, int]:
+    """The (state, inc) 128-bit integers of np.random.PCG64(np.random.SeedSequence(entropy)) for uint32 entropy words (dblp.sim.fast._uniforms: a pass's stream without building numpy's SeedSequence)."""
