@@ -442,18 +442,23 @@ def _control_overhead(cfg: SimConfig, recs: list[RoundRecord], burst_rounds: set
                   f"simulated at {cfg.ctrl_overhead_s * 1e6:.0f} us a message; two messages a pass")
 
 
+def _broadcast_datagram_time(recs: list[RoundRecord], rounds: set[int]) -> float | None:
+    """Median per-datagram time of the broadcast in ``rounds``: a round's slowest flow over all the
+    server sent in it (its streams leave one host together, so their datagrams share its time)."""
+    by_round: dict[int, list[RoundRecord]] = {}
+    for r in recs:
+        if r.role == "server" and r.round in rounds:
+            by_round.setdefault(r.round, []).append(r)
+    return _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
+                    for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
+
+
 def _burst_times(recs: list[RoundRecord], rounds: set[int]) -> tuple[float | None, float | None]:
     """Median per-datagram time of the uploads (per worker record) and of the broadcast (the server's
     slowest flow / all it sent) in the iteration-burst rounds ``rounds``: all passes, as they came."""
     h_w = _median([r.up_latency_s / r.up_sent for r in recs
                    if r.role == "worker" and r.round in rounds and r.up_sent > 0])
-    by_round: dict[int, list[RoundRecord]] = {}
-    for r in recs:
-        if r.role == "server" and r.round in rounds:
-            by_round.setdefault(r.round, []).append(r)
-    h_s = _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
-                   for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
-    return h_w, h_s
+    return h_w, _broadcast_datagram_time(recs, rounds)
 
 
 def _receive_costs(cfg: SimConfig, recs: list[RoundRecord], burst_rounds: set[int], host: dict) -> SimConfig:
@@ -589,13 +594,7 @@ def _datagram_times(recs: list[RoundRecord], clean: set[int], down_clean: set[in
     round may have needed a second pass, whose wait is not the host's send cost."""
     h_w = _median([r.up_latency_s / r.up_sent for r in recs
                    if r.role == "worker" and r.round in clean and r.up_sent > 0 and r.up_passes == 1])
-    by_round: dict[int, list[RoundRecord]] = {}
-    for r in recs:
-        if r.role == "server" and r.round in down_clean:
-            by_round.setdefault(r.round, []).append(r)
-    h_s = _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
-                   for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
-    return h_w, h_s
+    return h_w, _broadcast_datagram_time(recs, down_clean)
 
 
 def _refine(cfg: SimConfig, h_w: float | None, h_s: float | None, clean: set[int], down_clean: set[int],
