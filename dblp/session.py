@@ -402,9 +402,10 @@ class ServerSession:
             enc = VirtualRound(self.layout, k)
         if self._group is not None:  # R14: the last broadcast's first passes set this one's rate
             sent = [p.sender for p in self.peers.values() if p.sender is not None and p.sender.done]
-            if sent:
+            if sent:  # R16: this round's uploads were a burst: light loss in the last broadcast is its head
                 self._group.round_done([s.first_rate_bps for s in sent], [s.first_loss for s in sent],
-                                       self._down_arrival_bps(sent))
+                                       self._down_arrival_bps(sent),
+                                       burst=self._uploads is not None and self._uploads.burst)
         for w, p in self.peers.items():
             p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._worker_pacer(w),
                                    max_batch=self.max_batch)

@@ -675,12 +675,64 @@ def test_r15_a_lossy_unpaced_flood_seeds_the_grant_and_floors_the_broadcast_star
 
 def test_r15_a_floor_below_the_brains_estimate_changes_nothing():
     """The uploads' share is the server's receiving; on loopback it sent faster than it received:
-    a broadcast whose own flood estimate is above the floor keeps it (no seed, R14 as before)."""
+    a broadcast whose own flood estimate is above the floor, up to START_CAP times it, keeps it
+    (no seed, R14 as before). The brain here: 1000 of 1400 chunks, reply 0.25 s, sent in 0.1 s:
+    sqrt(47 x 118) = 74.6 Mbit/s."""
     g = PacerGroup()
-    g.floor_bps = 10e6
+    g.floor_bps = 40e6
     m = g.member()
-    m.on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
-    assert not g.granted and m.rate_bps > 0.9 * 10e6
+    m.on_pass(1400, 1000, 1400 * DGRAM, 0.1, 0.25, True, 0.0)
+    assert not g.granted and m.rate_bps == pytest.approx(74.6e6, rel=0.01)
+
+
+def test_r15_a_broadcast_flood_start_far_above_the_uploads_share_is_seeded_at_it():
+    """The grid's 100 Mbit/s, 1000-packet, 8-worker row needed 3.12 broadcast passes a round: the
+    brain read its start from the broadcast's own flood, sent fast (the send time its upper bound),
+    at 298 Mbit/s a stream where the uploads' share was 12.5, and R14's rule swung 149 <-> 298.
+    Above START_CAP x the share the group is seeded at 0.9 x the share, as below the floor; the
+    unpaced broadcast's loss is no verdict on it. Before: the brain's 527 Mbit/s stood."""
+    g = PacerGroup()
+    g.floor_bps = 12.5e6
+    m = g.member()
+    m.on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)  # the brain: sqrt(235 x 1178) = 527 Mbit/s
+    assert g.granted and m.rate_bps == pytest.approx(0.9 * 12.5e6)
+    assert g.round_done([0.0] * 8, [0.7] * 8) == pytest.approx(0.9 * 12.5e6) and g.rule.cuts == 0
+    assert g.round_done([0.9 * 12.5e6] * 8, [0.0] * 8) == pytest.approx(0.9 * 12.5e6 * 1.04)
+    alone = PacerGroup()  # no floor (the uploads' flood did not overflow: loopback, fast links): as before
+    alone.member().on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
+    assert not alone.granted and alone.brain.rate_bps == pytest.approx(527e6, rel=0.01)
+
+
+def test_r16_the_broadcast_holds_its_rate_through_a_bursts_head():
+    """A burst switched on as round k opens hits round k-1's slower broadcast streams: light loss at
+    the group's proven rate. Before R16 the rule cut it 20% and sent round k's burst broadcast at the
+    cut rate (the pacecheck burst row: 35 -> 28 and 28 -> 23 Mbit/s, burst broadcasts of 2.6-2.9 s
+    against 1.9-2.2 s by hand), undoing the cut only after it. When round k's uploads were taken for
+    a burst (UploadGrant.burst), the light loss is the burst's head: the rate is held, and the
+    burst and its tail after it change nothing. Without the uploads' word the light loss is
+    congestion, as before."""
+    u = UploadGrant()
+    u.round_done([30e6] * 3, [0.0] * 3)
+    u.round_done([0.0] * 3, [0.0] * 3)
+    assert not u.burst
+    grant = u.rate_bps
+    assert u.round_done([0.0] * 3, [0.7] * 3) == pytest.approx(grant) and u.burst  # the uploads' burst
+    assert u.round_done([0.0] * 3, [0.0] * 3) > 0 and not u.burst
+
+    def settled() -> tuple[PacerGroup, float]:
+        g = PacerGroup()
+        g.round_done([30e6] * 3, [0.05] * 3)  # seeded, light loss: cut to 24M, proven
+        return g, g.round_done([0.0] * 3, [0.0] * 3)
+
+    g, r = settled()
+    assert g.round_done([0.0] * 3, [0.0, 0.05, 0.08], burst=True) == pytest.approx(r)  # the head: held
+    assert g.brain.rate_bps == pytest.approx(r) and g.rule.cuts == 1
+    assert g.round_done([0.0] * 3, [0.7] * 3, burst=False) == pytest.approx(r)  # the burst broadcast
+    assert g.round_done([0.0] * 3, [0.03] * 3) == pytest.approx(r)  # its tail
+    assert g.round_done([0.0] * 3, [0.0] * 3) == pytest.approx(r * 1.04)  # clean: the step, as before
+    old, r = settled()
+    assert old.round_done([0.0] * 3, [0.0, 0.05, 0.08]) == pytest.approx(r * 0.8)  # no burst said: a cut
+    assert old.rule.cuts == 2
 
 
 def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
