@@ -141,9 +141,22 @@ R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
     R14's start: when the broadcast's own flood gives its group a rate
     below HOLD of the share, the group is seeded there the same way
     (:meth:`dblp.pacing.PacerGroup.report`; the uploads measure the server's
-    receiving, its sending may be faster). A seed is unproven: the next
+    receiving, its sending may be faster) - and so when the flood gives it
+    more than :data:`dblp.pacing.START_CAP` times the share (the brain's
+    upper bound reads the send time: a fast sender's flood said 24x the
+    share). A seed is unproven: the next
     round's loss is judged as at any new rate (a cut, the ceiling the rate);
     the unpaced passes it was measured on are no verdict on it.
+R16 A burst's head (issue #30, beyond the paper: R14 beside R12's burst
+    verdict): when the uploads of the round a broadcast serves were taken
+    for a burst by R12's rule (heavy first-pass loss at a proven grant:
+    :attr:`dblp.pacing.UploadGrant.burst`), light first-pass loss in the
+    broadcast before is the burst's head - a burst that begins as a round
+    opens meets the last broadcast's slower streams - not the group's rate:
+    R14 holds the rate for this broadcast and judges that loss no further
+    (:meth:`dblp.pacing.PacerGroup.round_done`, ``burst``), and the burst and
+    its tail that follow are judged as after a burst. A fixed-rate run
+    (no rules) is untouched.
 """
 
 from __future__ import annotations

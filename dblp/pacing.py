@@ -378,8 +378,11 @@ class PacerGroup:
         and a server that put its flood out fast made it far too high - 298 Mbit/s a stream where
         8 streams shared 100 Mbit/s (12.5 each), and R14's rule then swung between 149 and 298
         (a cut after which the loss cannot fall is undone): 3.12 broadcast passes a round over 20
-        rounds (docs/pacing.md). Twice the share leaves room for a server that sends faster than
-        it receives (2.2x on loopback, where no floor is set: its 25% loss is not an overflow)."""
+        rounds (docs/pacing.md). Twice the share, because the rule's deepest cut is
+        :data:`MAX_CUT` (half): from at most twice the share one cut reaches the share, so the loss
+        falls and the cut stands, where from further up the loss cannot fall and the cut is undone.
+        It also leaves room for a server that sends faster than it receives (2.2x on loopback,
+        where no floor is set: its 25% loss is not an overflow)."""
         start = self.brain.rate_bps == 0.0
         self.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
         if start and self.brain.rate_bps > 0.0 and not (
@@ -414,7 +417,9 @@ class PacerGroup:
             return self.rule.rate_bps
         if self._floored:  # R15: seeded during an unpaced broadcast, whose loss says nothing of the seed
             self._floored = False
-            if not any(r > 0 for r in stated_bps):
+            # (nor the loss of a stream whose first pass began after the seed: the unpaced streams
+            # beside it flooded the queue it lost in - judged, a seed at 0.9 x the share was halved)
+            if not all(r > 0 for r in stated_bps):
                 return self.rule.rate_bps
         g = self.rule.round_done(stated_bps, losses, arrival_bps)
         if g > 0:

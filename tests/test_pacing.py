@@ -698,6 +698,12 @@ def test_r15_a_broadcast_flood_start_far_above_the_uploads_share_is_seeded_at_it
     assert g.granted and m.rate_bps == pytest.approx(0.9 * 12.5e6)
     assert g.round_done([0.0] * 8, [0.7] * 8) == pytest.approx(0.9 * 12.5e6) and g.rule.cuts == 0
     assert g.round_done([0.9 * 12.5e6] * 8, [0.0] * 8) == pytest.approx(0.9 * 12.5e6 * 1.04)
+    late = PacerGroup()  # a stream whose first pass began after the seed states it; the others flooded
+    late.floor_bps = 33e6
+    late.member().on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
+    seed = 0.9 * 33e6
+    assert late.round_done([0.0, seed, 0.0], [0.95, 0.8, 0.96]) == pytest.approx(seed)  # before: halved
+    assert late.rule.cuts == 0
     alone = PacerGroup()  # no floor (the uploads' flood did not overflow: loopback, fast links): as before
     alone.member().on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
     assert not alone.granted and alone.brain.rate_bps == pytest.approx(527e6, rel=0.01)
