@@ -412,15 +412,15 @@ class PacerGroup:
         not judged. Why: the rule cut such a head by 20% and undid the cut only after the burst
         round - sent at the cut rate (28 -> 22 Mbit/s, a burst broadcast of 2.9 s against 1.9-2.2 s
         by hand, docs/pacing.md). Heavy loss goes to the rule as before (its strikes)."""
-        if burst and self.rule.rate_bps > 0 and losses and 0.0 < sum(losses) / len(losses) < BURSTY_LOSS:
-            self.rule.hold_for_burst()
-            return self.rule.rate_bps
         if self._floored:  # R15: seeded during an unpaced broadcast, whose loss says nothing of the seed
             self._floored = False
             # (nor the loss of a stream whose first pass began after the seed: the unpaced streams
             # beside it flooded the queue it lost in - judged, a seed at 0.9 x the share was halved)
             if not all(r > 0 for r in stated_bps):
                 return self.rule.rate_bps
+        if burst and self.rule.rate_bps > 0 and losses and 0.0 < sum(losses) / len(losses) < BURSTY_LOSS:
+            self.rule.hold_for_burst()
+            return self.rule.rate_bps
         g = self.rule.round_done(stated_bps, losses, arrival_bps)
         if g > 0:
             self.granted = True
