@@ -55,9 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--iterations", type=count_arg(1), default=None,
                    help="stop after this many iterations (rounds) (default: until the workers leave)")
     s.add_argument("--mtu", type=mtu_arg, default=DEFAULT_MTU,
-                   help=MTU_HELP + f". Default {DEFAULT_MTU}, not auto: a server's workers are on other hosts, "
-                        "whose paths may carry less than the server's own link (a worker says so; then set "
-                        "the smallest MTU of its paths here)")
+                   help=MTU_HELP + ". Not auto by default: a server's workers are on other hosts, whose paths "
+                        "may carry less than the server's own link (a worker whose route does says so; set the "
+                        "smallest MTU of the workers' paths here)")
     s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     s.add_argument("--seed", type=int_arg(0), default=0, help="seed of the send orders")
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")

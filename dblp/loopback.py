@@ -47,6 +47,8 @@ class LoopbackResult:
     round_s: list[float] = field(default_factory=list)  # per timed round, first start to last result
     up_s: list[float] = field(default_factory=list)  # slowest worker's send (start to the server's STOP)
     down_s: list[float] = field(default_factory=list)  # slowest worker's receive of the mean
+    passes: list[int] = field(default_factory=list)  # most send passes any worker needed, either direction
+    chunks: int = 0  # datagrams per worker per direction (per shard server's part, summed, when sharded)
 
     @property
     def median_s(self) -> float:
@@ -54,7 +56,8 @@ class LoopbackResult:
 
     def to_dict(self) -> dict:
         return {"elements": self.elements, "workers": self.workers, "mtu": self.mtu, "median_s": self.median_s,
-                "round_s": self.round_s, "up_s": self.up_s, "down_s": self.down_s}
+                "round_s": self.round_s, "up_s": self.up_s, "down_s": self.down_s,
+                "passes": self.passes, "chunks": self.chunks}
 
 
 def loopback_rounds(
@@ -118,4 +121,6 @@ def loopback_rounds(
         res.round_s.append(max(x["t_start"] + x["round_latency_s"] for x in recs) - min(x["t_start"] for x in recs))
         res.up_s.append(max(x["up_latency_s"] for x in recs))
         res.down_s.append(max(x["down_latency_s"] for x in recs))
+        res.passes.append(max(max(x["up_passes"], x["down_passes"]) for x in recs))
+        res.chunks = max(x["chunks"] for x in recs)
     return res

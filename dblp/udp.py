@@ -20,7 +20,6 @@ import os
 import socket
 import struct
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -297,12 +296,17 @@ def _probe_gso(sock: socket.socket) -> bool:
 IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h; Python 3.11 does not export it
 IPV6_MTU = getattr(socket, "IPV6_MTU", 24)  # linux/in6.h
 SIOCGIFCONF = 0x8912
+SIOCGIFMTU = 0x8921
 WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 
-#: ``--mtu auto``'s largest chunk size, in link bytes. Loopback's MTU is 65,536, but one sendmsg
-#: with GSO carries at most 65,507 payload bytes: datagrams up to 32,768 still go two (or more) to
-#: a send and travel as one super-packet to a GRO receiver, larger ones go one per send.
-AUTO_MTU_CAP = MAX_MTU
+#: ``--mtu auto``'s largest datagram, in link bytes: the largest that still batches. Loopback's MTU
+#: is 65,536, but one GSO sendmsg carries at most 65,507 payload bytes, so datagrams up to 32,768
+#: bytes still go two (or more) to a send, as one super-packet to a GRO receiver, and larger ones go
+#: alone. Measured (docs/benchmark.md, "Path-MTU chunk sizing"; 25M x 3 sharded on lo, alternating,
+#: load ~10): 9,000-32,768 bytes all cut the CPU of a run by a sixth or more against 1,500 and ran
+#: steady rounds (medians 215-231 ms at 32,768); 65,535 cost the least CPU but its first rounds took
+#: up to 3.0 s (uploads up to 1.2 s) and its medians 284-423 ms, the widest spread of the sizes.
+AUTO_MTU_CAP = 32768
 
 
 def route_mtu(host: str) -> int | None:
@@ -373,7 +377,7 @@ def is_loopback(host: str) -> bool:
 
 def link_mtu(host: str) -> int | None:
     """The MTU of the link a server bound to ``host`` receives its datagrams on: the interface that
-    holds the address (``lo`` for 127.0.0.0/8 and ::1), read from /sys/class/net; None for a
+    holds the address (``lo`` for 127.0.0.0/8 and ::1), asked with SIOCGIFMTU; None for a
     wildcard, a name that does not resolve or an address of no interface."""
     addr = _resolve(host)
     if addr is None:
@@ -381,9 +385,13 @@ def link_mtu(host: str) -> int | None:
     name = "lo" if addr.is_loopback else _interface_of(str(addr))
     if name is None:
         return None
-    try:
-        return int(Path("/sys/class/net", name, "mtu").read_text())
-    except (OSError, ValueError):
+    import fcntl
+
+    try:  # SIOCGIFMTU: this process's network namespace (a netns without its own /sys mount included)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = fcntl.ioctl(s.fileno(), SIOCGIFMTU, struct.pack("16si20x", name.encode()[:15], 0))
+        return struct.unpack("16si20x", req)[1]
+    except OSError:
         return None
 
 
