@@ -303,7 +303,7 @@ WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
 #: is 65,536, but one GSO sendmsg carries at most 65,507 payload bytes, so datagrams up to 32,768
 #: bytes still go two (or more) to a send, as one super-packet to a GRO receiver, and larger ones go
 #: alone. Measured (docs/benchmark.md, "Path-MTU chunk sizing"; 25M x 3 sharded on lo, alternating,
-#: load ~10): 9,000-32,768 bytes all cut the CPU of a run by a sixth or more against 1,500 and ran
+#: load ~10): 9,000-32,768 bytes all cut the CPU of a run by 14-18% against 1,500 and ran
 #: steady rounds (medians 215-231 ms at 32,768); 65,535 cost the least CPU but its first rounds took
 #: up to 3.0 s (uploads up to 1.2 s) and its medians 284-423 ms, the widest spread of the sizes.
 AUTO_MTU_CAP = 32768

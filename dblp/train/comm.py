@@ -162,7 +162,7 @@ class DBLPComm:
                 s.bind(("", 0))
                 port = s.getsockname()[1]
         # A server on a loopback address has every rank on this host, on lo: its datagrams are sized
-        # for lo (--mtu auto; a 10,762-parameter gradient is then one datagram, not 29). Elsewhere the
+        # for lo (--mtu auto; a 10,762-parameter gradient is then 2 datagrams, not 31). Elsewhere the
         # server's default (1500): ranks on other hosts may have smaller paths than its own link.
         # A --mtu in server_args comes later on the command line and wins.
         args = RunArgs(workers=self.world, iterations=None, model=0, policy=policy_flags, source="hosts",
