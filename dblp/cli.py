@@ -18,7 +18,7 @@ from traces.argtypes import count_arg, float_arg, int_arg, port_arg, unresolvabl
 from traces.units import HelpFormatter, duration_arg, size_arg
 
 from .auth import AuthError, new_secret
-from .cliargs import (PACE_HELP, pace_arg, add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
+from .cliargs import (MTU_HELP, PACE_HELP, pace_arg, add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       add_verbosity, log_level, verbosity,
                       server_secret, tolerance_arg, worker_secret)
 from .control import DEFAULT_PORT, MAX_HELLO
@@ -30,7 +30,7 @@ from .reduce import DEFAULT_MAX_NORM
 from .transport import MAX_PENDING
 from .server import ParameterServer, ServerConfig, ServerError
 from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
-from .wire import ParameterError
+from .wire import AUTO_MTU, DEFAULT_MTU, ParameterError
 from .worker import Worker, WorkerError
 
 
@@ -54,7 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=count_arg(1), default=3, help="number of workers to wait for")
     s.add_argument("--iterations", type=count_arg(1), default=None,
                    help="stop after this many iterations (rounds) (default: until the workers leave)")
-    s.add_argument("--mtu", type=mtu_arg, default=1500, help="MTU in bytes (sets the chunk size)")
+    s.add_argument("--mtu", type=mtu_arg, default=DEFAULT_MTU,
+                   help=MTU_HELP + ". Not auto by default: a server's workers are on other hosts, whose paths "
+                        "may carry less than the server's own link (a worker whose route does says so; set the "
+                        "smallest MTU of the workers' paths here)")
     s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     s.add_argument("--seed", type=int_arg(0), default=0, help="seed of the send orders")
     s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")
@@ -123,7 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--iterations", type=count_arg(1), default=5, help="timed iterations (rounds)")
     lb.add_argument("--warmup", type=int_arg(0), default=1, help="untimed iterations first")
     lb.add_argument("--p", type=tolerance_arg, default=0.0, help="the fixed policy's tolerance (0: reliable)")
-    lb.add_argument("--mtu", type=mtu_arg, default=1500, help="MTU in bytes")
+    lb.add_argument("--mtu", type=mtu_arg, default=AUTO_MTU,
+                    help=MTU_HELP + " (default auto: the path is 127.0.0.1's lo; 1500 measures the "
+                         "Ethernet-sized datagrams of real hosts)")
     lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
@@ -207,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(res.to_dict()))
             else:
-                print(f"{elements} float32 elements, {args.workers} workers, {args.iterations} rounds on 127.0.0.1: "
+                print(f"{elements} float32 elements, {args.workers} workers, {args.iterations} rounds on 127.0.0.1 "
+                      f"at MTU {res.mtu}: "
                       f"median {res.median_s * 1e3:.1f} ms per round")
                 for i, (r, u, d) in enumerate(zip(res.round_s, res.up_s, res.down_s)):
                     print(f"  round {i}: {r * 1e3:8.1f} ms  (up {u * 1e3:.1f} ms, down {d * 1e3:.1f} ms)")
@@ -237,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"dblp server: error: cannot listen on --host {args.host} --port {args.port}: "
                       f"{exc.strerror or exc}", file=sys.stderr)
                 return 2
-            print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers; {where}", flush=True)
+            print(f"dblp server listening on {args.host}:{srv.port} for {args.workers} workers; {where}; "
+                  f"MTU {cfg.mtu_source}", flush=True)
             x = srv.norm_exchange
             if x is not None:
                 print(f"dblp server: shard {args.shard} of {args.shards}, {elements or 'HELLO-sized'} elements; "

@@ -32,7 +32,7 @@ from .gradients import MODEL_HELP, model_elements
 from .policy import (ALIAS_NOTE, DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, PolicySpec,
                      check_tolerance, policy_name,
                      default_p_high, parse_runs, run_policy)
-from .wire import MAX_MTU, MIN_MTU, ParameterError
+from .wire import AUTO_MTU, DEFAULT_MTU, MAX_MTU, MIN_MTU, ParameterError
 
 __all__ = [
     "MEANINGS",
@@ -68,6 +68,8 @@ __all__ = [
     "listen_arg",
     "model_arg",
     "mtu_arg",
+    "link_mtu_arg",
+    "MTU_HELP",
     "pace_rate",
     "pace_arg",
     "pace_share_arg",
@@ -509,7 +511,7 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
     ap.add_argument("--gso", action="store_true",
                     help="use UDP GSO/GRO; the links are then segmented so loss rules still drop single "
                          "datagrams (emulation.loss.segment_links)")
-    ap.add_argument("--mtu", type=mtu_arg, default=1500,
+    ap.add_argument("--mtu", type=link_mtu_arg, default=1500,
                     help=f"MTU of every link and of the transport, in bytes ({MIN_MTU}-{MAX_MTU}; 9000: jumbo "
                          "frames, a sixth of the datagrams per gradient)")
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
@@ -741,6 +743,11 @@ def pace_rate(a: argparse.Namespace) -> float | None:
 PACE_HELP = ("sender pacing: auto (the default: each sender sets its own rate from what its passes "
              "delivered, dblp.pacing.AutoPacer), 0 (unlimited) or a rate, e.g. 900M; a bare number is Mbit/s")
 
+MTU_HELP = (f"link MTU in bytes ({MIN_MTU}-{MAX_MTU}), which sets the chunk size (a datagram fills it), or auto: "
+            "the MTU of the link holding the server's --host address, as TCP sizes segments from its MSS "
+            "(capped where larger datagrams lose UDP GSO's batching, dblp.udp.AUTO_MTU_CAP); a wildcard "
+            f"--host (0.0.0.0, ::) cannot know its workers' paths and gets {DEFAULT_MTU}")
+
 
 def pace_arg(text: str) -> float | None:
     """``type=`` for ``--pace``: ``auto`` -> None (self-pacing), else a rate in bit/s (0 = unlimited)."""
@@ -762,8 +769,18 @@ def pace_share_arg(text: str) -> float | None:
 pace_share_arg.__name__ = "pace share"
 
 
-def mtu_arg(text: str) -> int:
-    """``type=`` for ``--mtu``: the range :class:`dblp.wire.ChunkLayout` accepts."""
+def mtu_arg(text: str) -> int | str:
+    """``type=`` for a server's or loopback run's ``--mtu``: ``auto`` (the path's MTU,
+    :func:`dblp.udp.auto_mtu`, resolved where the bind address is known) or the range
+    :class:`dblp.wire.ChunkLayout` accepts."""
+    if text.strip().lower() == AUTO_MTU:
+        return AUTO_MTU
+    return link_mtu_arg(text)
+
+
+def link_mtu_arg(text: str) -> int:
+    """``type=`` for a link's ``--mtu`` (the emulation's links, which set it, not read it): a number of
+    bytes in the range :class:`dblp.wire.ChunkLayout` accepts."""
     from .wire import ChunkLayout
 
     try:
@@ -771,10 +788,11 @@ def mtu_arg(text: str) -> int:
         ChunkLayout(1, mtu)
     except (ValueError, ParameterError) as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}" if isinstance(exc, ParameterError)
-                                         else f"{text!r} is not an integer") from None
+                                         else f"{text!r} is not an integer or auto") from None
     return mtu
 
 
+link_mtu_arg.__name__ = "mtu"
 mtu_arg.__name__ = "mtu"
 
 

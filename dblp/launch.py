@@ -73,7 +73,7 @@ class RunArgs:
     peer_timeout_s: float = 60.0
     plain: bool = True  # no UDP GSO/GRO (a drop rule would drop whole super-packets)
     port: int = DEFAULT_PORT
-    mtu: int | None = None
+    mtu: int | str | None = None  # link bytes or "auto" (the server's --mtu; None: its default)
     python: str = sys.executable
     insecure: bool = False  # the paper's unauthenticated wire; else a secret per launch in $DBLP_SECRET
     aggregation: str = "server"  # "server" (the paper) | "sharded": a shard server on each worker host (dblp.shard)

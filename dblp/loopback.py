@@ -32,26 +32,32 @@ from .launch import Launch, LaunchError, LocalRunner, RunArgs
 from .policy import run_policy
 from .records import read_records
 from .shard import AGGREGATIONS
-from .wire import ChunkLayout, ParameterError
+from .udp import auto_mtu
+from .wire import AUTO_MTU, DEFAULT_MTU, ChunkLayout, ParameterError
 
 _ROOT = Path(__file__).resolve().parent.parent
+_BIND = "127.0.0.1"
 
 
 @dataclass
 class LoopbackResult:
     elements: int
     workers: int
+    mtu: int = DEFAULT_MTU  # the link MTU the run's datagrams were sized for (auto: lo's, capped)
     round_s: list[float] = field(default_factory=list)  # per timed round, first start to last result
     up_s: list[float] = field(default_factory=list)  # slowest worker's send (start to the server's STOP)
     down_s: list[float] = field(default_factory=list)  # slowest worker's receive of the mean
+    passes: list[int] = field(default_factory=list)  # most send passes any worker needed, either direction
+    chunks: int = 0  # datagrams per worker per direction (per shard server's part, summed, when sharded)
 
     @property
     def median_s(self) -> float:
         return statistics.median(self.round_s)
 
     def to_dict(self) -> dict:
-        return {"elements": self.elements, "workers": self.workers, "median_s": self.median_s,
-                "round_s": self.round_s, "up_s": self.up_s, "down_s": self.down_s}
+        return {"elements": self.elements, "workers": self.workers, "mtu": self.mtu, "median_s": self.median_s,
+                "round_s": self.round_s, "up_s": self.up_s, "down_s": self.down_s,
+                "passes": self.passes, "chunks": self.chunks}
 
 
 def loopback_rounds(
@@ -61,7 +67,7 @@ def loopback_rounds(
     rounds: int = 5,
     warmup: int = 1,
     p: float = 0.0,
-    mtu: int = 1500,
+    mtu: int | str = AUTO_MTU,
     order: str = DEFAULT_ORDER,
     fast: bool | None = None,
     timeout: float = 300.0,
@@ -72,7 +78,14 @@ def loopback_rounds(
     reliable policy, else a fixed tolerance; ``fast=False`` forces the plain
     (no GSO/GRO: one datagram per message, sendmmsg/recvmmsg batches) path;
     ``insecure`` the paper's CRC-only wire instead of the authenticated one; ``aggregation``
-    ``sharded`` a shard server per worker (:mod:`dblp.shard`) instead of the paper's one server."""
+    ``sharded`` a shard server per worker (:mod:`dblp.shard`) instead of the paper's one server.
+    ``mtu``: ``auto`` (the default) sizes datagrams for the path, 127.0.0.1's ``lo``
+    (:func:`dblp.udp.auto_mtu`, the same rule the server applies to ``--mtu auto``); a number of
+    bytes, e.g. 1500, sizes them as on an Ethernet path between real hosts."""
+    if mtu == AUTO_MTU:  # resolved here, so the result can say which size the run used
+        mtu = auto_mtu(_BIND)[0]
+    elif isinstance(mtu, str):
+        raise ParameterError(f"mtu must be a number of bytes or {AUTO_MTU!r}, got {mtu!r}")
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
         raise ParameterError(f"need workers >= 1, rounds >= 1, warmup >= 0 (got {workers}, {rounds}, {warmup})")
@@ -94,7 +107,7 @@ def loopback_rounds(
         d = Path(tmp)
         try:
             with Launch(LocalRunner(), "local", ["local"] * workers, args, records_dir=d, log_dir=d, env=env,
-                        bind="127.0.0.1") as run:
+                        bind=_BIND) as run:
                 run.wait(timeout)
         except LaunchError as exc:
             raise RuntimeError(f"loopback rounds: {exc}") from None
@@ -102,10 +115,12 @@ def loopback_rounds(
         for i in range(workers):
             for rec in read_records(d / f"worker{i}.jsonl"):  # null -> NaN, as written
                 per_round.setdefault(rec.round, []).append(vars(rec))
-    res = LoopbackResult(elements, workers)
+    res = LoopbackResult(elements, workers, mtu)
     for r in range(warmup, total):
         recs = per_round[r]
         res.round_s.append(max(x["t_start"] + x["round_latency_s"] for x in recs) - min(x["t_start"] for x in recs))
         res.up_s.append(max(x["up_latency_s"] for x in recs))
         res.down_s.append(max(x["down_latency_s"] for x in recs))
+        res.passes.append(max(max(x["up_passes"], x["down_passes"]) for x in recs))
+        res.chunks = max(x["chunks"] for x in recs)
     return res

@@ -40,8 +40,8 @@ from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWr
 from .watch import RoundHookClient
 from .transport import (DEFAULT_PEER_TIMEOUT_S, FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError,
                         accept_logins, pump, pump_parallel)
-from .udp import DataSocket, family_of
-from .wire import ChunkLayout, ParameterError
+from .udp import DataSocket, auto_mtu, family_of
+from .wire import AUTO_MTU, DEFAULT_MTU, ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
 
@@ -52,7 +52,7 @@ class ServerConfig:
     port: int = ctl.DEFAULT_PORT
     workers: int = 3
     policy: Policy = field(default_factory=ReliablePolicy)
-    mtu: int = 1500
+    mtu: int | str = DEFAULT_MTU  # link bytes, or "auto": the link holding `host`'s (resolved here, dblp.udp.auto_mtu)
     order: str = DEFAULT_ORDER
     seed: int = 0
     reduce: str = "zero"
@@ -84,6 +84,7 @@ class ServerConfig:
     # the C receive and send loops release the GIL, so a server can use more than one core.
     # 0: as many as the host's cores allow (loop_threads).
     threads: int = 0
+    mtu_source: str = field(default="", init=False)  # where mtu came from, for the log ("auto": which link)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -101,6 +102,12 @@ class ServerConfig:
             raise ParameterError(f"elements must be in [1, {ctl.MAX_ELEMENTS}], got {self.elements}")
         if self.rounds is not None and self.rounds < 1:
             raise ParameterError(f"rounds must be >= 1 (or None: until the workers leave), got {self.rounds}")
+        if self.mtu == AUTO_MTU:  # the bind address is known here: the number every later step sees
+            self.mtu, self.mtu_source = auto_mtu(self.host)
+        elif isinstance(self.mtu, str):
+            raise ParameterError(f"mtu must be a number of bytes or {AUTO_MTU!r}, got {self.mtu!r}")
+        else:
+            self.mtu_source = f"{self.mtu} (set)"
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
@@ -534,8 +541,8 @@ class ParameterServer:
         # sent its next values, hence after it took this mean out. (A member of the run, as the
         # slot's owner is, can set the mean at will anyway: its own gradient enters it.)
         self.mean = locals_[0].peer.local[0] if len(locals_) == 1 else np.zeros(elements, np.float32)
-        log.info("%d workers connected; %d elements in %d chunks of %d floats",
-                 len(self.workers), elements, self.layout.chunks, self.layout.chunk_floats)
+        log.info("%d workers connected; %d elements in %d chunks of %d floats; MTU %s",
+                 len(self.workers), elements, self.layout.chunks, self.layout.chunk_floats, self.cfg.mtu_source)
 
     def _check_hello(self, hello: ctl.Message, spec: dict | None, taken: set[int]) -> str | None:
         """Why this HELLO is refused, or None."""

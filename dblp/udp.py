@@ -15,6 +15,7 @@ per-datagram loops of both paths run in C without the GIL.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import struct
@@ -22,7 +23,7 @@ import time
 
 import numpy as np
 
-from .wire import ChunkLayout, assemble_rows
+from .wire import DEFAULT_MTU, MAX_MTU, MIN_MTU, ChunkLayout, assemble_rows
 
 try:  # the optional C helper (dblp/_fastpath_c/sockets.c, place.c); DBLP_NO_C=1 forces the Python path
     from ._fastpath import recv_place as _c_recv_place
@@ -289,3 +290,121 @@ def _probe_gso(sock: socket.socket) -> bool:
         return True
     except OSError:
         return False
+
+
+# -- the path's MTU (--mtu auto) ---------------------------------------------------------------------
+IP_MTU = getattr(socket, "IP_MTU", 14)  # linux/in.h; Python 3.11 does not export it
+IPV6_MTU = getattr(socket, "IPV6_MTU", 24)  # linux/in6.h
+SIOCGIFCONF = 0x8912
+SIOCGIFMTU = 0x8921
+WILDCARDS = frozenset({"", "0.0.0.0", "::", "*"})
+
+#: ``--mtu auto``'s largest datagram, in link bytes: the largest that still batches. Loopback's MTU
+#: is 65,536, but one GSO sendmsg carries at most 65,507 payload bytes, so datagrams up to 32,768
+#: bytes still go two (or more) to a send, as one super-packet to a GRO receiver, and larger ones go
+#: alone. Measured (docs/benchmark.md, "Path-MTU chunk sizing"; 25M x 3 sharded on lo, alternating,
+#: load ~10): 9,000-32,768 bytes all cut the CPU of a run by 14-18% against 1,500 and ran
+#: steady rounds (medians 215-231 ms at 32,768); 65,535 cost the least CPU but its first rounds took
+#: up to 3.0 s (uploads up to 1.2 s) and its medians 284-423 ms, the widest spread of the sizes.
+AUTO_MTU_CAP = 32768
+
+
+def route_mtu(host: str) -> int | None:
+    """The MTU of this host's route to ``host`` (``IP_MTU`` / ``IPV6_MTU`` of a UDP socket connected
+    there; nothing is sent), or None when there is no route. Why the worker asks this and the server
+    does not: a route to one of this host's own addresses goes through ``lo`` whatever link holds the
+    address, so it answers for a sender's path, not for where a server's datagrams arrive."""
+    fam = family_of(host)
+    try:
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((host, 9))
+            if fam == socket.AF_INET6:
+                return s.getsockopt(socket.IPPROTO_IPV6, IPV6_MTU)
+            return s.getsockopt(socket.IPPROTO_IP, IP_MTU)
+    except OSError:
+        return None
+
+
+def _interface_of(addr: str) -> str | None:
+    """The name of the interface holding the address ``addr`` (IPv4: SIOCGIFCONF, aliases such as
+    ``eth0:1`` named by their device; IPv6: /proc/net/if_inet6), or None."""
+    import array
+    import fcntl
+
+    if ":" in addr:
+        try:
+            want = socket.inet_pton(socket.AF_INET6, addr.split("%")[0]).hex()
+            with open("/proc/net/if_inet6", encoding="ascii") as f:
+                for line in f:
+                    parts = line.split()
+                    if len(parts) >= 6 and parts[0] == want:
+                        return parts[5]
+        except OSError:
+            pass
+        return None
+    try:
+        want4 = socket.inet_aton(addr)
+        n = 128 * 40  # up to 128 addresses of 40-byte struct ifreq
+        buf = array.array("B", bytes(n))
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            got = struct.unpack("iL", fcntl.ioctl(s.fileno(), SIOCGIFCONF,
+                                                  struct.pack("iL", n, buf.buffer_info()[0])))[0]
+        raw = buf.tobytes()
+        for off in range(0, got, 40):
+            if raw[off + 20:off + 24] == want4:  # sockaddr_in's address after family and port
+                return raw[off:off + 16].split(b"\0", 1)[0].decode().split(":", 1)[0]
+    except OSError:
+        pass
+    return None
+
+
+def _resolve(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` (an address or a name) as an address; None for a wildcard or a name that does not resolve."""
+    if host in WILDCARDS:
+        return None
+    try:
+        addr = socket.getaddrinfo(host, None, family_of(host), socket.SOCK_DGRAM)[0][4][0]
+        return ipaddress.ip_address(addr.split("%")[0])
+    except (OSError, ValueError):
+        return None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or a name of one (localhost)."""
+    addr = _resolve(host)
+    return addr is not None and addr.is_loopback
+
+
+def link_mtu(host: str) -> int | None:
+    """The MTU of the link a server bound to ``host`` receives its datagrams on: the interface that
+    holds the address (``lo`` for 127.0.0.0/8 and ::1), asked with SIOCGIFMTU; None for a
+    wildcard, a name that does not resolve or an address of no interface."""
+    addr = _resolve(host)
+    if addr is None:
+        return None
+    name = "lo" if addr.is_loopback else _interface_of(str(addr))
+    if name is None:
+        return None
+    import fcntl
+
+    try:  # SIOCGIFMTU: this process's network namespace (a netns without its own /sys mount included)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            req = fcntl.ioctl(s.fileno(), SIOCGIFMTU, struct.pack("16si20x", name.encode()[:15], 0))
+        return struct.unpack("16si20x", req)[1]
+    except OSError:
+        return None
+
+
+def auto_mtu(host: str) -> tuple[int, str]:
+    """``--mtu auto`` for a server bound to ``host``: the MTU of the link holding that address,
+    capped at :data:`AUTO_MTU_CAP` and the IPv4 limit - as TCP sizes its segments from the MSS - and
+    a sentence saying where it came from. A wildcard bind cannot know the workers' paths: 1500, the
+    Ethernet MTU every path carries (so do addresses that hold no link we can read)."""
+    mtu = link_mtu(host)
+    if mtu is None:
+        why = ("a wildcard bind cannot know its workers' paths" if host in WILDCARDS
+               else f"no interface holds {host}")
+        return DEFAULT_MTU, f"{DEFAULT_MTU} ({why})"
+    got = max(MIN_MTU, min(mtu, AUTO_MTU_CAP, MAX_MTU))
+    capped = f", capped at {got}" if got != mtu else ""
+    return got, f"{got} (the {mtu}-byte link holding {host}{capped})"

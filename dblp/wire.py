@@ -73,6 +73,8 @@ FLOAT_BYTES = 4
 #: link MTUs in bytes: IPv4's smallest datagram every host must take (the emulation's and the
 #: benchmark's links go no lower), and IPv4's largest datagram (no layout goes higher)
 MIN_MTU, MAX_MTU = 576, 65535
+AUTO_MTU = "auto"  # --mtu auto: the MTU of the link the server's address sits on (dblp.udp.auto_mtu)
+DEFAULT_MTU = 1500  # Ethernet's standard MTU: the default where nothing better is known
 
 HEADER_DTYPE = np.dtype(
     [

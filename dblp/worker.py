@@ -27,10 +27,31 @@ from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
 from .staging import HostStaging, ResultPool
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, connect_retry, pump
-from .udp import DataSocket
+from .udp import DataSocket, family_of, route_mtu
 from .wire import ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.worker")
+_MTU_WARNED: set[tuple[str, int, int]] = set()  # (server, its MTU, our route's): said once per process
+
+
+def check_path_mtu(host: str, port: int, layout_mtu: int) -> str | None:
+    """Warn once (stderr, through logging) when this host's route to the server at ``host`` carries
+    less than the MTU the server sized its datagrams for: each of them would then be cut into IP
+    fragments (slower, and one lost fragment loses the whole datagram, which the bitmap then counts
+    as one lost chunk) - a server whose ``--mtu auto`` saw its own jumbo link, or a ``--mtu`` set
+    too high. ``layout_mtu``: META's ``mtu`` (IPv4-sized; an IPv6 server announces its link's - 20).
+    Returns the message (None when the path carries the datagrams whole or cannot be read)."""
+    route = route_mtu(host)
+    link = layout_mtu + 20 if family_of(host) == socket.AF_INET6 else layout_mtu
+    if route is None or route >= link:
+        return None
+    msg = (f"the server at {host}:{port} sizes its datagrams for a {link}-byte MTU, but this host's route to "
+           f"it carries {route} bytes: every datagram will be fragmented (slower, and a lost fragment loses "
+           f"the datagram); start the server with --mtu {route} (the smallest MTU of its workers' paths)")
+    if (host, link, route) not in _MTU_WARNED:
+        _MTU_WARNED.add((host, link, route))
+        log.warning("%s", msg)
+    return msg
 
 
 class WorkerError(RuntimeError):
@@ -136,6 +157,8 @@ class Worker:
         key = None if self.secret is None else auth.data_key(self.secret, int(m["run_id"]))
         self.layout = ChunkLayout(int(m["elements"]), int(m["mtu"]), key=key)
         self.peer.udp_addr = (tcp.getpeername()[0], int(m["server_udp_port"]))
+        if self._slot is None:  # the host-local slot sends no datagrams
+            check_path_mtu(self.peer.udp_addr[0], self.server[1], self.layout.mtu)
         order = str(m.get("order", DEFAULT_ORDER))
         self.session = WorkerSession(
             self.layout, self.worker_id, run_id=int(m["run_id"]), order=order, seed=int(m.get("seed", 0)),

@@ -15,6 +15,11 @@ a change, alternating, in one run.
 
     python scenarios/bench_loopback.py                                 # 25M x 3, sharded and single
     python scenarios/bench_loopback.py --repeats 5 --baseline /tmp/base --modes sharded
+    python scenarios/bench_loopback.py --modes sharded --mtus 1500,9000,16384,32768,65535  # chunk sizes
+
+Each DBLP run's CPU (user + system of its processes, start-up included) is printed beside its
+time: on a loaded machine it moves less than the wall time, so cases of one tree (``--mtus``)
+compare by it too.
 
 Writes ``bench_loopback.csv`` (one row per repeat and case), ``summary.json``
 (median and range of every ratio, the load, the core count) and
@@ -25,9 +30,11 @@ from __future__ import annotations
 
 import _bootstrap  # noqa: F401  (re-exec into the project's .venv; the repository on sys.path)
 
+import argparse
 import csv
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,7 +42,7 @@ import time
 from pathlib import Path
 
 from dblp.provenance import write_config  # noqa: E402
-from dblp.cliargs import parser
+from dblp.cliargs import mtu_arg, parser
 from dblp.gradients import MODEL_HELP, model_elements
 from dblp.shard import AGGREGATIONS
 from dblp.wire import ParameterError
@@ -88,15 +95,23 @@ class GlooRanks:
                 p.kill()
 
 
-def dblp_median_s(tree: Path, mode: str, elements: int, workers: int, iterations: int) -> float:
-    """The median lossless round of ``python -m dblp loopback`` run from checkout ``tree``."""
+def dblp_loopback(tree: Path, mode: str, elements: int, workers: int, iterations: int,
+                  mtu: str | None = None) -> dict:
+    """``python -m dblp loopback --json`` run from checkout ``tree`` (its result: ``median_s``, and
+    from a tree that reports them ``mtu``, ``passes``, ``chunks``); ``mtu`` None: the tree's default."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     argv = [sys.executable, "-m", "dblp", "loopback", "--model", str(elements), "--workers", str(workers),
-            "--iterations", str(iterations), "--aggregation", mode, "--json"]
+            "--iterations", str(iterations), "--aggregation", mode, "--json"] + (["--mtu", mtu] if mtu else [])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if out.returncode != 0:
         raise RuntimeError(f"dblp loopback ({tree}, {mode}) failed: {out.stderr.strip()[-500:]}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["median_s"])
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    # CPU of the run's processes (server(s) and workers are its children, reaped before it returns):
+    # less moved by a shared machine's load than wall time; start-up and the warm-up round included
+    res["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return res
 
 
 def build_parser():
@@ -110,6 +125,9 @@ def build_parser():
                     help="timed iterations per run: DBLP rounds / gloo all-reduces (each run's median is used)")
     ap.add_argument("--modes", default="sharded,server",
                     help=f"DBLP aggregations, comma-separated, of {', '.join(AGGREGATIONS)}")
+    ap.add_argument("--mtus", default="",
+                    help="DBLP's --mtu values to compare, comma-separated: bytes or auto (each a case per mode; "
+                         "default: none given, each tree's own loopback default)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of the project, run beside this one in every repeat (default: none)")
     ap.add_argument("--port", type=count_arg(1), default=29781, help="gloo's rendezvous TCP port on 127.0.0.1")
@@ -132,9 +150,15 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--modes: {','.join(bad) or 'none given'}: each must be one of {', '.join(AGGREGATIONS)}")
     if args.baseline is not None and not (args.baseline / "dblp" / "__init__.py").is_file():
         ap.error(f"--baseline: {args.baseline} is not a checkout of this project (no dblp/__init__.py)")
-    cases = [(f"{m}", REPO, m) for m in modes]
+    try:
+        mtus = [mtu_arg(x) for x in args.mtus.split(",") if x] or [None]
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"--mtus: {exc}")
+    cases = [(f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u) for m in modes for u in mtus]
     if args.baseline is not None:
-        cases = [c for m in modes for c in ((f"{m} (baseline)", args.baseline.resolve(), m), (m, REPO, m))]
+        cases = [c for m in modes for u in mtus
+                 for c in ((f"{m}" + (f" MTU {u}" if u else "") + " (baseline)", args.baseline.resolve(), m, u),
+                           (f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u))]
     out = args.out or REPO / "results" / "bench_loopback" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, args)  # the flags as given, with provenance: --config out/config.json reruns it
@@ -148,11 +172,17 @@ def main(argv: list[str] | None = None) -> int:
             load = os.getloadavg()[0]
             g = statistics.median(gloo.allreduce_s(elements, f"{r}.{i}") for i in range(args.iterations))
             line = [f"repeat {r + 1}/{args.repeats} (load {load:.1f}): gloo {g * 1e3:.0f} ms"]
-            for name, tree, mode in cases:
-                d = dblp_median_s(tree, mode, elements, args.workers, args.iterations)
+            for name, tree, mode, mtu in cases:
+                res = dblp_loopback(tree, mode, elements, args.workers, args.iterations,
+                                    None if mtu is None else str(mtu))
+                d = float(res["median_s"])
+                passes = max(res.get("passes") or [0])  # 0: a tree that does not report them
                 rows.append({"repeat": r, "load": round(load, 2), "case": name, "tree": str(tree), "mode": mode,
-                             "dblp_s": d, "gloo_s": g, "ratio": d / g})
-                line.append(f"{name} {d * 1e3:.0f} ms ({d / g:.2f}x)")
+                             "mtu": res.get("mtu", mtu or ""), "chunks": res.get("chunks", ""),
+                             "max_passes": passes, "cpu_s": round(res["cpu_s"], 3), "dblp_s": d, "gloo_s": g,
+                             "ratio": d / g})
+                line.append(f"{name} {d * 1e3:.0f} ms ({d / g:.2f}x, CPU {res['cpu_s']:.1f} s" + (f", {passes} pass" if passes > 1 else "")
+                            + ")")
             print("; ".join(line), flush=True)
     finally:
         gloo.close()
@@ -163,11 +193,16 @@ def main(argv: list[str] | None = None) -> int:
     summary = {"elements": elements, "workers": args.workers, "repeats": args.repeats, "iterations": args.iterations,
                "cores": os.cpu_count(), "load_end": os.getloadavg()[0], "cases": {}}
     print(f"\n{elements:,} floats x {args.workers}: DBLP / gloo, median (range) of {args.repeats} repeats")
-    for name, _, _ in cases:
+    for name, *_ in cases:
         rs = [x["ratio"] for x in rows if x["case"] == name]
         summary["cases"][name] = {"ratio_median": statistics.median(rs), "ratio_min": min(rs), "ratio_max": max(rs),
-                                  "dblp_median_s": statistics.median(x["dblp_s"] for x in rows if x["case"] == name)}
-        print(f"  {name:22s} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})")
+                                  "dblp_median_s": statistics.median(x["dblp_s"] for x in rows if x["case"] == name),
+                                  "max_passes": max(x["max_passes"] for x in rows if x["case"] == name),
+                                  "cpu_s": [x["cpu_s"] for x in rows if x["case"] == name]}
+        passes, cpu = summary["cases"][name]["max_passes"], summary["cases"][name]["cpu_s"]
+        print(f"  {name:22s} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f}); CPU of a run "
+              f"{statistics.median(cpu):.1f} s ({min(cpu):.1f}-{max(cpu):.1f})"
+              + (f", up to {passes} passes a round" if passes > 1 else ""))
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(rows, [c[0] for c in cases], out / "bench_loopback.png", elements, args.workers)
     return 0

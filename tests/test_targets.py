@@ -5,6 +5,7 @@ subprocess: tests do not import scenarios; loopback only, no root)."""
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from dblp.targets import TargetRow, as_rows, format_table, machine_class, plot, summarize
+from dblp.udp import auto_mtu
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, str(ROOT / "scenarios" / "benchmark.py")]
@@ -70,10 +72,15 @@ def test_benchmark_targets_loopback_rows_side_by_side(tmp_path):
     with open(tmp_path / "targets.csv") as fh:
         lines = list(csv.DictReader(fh))
     assert [ln["target"] for ln in lines] == ["loopback 100K x 2: sharded / gloo",
-                                               "loopback 100K x 2: single server / gloo"]
+                                               "loopback 100K x 2: single server / gloo",
+                                               "loopback 100K x 2: sharded / gloo at MTU 1500"]
     for ln in lines:
         assert ln["repeats"] == "2" and 0 < float(ln["min"]) <= float(ln["median"]) <= float(ln["max"])
-    assert (tmp_path / "targets.json").exists()
+    # the rows at the loopback default say which MTU --mtu auto chose (lo's, capped)
+    details = {d["target"]: d["detail"] for d in json.loads((tmp_path / "targets.json").read_text())["targets"]}
+    auto = f"MTU {auto_mtu('127.0.0.1')[0]}"
+    assert all(d.endswith(auto) for d in details["loopback 100K x 2: sharded / gloo"])
+    assert all(d.endswith(auto) for d in details["loopback 100K x 2: single server / gloo"])
     # (no bound at 2 workers: the figure has no row to show, but is written all the same)
     assert (tmp_path / "targets.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -38,6 +38,7 @@ def main() -> int:
     with Worker(a.host, a.port, elements=n, worker_id=a.id, fast=False if a.plain else None,
                 peer_timeout=a.peer_timeout) as w:
         lay = w.layout
+        report["mtu"] = lay.mtu  # the MTU the server sized the datagrams for (--mtu auto's choice)
         cf = lay.chunk_floats
         pad = lay.chunks * cf
         for r in range(a.rounds):

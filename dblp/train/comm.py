@@ -48,7 +48,8 @@ from dblp.policy import run_policy
 from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import AllreduceExchange
 from dblp.watch import end_process_group
-from dblp.wire import ParameterError
+from dblp.udp import is_loopback
+from dblp.wire import AUTO_MTU, ParameterError
 
 __all__ = ["DBLPComm", "DBLPCommError"]
 
@@ -160,8 +161,13 @@ class DBLPComm:
             with socket.socket() as s:  # a free port (TCP; the server's UDP socket takes the same number)
                 s.bind(("", 0))
                 port = s.getsockname()[1]
+        # A server on a loopback address has every rank on this host, on lo: its datagrams are sized
+        # for lo (--mtu auto; a 10,762-parameter gradient is then 2 datagrams, not 31). Elsewhere the
+        # server's default (1500): ranks on other hosts may have smaller paths than its own link.
+        # A --mtu in server_args comes later on the command line and wins.
         args = RunArgs(workers=self.world, iterations=None, model=0, policy=policy_flags, source="hosts",
-                       peer_timeout_s=peer_timeout, plain=False, port=port, server_extra=list(extra))
+                       peer_timeout_s=peer_timeout, plain=False, port=port, server_extra=list(extra),
+                       mtu=AUTO_MTU if is_loopback(host) else None)
         records = self.records_dir / "server.jsonl" if self.records_dir is not None else None
         if self.records_dir is not None:
             self._log = self.records_dir / "server.log"
