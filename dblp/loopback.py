@@ -32,7 +32,7 @@ from .launch import Launch, LaunchError, LocalRunner, RunArgs
 from .policy import run_policy
 from .records import read_records
 from .shard import AGGREGATIONS
-from .udp import auto_mtu
+from .udp import resolve_mtu
 from .wire import AUTO_MTU, DEFAULT_MTU, ChunkLayout, ParameterError
 
 _ROOT = Path(__file__).resolve().parent.parent
@@ -82,10 +82,7 @@ def loopback_rounds(
     ``mtu``: ``auto`` (the default) sizes datagrams for the path, 127.0.0.1's ``lo``
     (:func:`dblp.udp.auto_mtu`, the same rule the server applies to ``--mtu auto``); a number of
     bytes, e.g. 1500, sizes them as on an Ethernet path between real hosts."""
-    if mtu == AUTO_MTU:  # resolved here, so the result can say which size the run used
-        mtu = auto_mtu(_BIND)[0]
-    elif isinstance(mtu, str):
-        raise ParameterError(f"mtu must be a number of bytes or {AUTO_MTU!r}, got {mtu!r}")
+    mtu = resolve_mtu(mtu, _BIND)[0]  # resolved here, so the result can say which size the run used
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
         raise ParameterError(f"need workers >= 1, rounds >= 1, warmup >= 0 (got {workers}, {rounds}, {warmup})")

@@ -40,8 +40,8 @@ from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWr
 from .watch import RoundHookClient
 from .transport import (DEFAULT_PEER_TIMEOUT_S, FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError,
                         accept_logins, pump, pump_parallel)
-from .udp import DataSocket, auto_mtu, family_of
-from .wire import AUTO_MTU, DEFAULT_MTU, ChunkLayout, ParameterError
+from .udp import DataSocket, family_of, layout_mtu, resolve_mtu
+from .wire import DEFAULT_MTU, ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.server")
 
@@ -102,12 +102,7 @@ class ServerConfig:
             raise ParameterError(f"elements must be in [1, {ctl.MAX_ELEMENTS}], got {self.elements}")
         if self.rounds is not None and self.rounds < 1:
             raise ParameterError(f"rounds must be >= 1 (or None: until the workers leave), got {self.rounds}")
-        if self.mtu == AUTO_MTU:  # the bind address is known here: the number every later step sees
-            self.mtu, self.mtu_source = auto_mtu(self.host)
-        elif isinstance(self.mtu, str):
-            raise ParameterError(f"mtu must be a number of bytes or {AUTO_MTU!r}, got {self.mtu!r}")
-        else:
-            self.mtu_source = f"{self.mtu} (set)"
+        self.mtu, self.mtu_source = resolve_mtu(self.mtu, self.host)  # the bind address is known here
         ChunkLayout(1, self.mtu)  # validates mtu
         if self.secret is not None and len(self.secret) < 16:
             raise ParameterError(f"secret must have at least 16 bytes, got {len(self.secret)}")
@@ -484,9 +479,7 @@ class ParameterServer:
         spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers
         elements = int(spec["elements"])
         key = None if self.secret is None else auth.data_key(self.secret, self.run_id)
-        # cfg.mtu is the link's; ChunkLayout counts IPv4's 20-byte header, IPv6's is 40
-        mtu = self.cfg.mtu - 20 if family_of(self.cfg.host) == socket.AF_INET6 else self.cfg.mtu
-        self.layout = ChunkLayout(elements, mtu, key=key)
+        self.layout = ChunkLayout(elements, layout_mtu(self.cfg.mtu, self.cfg.host), key=key)  # cfg.mtu: the link's
         ids = _assign_ids([h.worker for _, h, _ in pending], self.cfg.workers)
         peers: dict[int, Peer] = {}
         for (conn, hello, keys), wid in zip(pending, ids):

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from .wire import DEFAULT_MTU, MAX_MTU, MIN_MTU, ChunkLayout, assemble_rows
+from .wire import AUTO_MTU, DEFAULT_MTU, MAX_MTU, MIN_MTU, ChunkLayout, ParameterError, assemble_rows
 
 try:  # the optional C helper (dblp/_fastpath_c/sockets.c, place.c); DBLP_NO_C=1 forces the Python path
     from ._fastpath import recv_place as _c_recv_place
@@ -408,3 +408,23 @@ def auto_mtu(host: str) -> tuple[int, str]:
     got = max(MIN_MTU, min(mtu, AUTO_MTU_CAP, MAX_MTU))
     capped = f", capped at {got}" if got != mtu else ""
     return got, f"{got} (the {mtu}-byte link holding {host}{capped})"
+
+
+#: IPv6's header is 40 bytes against the 20 of IPv4 that :class:`dblp.wire.ChunkLayout` counts
+IPV6_EXTRA_HEADER = 20
+
+
+def layout_mtu(link_mtu: int, host: str) -> int:
+    """The MTU :class:`dblp.wire.ChunkLayout` takes (IPv4-sized) for a link of ``link_mtu`` bytes
+    carrying ``host``'s address family - the one home of the IPv4/IPv6 header difference."""
+    return link_mtu - IPV6_EXTRA_HEADER if family_of(host) == socket.AF_INET6 else link_mtu
+
+
+def resolve_mtu(mtu: int | str, host: str) -> tuple[int, str]:
+    """A ``--mtu`` as given (bytes, or ``auto``: :func:`auto_mtu` for a server bound to ``host``) as
+    link bytes and a sentence saying where they came from; any other string is refused by name."""
+    if mtu == AUTO_MTU:
+        return auto_mtu(host)
+    if isinstance(mtu, str):
+        raise ParameterError(f"mtu must be a number of bytes or {AUTO_MTU!r}, got {mtu!r}")
+    return mtu, f"{mtu} (set)"

@@ -27,7 +27,7 @@ from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
 from .staging import HostStaging, ResultPool
 from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, connect_retry, pump
-from .udp import DataSocket, family_of, route_mtu
+from .udp import DataSocket, route_mtu, layout_mtu as link_layout_mtu
 from .wire import ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.worker")
@@ -42,9 +42,9 @@ def check_path_mtu(host: str, port: int, layout_mtu: int) -> str | None:
     too high. ``layout_mtu``: META's ``mtu`` (IPv4-sized; an IPv6 server announces its link's - 20).
     Returns the message (None when the path carries the datagrams whole or cannot be read)."""
     route = route_mtu(host)
-    link = layout_mtu + 20 if family_of(host) == socket.AF_INET6 else layout_mtu
-    if route is None or route >= link:
+    if route is None or link_layout_mtu(route, host) >= layout_mtu:
         return None
+    link = layout_mtu + (route - link_layout_mtu(route, host))  # the server's link MTU, in the route's family
     msg = (f"the server at {host}:{port} sizes its datagrams for a {link}-byte MTU, but this host's route to "
            f"it carries {route} bytes: every datagram will be fragmented (slower, and a lost fragment loses "
            f"the datagram); start the server with --mtu {route} (the smallest MTU of its workers' paths)")
