@@ -30,6 +30,7 @@ from .reduce import DEFAULT_MAX_NORM
 from .transport import MAX_PENDING
 from .server import ParameterServer, ServerConfig, ServerError
 from .shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
+from .startline import StartLine
 from .wire import AUTO_MTU, DEFAULT_MTU, ParameterError
 from .worker import Worker, WorkerError
 
@@ -158,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--records", default=None, help="JSONL file for per-round records")
     w.add_argument("--source", default="loopback", help="record source tag (loopback, emulation, hosts)")
     w.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
+    w.add_argument("--start-together", default=None, metavar="DIR",
+                   help="before each round, wait until every worker of the run has its gradient ready (a file "
+                        "per worker and round in DIR, a folder all workers share): rounds are timed from a "
+                        "common start, as the gloo harness times its all-reduce (dblp.startline; benchmarks) "
+                        "(default: off, each worker starts as soon as its gradient is made)")
     add_verbosity(w, progress_alias=True)  # -v (or the older --progress): one line per round
     add_auth_args(w, "worker")
     add_verbosity(ap)  # -q/-v on every subcommand
@@ -270,10 +276,16 @@ def main(argv: list[str] | None = None) -> int:
                 wk_cm = Worker(args.server[0][0], args.server[0][1], **kw)
             with wk_cm as wk:
                 grads = ReplayGradients(elements, wk.worker_id, norms, args.seed)
+                line = None
+                if args.start_together:
+                    meta = (wk.shards[0] if isinstance(wk, ShardedWorker) else wk).meta
+                    line = StartLine(args.start_together, int(meta["workers"]), wk.worker_id, args.peer_timeout)
                 for r in range(args.iterations):
                     g = grads(r)  # made first: --compute alone stands for the compute time
                     if args.compute:
                         time.sleep(args.compute)
+                    if line is not None:
+                        line.wait(r)
                     wk.allreduce(g)
                     rec = wk.last_record
                     if verbosity(args) >= 1 and rec is not None:

@@ -13,10 +13,13 @@ authors' prototype)::
 A server and ``workers`` workers start as separate processes through
 :mod:`dblp.launch` - the same ``python -m dblp server`` / ``worker``
 commands every launcher of the testbed writes - and
-exchange synthetic gradients. A round's time is the span from the first
-worker's start of the round to the last worker's averaged result, from the
-workers' own per-round records (:mod:`dblp.records`), after ``warmup``
-untimed rounds (the first touches fresh memory).
+exchange synthetic gradients. Every worker makes its round's gradient and
+waits at a common start line (:mod:`dblp.startline`), as gloo's harness starts
+its ranks together once each holds its tensor; a round's time is the span from
+the first worker's start of the round (within a millisecond of the last's) to
+the last worker's averaged result, from the workers' own per-round records
+(:mod:`dblp.records`), after ``warmup`` untimed rounds (the first touches fresh
+memory).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ class LoopbackResult:
     elements: int
     workers: int
     mtu: int = DEFAULT_MTU  # the link MTU the run's datagrams were sized for (auto: lo's, capped)
-    round_s: list[float] = field(default_factory=list)  # per timed round, first start to last result
+    round_s: list[float] = field(default_factory=list)  # per timed round, first start (the workers start together) to last result
     up_s: list[float] = field(default_factory=list)  # slowest worker's send (start to the server's STOP)
     down_s: list[float] = field(default_factory=list)  # slowest worker's receive of the mean
     passes: list[int] = field(default_factory=list)  # most send passes any worker needed, either direction
@@ -96,12 +99,13 @@ def loopback_rounds(
         raise ParameterError(f"order must be one of {ORDERS}, got {order!r}")
     total = warmup + rounds
     env = {"PYTHONPATH": f"{_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
-                   policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
-                   plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure,
-                   aggregation=aggregation)
     with tempfile.TemporaryDirectory(prefix="dblp-loopback-") as tmp:
         d = Path(tmp)
+        # timed from a common start, as gloo's harness is: every worker has its gradient first (dblp.startline)
+        args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
+                       policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
+                       plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure,
+                       aggregation=aggregation, worker_extra=["--start-together", str(d / "start")])
         try:
             with Launch(LocalRunner(), "local", ["local"] * workers, args, records_dir=d, log_dir=d, env=env,
                         bind=_BIND) as run:

@@ -5,8 +5,9 @@ A benchmark, not a test; no root needed. Each repeat runs ``--iterations``
 gloo all-reduces (``scenarios/gloo_allreduce.py``: three ranks, every rank
 starting at one instant) and then, for each case, a
 ``python -m dblp loopback`` run of the same size and world
-(:mod:`dblp.loopback`: separate server and worker processes, the median
-round from the first worker's start to the last worker's result); the ratio
+(:mod:`dblp.loopback`: separate server and worker processes lined up at a
+common start once each holds its gradient, the median round from that start
+to the last worker's result); the ratio
 is that repeat's DBLP median over that repeat's gloo median, so a shared
 machine's load moves both sides of one ratio alike. With ``--baseline DIR``
 (another checkout of the project, e.g. ``git worktree add /tmp/base main``)

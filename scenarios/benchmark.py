@@ -92,6 +92,7 @@ import json
 import math
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import threading
@@ -312,13 +313,17 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         segment_links(net, hosts)
     loss = ServerLoss(net, path == SEGMENTED)
     policy = run_policy("fixed" if args.p > 0 else "reliable", p_low=args.p).flags()
+    start_line = outdir / "start-line"  # dblp.startline's marks; removed after the run
     launch = Launch(net, "srv", [w.name for w in workers],
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
                             mtu=args.mtu, insecure=path == CRC_ONLY,
                             aggregation="sharded" if path in SHARDED_PATHS else "server",
                             server_extra=["--threads", str(args.server_threads)],
-                            worker_extra=["--local-shard", "off"] if path == SHARDED_NET else []), records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
+                            # every worker holds its gradient before a round's clock starts, as gloo's ranks do
+                            worker_extra=["--start-together", str(start_line)]
+                            + (["--local-shard", "off"] if path == SHARDED_NET else [])),
+                    records_dir=outdir, log_dir=outdir, env=_env(), cwd=REPO, bind=srv.ip)
     run = DblpRun(path, elements)
     tails = [Tail(outdir / f"worker{i}.jsonl") for i in range(n_workers)]
     done = [-1] * n_workers
@@ -366,6 +371,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         launch.stop()
         if path == SEGMENTED:
             segment_links(net, hosts, on=False)  # gloo, iperf3 and the other paths run on plain veth
+        shutil.rmtree(start_line, ignore_errors=True)
     server_file = outdir / ("server.shard0.jsonl" if path in SHARDED_PATHS else "server.jsonl")
     run.server = [vars(r) for r in read_records(server_file)]  # null -> NaN, as written
     run.udp = {h.name: _delta(udp_counters(h), snmp0[h.name]) for h in [srv, *workers]}
