@@ -146,15 +146,17 @@ def plot(lines: list[dict[str, Any]], path: str, title: str) -> None:
         xs += [lo, hi]
         color = "tab:green" if ln["met"] else "tab:red"
         ax.errorbar(med, i, xerr=[[med - lo], [hi - med]], fmt="o", color=color, ecolor="black", capsize=4)
+        # in the right margin, one column: beside a whisker the text crossed the dashed line
         ax.annotate(f"{_num(ln['median'], ln['unit'])}  (bound {ln['better']} {_num(b, ln['unit'])})",
-                    (hi, i), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
+                    (1.0, i), xycoords=("axes fraction", "data"), xytext=(8, 0), textcoords="offset points",
+                    va="center", ha="left", fontsize=8, color=color)
     ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
     if min(xs) > 0:
         ax.set_xscale("log")  # ratios of 0.9 and a 10x miss on one axis
-        ax.set_xlim(min(xs) / 1.5, max(xs) * 6)
+        ax.set_xlim(min(xs) / 1.5, max(xs) * 1.5)
     else:  # a difference below zero (DBLP's step faster than plain DDP's) has no logarithm
         ax.set_xscale("symlog", linthresh=0.1)
-        ax.set_xlim(min(xs) * 1.5, max(xs) * 6)
+        ax.set_xlim(min(xs) * 1.5, max(xs) * 1.5)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax.set_ylim(len(shown) - 0.5, -0.5)
     ax.set_yticks(range(len(shown)), [ln["target"] for ln in shown], fontsize=8)
