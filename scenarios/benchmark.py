@@ -124,16 +124,20 @@ from emulation.sysutil import CommandError, wait_listening  # noqa: E402
 WORKERS = 3  # default of --workers
 #: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain;
 #: ``gso-crc`` is the GSO path on the paper's CRC-only wire (``--insecure``), to price authentication
-PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded", "sharded-net")
+PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded", "sharded-net", "sharded-crc")
 DEFAULT_PATHS = ("gso", "gso-seg", "plain", "sharded")
 SEGMENTED = "gso-seg"
 CRC_ONLY = "gso-crc"
 #: the sharded mode (dblp.shard) on the GSO path: a shard server on each worker host, srv idle; a
 #: worker's own shard moves through shared memory (dblp.hostlocal); ``sharded-net``: every shard
-#: over the network (``--local-shard off``), to price the host-local path
+#: over the network (``--local-shard off``), to price the host-local path; ``sharded-crc``: the sharded
+#: mode on the CRC-only wire, to price authentication where the sharded round is CPU-bound
 SHARDED = "sharded"
 SHARDED_NET = "sharded-net"
-SHARDED_PATHS = (SHARDED, SHARDED_NET)
+SHARDED_CRC = "sharded-crc"
+SHARDED_PATHS = (SHARDED, SHARDED_NET, SHARDED_CRC)
+#: the paths on the paper's CRC-only wire (``--insecure``)
+INSECURE_PATHS = (CRC_ONLY, SHARDED_CRC)
 #: the authenticated GSO round over the CRC-only one (issue 14's target)
 AUTH_TARGET = 1.10
 #: the segmented path's lossless round over the GSO path's (issue 15's target)
@@ -317,7 +321,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
     launch = Launch(net, "srv", [w.name for w in workers],
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
-                            mtu=args.mtu, insecure=path == CRC_ONLY,
+                            mtu=args.mtu, insecure=path in INSECURE_PATHS,
                             aggregation="sharded" if path in SHARDED_PATHS else "server",
                             server_extra=["--threads", str(args.server_threads)],
                             # every worker holds its gradient before a round's clock starts, as gloo's ranks do
@@ -691,7 +695,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the GSO and plain paths")
     g.add_argument("--paths", dest="paths", type=lambda v: v.split(","), metavar="P[,P...]",
                    help=f"DBLP data paths, comma-separated, of {', '.join(PATHS)} (default: {','.join(DEFAULT_PATHS)}; "
-                        f"{CRC_ONLY}: GSO on the CRC-only wire, its round beside the authenticated GSO round's)")
+                        f"{CRC_ONLY}: GSO on the CRC-only wire, its round beside the authenticated GSO round's; "
+                        f"{SHARDED_CRC}: the sharded mode on the CRC-only wire)")
     ap.set_defaults(paths=list(DEFAULT_PATHS))
     ap.add_argument("--workers", type=count_arg(2), default=WORKERS,
                     help="worker hosts (and gloo ranks); the issue's scaling check compares 3 and 6")
