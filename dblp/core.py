@@ -157,6 +157,16 @@ R16 A burst's head (issue #30, beyond the paper: R14 beside R12's burst
     (:meth:`dblp.pacing.PacerGroup.round_done`, ``burst``), and the burst and
     its tail that follow are judged as after a burst. A fixed-rate run
     (no rules) is untouched.
+R17 A burst's tail (issue #30, beyond the paper: R12's verdict on the round
+    after a burst): a burst that ends while the next round's first passes are
+    under way spares the uploads that came later, where a grant that
+    overflows the server's link loses on every upload. So in the round after
+    a round R12 took for a burst, heavy first-pass loss beside a worker whose
+    first pass was clean is the burst's tail: the grant holds and the loss is
+    no strike (:meth:`dblp.pacing.UploadGrant.round_done`). Congestion is
+    still found, one round later at most: the next round's loss is judged as
+    after any round. A run of one worker has no such witness and is
+    untouched.
 """
 
 from __future__ import annotations

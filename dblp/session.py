@@ -1,6 +1,6 @@
 """The round logic of the parameter server and the worker (Algorithms 3 and 4), sans I/O.
 
-:mod:`dblp.core` states the per-transfer rules R1-R15; this module states,
+:mod:`dblp.core` states the per-transfer rules R1-R17; this module states,
 once, what a *round* is made of on each side, so the socket server and
 worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
 (:mod:`dblp.sim.model`) and the training exchange drive the same logic and

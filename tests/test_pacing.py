@@ -741,6 +741,41 @@ def test_r16_the_broadcast_holds_its_rate_through_a_bursts_head():
     assert old.rule.cuts == 2
 
 
+def test_r17_heavy_loss_beside_a_clean_upload_after_a_burst_is_its_tail():
+    """The flagship's reliable run (2026-12-05 08:23): a 70% burst at round 50 (a burst verdict, the
+    grant held at 142 Mbit/s), its rule removed while round 51's first passes were under way - they
+    lost 40%, 35% and 0% (the last worker started after it). That mean of 25% at a proven grant was
+    the second heavy round in a row: R12 cut the grant to 71 Mbit/s, and the rounds took 0.70 s
+    instead of 0.49 s for 15 rounds. Heavy loss beside a clean first pass, just after a burst, is
+    the burst's tail; the same loss on every upload is still congestion, and a congested round after
+    the tail still counts as the next strike."""
+    def proven() -> tuple[UploadGrant, float]:
+        u = UploadGrant()
+        u.round_done([142e6] * 3, [0.0] * 3)
+        u.round_done([0.0] * 3, [0.0] * 3)  # (doubling, capped by nothing here)
+        u.round_done([0.0] * 3, [0.04] * 3)  # the doubling overshot: back to the clean grant, ceiling set
+        return u, u.round_done([0.0] * 3, [0.0] * 3)
+
+    u, g = proven()
+    assert u.round_done([0.0] * 3, [0.7, 0.7, 0.7]) == pytest.approx(g) and u.burst  # the burst
+    assert u.round_done([0.0] * 3, [0.40, 0.35, 0.0]) == pytest.approx(g)  # its tail: before R17, g / 2
+    assert u.cuts == 1 and u.round_done([0.0] * 3, [0.0] * 3) > g  # clean after it: the step up
+    c, g = proven()
+    c.round_done([0.0] * 3, [0.7] * 3)
+    assert c.round_done([0.0] * 3, [0.40, 0.35, 0.30]) == pytest.approx(g * 0.5)  # every upload lost: congestion
+    t, g = proven()
+    t.round_done([0.0] * 3, [0.7] * 3)
+    t.round_done([0.0] * 3, [0.40, 0.35, 0.0])  # the tail
+    assert t.round_done([0.0] * 3, [0.3] * 3) == pytest.approx(g * 0.5)  # heavy again: the second strike, a cut
+    one, g = UploadGrant(), 0.0
+    one.round_done([142e6], [0.0])
+    one.round_done([0.0], [0.0])
+    one.round_done([0.0], [0.04])
+    g = one.round_done([0.0], [0.0])
+    one.round_done([0.0], [0.7])
+    assert one.round_done([0.0], [0.25]) < g  # one worker: no witness, as before
+
+
 def test_r15_the_bitmap_states_the_flood_rate_and_the_sender_starts_from_it():
     """On the wire a BITMAP with a rate is type 13 (type 5, byte for byte the old frame, without one). A
     self-paced receiver answers an unpaced first pass that lost with the rate its chunks arrived at
