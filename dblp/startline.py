@@ -22,6 +22,8 @@ import os
 import time
 from pathlib import Path
 
+from .wire import ParameterError
+
 __all__ = ["StartLine", "StartLineTimeout"]
 
 #: how often a waiting worker looks for the others (s): a late start of at most this much, at a
@@ -38,7 +40,7 @@ class StartLine:
 
     def __init__(self, folder: str | os.PathLike, parties: int, me: int, timeout_s: float = 120.0) -> None:
         if parties < 1 or not 0 <= me < parties:
-            raise ValueError(f"start line: worker {me} of {parties} workers is not one of them")
+            raise ParameterError(f"--start-together: worker {me} of {parties} workers is not one of them")
         self.folder = Path(folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self.parties, self.me, self.timeout_s = parties, me, timeout_s

@@ -10,6 +10,7 @@ import pytest
 
 from dblp.records import read_records
 from dblp.startline import StartLine, StartLineTimeout
+from dblp.wire import ParameterError
 from procs import PY, ROOT, env, free_port, start_server
 
 
@@ -55,7 +56,7 @@ def test_a_worker_that_never_comes_is_named_in_bounded_time(tmp_path):
 
 @pytest.mark.parametrize("parties, me", [(0, 0), (3, 3), (3, -1)])
 def test_a_worker_outside_the_run_is_refused(tmp_path, parties, me):
-    with pytest.raises(ValueError, match=f"worker {me} of {parties} workers"):
+    with pytest.raises(ParameterError, match=f"worker {me} of {parties} workers"):
         StartLine(tmp_path, parties, me)
 
 
