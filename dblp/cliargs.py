@@ -543,8 +543,10 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.p_high is None:  # what run_policy defaults it to
         a.p_high = default_p_high(a.p_low)
     a.bw_mbps = a.bandwidth / 1e6
-    if not MIN_MTU <= a.mtu <= MAX_MTU:
-        ap.error(f"argument --mtu: a link's MTU is {MIN_MTU}-{MAX_MTU} bytes, got {a.mtu}")
+    try:  # a --config file's value skips argparse's type=: the same rule, applied here
+        a.mtu = link_mtu_arg(str(a.mtu))
+    except argparse.ArgumentTypeError as exc:
+        ap.error(f"argument --mtu: {exc}")
     a.queue_bytes = a.queue
     if getattr(a, "out", None) and Path(a.out, "config.json").exists():
         ap.error(f"argument --out: {a.out} already holds a run (config.json); name another folder")
@@ -775,6 +777,10 @@ def mtu_arg(text: str) -> int | str:
     :class:`dblp.wire.ChunkLayout` accepts."""
     if text.strip().lower() == AUTO_MTU:
         return AUTO_MTU
+    try:
+        int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or auto") from None
     return link_mtu_arg(text)
 
 
@@ -787,7 +793,10 @@ def link_mtu_arg(text: str) -> int:
     try:
         mtu = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or auto") from None
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of bytes (a link's MTU is set, not read: auto is for the transport's own "
+            f"--mtu of dblp server/loopback)" if text.strip().lower() == AUTO_MTU else
+            f"{text!r} is not a number of bytes") from None
     if not MIN_MTU <= mtu <= MAX_MTU:
         raise argparse.ArgumentTypeError(f"{text!r}: a link's MTU is {MIN_MTU}-{MAX_MTU} bytes") from None
     return mtu

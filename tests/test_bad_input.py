@@ -153,6 +153,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_scn("microburst.py", "--iterations", "0"), ("--iterations", "0")),
     (_scn("microburst.py", "--workers", "0"), ("--workers", "0")),
     (_scn("microburst.py", "--mtu", "100"), ("--mtu", "100", "576")),
+    (_scn("microburst.py", "--mtu", "auto"), ("--mtu", "'auto' is not a number of bytes", "dblp server/loopback")),
     (_scn("trace_replay.py", "--mtu", "70000"), ("--mtu", "70000")),
     (_scn("microburst.py", "--bursts", "abc"), ("--bursts", "abc")),
     (_scn("microburst.py", "--bursts", "5,500"), ("--bursts", "500")),
