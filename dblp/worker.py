@@ -42,9 +42,10 @@ def check_path_mtu(host: str, port: int, layout_mtu: int) -> str | None:
     too high. ``layout_mtu``: META's ``mtu`` (IPv4-sized; an IPv6 server announces its link's - 20).
     Returns the message (None when the path carries the datagrams whole or cannot be read)."""
     route = route_mtu(host)
-    if route is None or link_layout_mtu(route, host) >= layout_mtu:
+    carried = None if route is None else link_layout_mtu(route, host)  # IPv4-sized, as META's mtu
+    if carried is None or carried >= layout_mtu:
         return None
-    link = layout_mtu + (route - link_layout_mtu(route, host))  # the server's link MTU, in the route's family
+    link = layout_mtu + (route - carried)  # the server's link MTU, in the route's family
     msg = (f"the server at {host}:{port} sizes its datagrams for a {link}-byte MTU, but this host's route to "
            f"it carries {route} bytes: every datagram will be fragmented (slower, and a lost fragment loses "
            f"the datagram); start the server with --mtu {route} (the smallest MTU of its workers' paths)")
