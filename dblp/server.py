@@ -18,10 +18,8 @@ import selectors
 import socket
 import threading
 import time
-import multiprocessing
 import os
 import stat
-from multiprocessing.pool import AsyncResult, Pool
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,6 +27,7 @@ import numpy as np
 from . import auth
 from . import control as ctl
 from .core import DEFAULT_ORDER
+from .forkparse import ForkParsers, ParseFailed
 from .hostlocal import LocalSlot, LocalSlotError
 from .pacing import MIN_SAMPLE
 from .policy import Policy, ReliablePolicy
@@ -148,7 +147,7 @@ class _Handshake:
     nonce: bytes = b""  # the server's nonce of the CHALLENGE sent
     canon: bytes = b""  # the HELLO's canonical bytes, which the proofs and keys are bound to
     keys: tuple[bytes, bytes] | None = None  # the control keys (worker->server, server->worker), after AUTH
-    parsing: AsyncResult | None = None  # a large HELLO being parsed in the login process
+    parsing: bool = False  # a large HELLO being parsed (or waiting to be) in a forked child
 
 
 #: the fewest datagrams a direction of a round (chunks x workers) for which the server spreads its
@@ -159,7 +158,7 @@ class _Handshake:
 PARALLEL_MIN_DATAGRAMS = 2048
 
 _LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
-# A HELLO larger than this is parsed in a process of its own (forked: no main module re-imported, as
+# A HELLO larger than this is parsed in a child forked for it (dblp.forkparse: no main module re-imported, as
 # spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
 # that runs the server never forks for its own workers; an attacker's HELLO below it costs the loop
 # ~0.2 s at most (0.7 us per byte, measured at load 8 on 2 cores).
@@ -167,14 +166,14 @@ _INLINE_HELLO_BYTES = 256 * 1024
 
 
 def _parse_hello(body: bytes) -> tuple[ctl.Message, bytes | None]:
-    """A HELLO frame's message and canonical bytes (the login process's work: up to ~0.5 s for a
+    """A HELLO frame's message and canonical bytes (a forked child's work, dblp.forkparse: up to ~0.5 s for a
     4 MiB HELLO of the most tensors, which would otherwise stall every other login)."""
     msg = ctl.decode_frame(1, body)
     return msg, ctl.canonical_hello(msg) if isinstance(msg, ctl.Hello) else None
 
 
 def _drop_inherited_sockets() -> None:
-    """The login process (forked from the server) closes the sockets it inherited: a connection the
+    """A parse child (forked from the server) closes the sockets it inherited: a connection the
     server closes must close, and the listening port must go with the server."""
     for name in os.listdir("/proc/self/fd"):
         try:
@@ -182,13 +181,6 @@ def _drop_inherited_sockets() -> None:
                 os.close(int(name))
         except OSError:
             pass
-
-
-def _poke(sock: socket.socket) -> None:
-    try:
-        sock.send(b".")
-    except OSError:  # full (already poked) or closed (the login is over)
-        pass
 
 
 @dataclass
@@ -272,11 +264,7 @@ class ParameterServer:
         sel = selectors.DefaultSelector()
         self.listener.setblocking(False)
         sel.register(self.listener, selectors.EVENT_READ)
-        wake_r, wake_w = socket.socketpair()  # a parsed HELLO wakes the loop
-        wake_r.setblocking(False)
-        wake_w.setblocking(False)
-        sel.register(wake_r, selectors.EVENT_READ)
-        parser: Pool | None = None  # made at the first large HELLO
+        parsers = ForkParsers(sel, _parse_hello, in_child=_drop_inherited_sockets)  # large HELLOs
         listener_paused_until = 0.0
 
         def refuse(conn: socket.socket, why: str, kind: str) -> None:
@@ -296,7 +284,7 @@ class ParameterServer:
 
         def shed(why: str) -> bool:
             """Let the oldest waiting login go: one that has not passed its HELLO, else any."""
-            victim = next((c for c, h in shaking.items() if h.hello is None and h.parsing is None),
+            victim = next((c for c, h in shaking.items() if h.hello is None and not h.parsing),
                           next(iter(shaking), None))
             if victim is None:
                 return False
@@ -368,20 +356,17 @@ class ParameterServer:
             hs.keys = auth.control_keys(self.secret, nonce_w, hs.nonce, hs.canon)
             admit(conn, hs.hello)
 
-        def parsed(conn: socket.socket) -> None:
-            """A HELLO parsed in the login process: on with its handshake."""
-            hs = shaking[conn]
-            fut, hs.parsing = hs.parsing, None
-            assert fut is not None
-            try:
-                msg, canon = fut.get()
-            except Exception as exc:  # noqa: BLE001 - ControlError, or whatever the parse raised there
-                refuse(conn, str(exc), "malformed")
+        def parsed(conn: socket.socket, answer: tuple[ctl.Message, bytes | None] | ParseFailed) -> None:
+            """A HELLO parsed in a forked child: on with its handshake (if the login is still here)."""
+            if conn not in shaking:  # refused meanwhile (shed, or the loop is over)
                 return
-            on_message(conn, msg, canon)
+            shaking[conn].parsing = False
+            if isinstance(answer, ParseFailed):  # ControlError, or whatever the parse raised there
+                refuse(conn, str(answer), "malformed")
+                return
+            on_message(conn, *answer)
 
         def read(conn: socket.socket) -> None:
-            nonlocal parser
             hs = shaking[conn]
             try:
                 data = conn.recv(1 << 16)
@@ -400,14 +385,12 @@ class ParameterServer:
             for t, body in frames:
                 if conn not in shaking or len(pending) >= self.cfg.workers:
                     return
-                if hs.parsing is not None:
+                if hs.parsing:
                     refuse(conn, "sent another message before its HELLO was answered", "malformed")
                     return
                 if t == 1 and len(body) > _INLINE_HELLO_BYTES and hs.hello is None:
-                    if parser is None:  # a process, not a thread: a parse holds no lock the loop needs (the GIL)
-                        parser = multiprocessing.get_context("fork").Pool(1, initializer=_drop_inherited_sockets)
-                    hs.parsing = parser.apply_async(_parse_hello, (body,), callback=lambda _r: _poke(wake_w),
-                                                    error_callback=lambda _e: _poke(wake_w))
+                    hs.parsing = True  # a process, not a thread: a parse holds no lock the loop needs (the GIL)
+                    parsers.submit(conn, body)
                     continue
                 try:
                     msg = ctl.decode_frame(t, body)
@@ -427,7 +410,7 @@ class ParameterServer:
             while len(pending) < self.cfg.workers:
                 now = time.monotonic()
                 for conn, hs in list(shaking.items()):
-                    if now >= hs.until and hs.parsing is None:
+                    if now >= hs.until and not hs.parsing:
                         refuse(conn, f"no {'HELLO' if hs.hello is None else 'AUTH'} within "
                                      f"{self.cfg.handshake_timeout:g} s", "timeout")
                 if now >= deadline:
@@ -443,13 +426,10 @@ class ParameterServer:
                 for key, _ in sorted(events, key=lambda e: e[0].fileobj is self.listener):
                     if len(pending) >= self.cfg.workers:
                         break
-                    if key.fileobj is wake_r:
-                        try:
-                            wake_r.recv(4096)
-                        except OSError:
-                            pass
-                        for conn in [c for c, h in shaking.items() if h.parsing is not None and h.parsing.ready()]:
-                            parsed(conn)
+                    if parsers.owns(key.fileobj):
+                        answered = parsers.on_ready(key.fileobj)  # type: ignore[arg-type]
+                        if answered is not None:
+                            parsed(*answered)  # type: ignore[arg-type]
                     elif key.fileobj is self.listener:
                         if accept_logins(self.listener, lambda: len(shaking), self.cfg.max_pending, take, shed):
                             if not self._fd_warned:
@@ -466,14 +446,11 @@ class ParameterServer:
         finally:
             for conn in list(shaking):
                 refuse(conn, ending, "late")
+            parsers.close()  # a parse still running is of a login that no longer matters
             sel.close()
             if sum(self.refused.values()) > _LOGGED_REFUSALS:
                 log.warning("refused %d connections before login: %s", sum(self.refused.values()),
                             ", ".join(f"{k} {v}" for k, v in sorted(self.refused.items())))
-            if parser is not None:
-                parser.terminate()  # a parse still running is of a login that no longer matters
-            wake_r.close()
-            wake_w.close()
             self.listener.setblocking(True)
         assert spec is not None
         spec = {**pending[0][1].spec, **spec}  # names and shapes from the workers

@@ -19,6 +19,7 @@ import argparse
 import json
 import resource
 import sys
+import traceback
 
 from dblp.server import ParameterServer, ServerConfig
 
@@ -53,6 +54,7 @@ def main() -> int:
         out["rounds"] = srv.serve()
     except Exception as exc:  # noqa: BLE001 - reported to the test
         out["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc()  # (to the log the test shows when it fails)
     out["refused"] = srv.refused
     out["maxrss_kib"] = peak_rss_kib()
     out["ru_maxrss_kib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # (for comparison; see above)

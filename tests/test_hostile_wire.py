@@ -240,10 +240,19 @@ def _workers(port: int, n: int = 2, rounds: int = 3) -> tuple[list[threading.Thr
 
 
 def _finish(p: subprocess.Popen, threads: list[threading.Thread], errors: list) -> dict:
+    """The server's report once the workers are done; on a worker's error or a server that does not
+    end, the server is killed and the failure shows both sides (the workers' errors, the server's log)."""
     for t in threads:
         t.join(60)
-    out, _ = p.communicate(timeout=60)
-    assert not errors, (errors, _log(p))
+    hung = [t.name for t in threads if t.is_alive()]
+    try:
+        out, _ = p.communicate(timeout=5 if errors or hung else 60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        out, _ = p.communicate()
+        pytest.fail(f"the server did not end; workers' errors {errors!r}, workers still running {hung}, "
+                    f"server's output {out[-2000:]!r}, server's log:\n{_log(p)}")
+    assert not errors and not hung, (errors, hung, _log(p))
     return json.loads(out.strip().splitlines()[-1])
 
 
@@ -484,10 +493,53 @@ def test_a_login_cut_short_by_the_servers_own_failure_is_told_so():
     waiting.close()
 
 
+def test_a_worker_whose_hello_is_parsed_in_a_child_logs_in_and_averages_exactly():
+    """A model of 20,000 tensors sends a HELLO of ~0.8 MB, beyond the inline limit: it is parsed in a
+    forked child (dblp.forkparse) and the handshake goes on from that child's answer - CHALLENGE,
+    AUTH over its canonical bytes - beside a worker of one tensor that logs in inline."""
+    from dblp import server as server_mod
+    n = 20_000
+    shapes = [[1, 1, 1, 2]] * n
+    names = [f"layer{i:05d}.block.weight" for i in range(n)]
+    hello = json.dumps({"spec": {"elements": 2 * n, "names": names, "shapes": shapes}}).encode()
+    assert len(hello) > server_mod._INLINE_HELLO_BYTES
+    srv = ParameterServer(ServerConfig(host="127.0.0.1", port=0, workers=2, rounds=2, accept_timeout=30,
+                                       peer_timeout=20, secret=SECRET))
+    errors: list[BaseException] = []
+    exact: list[bool] = []
+
+    def serve() -> None:
+        try:
+            srv.serve()
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    def work(wid: int) -> None:
+        kw = dict(names=names, shapes=shapes) if wid == 0 else dict(elements=2 * n)
+        try:
+            with Worker("127.0.0.1", srv.port, worker_id=wid, connect_timeout=20, peer_timeout=20, secret=SECRET,
+                        **kw) as w:
+                for k in range(2):
+                    out = w.allreduce(np.full(2 * n, float(wid + k), np.float32))
+                    exact.append(bool(np.all(out == np.float32((0 + 1 + 2 * k) / 2))))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    assert exact == [True] * 4 and sorted(srv.logged_in) == [0, 1]
+    assert srv.refused == {}
+
+
 def test_8_large_hellos_do_not_hold_up_the_workers():
     """Before: a valid 4 MB HELLO cost ~6 s of the single login loop, so 8 of them delayed the run by
-    seconds. Now a large HELLO is parsed on a thread of its own (and the shape check is linear): the
-    workers log in while the 8 are parsed."""
+    seconds. Now a large HELLO is parsed in a forked child (dblp.forkparse; the shape check is linear):
+    the workers log in while the 8 are parsed, and the server ends at once after its rounds, the
+    parses still running killed (multiprocessing.Pool.terminate() once hung it here for > 60 s)."""
     n = ctl.MAX_TENSORS  # the most tensors, each of the most dimensions, and long names
     body = json.dumps({"worker": -1, "udp_port": 9, "version": ctl.PROTOCOL_VERSION,
                        "spec": {"elements": n, "names": ["x" * 16] * n,
