@@ -91,7 +91,7 @@ def test_close_kills_running_and_waiting_parses_at_once_and_leaves_no_child():
         fp.close()
         assert time.monotonic() - t < 1.0
         assert fp.busy() == 0 and not sel.get_map()
-    assert _children() == before  # killed and reaped: no zombie, no orphan
+    assert not _children() - before  # killed and reaped: no zombie left (another test's child may end meanwhile)
 
 
 def test_refusals():
