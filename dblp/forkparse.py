@@ -90,6 +90,14 @@ class ForkParsers:
             ok, value = False, f"the parse process's answer was unreadable ({exc})"
         return child.key, value if ok else ParseFailed(value)
 
+    def cancel(self, key: Hashable) -> None:
+        """Forget ``key``'s input: taken off the queue, or its child killed. Why: the input of a login
+        that was let go would otherwise stay queued (megabytes each) and be parsed for nothing."""
+        self._waiting = deque((k, b) for k, b in self._waiting if k != key)
+        for child in [c for c in self._running.values() if c.key == key]:
+            self._end(child, kill=True)
+        self._start()
+
     def close(self) -> None:
         """Kill every child still parsing and forget the waiting inputs."""
         self._waiting.clear()

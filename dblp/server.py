@@ -269,6 +269,8 @@ class ParameterServer:
 
         def refuse(conn: socket.socket, why: str, kind: str) -> None:
             hs = shaking.pop(conn)
+            if hs.parsing:  # its HELLO's parse, queued or running, is for nothing now
+                parsers.cancel(conn)
             self.refused[kind] = self.refused.get(kind, 0) + 1
             if self.refused[kind] <= _LOGGED_REFUSALS:  # a flood is counted, not logged line by line
                 log.warning("connection from %s:%s refused: %s%s", hs.addr[0], hs.addr[1], why,

@@ -94,6 +94,24 @@ def test_close_kills_running_and_waiting_parses_at_once_and_leaves_no_child():
     assert not _children() - before  # killed and reaped: no zombie left (another test's child may end meanwhile)
 
 
+def test_a_cancelled_input_is_not_parsed_and_frees_its_place():
+    """A login let go while its HELLO waits (or is parsed) must not keep megabytes queued: cancel
+    takes it off the queue, or kills its child; the others are answered as before."""
+    sel = selectors.DefaultSelector()
+    fp = ForkParsers(sel, _slow_echo)
+    fp.submit("slow", b"sleep9.00")
+    for i in range(3):
+        fp.submit(i, bytes([i]) * (1 << 20))
+    fp.cancel(1)  # waiting: dropped
+    assert fp.busy() == 3
+    t = time.monotonic()
+    fp.cancel("slow")  # running: killed, the next one starts
+    assert time.monotonic() - t < 1.0 and fp.busy() == 2
+    got = _drain(sel, fp, 2)
+    assert [k for k, _ in got] == [0, 2] and got[1][1] == bytes([2]) * (1 << 20)
+    fp.close()
+
+
 def test_refusals():
     with pytest.raises(ValueError, match="at_once must be at least 1, got 0"):
         ForkParsers(selectors.DefaultSelector(), _slow_echo, at_once=0)
