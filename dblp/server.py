@@ -446,9 +446,9 @@ class ParameterServer:
             ending = f"the server stopped before this login completed ({type(exc).__name__}: {exc})"
             raise
         finally:
-            for conn in list(shaking):
+            parsers.close()  # the parses still queued or running are of logins that no longer matter (first:
+            for conn in list(shaking):  # refusing them one by one would start each queued parse to kill it)
                 refuse(conn, ending, "late")
-            parsers.close()  # a parse still running is of a login that no longer matters
             sel.close()
             if sum(self.refused.values()) > _LOGGED_REFUSALS:
                 log.warning("refused %d connections before login: %s", sum(self.refused.values()),
