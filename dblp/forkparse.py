@@ -45,7 +45,8 @@ class ForkParsers:
     ``submit(key, body)`` queues ``parse(body)``; when its answer is in, :meth:`on_ready` returns
     ``(key, value)`` where value is what ``parse`` returned, or a :class:`ParseFailed`.
     ``in_child`` runs first in every child (e.g. closing inherited sockets, so a connection the
-    parent closes does close). :meth:`close` kills whatever still runs."""
+    parent closes does close). :meth:`cancel` forgets one input, :meth:`close` all (a running child is
+    killed and reaped)."""
 
     def __init__(self, sel: selectors.BaseSelector, parse: Callable[[bytes], Any], *, at_once: int = 1,
                  in_child: Callable[[], None] | None = None) -> None:
