@@ -4,9 +4,8 @@
 # `timeout`, a failed step does not stop the later ones, and the steps' timeouts shrink so the whole
 # script ends within TC_BUDGET (450 s):
 #
-#   1 setup    what the machine lacks: the carried Debian 12 ip/tc/nft first on PATH (.device-tools/bin),
-#              the carried wheels and the C helper (scripts/device_check.sh's setup step), the machine's
-#              facts (cores, load, Python, torch);
+#   1 setup    scripts/gpu_emu_check.sh's setup step: the carried wheels and the C helper, the machine's
+#              facts (cores, load, Python, torch); here too the carried ip/tc/nft go first on PATH;
 #   2 targets  scenarios/benchmark.py --targets: loopback 25M x 3 and x 8, DBLP sharded and single server
 #              against gloo (the 16-core bounds apply from 16 cores on: sharded <= 1.0x at 3 workers and
 #              <= 1.2x at 8, single server <= 1.6x at 3), veth at MTU 1500 on namespace hosts (root and
@@ -53,18 +52,11 @@ note "targets_check: steps [$STEPS], python $PY, OUT $OUT, budget $BUDGET s, $RE
 for t in ip tc nft; do echo "  $t: $(command -v $t || echo missing)"; done
 
 # ---- 1. setup ------------------------------------------------------------------------------------------------
-if want setup; then
-  note "1 setup: start"
-  if [[ -d .whl ]]; then
-    timeout -k 5 "$(budget 150 300)" env OUT="$OUT/setup" DC_STEPS=setup DC_PY="$PY" ${TC_SITE:+DC_SITE=$TC_SITE} \
-      ${TC_PTH:+DC_PTH=$TC_PTH} bash scripts/device_check.sh >/dev/null 2>&1
-    note "1 setup: device_check setup rc=$? ($(tr '\n' ';' <"$OUT/setup/summary.txt" 2>/dev/null | tail -c 400))"
-  else
-    note "1 setup: no .whl/ carried: using the machine's packages as they are"
-  fi
-  "$PY" -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.cuda.is_available())'
-  echo "  cores $(nproc); $(uptime)"
-  note "1 setup: done"
+if want setup; then  # the same as scripts/gpu_emu_check.sh's: run that step, not a copy of it
+  note "1 setup: start (scripts/gpu_emu_check.sh's setup step)"
+  timeout -k 5 "$(budget 160 280)" env OUT="$OUT/setup" GE_STEPS=setup GE_PY="$PY" GE_BUDGET="$BUDGET" \
+    GE_RESULTS=/tmp/tc_setup ${TC_SITE:+GE_SITE=$TC_SITE} ${TC_PTH:+GE_PTH=$TC_PTH} bash scripts/gpu_emu_check.sh
+  note "1 setup: rc=$? ($(tr '\n' ';' <"$OUT/setup/summary.txt" 2>/dev/null | tail -c 400))"
 fi
 
 # ---- 2. the targets: loopback and veth against gloo, the DDP small-model step -------------------------------
