@@ -201,6 +201,25 @@ def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp
     assert analysis_main(["check", str(tmp_path)]) == 1  # flagged, with exit status 1
 
 
+def _serve_and_work(srv: ParameterServer, work, workers: int) -> list[BaseException]:
+    """``srv.serve()`` and ``work(wid)`` for each worker, each on a thread; what any of them raised."""
+    errors: list[BaseException] = []
+
+    def guarded(fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(srv.serve,))]
+    threads += [threading.Thread(target=guarded, args=(work, i)) for i in range(workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return errors
+
+
 # -- before login: floods against a server process under limits --------------------------------------
 def _limited_server(*args: str) -> tuple[subprocess.Popen, int]:
     log = tempfile.TemporaryFile("w+")  # (a pipe nobody reads until the end could fill and stall the server)
@@ -443,35 +462,21 @@ def test_a_nan_and_1e30_insider_leaves_the_others_means_exact_and_is_recorded(tm
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=3, rounds=ROUNDS, accept_timeout=30,
                                        peer_timeout=20, records=str(records), secret=SECRET))
     bad = {0: np.nan, 1: 1e30, 2: np.inf}  # worker 2's poison per round; round 3 is clean
-    errors: list[BaseException] = []
     exact: dict[int, list[bool]] = {}
 
-    def serve() -> None:
-        try:
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
     def work(wid: int) -> None:
-        try:
-            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=wid, connect_timeout=10, peer_timeout=20,
-                        secret=SECRET) as w:
-                for k in range(ROUNDS):
-                    g = np.full(ELEMENTS, float(wid + 1 + k), np.float32)
-                    if wid == 2 and k in bad:
-                        g[123] = bad[k]
-                    out = w.allreduce(g)
-                    kept = [0, 1] if k in bad else [0, 1, 2]
-                    want = np.float32(sum(i + 1 + k for i in kept)) * np.float32(1 / len(kept))
-                    exact.setdefault(wid, []).append(bool(np.all(out == want)))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=wid, connect_timeout=10, peer_timeout=20,
+                    secret=SECRET) as w:
+            for k in range(ROUNDS):
+                g = np.full(ELEMENTS, float(wid + 1 + k), np.float32)
+                if wid == 2 and k in bad:
+                    g[123] = bad[k]
+                out = w.allreduce(g)
+                kept = [0, 1] if k in bad else [0, 1, 2]
+                want = np.float32(sum(i + 1 + k for i in kept)) * np.float32(1 / len(kept))
+                exact.setdefault(wid, []).append(bool(np.all(out == want)))
 
-    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    errors = _serve_and_work(srv, work, 3)
     assert not errors, errors
     assert exact == {w: [True] * ROUNDS for w in range(3)}
     assert [(k, sorted(ex)) for k, ex in srv.excluded] == [(0, ["2"]), (1, ["2"]), (2, ["2"])]
@@ -505,31 +510,17 @@ def test_a_worker_whose_hello_is_parsed_in_a_child_logs_in_and_averages_exactly(
     assert len(hello) > server_mod._INLINE_HELLO_BYTES
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=0, workers=2, rounds=2, accept_timeout=30,
                                        peer_timeout=20, secret=SECRET))
-    errors: list[BaseException] = []
     exact: list[bool] = []
-
-    def serve() -> None:
-        try:
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
 
     def work(wid: int) -> None:
         kw = dict(names=names, shapes=shapes) if wid == 0 else dict(elements=2 * n)
-        try:
-            with Worker("127.0.0.1", srv.port, worker_id=wid, connect_timeout=20, peer_timeout=20, secret=SECRET,
-                        **kw) as w:
-                for k in range(2):
-                    out = w.allreduce(np.full(2 * n, float(wid + k), np.float32))
-                    exact.append(bool(np.all(out == np.float32((0 + 1 + 2 * k) / 2))))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        with Worker("127.0.0.1", srv.port, worker_id=wid, connect_timeout=20, peer_timeout=20, secret=SECRET,
+                    **kw) as w:
+            for k in range(2):
+                out = w.allreduce(np.full(2 * n, float(wid + k), np.float32))
+                exact.append(bool(np.all(out == np.float32((0 + 1 + 2 * k) / 2))))
 
-    threads = [threading.Thread(target=serve)] + [threading.Thread(target=work, args=(i,)) for i in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    errors = _serve_and_work(srv, work, 2)
     assert not errors, errors
     assert exact == [True] * 4 and sorted(srv.logged_in) == [0, 1]
     assert srv.refused == {}
