@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from .records import RoundRecord, read_records
+from .records import GZIP_SUFFIX, RoundRecord, read_records
 
 
 def load(paths: str | Path | Iterable[str | Path]) -> list[RoundRecord]:
@@ -364,7 +364,7 @@ def load_run(path: str | Path) -> list[RoundRecord]:
     """A run's records from a records JSONL file or a results folder.
 
     In a folder: ``rounds.jsonl`` (a scenario's merged file) if there is one, else every
-    ``*.jsonl`` below it that holds round records (others, like ``bursts.jsonl``, are
+    ``*.jsonl`` (or ``*.jsonl.gz``) below it that holds round records (others, like ``bursts.jsonl``, are
     skipped). Records without a ``run`` label take the name of their policy's subfolder
     (``<run>/<policy>/records/*.jsonl``) or file (``records-<label>.jsonl``)."""
     p = Path(path)
@@ -375,22 +375,23 @@ def load_run(path: str | Path) -> list[RoundRecord]:
     if (p / "rounds.jsonl").is_file():
         return [_label(r, p / "rounds.jsonl") for r in read_records(p / "rounds.jsonl")]
     out: list[RoundRecord] = []
-    for f in sorted(p.rglob("*.jsonl")):
+    for f in sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl" + GZIP_SUFFIX)]):
         try:
             out.extend(_label(r, f, p) for r in read_records(f))
         except ValueError:
             continue  # not a records file
     if not out:
-        raise ValueError(f"{path}: no round records (*.jsonl) found in this folder")
+        raise ValueError(f"{path}: no round records (*.jsonl, *.jsonl.gz) found in this folder")
     return out
 
 
 def _label(r: RoundRecord, f: Path, root: Path | None = None) -> RoundRecord:
     """Fill an unlabelled record's ``run`` from where it was found (see :func:`load_run`):
-    ``records-<label>.jsonl``, or ``<label>/records/*.jsonl`` below the folder loaded."""
+    ``records-<label>.jsonl[.gz]``, or ``<label>/records/*.jsonl`` below the folder loaded."""
     if not r.run:
-        if f.stem.startswith("records-"):
-            r.run = f.stem[len("records-"):]
+        name = f.name.removesuffix(GZIP_SUFFIX).removesuffix(".jsonl")
+        if name.startswith("records-"):
+            r.run = name[len("records-"):]
         elif f.parent.name == "records" and root is not None and f.parent.parent != root:
             r.run = f.parent.parent.name
     return r

@@ -18,6 +18,7 @@ one run). Version-0 lines (no ``schema``; the label, if any, in
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import os
@@ -32,10 +33,20 @@ from .policy import policy_name
 SCHEMA_VERSION = 1
 
 
+_JSON_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def json_safe(v: Any) -> Any:
     """``v`` with every non-finite float replaced by ``None`` (and numpy scalars
     made Python numbers), so ``json.dumps(..., allow_nan=False)`` accepts it:
     ``NaN`` is not JSON and strict readers (``jq``, browsers, Go) reject it."""
+    t = type(v)  # most of a record's fields are decided by their exact type: the ABC and attribute checks
+    if t is float:  # below cost ~1 us a field (a 10,000-worker simulation writes 800,000 records)
+        return v if math.isfinite(v) else None
+    if t in _JSON_PLAIN:
+        return v
+    if t is dict:
+        return {str(k): json_safe(x) for k, x in v.items()}
     if isinstance(v, float):
         return v if math.isfinite(v) else None
     if isinstance(v, Mapping):
@@ -150,16 +161,34 @@ class RecordsError(OSError):
         return self.strerror or super().__str__()
 
 
-class RecordWriter:
-    """Appends records to a JSONL file, flushing each line so a killed run keeps its rows."""
+#: A records file named ``*.gz`` is gzip-compressed JSONL (written and read by suffix).
+GZIP_SUFFIX = ".gz"
 
-    def __init__(self, path: str | os.PathLike | None) -> None:
+
+def _open_records(path: Path, mode: str) -> IO[str]:
+    """A records file for text ``mode`` ("a" or "r"): gzip by the ``.gz`` suffix (level 1: the
+    simulator's 10,000-worker runs write ~0.7 GB of JSONL a run, ~10x less compressed, for little
+    CPU), plain JSONL otherwise."""
+    if path.suffix == GZIP_SUFFIX:
+        return gzip.open(path, mode + "t", encoding="utf-8", compresslevel=1)
+    return open(path, mode, encoding="utf-8")
+
+
+class RecordWriter:
+    """Appends records to a JSONL file, flushing each line so a killed run keeps its rows - unless
+    ``flush_each`` is False (a simulation's or a merge's records, written in bulk: a flush a line
+    was a system call a line, 16 s of the 44 s a 10,000-worker simulation took). A path ending
+    ``.gz`` is written gzip-compressed and flushed only at :meth:`close` (a flush per line would
+    end the compressor's block at every line): a run killed before then loses its rows."""
+
+    def __init__(self, path: str | os.PathLike | None, *, flush_each: bool = True) -> None:
         self.path = Path(path) if path else None
         self._fh: IO[str] | None = None
+        self._flush = flush_each and self.path is not None and self.path.suffix != GZIP_SUFFIX
         if self.path:
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "a", encoding="utf-8")
+                self._fh = _open_records(self.path, "a")
             except OSError as exc:
                 where = f" ({exc.filename} is in the way)" if exc.filename and str(exc.filename) != str(self.path) else ""
                 raise RecordsError(exc.errno, f"--records {self.path}: cannot append records there: "
@@ -168,7 +197,8 @@ class RecordWriter:
     def write(self, rec: RoundRecord) -> None:
         if self._fh:
             self._fh.write(rec.to_json() + "\n")
-            self._fh.flush()
+            if self._flush:
+                self._fh.flush()
 
     def close(self) -> None:
         if self._fh:
@@ -183,19 +213,25 @@ class RecordWriter:
 
 
 def read_records(path: str | os.PathLike) -> Iterator[RoundRecord]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield RoundRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError, ValueError) as exc:
-                raise ValueError(f"{path}:{lineno}: not a round record: {exc}") from exc
+    """The records of a JSONL file (gzip-compressed when it ends ``.gz``)."""
+    lineno = 0
+    try:
+        with _open_records(Path(path), "r") as fh:
+            for lineno, line in enumerate(fh, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield RoundRecord.from_dict(json.loads(line))
+                except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                    raise ValueError(f"{path}:{lineno}: not a round record: {exc}") from exc
+    except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut short (a run killed while writing it)
+        raise ValueError(f"{path}: not a whole gzip file after line {lineno}: {exc}") from exc
 
 
 def write_records(path: str | os.PathLike, recs: Iterable[RoundRecord]) -> None:
-    with RecordWriter(path) as w:
+    """Append ``recs`` to ``path`` in one go (flushed at the end)."""
+    with RecordWriter(path, flush_each=False) as w:
         for r in recs:
             w.write(r)
 

@@ -60,6 +60,17 @@ def test_benchmark_targets_flag_refuses_bad_values_by_name():
         assert r.returncode == 2 and word in r.stderr, (bad, r.stderr[-500:])
 
 
+def test_benchmark_targets_time_15_rounds_unless_told():
+    """--targets medians 15 timed rounds a row (5 made the veth ratio spread 1.11-1.48x over 3 repeats);
+    the plain benchmark keeps 5, and --iterations wins over both."""
+    def rounds(*flags: str) -> int:
+        r = subprocess.run([*BENCH, *flags, "--dry-run"], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr[-500:]
+        return json.loads(r.stdout[r.stdout.index("{"):])["config"]["rounds"]
+
+    assert (rounds("--targets"), rounds(), rounds("--targets", "--iterations", "4")) == (15, 5, 4)
+
+
 @pytest.mark.timeout(300)
 def test_benchmark_targets_loopback_rows_side_by_side(tmp_path):
     """Two repeats of the loopback targets at 100K x 2 workers: every ratio measured, with a median,

@@ -45,7 +45,7 @@ from simpy.events import PENDING
 
 from .. import control as ctl
 from ..gradients import read_norms, synthetic_norms
-from ..records import RecordWriter, RoundRecord
+from ..records import RecordWriter, RoundRecord, write_records
 from ..shard import NORM_MESSAGE_BYTES, merge_records, sum_sq_norms
 from ..session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession, WorkerSession
 from ..wire import ChunkLayout, ParameterError
@@ -151,7 +151,7 @@ class Simulation:
         self._compute_rng = np.random.default_rng([cfg.seed, 0xC0DE])
         self.records: list[RoundRecord] = []
         self.shard_records: list[RoundRecord] = []  # several shards: each worker's per-shard records (not written)
-        self._writer = RecordWriter(records) if records else None
+        self._writer = RecordWriter(records, flush_each=False) if records else None  # (simulated: no one tails it)
         self.datagrams = 0
         self.shards = [self._make_shard(j, a, b) for j, (a, b) in enumerate(cfg.shard_bounds)]
         sh0 = self.shards[0]
@@ -561,9 +561,7 @@ def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
         recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE)
         res = SimResult(cfg, recs, end, time.perf_counter() - wall, datagrams, 0)
         if records:
-            with RecordWriter(records) as wr:
-                for r in res.records:
-                    wr.write(r)
+            write_records(records, res.records)
         return res
     return Simulation(cfg, records=records).run()
 

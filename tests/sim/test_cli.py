@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from dblp.analysis import load_run
+from dblp.records import read_records
 from dblp.sim import SimConfig, simulate
 from dblp.sim.calibrate import calibrate
 from dblp.sim.cli import main as cli_main
@@ -44,6 +46,33 @@ def test_run_writes_records_summary_and_plots(tmp_path, capsys):
     again = simulate(cfg).summary()
     assert again["mean_round_s"] == s["dblp"]["mean_round_s"]
     assert "baseline/dblp" in capsys.readouterr().out
+
+
+def test_run_keeps_records_gzipped_or_not_at_all(tmp_path):
+    """--record-format jsonl.gz: the same records, read back by suffix, in fewer bytes; none: no records
+    file, the same summary and rounds.csv."""
+    base = ["run", "--model", "200000", "--iterations", "12", "--loss", "iteration_bursts:at=3,8:loss=0.7"]
+    assert cli_main(base + ["--out", str(tmp_path / "plain")]) == 0
+    assert cli_main(base + ["--out", str(tmp_path / "gz"), "--record-format", "jsonl.gz"]) == 0
+    assert cli_main(base + ["--out", str(tmp_path / "none"), "--record-format", "none"]) == 0
+    plain, gz = tmp_path / "plain" / "records-dblp.jsonl", tmp_path / "gz" / "records-dblp.jsonl.gz"
+    assert [r.to_dict() for r in read_records(gz)] == [r.to_dict() for r in read_records(plain)]
+    roles = [(r.role, r.worker) for r in read_records(gz) if r.round == 0]
+    assert sorted(roles) == [(role, w) for role in ("server", "worker") for w in range(3)]  # per worker, both ends
+    assert len(list(read_records(gz))) == 12 * 6
+    assert gz.stat().st_size < plain.stat().st_size / 4
+    assert not list((tmp_path / "none").glob("records-*"))
+    assert (tmp_path / "none" / "rounds.csv").read_text() == (tmp_path / "plain" / "rounds.csv").read_text()
+    simulated = [{k: v for k, v in json.loads((tmp_path / d / "summary.json").read_text())["dblp"].items()
+                  if k not in ("wall_s", "iterations_per_s")} for d in ("none", "plain")]  # (the CPU's seconds)
+    assert simulated[0] == simulated[1]
+    # the analyses find the gzipped records in the folder and label them by file
+    assert {r.run for r in load_run(tmp_path / "gz")} == {"dblp"}
+    # a gzip file cut short is refused by name, not with a traceback of the gzip module
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
+    with pytest.raises(ValueError, match="cut.jsonl.gz: not a whole gzip file"):
+        list(read_records(cut))
 
 
 def test_bad_parameters_exit_2_with_the_name(capsys):
