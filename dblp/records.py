@@ -226,7 +226,8 @@ def read_records(path: str | os.PathLike) -> Iterator[RoundRecord]:
                 except (json.JSONDecodeError, TypeError, ValueError) as exc:
                     raise ValueError(f"{path}:{lineno}: not a round record: {exc}") from exc
     except (gzip.BadGzipFile, EOFError) as exc:  # not gzip, or cut short (a run killed while writing it)
-        raise ValueError(f"{path}: not a whole gzip file after line {lineno}: {exc}") from exc
+        why = "not a gzip file" if lineno == 0 else f"not a whole gzip file (cut after line {lineno})"
+        raise ValueError(f"{path}: {why}: {exc}") from exc
 
 
 def write_records(path: str | os.PathLike, recs: Iterable[RoundRecord]) -> None:

@@ -71,8 +71,12 @@ def test_run_keeps_records_gzipped_or_not_at_all(tmp_path):
     # a gzip file cut short is refused by name, not with a traceback of the gzip module
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
-    with pytest.raises(ValueError, match="cut.jsonl.gz: not a whole gzip file"):
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz: not a whole gzip file \(cut after line \d+\)"):
         list(read_records(cut))
+    plain_named_gz = tmp_path / "plain.jsonl.gz"
+    plain_named_gz.write_bytes(plain.read_bytes())
+    with pytest.raises(ValueError, match="plain.jsonl.gz: not a gzip file"):
+        list(read_records(plain_named_gz))
 
 
 def test_bad_parameters_exit_2_with_the_name(capsys):
