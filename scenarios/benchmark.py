@@ -138,10 +138,10 @@ SHARDED_CRC = "sharded-crc"
 SHARDED_PATHS = (SHARDED, SHARDED_NET, SHARDED_CRC)
 #: the paths on the paper's CRC-only wire (``--insecure``)
 INSECURE_PATHS = (CRC_ONLY, SHARDED_CRC)
-#: the authenticated GSO round over the CRC-only one (issue 14's target)
 #: timed rounds a repeat of --targets: the veth row's ratio spread 1.11-1.48x over 3 repeats of 5 rounds and
 #: 1.18-1.32x over 3 of 15 (2 cores, 2026-12-05, docs/benchmark.md)
 TARGET_ROUNDS = 15
+#: the authenticated GSO round over the CRC-only one (issue 14's target)
 AUTH_TARGET = 1.10
 #: the segmented path's lossless round over the GSO path's (issue 15's target)
 SEGMENTED_TARGET = 1.5

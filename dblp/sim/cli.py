@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cliargs import add_config_flags, add_verbosity, parser
 from ..provenance import write_config
+from ..records import GZIP_SUFFIX
 from ..wire import ParameterError
 from traces.units import HelpFormatter
 
@@ -53,9 +54,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if rec and Path(rec).exists():
             Path(rec).unlink()  # RecordWriter appends; a rerun replaces
         res = simulate(c, records=rec)
-        if rec and not rec.endswith(".gz") and Path(rec).stat().st_size > BIG_RECORDS_BYTES:
-            print(f"{label:>9}: {rec}: {Path(rec).stat().st_size / 1e6:.0f} MB of records; --record-format "
-                  "jsonl.gz compresses them (1/14 to 1/139 in docs/records.md), none skips them", flush=True)
+        size = Path(rec).stat().st_size if rec and not rec.endswith(GZIP_SUFFIX) else 0
+        if size > BIG_RECORDS_BYTES:
+            print(f"{label:>9}: {rec}: {size / 1e6:.0f} MB of records; --record-format jsonl.gz compresses them "
+                  "(1/14 to 1/139 in docs/records.md), none skips them", flush=True)
         s = res.summary()
         ends, lost = round_trace(res.records)
         traces[label] = (ends, lost)

@@ -48,12 +48,17 @@ def test_run_writes_records_summary_and_plots(tmp_path, capsys):
     assert "baseline/dblp" in capsys.readouterr().out
 
 
-def test_run_keeps_records_gzipped_or_not_at_all(tmp_path):
+def test_run_keeps_records_gzipped_or_not_at_all(tmp_path, capsys, monkeypatch):
     """--record-format jsonl.gz: the same records, read back by suffix, in fewer bytes; none: no records
-    file, the same summary and rounds.csv."""
+    file, the same summary and rounds.csv. A big plain file says how to keep it smaller."""
+    import dblp.sim.cli as sim_cli
+
     base = ["run", "--model", "200000", "--iterations", "12", "--loss", "iteration_bursts:at=3,8:loss=0.7"]
+    monkeypatch.setattr(sim_cli, "BIG_RECORDS_BYTES", 10_000)  # (100 MB in earnest)
     assert cli_main(base + ["--out", str(tmp_path / "plain")]) == 0
+    assert "MB of records; --record-format jsonl.gz compresses them" in capsys.readouterr().out
     assert cli_main(base + ["--out", str(tmp_path / "gz"), "--record-format", "jsonl.gz"]) == 0
+    assert "MB of records" not in capsys.readouterr().out
     assert cli_main(base + ["--out", str(tmp_path / "none"), "--record-format", "none"]) == 0
     plain, gz = tmp_path / "plain" / "records-dblp.jsonl", tmp_path / "gz" / "records-dblp.jsonl.gz"
     assert [r.to_dict() for r in read_records(gz)] == [r.to_dict() for r in read_records(plain)]
@@ -71,7 +76,7 @@ def test_run_keeps_records_gzipped_or_not_at_all(tmp_path):
     # a gzip file cut short is refused by name, not with a traceback of the gzip module
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])
-    with pytest.raises(ValueError, match=r"cut.jsonl.gz: not a whole gzip file \(cut after line \d+\)"):
+    with pytest.raises(ValueError, match=r"cut.jsonl.gz: a gzip file cut short \(after line \d+\)"):
         list(read_records(cut))
     plain_named_gz = tmp_path / "plain.jsonl.gz"
     plain_named_gz.write_bytes(plain.read_bytes())
