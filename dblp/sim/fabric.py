@@ -71,7 +71,7 @@ from ..records import RoundRecord
 from ..shard import NORM_MESSAGE_BYTES
 from ..wire import ChunkLayout, ParameterError
 from .loss import Combined, make_flow_loss
-from .net import Host, ctrl_wire_bytes
+from .net import Host, ctrl_wire_bytes, fluid_step
 from .topology import _Fabric, rack_of, uplink_rate_bps
 
 #: a representative's passes per direction and iteration past which the model gives up (a sender
@@ -120,10 +120,8 @@ def overlap(dur: float, spread: float) -> float:
 
 
 class _Port:
-    """A fluid drop-tail port of one class: rate and buffer in datagrams, its queue carried over. The
-    same fluid rule as :class:`dblp.sim.net.FluidQueue` and the incast's inline loop
-    (:func:`dblp.sim.incast.simulate_incast`): while the buffer is full an arrival gets in with
-    probability rate / offered."""
+    """A fluid drop-tail port of one class: rate and buffer in datagrams, its queue carried over
+    (the rule: :func:`dblp.sim.net.fluid_step`)."""
 
     def __init__(self, rate_pps: float, qcap: float, flows_rate: float) -> None:
         self.mu = rate_pps
@@ -142,15 +140,8 @@ class _Port:
         self.drain(t0)
         if dur <= 0:
             return lam
-        if lam <= self.mu:
-            q_end = max(0.0, self.q - (self.mu - lam) * dur)
-            acc = lam * dur
-        else:
-            fill = (self.qcap - self.q) / (lam - self.mu)
-            if fill >= dur:
-                acc, q_end = lam * dur, self.q + (lam - self.mu) * dur
-            else:
-                acc, q_end = lam * fill + self.mu * (dur - fill), self.qcap
+        q_end, whole = fluid_step(self.q, self.qcap, self.mu, lam, dur)
+        acc = lam * dur if whole >= dur else lam * whole + self.mu * (dur - whole)
         self.q, self.t = q_end, t0 + dur
         return acc / dur
 

@@ -15,8 +15,8 @@ The model (:func:`simulate_incast`). Every upload is one sender on its own host 
 ``h`` seconds: a pass of ``m`` datagrams is a constant rate ``1/h`` at the port for ``m h``
 seconds, as the round level sees a pass); the port is the same fluid drop-tail queue as
 :class:`dblp.sim.net.FluidQueue` (capacity ``cap``, buffer ``qcap`` datagrams; while the buffer
-is full an arrival gets in with probability ``cap / offered``), integrated forward from pass
-start to pass end in time order, O(1) per event. A pass delivers a binomial draw of its
+is full an arrival gets in with probability ``cap / offered``), stepped forward from event to
+event in time order by :func:`dblp.sim.net.fluid_step`, O(1) per event. A pass delivers a binomial draw of its
 datagrams with the mean acceptance over its interval (the round level draws each datagram
 against the same probability). Its PROBE leaves behind the last datagram (FIFO through the
 queue), the BITMAP comes back on the idle reverse path, and the core decides the next pass and
@@ -56,7 +56,7 @@ import numpy as np
 from .. import control as ctl
 from ..core import RoundSender
 from .flow import Endpoint, FlowBase
-from .net import Path
+from .net import Path, fluid_step
 
 #: from this many workers on, ``incast="auto"`` takes the flow-level model (below it the walk
 #: costs well under a second an iteration, and the records of small runs stay as pinned)
@@ -217,29 +217,15 @@ def simulate_incast(senders: list[RoundSender], t0: float, need: int, *, h: floa
     resumed = [False] * n_s  # the sender's next pass begins after a backoff (the core starts it at its first datagram)
     ev = [(t0 + h + d1, 0, i, t0, s.pass_remaining) for i, s in enumerate(senders)]
     heapq.heapify(ev)
-    pop, push = heapq.heappop, heapq.heappush
+    pop, push, step = heapq.heappop, heapq.heappush, fluid_step
     t, qlen, active, acc = t0 + h + d1, 0.0, 0, 0.0  # clock, queue (datagrams), passes offering, integral
     while ev:
         tn, kind, i, ts, m = pop(ev)
         dt = tn - t
         if dt > 0.0:  # the queue from t to tn at the offered rate of the active passes
             a = active / h
-            if a > cap:
-                if qlen < qcap:
-                    tf = (qcap - qlen) / (a - cap)
-                    if tf >= dt:
-                        qlen += (a - cap) * dt
-                        acc += dt
-                    else:
-                        qlen = qcap
-                        acc += tf + (dt - tf) * cap / a
-                else:
-                    acc += dt * cap / a
-            else:
-                qlen -= (cap - a) * dt
-                if qlen < 0.0:
-                    qlen = 0.0
-                acc += dt
+            qlen, whole = step(qlen, qcap, cap, a, dt)
+            acc += dt if whole >= dt else whole + (dt - whole) * cap / a
             t = tn
         if kind == 0:
             active += 1

@@ -119,6 +119,26 @@ class PortReader(Protocol):
         """Take final verdicts now: the queue is about to forget this pass."""
 
 
+def fluid_step(q: float, qcap: float, cap: float, offered: float, dt: float) -> tuple[float, float]:
+    """The fluid drop-tail rule over ``dt`` seconds of a constant ``offered`` rate into a port of
+    ``cap`` datagrams/s holding ``q`` of its ``qcap`` datagrams: the queue grows at offered - cap
+    (drains at cap - offered, down to 0) until the buffer is full; from then on ``cap / offered``
+    of the arrivals get in. Returns the queue at the end and the seconds from the interval's start
+    in which every arrival got in (``dt`` when the buffer never filled). One home for the round
+    level's interval step: the fabric's class ports (:class:`dblp.sim.fabric._Port`) and the
+    incast's walk (:func:`dblp.sim.incast.simulate_incast`) take it; :class:`FluidQueue` keeps
+    the same rule as a profile over breakpoints, vectorised (and in C, fluid.c)."""
+    if offered <= cap:
+        q -= (cap - offered) * dt
+        return (q if q > 0.0 else 0.0), dt
+    if q >= qcap:
+        return qcap, 0.0
+    t_full = (qcap - q) / (offered - cap)
+    if t_full >= dt:
+        return q + (offered - cap) * dt, dt
+    return qcap, t_full
+
+
 class FluidQueue:
     """Round level: a fluid model of one port's drop-tail queue over time.
 
