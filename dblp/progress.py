@@ -85,3 +85,20 @@ class Progress:
         else:
             print(text, file=out, flush=True)
         return True
+
+
+class Stamped:
+    """Prints each message with the seconds since it was made: ``[   12.3s] msg`` (nothing when ``quiet``).
+
+    For runs whose steps are not counted in advance (a benchmark's hosts, runs and rules), where
+    :class:`Progress`'s ``done/total`` has no total to count against.
+    """
+
+    def __init__(self, quiet: bool = False, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.t0 = clock()
+        self.quiet = quiet
+
+    def __call__(self, msg: str) -> None:
+        if not self.quiet:
+            print(f"[{self._clock() - self.t0:7.1f}s] {msg}", flush=True)

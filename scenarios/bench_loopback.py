@@ -44,56 +44,13 @@ from pathlib import Path
 
 from dblp.provenance import write_config  # noqa: E402
 from dblp.cliargs import mtu_arg, parser
+from dblp.glooref import GlooRanks, LocalHost
 from dblp.gradients import MODEL_HELP, model_elements
 from dblp.shard import AGGREGATIONS
 from dblp.wire import ParameterError
 from traces.argtypes import count_arg
 
 REPO = Path(__file__).resolve().parent.parent
-GLOO = REPO / "scenarios" / "gloo_allreduce.py"
-
-
-class GlooRanks:
-    """``workers`` gloo ranks on 127.0.0.1, commanded through their stdin (gloo_allreduce.py's protocol)."""
-
-    def __init__(self, workers: int, port: int, timeout_s: float) -> None:
-        self.procs = [subprocess.Popen([sys.executable, str(GLOO), "--rank", str(r), "--world-size", str(workers),
-                                        "--init", f"tcp://127.0.0.1:{port}", "--iface", "lo",
-                                        "--timeout", f"{timeout_s:g}s"],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                      for r in range(workers)]
-        for p in self.procs:
-            self._read(p, "ready")
-
-    @staticmethod
-    def _read(p: subprocess.Popen, event: str) -> dict:
-        line = p.stdout.readline()
-        msg = json.loads(line) if line.strip() else {"event": "error", "error": "rank exited"}
-        if msg.get("event") != event:
-            raise RuntimeError(f"gloo rank: expected {event!r}, got {msg}")
-        return msg
-
-    def allreduce_s(self, elements: int, tag: str) -> float:
-        """One all-reduce, every rank starting at one instant: start to the last rank done."""
-        start = time.time() + 0.05
-        for p in self.procs:
-            p.stdin.write(json.dumps({"cmd": "run", "tag": tag, "elements": elements, "start": start}) + "\n")
-            p.stdin.flush()
-        done = [self._read(p, "done") for p in self.procs]
-        return max(d["t_end"] for d in done) - min(d["t_start"] for d in done)
-
-    def close(self) -> None:
-        for p in self.procs:
-            try:
-                p.stdin.write('{"cmd": "quit"}\n')
-                p.stdin.flush()
-            except OSError:
-                pass
-        for p in self.procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def dblp_loopback(tree: Path, mode: str, elements: int, workers: int, iterations: int,
@@ -166,12 +123,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench_loopback: {elements:,} floats x {args.workers} workers, {args.repeats} repeats of "
           f"{args.iterations} rounds, {os.cpu_count()} cores; results in {out}", flush=True)
     rows: list[dict] = []
-    gloo = GlooRanks(args.workers, args.port, args.timeout)
+    # gloo's ranks on 127.0.0.1, in this process's session and environment
+    gloo = GlooRanks([LocalHost(new_session=False)] * args.workers, args.port, args.timeout, iface="lo")
     try:
-        gloo.allreduce_s(elements, "warmup")
+        gloo.collect("ready", None, args.timeout)
+        gloo.allreduce_s(elements, "warmup", args.timeout + 10)
         for r in range(args.repeats):
             load = os.getloadavg()[0]
-            g = statistics.median(gloo.allreduce_s(elements, f"{r}.{i}") for i in range(args.iterations))
+            g = statistics.median(gloo.allreduce_s(elements, f"{r}.{i}", args.timeout + 10)
+                                  for i in range(args.iterations))
             line = [f"repeat {r + 1}/{args.repeats} (load {load:.1f}): gloo {g * 1e3:.0f} ms"]
             for name, tree, mode, mtu in cases:
                 res = dblp_loopback(tree, mode, elements, args.workers, args.iterations,

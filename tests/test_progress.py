@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dblp.progress import Progress, clock_text, eta_text
+from dblp.progress import Progress, Stamped, clock_text, eta_text
 
 
 def test_eta_text_and_clock_text():
@@ -25,3 +25,12 @@ def test_progress_prints_when_due_and_at_the_end():
     assert p.update(12, force=True)
     t[0] = 150.0
     assert p.update(50) and "ETA 0 s" in lines[-1] and len(lines) == 3
+
+
+def test_stamped_lines_count_seconds_from_their_start_and_keep_quiet(capsys):
+    t = [10.0]
+    say = Stamped(clock=lambda: t[0])
+    t[0] = 22.34
+    say("hosts up")
+    Stamped(quiet=True)("never printed")
+    assert capsys.readouterr().out == "[   12.3s] hosts up\n"
