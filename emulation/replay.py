@@ -61,8 +61,6 @@ namespace.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import itertools
 import json
 import math
@@ -77,9 +75,10 @@ import numpy as np
 from traces import Change, PacketTrace, SegmentTrace, TraceMeta, read_trace, write_trace
 
 from . import nft
+from .replayloss import datagram_loss, datagram_loss_by_round, plot_loss  # noqa: F401  (re-exported)
+from .nft import CliNftBackend, LibNftBackend, NftBackend, have_libnftables, make_backend  # noqa: F401  (re-exported)
 from .loss import Hook, LossController, LossTarget, hook_cmd, hook_of
 from .shaping import FRAME_BYTES, Shape, default_burst
-from .sysutil import run
 
 __all__ = ["TraceReplayer", "NftBackend", "LibNftBackend", "CliNftBackend", "have_libnftables",
            "datagram_loss", "window_mean", "TABLE_PREFIX"]
@@ -92,157 +91,6 @@ INC_MOD_ONCE = 0xFFFFFFFF
 #: default smallest step between two rule swaps, by backend (microseconds)
 DEFAULT_STEP_US = {"libnftables": 1_000, "nft": 20_000}
 _table_seq = itertools.count(1)
-
-
-# ----------------------------------------------------------------------------- backends
-class NftBackend:
-    """Runs an nft script in a host's network namespace (host given by its PID)."""
-
-    name = "?"
-
-    def run(self, pid: int | None, script: str) -> None:
-        raise NotImplementedError
-
-    def open_thread(self) -> None:
-        """Called on the thread that will call ``run`` before its first call."""
-
-    def close(self) -> None:
-        """Release everything (called on the same thread as ``run``)."""
-
-
-class CliNftBackend(NftBackend):
-    """``mnexec -a PID nft -f -``: a process per call (~15-30 ms on a busy machine)."""
-
-    name = "nft"
-
-    def run(self, pid: int | None, script: str) -> None:
-        run(["nft", "-f", "-"], pid=pid, input=script)
-
-
-def _libnftables() -> ctypes.CDLL:
-    lib = ctypes.CDLL(ctypes.util.find_library("nftables") or "libnftables.so.1")
-    lib.nft_ctx_new.restype = ctypes.c_void_p
-    lib.nft_ctx_new.argtypes = [ctypes.c_uint32]
-    lib.nft_ctx_free.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_buffer_output.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_buffer_error.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_get_error_buffer.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_get_error_buffer.restype = ctypes.c_char_p
-    lib.nft_ctx_get_output_buffer.argtypes = [ctypes.c_void_p]
-    lib.nft_ctx_get_output_buffer.restype = ctypes.c_char_p
-    lib.nft_ctx_output_set_flags.argtypes = [ctypes.c_void_p, ctypes.c_uint]
-    lib.nft_run_cmd_from_buffer.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
-    lib.nft_run_cmd_from_buffer.restype = ctypes.c_int
-    return lib
-
-
-def have_libnftables() -> bool:
-    """Whether libnftables and ``setns`` can be used from this process."""
-    try:
-        _libnftables()
-        return hasattr(ctypes.CDLL(None), "setns") and os.path.exists("/proc/thread-self/ns/net")
-    except OSError:
-        return False
-
-
-class LibNftBackend(NftBackend):
-    """libnftables in this process; each call enters the host's netns on the calling thread.
-
-    ``setns(CLONE_NEWNET)`` moves only the calling thread, so this must run on
-    a thread of its own (never the main thread): it enters the host's
-    namespace, runs one transaction (~0.05 ms) and goes back to the thread's
-    own namespace before returning, so subprocesses it starts later and the
-    rest of the process stay in the root namespace. Contexts (their netlink
-    sockets hold the namespace) and namespace fds are released by ``close()``.
-    """
-
-    name = "libnftables"
-    CLONE_NEWNET = 0x40000000
-
-    def __init__(self) -> None:
-        self.lib = _libnftables()
-        self.libc = ctypes.CDLL(None, use_errno=True)
-        self._home: int | None = None
-        self._ns: dict[int, int] = {}  # host pid -> netns fd
-        self._ctx: dict[int | None, int] = {}  # host pid -> nft_ctx*
-        self._thread: int | None = None
-
-    def open_thread(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            raise RuntimeError("LibNftBackend must run on its own thread (setns moves the caller)")
-        self._thread = threading.get_ident()
-        self._home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-
-    def _setns(self, fd: int) -> None:
-        if self.libc.setns(fd, self.CLONE_NEWNET) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns: {os.strerror(err)}")
-
-    #: ``nft_ctx_output_set_flags``: JSON output (``nft -j``)
-    OUTPUT_JSON = 1 << 4
-
-    def run(self, pid: int | None, script: str) -> None:
-        self.output(pid, script)
-
-    def output(self, pid: int | None, script: str, json_out: bool = False) -> str:
-        """Run ``script`` (one transaction, or a command such as ``list counters ...``) and return
-        what nft printed (JSON with ``json_out``, as ``nft -j``); raises on failure."""
-        if self._home is None or threading.get_ident() != self._thread:
-            raise RuntimeError("LibNftBackend.run called off its thread (call open_thread first)")
-        if pid is not None and pid not in self._ns:
-            self._ns[pid] = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
-        if pid is not None:
-            self._setns(self._ns[pid])
-        try:
-            ctx = self._ctx.get(pid)
-            if ctx is None:  # made inside the namespace: its socket belongs there
-                ctx = self.lib.nft_ctx_new(0)
-                if not ctx:
-                    raise OSError("nft_ctx_new failed")
-                self.lib.nft_ctx_buffer_output(ctx)
-                self.lib.nft_ctx_buffer_error(ctx)
-                self._ctx[pid] = ctx
-            self.lib.nft_ctx_output_set_flags(ctx, self.OUTPUT_JSON if json_out else 0)
-            rc = self.lib.nft_run_cmd_from_buffer(ctx, script.encode())
-            out = (self.lib.nft_ctx_get_output_buffer(ctx) or b"").decode(errors="replace")
-            if rc != 0:
-                err = (self.lib.nft_ctx_get_error_buffer(ctx) or b"").decode(errors="replace")
-                raise RuntimeError(f"nft (libnftables) failed: {err.strip()}\nscript:\n{script[:2000]}")
-            return out
-        finally:
-            if pid is not None:
-                self._setns(self._home)
-
-    def close(self) -> None:
-        for pid, ctx in list(self._ctx.items()):
-            if pid is not None and pid in self._ns:
-                try:
-                    self._setns(self._ns[pid])  # free the context where it was made
-                except OSError:
-                    pass
-            try:
-                self.lib.nft_ctx_free(ctx)
-            finally:
-                if pid is not None and self._home is not None:
-                    self._setns(self._home)
-        self._ctx.clear()
-        for fd in self._ns.values():
-            os.close(fd)
-        self._ns.clear()
-        if self._home is not None:
-            os.close(self._home)
-            self._home = None
-
-
-def make_backend(kind: str = "auto") -> NftBackend:
-    """``auto`` (libnftables when loadable, else the nft command), ``libnftables`` or ``nft``."""
-    if kind == "nft":
-        return CliNftBackend()
-    if kind == "libnftables" or (kind == "auto" and have_libnftables()):
-        return LibNftBackend()
-    if kind != "auto":
-        raise ValueError(f"unknown backend {kind!r} (auto, libnftables, nft)")
-    return CliNftBackend()
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -289,18 +137,6 @@ def _pct(x: list[float], q: float) -> float:
     return float(np.percentile(x, q)) if x else float("nan")
 
 
-def _drop_intervals(drops: np.ndarray) -> list[str]:
-    """Indices of True values as nft set elements, runs as ``a-b``."""
-    idx = np.flatnonzero(drops)
-    if idx.size == 0:
-        return []
-    brk = np.flatnonzero(np.diff(idx) != 1)
-    starts = np.concatenate(([idx[0]], idx[brk + 1]))
-    ends = np.concatenate((idx[brk], [idx[-1]]))
-    return [str(s) if s == e else f"{s}-{e}" for s, e in zip(starts.tolist(), ends.tolist())]
-
-
-# ----------------------------------------------------------------------------- replayer
 class TraceReplayer:
     """Apply a loss trace to link ends of an ``EmuNet`` during a run.
 
@@ -431,7 +267,7 @@ class TraceReplayer:
         n = len(self.trace)
         if n > INC_MOD_ONCE:
             raise ValueError(f"packet trace too long for numgen ({n} packets)")
-        return nft.packet_drop_lines(self.table, c, t.match(), _drop_intervals(self.trace.drops),
+        return nft.packet_drop_lines(self.table, c, t.match(), nft.interval_elements(self.trace.drops),
                                      n if self.trace.loop else INC_MOD_ONCE)
 
     # ------------------------------------------------------------ lifecycle
@@ -815,88 +651,3 @@ def _fields(tr: SegmentTrace | PacketTrace) -> dict:
         return {"start_us": tr.start_us, "loss": tr.loss, "duration_us": tr.duration_us,
                 "rate_bps": tr.rate_bps, "queue_pkts": tr.queue_pkts}
     return {"drops": tr.drops}
-
-
-# ----------------------------------------------------------------------------- records
-def datagram_loss(records, t_from: float | None = None, t_to: float | None = None) -> dict:
-    """Datagram loss per direction measured from a run's RoundRecords (both sides' files).
-
-    Upstream: what workers sent (``up_sent``, retransmissions included) minus
-    what reached the server (accepted + duplicates + stale, from the server's
-    records), over what was sent; downstream likewise (server ``down_sent``
-    vs workers' receivers). Exact for a reliable run (every datagram sent is
-    needed until delivered); for a bounded-loss run, datagrams still in flight
-    when STOP arrives count as lost, so it overestimates there. Rounds whose
-    ``t_start`` lies outside [t_from, t_to] are ignored.
-    """
-    def keep(r) -> bool:
-        return (t_from is None or r.t_start >= t_from) and (t_to is None or r.t_start <= t_to)
-
-    srv = {(r.round, r.worker): r for r in records if r.role == "server" and keep(r)}
-    wrk = {(r.round, r.worker): r for r in records if r.role == "worker" and keep(r)}
-    both = sorted(set(srv) & set(wrk))
-    up_sent = sum(wrk[k].up_sent for k in both)
-    up_got = sum(srv[k].up_received + srv[k].duplicate + srv[k].stale for k in both)
-    dn_sent = sum(srv[k].down_sent for k in both)
-    dn_got = sum(wrk[k].down_received + wrk[k].duplicate + wrk[k].stale for k in both)
-    tot_sent, tot_got = up_sent + dn_sent, up_got + dn_got
-    return {
-        "rounds": len({k[0] for k in both}),
-        "up": {"sent": up_sent, "delivered": up_got, "loss": 1 - up_got / up_sent if up_sent else float("nan")},
-        "down": {"sent": dn_sent, "delivered": dn_got, "loss": 1 - dn_got / dn_sent if dn_sent else float("nan")},
-        "loss": 1 - tot_got / tot_sent if tot_sent else float("nan"),
-    }
-
-
-def datagram_loss_by_round(records) -> dict[int, float]:
-    """Per round, the datagram loss of both directions measured from the records, as
-    :func:`datagram_loss` counts it (sent - delivered over sent). Why: a packets trace (``*.pkts``)
-    has no clock, so there is no schedule to average over each round's span; what the records saw
-    is the per-iteration loss that can be plotted beside the latency."""
-    srv = {(r.round, r.worker): r for r in records if r.role == "server"}
-    wrk = {(r.round, r.worker): r for r in records if r.role == "worker"}
-    sent: dict[int, int] = {}
-    got: dict[int, int] = {}
-    for k in set(srv) & set(wrk):
-        s, w = srv[k], wrk[k]
-        sent[k[0]] = sent.get(k[0], 0) + w.up_sent + s.down_sent
-        got[k[0]] = got.get(k[0], 0) + s.up_received + s.duplicate + s.stale + w.down_received + w.duplicate + w.stale
-    return {k: 1 - got[k] / n for k, n in sorted(sent.items()) if n}
-
-
-def plot_loss(runs: dict[str, list], loss: dict[str, dict[int, float]], path: str | Path, tname: str,
-              what: str = "replayed loss") -> Path:
-    """Per iteration: each run's latency (top) and the loss it saw (bottom: ``loss``, run -> round ->
-    fraction; the replayed schedule's mean over the round for a segments trace, the records' measured
-    loss for a packets trace - ``what`` says which), plain tick labels on both axes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator, PercentFormatter
-
-    from dblp import analysis
-
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
-    for label, recs in runs.items():
-        r, v = analysis.per_round(recs)
-        color = analysis.RUN_COLORS.get(label)
-        ax1.plot(r, v * 1e3, lw=1.0, label=label, color=color)
-        ex = loss.get(label, {})
-        ks = sorted(ex)
-        ax2.plot(ks, [ex[k] * 100 for k in ks], lw=1.0, label=label, color=color)
-    ax1.set_ylabel("latency (ms, slowest worker)")
-    ax1.set_yscale("log")
-    analysis.plain_log_ticks(ax1.yaxis)
-    ax1.grid(alpha=0.3, which="both")
-    ax1.legend(fontsize=8)
-    ax1.set_title(f"Latency and the loss each iteration saw, trace {tname}", fontsize=10)
-    ax2.set_xlabel("iteration")
-    ax2.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax2.yaxis.set_major_formatter(PercentFormatter(decimals=None))
-    ax2.set_ylabel(f"{what}\nduring the iteration", fontsize=9)
-    ax2.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)

@@ -305,7 +305,7 @@ def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str
     title = f"Send latency per iteration, trace {Path(a.trace).name}"
     analysis.plot_latency(runs, out / "latency.png", (), title)
     analysis.plot_cdf(runs, out / "cdf.png", f"CDF of send latency, trace {Path(a.trace).name}")
-    from emulation.replay import datagram_loss_by_round, plot_loss
+    from emulation.replayloss import datagram_loss_by_round, plot_loss
 
     if exposure:  # segments: the replayed schedule's mean over each iteration
         plot_loss(runs, exposure, out / "loss.png", Path(a.trace).name)

@@ -12,7 +12,7 @@ import pytest
 from dblp import analysis
 from dblp.records import RoundRecord, merge_runs
 from dblp.trainreport import _bar_positions, curve_band, load_training, plot_curves, plot_training_time
-from emulation.replay import datagram_loss_by_round, plot_loss
+from emulation.replayloss import datagram_loss_by_round, plot_loss
 
 
 def _write_run(d: Path, evals: list[list[tuple[int, float, float]]], train_s: float = 10.0) -> None:

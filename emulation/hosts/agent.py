@@ -8,7 +8,7 @@ the same training with torch's all-reduce, the yardstick). ``python -m
 emulation.hosts facts`` prints what a host is (preflight: commit, versions,
 CUDA, the workload's data set). ``python -m emulation.hosts keep`` is the
 kept agent of a policy run: nft for the launcher (libnftables through
-:class:`emulation.replay.LibNftBackend`) and the server's round hook relayed.
+:class:`emulation.nft.LibNftBackend`) and the server's round hook relayed.
 Nothing here starts networks.
 """
 
@@ -362,7 +362,7 @@ def keep_main(a: argparse.Namespace) -> int:
     def serve() -> None:
         """Read the launcher's lines and run its commands, on this thread (LibNftBackend's setns
         would move the main thread); one thread from the pipe to nft and back, no hand-over."""
-        from ..replay import LibNftBackend, have_libnftables
+        from ..nft import LibNftBackend, have_libnftables
 
         backend = None
         if os.geteuid() == 0 and have_libnftables():
