@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from .policy import passes_needed
+from .stats import median  # the one median (None and NaN left out); dblp.passcost.median is the same
 
 NAN = float("nan")
-
-
-def median(xs: Iterable[float | None]) -> float:
-    """Median of the finite values; NaN when there are none."""
-    v = [x for x in xs if x is not None and not math.isnan(x)]
-    return statistics.median(v) if v else NAN
 
 
 def fit_pass_model(calib: list[dict], S0: float) -> tuple[float, float, float]:

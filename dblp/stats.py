@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 __all__ = ["t975", "mean_ci95", "median", "Spread", "spread", "paired_ci95"]
 
@@ -61,12 +61,14 @@ def mean_ci95(values: Sequence[float]) -> tuple[float, float]:
     return m, t975(len(v) - 1) * math.sqrt(var / len(v))
 
 
-def median(values: Sequence[float]) -> float:
-    """The median of the non-NaN values (an infinite one sorts last: "not reached" in most seeds
-    gives an infinite median); nan when there are none."""
-    v = sorted(float(x) for x in values if not math.isnan(float(x)))
+def median(values: Iterable[float | None], *, finite: bool = False, empty: Any = math.nan) -> Any:
+    """The median of the values that are numbers, as a float: None and NaN are left out, and with
+    ``finite`` the infinities too (without it an infinite one sorts last: "not reached" in most seeds
+    gives an infinite median); ``empty`` (nan) when none is left."""
+    v = sorted(f for f in (float(x) for x in values if x is not None)
+               if not math.isnan(f) and (not finite or math.isfinite(f)))
     if not v:
-        return math.nan
+        return empty
     h = len(v) // 2
     return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
 

@@ -67,6 +67,14 @@ def test_table_v_puts_time_to_last_iteration_beside_time_to_each_target(tmp_path
     assert math.isinf(dblp[7]) and math.isnan(dblp[8]) and math.isinf(dblp[9])
 
 
+def test_the_one_median_leaves_out_none_and_nan_and_with_finite_the_infinities():
+    """dblp.stats.median serves the benchmark's pass-cost summary (None and NaN left out), the
+    calibration (finite values only, None when there are none) and the replicate tables."""
+    assert median([None, math.nan, 3, 1, 2]) == 2.0 and median([4, None, 1]) == 2.5
+    assert median([1.0, math.inf, math.inf, math.nan], finite=True) == 1.0
+    assert median([math.inf, None], finite=True, empty=None) is None and math.isnan(median([]))
+
+
 def test_intervals_on_known_samples():
     m, h = mean_ci95([1.0, 2.0, 3.0])  # s = 1, t(2) = 4.302653
     assert m == 2.0 and h == pytest.approx(4.302653 / math.sqrt(3))

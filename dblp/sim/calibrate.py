@@ -76,14 +76,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from traces.units import HelpFormatter, UnitError, parse_duration
 
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ
 from ..provenance import run_values
 from ..records import RoundRecord
+from ..stats import median
 from ..wire import TAG_SIZE, ChunkLayout, ParameterError
 from .config import SimConfig
 
@@ -196,11 +195,6 @@ def _time_s(v: Any) -> float | None:
         return None
 
 
-def _median(xs: list[float]) -> float | None:
-    xs = [x for x in xs if x is not None and math.isfinite(x)]
-    return float(np.median(xs)) if xs else None
-
-
 def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool = True) -> tuple[SimConfig, dict]:
     recs, conf, bursts, notes = load_run(folder)
     base = base or SimConfig()
@@ -297,14 +291,14 @@ def calibrate(folder: str | Path, *, base: SimConfig | None = None, refine: bool
         for a, b in zip(mine, mine[1:]):
             if b.round == a.round + 1:
                 gaps.append(b.t_start - (a.t_start + a.round_latency_s))
-    c = _median(gaps)
+    c = median(gaps, finite=True, empty=None)
     d["compute_s"] = max(0.0, c) if c is not None else 0.0
     waits: dict[int, list[float]] = {}
     for r in wk:
         v = r.extra.get("wait_server_s")
         if isinstance(v, (int, float)):
             waits.setdefault(r.round, []).append(float(v))
-    red = _median([min(v) for k, v in waits.items() if k in (clean or up_clean)])
+    red = median([min(v) for k, v in waits.items() if k in (clean or up_clean)], finite=True, empty=None)
     if red is not None:
         ctrl = 2 * d.get("delay_s", base.delay_s) + base.ctrl_overhead_s
         d["reduce_s"] = max(0.0, red - ctrl)
@@ -415,7 +409,7 @@ def _reply_wait(recs: list[RoundRecord], rounds: set[int]) -> float | None:
             v = r.extra.get(key)
             if isinstance(v, (int, float)) and passes > 1 and ((r.role == "worker") == (key[0] == "u")):
                 waits.append(float(v) / passes)
-    return _median(waits)
+    return median(waits, finite=True, empty=None)
 
 
 def _control_overhead(cfg: SimConfig, recs: list[RoundRecord], burst_rounds: set[int]) -> tuple[float, str]:
@@ -449,15 +443,15 @@ def _broadcast_datagram_time(recs: list[RoundRecord], rounds: set[int]) -> float
     for r in recs:
         if r.role == "server" and r.round in rounds:
             by_round.setdefault(r.round, []).append(r)
-    return _median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
-                    for rs in by_round.values() if sum(x.down_sent for x in rs) > 0])
+    return median([max(x.down_latency_s for x in rs) / sum(x.down_sent for x in rs)
+                    for rs in by_round.values() if sum(x.down_sent for x in rs) > 0], finite=True, empty=None)
 
 
 def _burst_times(recs: list[RoundRecord], rounds: set[int]) -> tuple[float | None, float | None]:
     """Median per-datagram time of the uploads (per worker record) and of the broadcast (the server's
     slowest flow / all it sent) in the iteration-burst rounds ``rounds``: all passes, as they came."""
-    h_w = _median([r.up_latency_s / r.up_sent for r in recs
-                   if r.role == "worker" and r.round in rounds and r.up_sent > 0])
+    h_w = median([r.up_latency_s / r.up_sent for r in recs
+                   if r.role == "worker" and r.round in rounds and r.up_sent > 0], finite=True, empty=None)
     return h_w, _broadcast_datagram_time(recs, rounds)
 
 
@@ -592,8 +586,8 @@ def _datagram_times(recs: list[RoundRecord], clean: set[int], down_clean: set[in
     Upstream only a worker's single-pass records count: a round is lossless for the calibration
     when some worker sent in one pass, but behind a congested leaf-spine uplink the others of that
     round may have needed a second pass, whose wait is not the host's send cost."""
-    h_w = _median([r.up_latency_s / r.up_sent for r in recs
-                   if r.role == "worker" and r.round in clean and r.up_sent > 0 and r.up_passes == 1])
+    h_w = median([r.up_latency_s / r.up_sent for r in recs
+                   if r.role == "worker" and r.round in clean and r.up_sent > 0 and r.up_passes == 1], finite=True, empty=None)
     return h_w, _broadcast_datagram_time(recs, down_clean)
 
 

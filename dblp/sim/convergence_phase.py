@@ -49,6 +49,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from ..stats import median
 from .convergence import F_MEASURED, PhaseModel, crossings, nelder_mead, noise_rmse, rmse
 from .convergence_runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, PHASE_WORKLOADS, Curve,
                                clr_labels, load_curves, measure_phases, split)
@@ -153,10 +154,10 @@ def summarize_errors(rows: Sequence[dict]) -> dict[str, float]:
     for t in sorted({r["target"] for r in rows}):
         e = sorted(abs(r["rel_err"]) for r in rows if r["target"] == t and math.isfinite(r["rel_err"]))
         every += e
-        out[f"median_{t:g}"] = _median(e)
+        out[f"median_{t:g}"] = median(e)
         out[f"worst_{t:g}"] = e[-1] if e else math.nan
     every.sort()
-    out["median"] = _median(every)
+    out["median"] = median(every)
     out["worst"] = every[-1] if every else math.nan
     return out
 
@@ -187,13 +188,6 @@ class _Noop(PhaseModel):
 
     def __init__(self) -> None:
         super().__init__(a=0.5, tau=1.0, k=1.0, m=1.0, w_crit=0.0, w_calm=0.0)
-
-
-def _median(v: Sequence[float]) -> float:
-    if not v:
-        return math.nan
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 def by_workload(curves: Sequence[Curve]) -> dict[str, list[Curve]]:
