@@ -183,6 +183,13 @@ def control_keys(secret: bytes, nonce_worker: bytes, nonce_server: bytes, hello:
             hmac.new(base, b"server->worker", hashlib.sha256).digest())
 
 
+def message_tag(secret: bytes, label: bytes, data: bytes, size: int = 32) -> bytes:
+    """HMAC-SHA256 of ``label + data`` under ``secret``, its first ``size`` bytes: the tag of a message
+    outside the control stream (the shard servers' norm exchange, :class:`dblp.shard.NormExchange`),
+    whose ``label`` names the purpose and the sender's role so that a tag serves no other."""
+    return hmac.new(secret, label + data, hashlib.sha256).digest()[:size]
+
+
 # -- data: the per-run key and the datagram tag -----------------------------------------------
 def data_key(secret: bytes, run_id: int) -> bytes:
     """The run's 16-byte AES-GMAC key: HKDF-SHA256 of the secret, bound to the run id."""

@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Sequence
 
+from . import auth
 from .records import RecordWriter, RoundRecord
 from .staging import HostStaging, ResultPool
 from .transport import FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, accept_logins, connect_retry
@@ -51,6 +52,11 @@ _TAG = 16
 _NONCE = 16
 #: one message of the norm exchange on the wire (the simulator prices its control frames by it)
 NORM_MESSAGE_BYTES = _MSG.size + _TAG
+
+
+def _norm_label(sender_is_hub: bool) -> bytes:
+    """The norm exchange's tag label: its purpose and the sender's role (a reflected message fails)."""
+    return b"dblp-shard-norm/" + (b"hub" if sender_is_hub else b"peer")
 
 
 def shard_bounds(elements: int, shards: int) -> list[tuple[int, int]]:
@@ -134,8 +140,7 @@ class NormExchange:
         sender's role, so a message reflected back to its sender is refused."""
         if self.secret is None:
             return bytes(_TAG)
-        role = b"hub" if sender_is_hub else b"peer"
-        return hmac.new(self.secret, b"dblp-shard-norm/" + role + nonce + body, "sha256").digest()[:_TAG]
+        return auth.message_tag(self.secret, _norm_label(sender_is_hub), nonce + body, _TAG)
 
     def _send(self, conn: socket.socket, nonce: bytes, round_no: int, shard: int, value: float) -> None:
         body = _MSG.pack(round_no & 0xFFFFFFFF, shard, value)

@@ -269,6 +269,22 @@ def test_norm_exchange_refuses_its_own_message_reflected():
     assert isinstance(errors[0], NormExchangeError) and "without this run's tag" in str(errors[0])
 
 
+def test_norm_tag_is_the_auth_modules_message_tag_as_the_wire_has_it():
+    """The norm exchange tags with dblp.auth's one message MAC: HMAC-SHA256 of the purpose, the
+    sender's role, the connection's nonce and the message, cut to 16 bytes (the wire as it was)."""
+    import hashlib
+    import hmac
+
+    from dblp import auth
+
+    x = NormExchange(1, 2, ("127.0.0.1", 1), SECRET, timeout=1, connect_timeout=1)
+    body = b"b" * 14
+    want = hmac.new(SECRET, b"dblp-shard-norm/peer" + b"n" * 16 + body, hashlib.sha256).digest()[:16]
+    assert x._tag(b"n" * 16, body, False) == want
+    assert auth.message_tag(SECRET, b"dblp-shard-norm/peer", b"n" * 16 + body, 16) == want
+    assert x._tag(b"n" * 16, body, True) != want  # the hub's role gives another tag
+
+
 def _raises(f, *args) -> BaseException | None:
     try:
         f(*args)
