@@ -42,8 +42,9 @@ first 16 bytes of HMAC-SHA256(key, seq | type | body) under the connection's
 key of that direction (:func:`dblp.auth.control_keys`). A frame whose tag
 does not verify (``forged``), whose sequence number was used (``replayed``)
 or skips ahead (``reordered``) is refused - dropped and counted by the
-:class:`ControlDecoder`, never acted on - and the stream goes on with the next
-frame. Before login a frame's length is checked against the decoder's limit
+:class:`ControlDecoder`, never acted on; the decoder reads on with the next
+frame, and the transport ends the connection as tampered with
+(:class:`dblp.transport.TamperError`). Before login a frame's length is checked against the decoder's limit
 (``max_frame``) as soon as its 5-byte header is in, before its body is buffered.
 
 HELD and COMMON exist only in the ``intersect`` consistency mode
@@ -153,6 +154,18 @@ class Stop:
 @dataclass(frozen=True)
 class Bye:
     reason: str
+
+
+#: The start of a BYE's reason when its sender failed (an error, a tampered stream), not finished: the
+#: other side then treats the connection as lost (the server's ``--on-worker-loss``), not as a goodbye.
+FAILED = "failed: "
+
+
+def failure_of(reason: str | None) -> str | None:
+    """What a failed peer's BYE says went wrong; None for an orderly goodbye (or no BYE)."""
+    if reason is not None and reason.startswith(FAILED):
+        return reason[len(FAILED):]
+    return None
 
 
 @dataclass(frozen=True)
@@ -428,6 +441,7 @@ class ControlDecoder:
         self._held = False
         self.refused: dict[str, int] = dict.fromkeys(REFUSALS, 0)
         self.last_refused: Message | None = None  # what the last refused frame said, if it decodes
+        self.first_refused: Message | None = None  # and the first: where the stream stopped being the peer's
 
     def key(self, mac: ControlMac) -> None:
         """From now on every frame must be authenticated under ``mac`` (held bytes included)."""
@@ -485,6 +499,8 @@ class ControlDecoder:
                 break
             except ControlError:
                 pass
+        if self.refused_total == 1:
+            self.first_refused = self.last_refused
         return None
 
     @property

@@ -31,14 +31,14 @@ from .forkparse import ForkParsers, ParseFailed
 from .hostlocal import LocalSlot, LocalSlotError
 from .pacing import MIN_SAMPLE
 from .policy import Policy, ReliablePolicy
-from .records import RecordWriter
+from .records import RecordWriter, RoundRecord
 from .reduce import DEFAULT_MAX_NORM, MODES, guarded_mean_norm
 from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
 from .transport import (DEFAULT_PEER_TIMEOUT_S, FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError,
-                        accept_logins, pump, pump_parallel)
+                        TAMPERED, TamperError, accept_logins, pump, pump_parallel)
 from .udp import DataSocket, family_of, layout_mtu, resolve_mtu
 from .wire import DEFAULT_MTU, ChunkLayout, ParameterError
 
@@ -546,7 +546,10 @@ class ParameterServer:
 
     def _on_message_locked(self, peer: Peer, msg: ctl.Message) -> None:
         if isinstance(msg, ctl.Bye):
-            log.info("%s left: %s", peer.name, msg.reason)
+            if ctl.failure_of(msg.reason) is not None:  # judged as a loss by the round (--on-worker-loss)
+                log.warning("%s left, failing: %s", peer.name, ctl.failure_of(msg.reason))
+            else:
+                log.info("%s left: %s", peer.name, msg.reason)
         elif self.session is not None:
             w = next((w.wid for w in self.workers if w.peer is peer), None)
             if w is not None:
@@ -620,6 +623,14 @@ class ParameterServer:
         if not self.workers:
             raise ServerError(f"round {self.round}: all workers lost ({exc})") from exc
         log.error("round %d: %s; continuing with %d of %d workers", self.round, exc, len(self.workers),
+        if isinstance(exc, TamperError) or (exc.peer is not None and TAMPERED in (ctl.failure_of(exc.peer.bye) or "")):
+            # a tampered stream (found here, or by the worker): the failed round as a record, with the reason
+            for w in lost:
+                c = self.session.context
+                self._writer.write(RoundRecord(source=c.source, role="server", worker=w.wid, round=self.round,
+                                               policy=c.policy, order=c.order,
+                                               extra={"failed": str(exc),
+                                                      "control_refused": dict(w.peer.decoder.refused)}))
                   self.cfg.workers)
 
     def _pump(self, until, wake: socket.socket | None = None) -> None:
@@ -674,7 +685,10 @@ class ParameterServer:
         while s.phase is Phase.UPSTREAM:
             self._pump(lambda: s.wants_poll() or any(w.peer.closed for w in self.workers))
             for w in [w for w in self.workers if w.peer.closed]:
-                if w.peer.bye is None or w.peer.receiver.received:  # died, or left mid-round
+                failed = ctl.failure_of(w.peer.bye)
+                if failed is not None:  # its goodbye says it failed: a loss, not an orderly end
+                    self._drop_worker(PeerError(f"{w.peer.name} failed: {failed}", w.peer))
+                elif w.peer.bye is None or w.peer.receiver.received:  # died, or left mid-round
                     why = "left in the middle of" if w.peer.bye is not None else "connection lost before"
                     self._drop_worker(PeerError(f"{w.peer.name}: {why} round {self.round}", w.peer))
                 else:
@@ -726,7 +740,10 @@ class ParameterServer:
             s.poll(time.monotonic())
             self._dispatch()
             for w in [w for w in self.workers if w.peer.closed and not s.broadcast_done(w.wid)]:
-                self._drop_worker(PeerError(f"{w.peer.name}: left in the middle of round {finished}", w.peer))
+                failed = ctl.failure_of(w.peer.bye)
+                why = f" failed: {failed}" if failed is not None else ":"
+                self._drop_worker(PeerError(f"{w.peer.name}{why} left in the middle of round {finished}"
+                                            if failed is None else f"{w.peer.name}{why}", w.peer))
         return True
 
     def _exchange_norm(self, round_no: int, sq_norm: float) -> float:
@@ -775,12 +792,16 @@ class ParameterServer:
                     break
                 served += 1
         finally:
-            self.close()
+            self.close(ending)
+        ending = "server shutting down"
         return served
 
-    def close(self) -> None:
+    def close(self, reason: str = "server shutting down") -> None:
         for w in self.workers:
-            _close_peer(w.peer, "server shutting down")
+            _close_peer(w.peer, reason)
+        except Exception as exc:  # the workers are told why, in a failure BYE (not "shutting down")
+            ending = f"{ctl.FAILED}{exc}"
+            raise
         self.workers = []
         self.listener.close()
         self._writer.close()

@@ -42,7 +42,7 @@ from .records import RecordWriter, RoundRecord
 from .staging import HostStaging, ResultPool
 from .transport import FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, accept_logins, connect_retry
 from .wire import ParameterError
-from .worker import Worker
+from .worker import Worker, failed_reason
 
 log = logging.getLogger("dblp.shard")
 
@@ -388,8 +388,8 @@ class ShardedWorker:
     def __enter__(self) -> "ShardedWorker":
         return self.connect()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close(failed_reason(exc))  # a failure BYE to every shard server when leaving with an error
 
 
 def find_local_shard(servers: Sequence[tuple[str, int]], worker_id: int = -1) -> int | None:

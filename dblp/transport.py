@@ -76,11 +76,6 @@ def accept_logins(listener: socket.socket, pending: Callable[[], int], max_pendi
     return False
 
 
-def listen_backlog(listener: socket.socket) -> None:
-    """A deep accept queue (the kernel caps it at net.core.somaxconn)."""
-    listener.listen(LISTEN_BACKLOG)
-
-
 class PeerError(RuntimeError):
     """The peer closed, failed or went silent; the message names it."""
 

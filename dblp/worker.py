@@ -26,7 +26,7 @@ from .pacing import make_pacer
 from .records import RecordWriter, RoundRecord
 from .session import RecordContext, WorkerSession
 from .staging import HostStaging, ResultPool
-from .transport import DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, connect_retry, pump
+from .transport import DEFAULT_PEER_TIMEOUT_S, TAMPERED, Peer, PeerError, TamperError, connect_retry, pump
 from .udp import DataSocket, route_mtu, layout_mtu as link_layout_mtu
 from .wire import ChunkLayout, ParameterError
 
@@ -214,10 +214,24 @@ class Worker:
         except PeerError as exc:
             raise WorkerError(f"worker {getattr(self, 'worker_id', '?')}, round {self.round}, waiting for {what}: {exc}") from exc
         if self._bye is not None and not until():
+            if isinstance(exc, TamperError):
+                self._record_failure(str(exc))
             raise WorkerError(f"server ended the run while worker waited for {what}: {self._bye}")
 
+            if TAMPERED in (ctl.failure_of(self._bye) or ""):  # the server found a stream of this run tampered
+                self._record_failure(f"the server ended the run: {ctl.failure_of(self._bye)}")
     @property
     def round(self) -> int:
+    def _record_failure(self, why: str) -> None:
+        """The round that failed, as a record of its own (``extra["failed"]``, latencies NaN): a run
+        ended by tampering says so where its rounds are, with the refusals counted."""
+        if self.session is None:
+            return
+        c = self.session.context
+        self._writer.write(RoundRecord(source=c.source, role="worker", worker=self.worker_id, round=self.round,
+                                       policy=c.policy, order=c.order, chunks=c.count(self.layout.chunks),
+                                       extra={"failed": why, "control_refused": dict(self.peer.decoder.refused)}))
+
         return self.session.round if self.session is not None else 0
 
     # -- the step ----------------------------------------------------------------------
@@ -283,6 +297,15 @@ class Worker:
     def __enter__(self) -> "Worker":
         return self.connect() if self.peer is None else self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
+        self.close(failed_reason(exc))
+
+
+def failed_reason(exc: BaseException | None) -> str:
+    """The goodbye of a worker leaving with ``exc`` raised: a failure BYE (:data:`dblp.control.FAILED`)
+    for an error, so the server applies ``--on-worker-loss`` instead of taking it for an orderly end;
+    "worker done" without one, and for Ctrl-C or an exit (the run is being stopped, not failing)."""
+    if exc is None or not isinstance(exc, Exception):
+        return "worker done"
+    return f"{ctl.FAILED}{exc}" if isinstance(exc, WorkerError) else f"{ctl.FAILED}{type(exc).__name__}: {exc}"
 

@@ -180,17 +180,14 @@ def _run(tmp_path: Path, insecure: bool) -> tuple[list[int], OnPath, list]:
     return exact, proxy, recs
 
 
-def test_an_on_path_attacker_cannot_inject_or_replay_control_messages(tmp_path):
-    exact, proxy, recs = _run(tmp_path, insecure=False)
-    assert sorted(proxy.injected) == ["forged BYE", "forged ROUND", "replayed ROUND"]
-    assert exact == [ROUNDS, ROUNDS]  # every round bit-exact at both workers
-    w0 = [r for r in recs if r.role == "worker" and r.worker == 0]
-    assert [r.tolerance_down for r in w0] == [0.0] * ROUNDS  # the forged 0.99 was never applied
-    assert w0[-1].extra["control_refused"] == {"forged": 1, "replayed": 1, "reordered": 0}
-    srv_last = [r for r in recs if r.role == "server"][-1]
-    assert srv_last.extra["control_refused"] == {"forged": 1}  # the BYE: the run went on
-    assert tolerance_mismatches(recs) == []
-    assert analysis_main(["check", str(tmp_path)]) == 0  # python -m dblp.analysis check: all agree
+def test_an_on_path_attacker_can_end_an_authenticated_run_but_never_change_it(tmp_path):
+    """The forged ROUND, the replay and the forged BYE of the proxy: the first one the worker refuses
+    ends the run at once, naming tampering (tests/test_hostile_tamper.py: each case, and its timing)."""
+    with pytest.raises(AssertionError, match="control stream of worker 0 failed authentication: 1 forged"):
+        _run(tmp_path, insecure=False)  # (the BYE behind the worker's first tagged frame comes first)
+    w0 = list(read_records(tmp_path / "worker0.jsonl"))
+    assert all(r.tolerance_down == 0.0 for r in w0)  # 0.99 never applied
+    assert "failed authentication" in w0[-1].extra["failed"]
 
 
 def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp_path):
@@ -450,7 +447,7 @@ def test_a_non_finite_norm_never_reaches_the_clr_detector():
     for k, norm in enumerate([1.0, 1.0, float("nan")]):
         s.round, s.phase = k, Phase.REDUCE
         s.broadcast(norm, 0.0)
-    assert (s._p_down, s._clr, s._extra) == (policy.p_low, True, {"norm_not_finite": True})
+    assert (s._p_down, s._clr, s._extra.get("norm_not_finite")) == (policy.p_low, True, True)
 
 
 def test_a_nan_and_1e30_insider_leaves_the_others_means_exact_and_is_recorded(tmp_path):

@@ -48,6 +48,7 @@ from dblp.policy import run_policy
 from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import AllreduceExchange
 from dblp.watch import end_process_group
+from dblp.worker import failed_reason
 from dblp.udp import is_loopback
 from dblp.wire import AUTO_MTU, ParameterError
 
@@ -230,7 +231,8 @@ class DBLPComm:
             return
         self._closed = True  # training failed: leave, stop the server, let the error through
         atexit.unregister(self._close_at_exit)
-        self.worker.close("training failed")
+        # a failure BYE for an error (the server applies --on-worker-loss), not a goodbye
+        self.worker.close(failed_reason(exc) if isinstance(exc, Exception) else "training stopped")
         self._stop_server()
 
     @property
