@@ -84,6 +84,34 @@ class PeerError(RuntimeError):
         self.peer = peer
 
 
+#: The words every tamper message carries: the other side, told by a failure BYE, can tell it from a crash.
+TAMPERED = "failed authentication"
+
+
+class TamperError(PeerError):
+    """An authenticated control stream carried a frame that is not the peer's (refused: forged,
+    replayed, out of order) or bytes that are no frame at all. TCP hands over the peer's bytes
+    whole and in order, so either means someone on the path wrote into the stream; waiting for
+    the real frames is hopeless (TCP took the injected bytes in their place), so the connection
+    ends at once, under this name, instead of after the peer timeout as "peer dead"."""
+
+
+def tamper_message(name: str, decoder: ctl.ControlDecoder, error: ctl.ControlError | None = None) -> str:
+    """The one-line reason a tampered control stream ends: what was refused, by kind, and what the
+    last refused frame said (or why the bytes are no frame)."""
+    r = decoder.refused
+    kinds = [f"{r['forged']} forged"] if r["forged"] else []
+    kinds += [f"{r['replayed']} replayed"] if r["replayed"] else []
+    kinds += [f"{r['reordered']} out of order"] if r["reordered"] else []
+    what = ", ".join(kinds)
+    if error is not None:
+        what = f"{what + '; ' if what else ''}bytes that are no frame ({error})"
+    first = decoder.first_refused
+    said = f"; the first refused said {first!r}" if first is not None else ""
+    return (f"control stream of {name} {TAMPERED}: {what}; ending the run (an on-path "
+            f"attacker wrote into the stream: nothing it sent was applied){said}")
+
+
 class Peer:
     def __init__(
         self,
@@ -246,12 +274,19 @@ class Peer:
         try:
             msgs = self.decoder.feed(data)
         except ctl.ControlError as exc:
+            if self.decoder.mac is not None:  # after the handshake: the framing was broken on the path
+                raise TamperError(tamper_message(self.name, self.decoder, exc), self) from exc
             raise PeerError(f"{self.name}: protocol error on the control channel: {exc}", self) from exc
-        if self.decoder.refused_total != refused and _worth_logging(refused, self.decoder.refused_total):
-            log.warning("%s: %d control message(s) refused as not from this peer (%s); last: %r", self.name,
-                        self.decoder.refused_total - refused,
-                        ", ".join(f"{k} {v}" for k, v in self.decoder.refused.items() if v),
-                        self.decoder.last_refused)
+        if self.decoder.refused_total != refused:
+            said = self.decoder.last_refused
+            if self.decoder.mac is not None and self.decoder.mac.seq == 0 and isinstance(said, ctl.Bye) \
+                    and self.decoder.refused_total == self.decoder.refused["forged"]:
+                # Nothing authenticated yet, and an untagged BYE: the server's refusal of this login
+                # sent before it held the keys (a timeout, its own failure), or an injected one.
+                self.closed = True
+                raise PeerError(f"{self.name}: ended the login with an unauthenticated BYE (its own "
+                                f"refusal before the keys, or injected on the path): {said.reason}", self)
+            raise TamperError(tamper_message(self.name, self.decoder), self)
         for m in msgs:
             self.dispatch(m, now)
 
@@ -372,12 +407,6 @@ class Peer:
             for m in s.control_to_send():
                 self.send_control(m)
         return s.ready(now)
-
-
-def _worth_logging(before: int, after: int) -> bool:
-    """Whether refusals going from ``before`` to ``after`` are logged: the first ten, then at each
-    power of ten (an injector cannot flood the log; the records count them all)."""
-    return before < 10 or len(str(after)) > len(str(before))
 
 
 def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
