@@ -616,13 +616,6 @@ class ParameterServer:
                             f"(process stopped, host down or path cut)")
         else:
             lost = [w for w in self.workers if w.peer is exc.peer]
-        if self.cfg.on_worker_loss == "exit" or not lost:
-            raise ServerError(f"round {self.round}: {exc}") from exc
-        for w in lost:
-            self._remove(w)
-        if not self.workers:
-            raise ServerError(f"round {self.round}: all workers lost ({exc})") from exc
-        log.error("round %d: %s; continuing with %d of %d workers", self.round, exc, len(self.workers),
         if isinstance(exc, TamperError) or (exc.peer is not None and TAMPERED in (ctl.failure_of(exc.peer.bye) or "")):
             # a tampered stream (found here, or by the worker): the failed round as a record, with the reason
             for w in lost:
@@ -631,6 +624,13 @@ class ParameterServer:
                                                policy=c.policy, order=c.order,
                                                extra={"failed": str(exc),
                                                       "control_refused": dict(w.peer.decoder.refused)}))
+        if self.cfg.on_worker_loss == "exit" or not lost:
+            raise ServerError(f"round {self.round}: {exc}") from exc
+        for w in lost:
+            self._remove(w)
+        if not self.workers:
+            raise ServerError(f"round {self.round}: all workers lost ({exc})") from exc
+        log.error("round %d: %s; continuing with %d of %d workers", self.round, exc, len(self.workers),
                   self.cfg.workers)
 
     def _pump(self, until, wake: socket.socket | None = None) -> None:
@@ -786,22 +786,22 @@ class ParameterServer:
         self.session.start(time.monotonic())
         self._dispatch()
         served = 0
+        ending = "server shutting down"
         try:
             while self.cfg.rounds is None or served < self.cfg.rounds:
                 if not self.serve_round():
                     break
                 served += 1
+        except Exception as exc:  # the workers are told why, in a failure BYE (not "shutting down")
+            ending = f"{ctl.FAILED}{exc}"
+            raise
         finally:
             self.close(ending)
-        ending = "server shutting down"
         return served
 
     def close(self, reason: str = "server shutting down") -> None:
         for w in self.workers:
             _close_peer(w.peer, reason)
-        except Exception as exc:  # the workers are told why, in a failure BYE (not "shutting down")
-            ending = f"{ctl.FAILED}{exc}"
-            raise
         self.workers = []
         self.listener.close()
         self._writer.close()

@@ -212,16 +212,14 @@ class Worker:
         try:
             pump([self.peer], lambda: until() or self._bye is not None, timeout=self.peer_timeout)
         except PeerError as exc:
-            raise WorkerError(f"worker {getattr(self, 'worker_id', '?')}, round {self.round}, waiting for {what}: {exc}") from exc
-        if self._bye is not None and not until():
             if isinstance(exc, TamperError):
                 self._record_failure(str(exc))
-            raise WorkerError(f"server ended the run while worker waited for {what}: {self._bye}")
-
+            raise WorkerError(f"worker {getattr(self, 'worker_id', '?')}, round {self.round}, waiting for {what}: {exc}") from exc
+        if self._bye is not None and not until():
             if TAMPERED in (ctl.failure_of(self._bye) or ""):  # the server found a stream of this run tampered
                 self._record_failure(f"the server ended the run: {ctl.failure_of(self._bye)}")
-    @property
-    def round(self) -> int:
+            raise WorkerError(f"server ended the run while worker waited for {what}: {self._bye}")
+
     def _record_failure(self, why: str) -> None:
         """The round that failed, as a record of its own (``extra["failed"]``, latencies NaN): a run
         ended by tampering says so where its rounds are, with the refusals counted."""
@@ -232,6 +230,8 @@ class Worker:
                                        policy=c.policy, order=c.order, chunks=c.count(self.layout.chunks),
                                        extra={"failed": why, "control_refused": dict(self.peer.decoder.refused)}))
 
+    @property
+    def round(self) -> int:
         return self.session.round if self.session is not None else 0
 
     # -- the step ----------------------------------------------------------------------
