@@ -12,7 +12,9 @@ running beside it keeps its shells, bridges and links:
 1. state files ``/run/dblpem/<run>.json`` of runs whose process is gone (its
    pid, or its pid now names a process with another start time): kill every
    process in the run's host namespaces, delete the bridges and switch-side
-   veths it recorded, restore the sysctls it changed;
+   veths it recorded, restore the sysctls it changed - the machine's own values, as recorded in
+   ``/run/dblpem/machine.settings`` by the first run that changed them, once no run is live (a
+   live run restores them at its end: the record outlives the dead run's state file);
 2. processes tagged ``DBLPEM_RUN=<run>`` whose run is gone (the run's Mininet
    shells and what ``EmuNet.popen`` started), and every process in their
    namespaces when those carry the run's label; ``mininet:`` shells without
@@ -50,8 +52,8 @@ from typing import Callable
 from dblp import hostlocal
 from traces.units import HelpFormatter
 
-from .runstate import (RunLock, RunStates, netns_label, netns_label_of, owned_netns, pid_alive, read_states,
-                       run_tag, stale_bridge, state_dir)
+from .runstate import (RunLock, RunStates, forget_machine_sysctls, machine_path, machine_sysctls, netns_label,
+                       netns_label_of, owned_netns, pid_alive, read_states, run_tag, stale_bridge, state_dir)
 from .sysutil import (kill_pids, links, netns_inode, pids_by_netns, pids_with_cmdline_prefix, proc_start,
                       root_netns_inode, run, sysctl_get, sysctl_set)
 from traces.argtypes import add_verbosity, add_version
@@ -238,18 +240,28 @@ def _cleanup_locked(done: dict[str, list], say: Callable[[str], None], dry_run: 
         done["state_files"].append(str(f))
         if not dry_run:
             f.unlink(missing_ok=True)
+    # the machine's record of its own values beats what a dead run recorded (a run started after
+    # another's kill -9 recorded the changed value as its "before")
+    machine = machine_sysctls(registry)
+    restore.update(machine)
     # a live run still needs its settings and restores them itself; with a private registry the
     # machine's runs count too (a test's dead run must not restore under a live run's feet)
     live = set(states.live) | (set(read_states().live) if registry is not None else set())
     if restore and live:
-        say(f"keeping the sysctls the dead runs changed: {len(live)} run{'s' * (len(live) != 1)} still live")
+        say(f"keeping the sysctls the dead runs changed: {len(live)} run{'s' * (len(live) != 1)} still live"
+            + (f"; the machine's own values stay recorded in {machine_path(registry)} for the last run "
+               f"to restore" if machine else ""))
     if not live:
+        failed = []
         for key, val in restore.items():
             if sysctl_get(key) != val:
                 say(f"restoring sysctl {key} = {val}")
                 done["sysctls"].append(key)
-                if not dry_run:
-                    sysctl_set(key, val)
+                if not dry_run and not sysctl_set(key, val):
+                    failed.append(key)
+        if machine and not dry_run and not failed:
+            forget_machine_sysctls(registry)  # back in place, and no run left to change them
+            done["state_files"].append(str(machine_path(registry)))
 
     # 2. processes a dead run started (its Mininet shells included)
     if plan.processes:
@@ -319,7 +331,9 @@ def leftovers(registry: Path | None = None) -> dict[str, list]:
             "nft_tables": [n for _, n in plan.nft_tables],
             "netns": plan.netns,
             "slots": [str(p) for p in plan.slots],
-            "state_files": [str(f) for f, _ in plan.dead_runs]}
+            # the machine's record of its own values once no run is left to restore it
+            "state_files": [str(f) for f, _ in plan.dead_runs]
+            + ([str(machine_path(registry))] if machine_sysctls(registry) and not states.live else [])}
 
 
 def _netns_names() -> list[str]:

@@ -49,7 +49,8 @@ from dblp.wire import MAX_MTU, MIN_MTU
 from .bridge import IPBridge
 from .mnlink import ShapedLink
 from .shaping import Shape, apply_shape, qdisc_stats
-from .runstate import STATE_DIR, RunLock, netns_label, read_states, record_teardown, tagged_env, teardown_summary, write_state
+from .runstate import (STATE_DIR, RunLock, forget_machine_sysctls, netns_label, read_states, record_machine_sysctls,
+                       record_teardown, tagged_env, teardown_summary, write_state)
 from .sysutil import (BRIDGE_NF_SYSCTLS, RUN_ENV, kill_pids, netns_inode, pids_by_netns, pids_in_netns, pids_with_env,
                       proc_start, run, sysctl_get, sysctl_set)
 
@@ -299,8 +300,10 @@ class EmuNet:
                 changed = [k for k, v in self._saved_sysctls.items() if sysctl_get(k) != v]
                 if changed:
                     left.append(f"sysctls {', '.join(changed)} not restored")
-                elif self._saved_sysctls:
-                    removed.append("sysctls restored")
+                else:
+                    forget_machine_sysctls(self.state_file.parent)  # back in place, and no run left to change them
+                    if self._saved_sysctls:
+                        removed.append("sysctls restored")
             elif self._saved_sysctls:
                 removed.append(f"sysctls kept for {len(others)} other live run{'s' * (len(others) != 1)}")
             self.state_file.unlink(missing_ok=True)
@@ -355,14 +358,18 @@ class EmuNet:
 
     # ---------------------------------------------------------------- state
     def _save_sysctls(self, live: dict[str, dict]) -> None:
-        """Remember original sysctl values: a live run's record of them, else the current ones."""
+        """Remember original sysctl values: the machine's record of them (written now if there is none:
+        :func:`emulation.runstate.record_machine_sysctls`, which a kill -9 and a cleanup leave in place
+        while a run lives), else a live run's record, else the current ones."""
         inherited: dict[str, str] = {}
         for st in live.values():
             inherited.update(st.get("sysctls") or {})
+        current: dict[str, str] = {}
         for key in BRIDGE_NF_SYSCTLS + MININET_SYSCTLS:
             val = inherited.get(key, sysctl_get(key))
             if val is not None:
-                self._saved_sysctls[key] = val
+                current[key] = val
+        self._saved_sysctls.update(record_machine_sysctls(current, self.state_file.parent))
 
     def _restore_sysctls(self) -> None:
         for key, val in self._saved_sysctls.items():

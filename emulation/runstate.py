@@ -323,3 +323,65 @@ def write_state(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     tmp.replace(path)
+
+
+# -- the machine's own settings, recorded once ------------------------------------------------------------
+#: The file that holds the machine's own sysctl values as they were before the first run changed them
+#: (not ``*.json``: :func:`read_states` reads those as runs).
+MACHINE_FILE = "machine.settings"
+
+
+def machine_path(directory: Path | None = None) -> Path:
+    """Where the machine's record of its own settings lives (beside the runs' state files)."""
+    return state_dir(directory) / MACHINE_FILE
+
+
+def machine_sysctls(directory: Path | None = None) -> dict[str, str]:
+    """The machine's own sysctl values, as recorded by the first run that changed them ({}: none recorded)."""
+    try:
+        rec = json.loads(machine_path(directory).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    got = rec.get("sysctls") if isinstance(rec, dict) else None
+    return {str(k): str(v) for k, v in got.items()} if isinstance(got, dict) else {}
+
+
+def record_machine_sysctls(current: dict[str, str], directory: Path | None = None) -> dict[str, str]:
+    """The original values of ``current``'s keys, recorded for the machine before a run changes them.
+
+    Why: a run's state file dies with the run's cleanup, and a run started after another was
+    killed sees the changed values as "current". The machine's record is written once (the
+    first writer of a key wins, under the caller's :class:`RunLock`), outlives every run and
+    cleanup while any run lives, and is removed only by whoever restores it with no run left
+    (:func:`forget_machine_sysctls`). Without a record yet, a run's state file (a killed run of
+    a version before the record) still beats ``current``."""
+    recorded = machine_sysctls(directory)
+    originals = dict(recorded)
+    if not originals:
+        for _, st in _all_states(directory):
+            for k, v in (st.get("sysctls") or {}).items():
+                originals.setdefault(str(k), str(v))
+    out = {k: originals.get(k, v) for k, v in current.items()}
+    if {**recorded, **out} != recorded:
+        write_state(machine_path(directory), {"sysctls": {**recorded, **out},
+                                              "note": "this machine's own values, before a dblpem run changed them"})
+    return out
+
+
+def forget_machine_sysctls(directory: Path | None = None) -> None:
+    """Drop the machine's record: its values are back in place and no run is left to change them."""
+    machine_path(directory).unlink(missing_ok=True)
+
+
+def _all_states(directory: Path | None) -> list[tuple[Path, dict]]:
+    """Every run's state file (live or dead), for the originals a run recorded."""
+    d = state_dir(directory)
+    out = []
+    for f in sorted(d.glob("*.json")) if d.is_dir() else []:
+        try:
+            st = json.loads(f.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(st, dict):
+            out.append((f, st))
+    return out

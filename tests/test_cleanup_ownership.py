@@ -163,3 +163,51 @@ def test_a_private_registry_never_restores_sysctls_under_a_live_run(tmp_path, mo
     assert cleanup(dry_run=True, verbose=False, registry=private)["sysctls"] == [key]  # nothing live: restore
     write_state(machine / "live.json", {"run_id": "live", "pid": os.getpid(), "pid_start": proc_start(os.getpid())})
     assert cleanup(dry_run=True, verbose=False, registry=private)["sysctls"] == []
+
+
+def test_the_machine_record_keeps_the_first_runs_originals(tmp_path):
+    """The first run to change a setting records the machine's value; a later run that sees the changed
+    value (its predecessor killed with -9) gets the recorded original back, not what it sees."""
+    from emulation.runstate import forget_machine_sysctls, machine_path, machine_sysctls, record_machine_sysctls
+
+    d = tmp_path / "reg"
+    assert record_machine_sysctls({"a": "1", "b": "1"}, d) == {"a": "1", "b": "1"}
+    assert machine_path(d).name == "machine.settings" and not read_states(directory=d).dead  # not a run's file
+    assert record_machine_sysctls({"a": "0", "b": "0", "c": "5"}, d) == {"a": "1", "b": "1", "c": "5"}
+    assert machine_sysctls(d) == {"a": "1", "b": "1", "c": "5"}
+    forget_machine_sysctls(d)
+    assert machine_sysctls(d) == {} and not machine_path(d).exists()
+    # no record, but a killed run of the version before it: its state file's "before" still counts
+    write_state(d / "old.json", {"run_id": "old", "pid": 0, "sysctls": {"a": "1"}})
+    assert record_machine_sysctls({"a": "0", "b": "0"}, d) == {"a": "1", "b": "0"}
+
+
+@NEEDS_ROOT
+def test_cleanup_during_a_second_run_keeps_the_machines_record(tmp_path, monkeypatch, capsys):
+    """The issue's sequence, in a private registry: run A (dead, killed with -9) recorded the original 1;
+    run B (live) started after the kill and saw 0. Cleanup during B removes A's state file and keeps
+    the machine's record; with B gone, the value restored is the machine's 1, never B's 0."""
+    from emulation import runstate
+    from emulation.cleanup import cleanup, leftovers
+    from emulation.runstate import machine_path, machine_sysctls, record_machine_sysctls
+
+    key = "dblp.test.not_a_real_sysctl"  # no such key: nothing is written to the machine
+    private = tmp_path / "private"
+    monkeypatch.setattr(runstate, "STATE_DIR", tmp_path / "machine")  # the machine's registry: nothing live
+    assert record_machine_sysctls({key: "1"}, private) == {key: "1"}  # run A, before it changed anything
+    write_state(private / "a.json", {"run_id": "a", "pid": 0, "sysctls": {key: "1"}})  # then killed with -9
+    saw = record_machine_sysctls({key: "0"}, private)  # run B starts and reads the changed 0
+    assert saw == {key: "1"}
+    write_state(private / "b.json", {"run_id": "b", "pid": os.getpid(), "pid_start": proc_start(os.getpid()),
+                                     "sysctls": {key: "0"}})  # (as B's state file would say before the record)
+    done = cleanup(verbose=True, registry=private)
+    out = capsys.readouterr().out
+    assert done["state_files"] == [str(private / "a.json")] and done["sysctls"] == []
+    assert f"stay recorded in {machine_path(private)}" in out, out
+    assert machine_sysctls(private) == {key: "1"}  # the only record of the original survives the cleanup
+    (private / "b.json").unlink()  # B ends (its teardown restores the record's values and forgets it; here: a kill)
+    assert leftovers(registry=private)["state_files"] == [str(machine_path(private))]
+    done = cleanup(verbose=True, registry=private)
+    out = capsys.readouterr().out
+    assert f"restoring sysctl {key} = 1" in out and done["sysctls"] == [key], out
+    assert machine_sysctls(private) == {key: "1"}  # (the key does not exist: not restored, so kept)
