@@ -20,6 +20,8 @@ import pytest
 
 import dblp.control as ctl
 import dblp.sim.fast as fast
+import dblp.sim.roundflow as roundflow
+import dblp.sim.roundkit as roundkit
 from dblp.sim import SimConfig, simulate
 from dblp.sim.flow import pass_remaining
 
@@ -85,7 +87,7 @@ class _ProcessFlow(fast.RoundFlow):
                 self.limit = self.n
                 self.seqbuf = s.pass_chunks
                 self.leave, self.taken, self.in_pass = None, 0, True
-                self.d_slot, self.d_t, self.dpos = fast._EMPTY_I, fast._EMPTY_F, 0
+                self.d_slot, self.d_t, self.dpos = roundkit._EMPTY_I, roundkit._EMPTY_F, 0
                 self.host.join(self)
             else:
                 t = s.get_timer()
@@ -153,10 +155,10 @@ def test_quiet_gc_only_raises_the_youngest_threshold() -> None:
     try:
         gc.set_threshold(700, 11, 12)
         fast.quiet_gc()
-        assert gc.get_threshold() == (fast._GC_GEN0, 11, 12)
-        gc.set_threshold(5 * fast._GC_GEN0, 11, 12)
+        assert gc.get_threshold() == (roundkit._GC_GEN0, 11, 12)
+        gc.set_threshold(5 * roundkit._GC_GEN0, 11, 12)
         fast.quiet_gc()
-        assert gc.get_threshold() == (5 * fast._GC_GEN0, 11, 12)
+        assert gc.get_threshold() == (5 * roundkit._GC_GEN0, 11, 12)
         gc.set_threshold(0, 11, 12)  # collection off stays off
         fast.quiet_gc()
         assert gc.get_threshold() == (0, 11, 12)
@@ -207,7 +209,7 @@ def test_pass_draws_are_default_rngs_stream() -> None:
     import numpy as np
 
     for entropy in ([0, 0x9047, 0, 3, 0, 1], [7, 0x9047, 1, 63, 99, 12, 2], [2**40, 0x9047, 1, 2, 3, 4]):
-        assert fast._rng(entropy).random(50).tolist() == np.random.default_rng(entropy).random(50).tolist()
+        assert roundkit._rng(entropy).random(50).tolist() == np.random.default_rng(entropy).random(50).tolist()
 
 
 def test_count_le_is_a_capped_binary_search() -> None:
@@ -216,7 +218,7 @@ def test_count_le_is_a_capped_binary_search() -> None:
     a = np.array([1.0, 2.0, 2.0, 3.0, 5.0, 8.0])
     for x in (0.0, 1.0, 1.5, 2.0, 4.0, 5.0, 8.0, 9.0):
         for limit in range(0, 7):
-            assert fast._count_le(a, x, limit) == min(int(a.searchsorted(x, side="right")), limit)
+            assert roundkit._count_le(a, x, limit) == min(int(a.searchsorted(x, side="right")), limit)
 
 
 def test_round_robin_patterns_are_the_direct_layout() -> None:
@@ -274,11 +276,13 @@ def test_engine_queue_entries_run_in_simpys_order() -> None:
     own events (time, priority, insertion), with the arguments ``call``/``at``/``at_msg`` gave."""
     import simpy
 
+    from dblp.sim import simpy_adapter
     from dblp.sim.model import run_env
 
     env = simpy.Environment()
     eng = fast.RoundEngine.__new__(fast.RoundEngine)
     eng.env = env
+    eng._q, eng._ids = simpy_adapter.queue(env), simpy_adapter.event_ids(env)  # as RoundEngine.__init__
     got: list = []
     env.timeout(0.5).callbacks.append(lambda e: got.append(("timeout", env.now)))
     eng.at(0.5, lambda t: got.append(("at", t)))
@@ -553,13 +557,13 @@ def test_fluid_profile_breakpoints_are_numpys_sorted_set() -> None:
 
 
 def test_uniforms_are_the_seed_sequences_stream() -> None:
-    """``fast._uniforms`` (the PCG64 state from fluid.c's pcg64_seed, set on one kept generator) gives
+    """``roundkit._uniforms`` (the PCG64 state from fluid.c's pcg64_seed, set on one kept generator) gives
     ``np.random.default_rng(entropy).random(n)`` to the last bit: entropy of 1 to 9 words (the pool
     of four, and words beyond it), large words, zeros, one stream after another; and words of 2**32
     or more take numpy's own path."""
     import numpy as np
 
-    if fast._c_pcg64_seed is None:
+    if roundkit._c_pcg64_seed is None:
         pytest.skip("the C helper is not built here")
     rng = np.random.default_rng(3)
     for k in range(60):
@@ -567,9 +571,9 @@ def test_uniforms_are_the_seed_sequences_stream() -> None:
         if k % 4 == 0:
             words = [w % 7 for w in words]
         n = 1 + k * 37
-        assert fast._uniforms(words, n).tolist() == np.random.default_rng(words).random(n).tolist(), words
+        assert roundkit._uniforms(words, n).tolist() == np.random.default_rng(words).random(n).tolist(), words
     big = [2**40, 5, 9]
-    assert fast._uniforms(big, 50).tolist() == np.random.default_rng(big).random(50).tolist()
+    assert roundkit._uniforms(big, 50).tolist() == np.random.default_rng(big).random(50).tolist()
 
 
 def test_a_ports_kept_past_survives_its_buffer() -> None:
@@ -616,11 +620,11 @@ def test_round_level_records_are_the_same_without_the_c_helper(monkeypatch, name
     no record: the whole run with them and with numpy alone, every field compared exactly."""
     import dblp.sim.net as net
 
-    if net._c_fluid_outcome is None or fast._c_fluid_arrivals is None:
+    if net._c_fluid_outcome is None or roundkit._c_fluid_arrivals is None:
         pytest.skip("the C helper is not built here")
     cfg = SimConfig(**CONFIGS[name])
     with_c = simulate(cfg)
-    for mod, attr in ((net, "_c_fluid_outcome"), (net, "_c_fluid_profile"), (fast, "_c_fluid_arrivals")):
+    for mod, attr in ((net, "_c_fluid_outcome"), (net, "_c_fluid_profile"), (roundflow, "_c_fluid_arrivals")):
         monkeypatch.setattr(mod, attr, None)
     without = simulate(cfg)
     assert [dataclasses.asdict(r) for r in with_c.records] == [dataclasses.asdict(r) for r in without.records]
@@ -633,7 +637,7 @@ def test_fluid_loops_refuse_arrays_of_the_wrong_kind() -> None:
 
     import dblp.sim.net as net
 
-    if net._c_fluid_outcome is None or fast._c_fluid_arrivals is None:
+    if net._c_fluid_outcome is None or roundkit._c_fluid_arrivals is None:
         pytest.skip("the C helper is not built here")
     from dblp._fastpath import fluid_arrivals, fluid_outcome, fluid_profile
 

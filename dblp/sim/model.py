@@ -33,7 +33,6 @@ simulated seconds since the start.
 
 from __future__ import annotations
 
-import heapq
 import math
 import time
 from dataclasses import dataclass, field
@@ -41,7 +40,6 @@ from typing import Any, Callable
 
 import numpy as np
 import simpy
-from simpy.events import PENDING
 
 from .. import control as ctl
 from ..gradients import read_norms, synthetic_norms
@@ -54,6 +52,7 @@ from .flow import Endpoint
 from .local import LocalFlow
 from .loss import make_flow_loss
 from .net import ctrl_wire_bytes
+from .simpy_adapter import run as run_env  # env.run() with the round level's entries (re-exported)
 from .topology import build_network, wan_loss_spec
 
 RUN_ID = 0x51A1_0001
@@ -511,12 +510,12 @@ def all_done(env: simpy.Environment, events: list) -> simpy.Event:
 
     def check(e: simpy.Event) -> None:
         nonlocal left
-        if ev._value is not PENDING:
+        if ev.triggered:
             return
         left -= 1
-        if not e._ok:  # as Condition._check: the failure is this event's, defused
-            e._defused = True
-            ev.fail(e._value)
+        if not e.ok:  # as Condition._check: the failure is this event's, defused
+            e.defused = True
+            ev.fail(e.value)
         elif not left:
             ev.succeed()
 
@@ -526,29 +525,6 @@ def all_done(env: simpy.Environment, events: list) -> simpy.Event:
         else:
             e.callbacks.append(check)
     return ev
-
-
-def run_env(env: simpy.Environment) -> None:
-    """``env.run()`` (until no event is left): the same events in the same order, without a
-    ``step()`` call and its ``try`` per event - a 64-worker round-level run processes ~2,000
-    events per iteration. Reads SimPy's queue as ``Environment.step`` does (simpy 4.1); an
-    entry whose event is a tuple ``(fn, args)`` (the round level's, ``RoundEngine.call``) is
-    ``fn(*args)``."""
-    queue = env._queue
-    pop = heapq.heappop
-    while queue:
-        env._now, _, _, event = pop(queue)
-        if event.__class__ is tuple:
-            event[0](*event[1])
-            continue
-        callbacks, event.callbacks = event.callbacks, None
-        for callback in callbacks:
-            callback(event)
-        if not event._ok and not hasattr(event, "_defused"):
-            # a failed event nobody defused: crash as Environment.step does
-            exc = type(event._value)(*event._value.args)
-            exc.__cause__ = event._value
-            raise exc
 
 
 def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
@@ -666,7 +642,7 @@ def collapse_warning(cfg: SimConfig, summary: dict) -> str | None:
 
     Why: N unpaced senders fill the bottleneck queue at N times its drain rate, most datagrams are dropped,
     and every pass resends them; the run's latency then measures the retransmission storm, not the network
-    (issue #27: 64 workers on a 5G uplink, ~1,220 passes per upload, 13.8 s rounds, 1.25 s with --pace 200M).
+    (64 unpaced workers on a 5G uplink: ~1,220 passes per upload and 13.8 s rounds; 1.25 s with --pace 200M).
     The suggested rate is the fair share of the server's link, its rate / the workers sending to it (a
     starting point: it ignores other bottlenecks of leaf-spine or WAN fabrics). A paced run gets no warning:
     its passes come from the loss it was given, not from its own senders. Summaries from before these

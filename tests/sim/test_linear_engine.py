@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 
 import dblp.sim.fast as fast
+import dblp.sim.roundkit as roundkit
 from dblp.sim import SimConfig, simulate
 from dblp.sim.hostsched import HostSched
 
@@ -75,7 +76,7 @@ def test_pass_draws_are_default_rng_streams():
     import numpy as np
 
     for entropy in ([0, 0x9047, 0, 3, 7, 1], [2**40 + 5, 0x9047, 1, 1023, 299, 12, 2]):
-        assert np.array_equal(fast._rng(entropy).random(1000), np.random.default_rng(entropy).random(1000))
+        assert np.array_equal(roundkit._rng(entropy).random(1000), np.random.default_rng(entropy).random(1000))
 
 
 def test_shared_scratch_arrays_are_read_only():
@@ -83,7 +84,7 @@ def test_shared_scratch_arrays_are_read_only():
     import numpy as np
 
     eng = fast.RoundEngine.__new__(fast.RoundEngine)
-    eng._iota, eng._ones, eng._zeros, eng._fiota = fast._EMPTY_I, fast._EMPTY_F, fast._EMPTY_F, fast._EMPTY_F
+    eng._iota, eng._ones, eng._zeros, eng._fiota = roundkit._EMPTY_I, roundkit._EMPTY_F, roundkit._EMPTY_F, roundkit._EMPTY_F
     for get, first in ((eng.iota, 0.0), (eng.ones, 1.0), (eng.zeros, 0.0), (eng.fiota, 0.0)):
         a = get(5)
         assert a.size == 5 and a[0] == first and not a.flags.writeable
