@@ -11,7 +11,7 @@ Two things decide whether a bucket delivers the rate it is set to:
   a loaded host deschedules for longer). Tokens that arrive while the bucket
   is full are lost, so a bucket shallower than the oversleep caps the rate:
   the old fixed 64 KiB bucket held 0.58 ms at 900 Mbit/s and delivered ~0.44
-  Gbit/s behind 1 ms sleeps (issue #30). A real sender's depth is therefore
+  Gbit/s behind 1 ms sleeps. A real sender's depth is therefore
   :data:`PACE_QUANTUM_S` of the rate, at least :data:`SENDER_MIN_BURST` -
   less than the simulator's 64 KiB, because a server broadcasting to N
   workers wakes late with N full buckets, and N x 64 KiB overfilled a

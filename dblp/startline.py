@@ -5,9 +5,9 @@ each rank's tensor into place and only then starts every rank at one wall-clock 
 time runs from that common start to the last rank's end. A ``dblp worker`` makes its round's
 synthetic gradient (a multiply over the whole tensor) and calls ``allreduce`` at once, and the
 loopback and benchmark measures run from the *first* worker's call to the last one's end - so
-they also counted the other workers still making their gradients: three 100 MB multiplies on
-two cores put 14-28 ms between the first and the last call of a ~120 ms round (25M x 3 on
-loopback, 2026-12-05). With ``--start-together DIR`` each worker touches a file when its
+without a common start they also count the other workers still making their gradients: three
+100 MB multiplies on two cores put 14-28 ms between the first and the last call of a ~120 ms
+round (25M x 3 on loopback). With ``--start-together DIR`` each worker touches a file when its
 gradient is ready and waits until every worker's file for that round is there: both sides are
 then timed from the moment every rank holds its data, and no worker sends before that.
 

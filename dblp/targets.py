@@ -1,8 +1,8 @@
 """Performance targets as rows: measured values held against bounds that depend on the machine.
 
-Why a module: issue 30 states its targets per machine (this 2-core machine
-and the 16-core GPU machine) and asks one command to print all of them, met
-or not, from one run (``scenarios/benchmark.py --targets``). Several parts
+Why a module: the targets are stated per machine class (a 2-core machine
+and a 16-core GPU machine, docs/benchmark.md), and one command prints all of
+them, met or not, from one run (``scenarios/benchmark.py --targets``). Several parts
 produce rows (the loopback and veth ratios against gloo, the DDP step, the
 pacing checks of :mod:`emulation`); they share this row type, and the
 summary - median and range over ``--repeats``, the bound of this machine's

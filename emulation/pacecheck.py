@@ -1,4 +1,4 @@
-"""Issue #30's pacing targets, measured on namespace hosts and returned as rows.
+"""The self-pacing targets (docs/pacing.md), measured on namespace hosts and returned as rows.
 
 Three checks, each a real run of ``python -m dblp`` servers and workers on
 the star of :func:`emulation.hostnet.star_net` (network namespaces, TBF
@@ -179,7 +179,7 @@ def targets(*, out: str | os.PathLike | None = None, rates: Sequence[tuple[float
             passes: Sequence[tuple[float, int, int]] = PASS_CONFIGS, burst: bool = True,
             python: str = sys.executable, progress: Callable[[str], None] = lambda s: print(s, flush=True)
             ) -> list[Target]:
-    """Every pacing target of issue #30 as rows; runs under ``out`` (a temporary folder, removed, if None)."""
+    """Every pacing target as rows; runs under ``out`` (a temporary folder, removed, if None)."""
     tmp = None
     if out is None:
         tmp = tempfile.TemporaryDirectory(prefix="dblp-pacecheck-")

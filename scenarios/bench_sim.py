@@ -151,7 +151,7 @@ def print_worker_targets(rows: list[dict]) -> None:
               f"{'met' if r['cpu_s'] < limit else 'not met'} on CPU time")
 
 
-# The targets (#16, #29) as configurations: name -> (what, SimConfig keyword arguments, CPU s limit,
+# The simulator's scale targets (docs/scale.md) as configurations: name -> (what, SimConfig keyword arguments, CPU s limit,
 # memory limit in GiB or None). 1M floats (unless a target names its model) = 2,763 datagrams per direction;
 # "fair share" paces every sender at the server link's rate over the workers.
 SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {

@@ -114,14 +114,14 @@ from emulation.bench import (CRC_ONLY, DEFAULT_PATHS, PATHS, SEGMENTED, SHARDED_
 from emulation.nshosts import NsNet, Shape  # noqa: E402
 
 WORKERS = 3  # default of --workers
-#: timed rounds a repeat of --targets: the veth row's ratio spread 1.11-1.48x over 3 repeats of 5 rounds and
-#: 1.18-1.32x over 3 of 15 (2 cores, 2026-12-05, docs/benchmark.md)
+#: timed rounds a repeat of --targets: over repeats, the veth row's ratio of medians of 5 rounds spreads
+#: more than twice as wide as that of medians of 15 (docs/benchmark.md)
 TARGET_ROUNDS = 15
-#: the authenticated GSO round over the CRC-only one (issue 14's target)
+#: the authenticated GSO round over the CRC-only one (the authentication target)
 AUTH_TARGET = 1.10
-#: the segmented path's lossless round over the GSO path's (issue 15's target)
+#: the segmented path's lossless round over the GSO path's (the segmented path's target)
 SEGMENTED_TARGET = 1.5
-#: issue 15's other targets: the fastest mode's lossless round over gloo's, the paper's single
+#: the comparison's other targets: the fastest mode's lossless round over gloo's, the paper's single
 #: server's, one sender's goodput over iperf3's single flow, a burst round's error against its prediction
 FASTEST_TARGET, SINGLE_SERVER_TARGET, SOLO_TARGET, BURST_ERR_TARGET = 1.2, 1.6, 0.9, 0.15
 
@@ -216,7 +216,7 @@ TARGET_SOURCES: dict = {
 
 
 def run_targets(args) -> int:
-    """Every target of issue 30 this machine can measure, side by side, ``--repeats`` times; the
+    """Every target this machine can measure (docs/benchmark.md), side by side, ``--repeats`` times; the
     table (and targets.csv/json) is rewritten after every repeat, so a stopped run keeps its rows."""
     say = Stamped(args.quiet)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -438,7 +438,7 @@ def print_table(rows: list[dict]) -> None:
 
 
 def print_targets(rows: list[dict]) -> None:
-    """Issue 15's targets that one run can judge, per tensor size (6 workers against 3 takes two runs:
+    """The comparison's targets that one run can judge, per tensor size (6 workers against 3 takes two runs:
     compare their DBLP/gloo columns)."""
     def verdict(ok: bool) -> str:
         return "met" if ok else "NOT met"
@@ -472,7 +472,7 @@ def print_targets(rows: list[dict]) -> None:
 
 
 def pacing_targets(which: str, out: Path) -> int:
-    """Issue #30's pacing targets (emulation.pacecheck) as a table and ``out/pacing.csv``."""
+    """The self-pacing targets (emulation.pacecheck) as a table and ``out/pacing.csv``."""
     from emulation import pacecheck
 
     kw = {} if which == "all" else {"rates": [r for r in pacecheck.RATE_LINKS if r[0] == 1e9],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's microburst experiment on a GPU machine, shortened to one device call of at most ~8 minutes
-# (issue 24, items 1-4). Prepared here with scripts/prepare_device.sh (carry [".whl", ".device-tools"]);
+# (docs/gpu.md). Prepared here with scripts/prepare_device.sh (carry [".whl", ".device-tools"]);
 # each step runs under `timeout`, a failed step does not stop the later ones, and the steps' timeouts
 # shrink so the whole script ends within GE_BUDGET (450 s):
 #

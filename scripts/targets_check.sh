@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 30's targets on a GPU machine (16 cores), prepared as one device call of at most ~8 minutes.
+# The benchmark's targets (docs/benchmark.md) on a GPU machine (16 cores), as one device call of at most ~8 minutes.
 # Prepared here with scripts/prepare_device.sh (carry [".whl", ".device-tools"]); each step runs under
 # `timeout`, a failed step does not stop the later ones, and the steps' timeouts shrink so the whole
 # script ends within TC_BUDGET (450 s):
@@ -14,12 +14,10 @@
 #   3 pacing   scenarios/benchmark.py --pacing quick: a paced sender's delivered rate (1 Gbit/s, GSO and
 #              plain), passes per lossless round without a rate flag, the 70% burst round against hand
 #              pacing (namespace hosts and TBF).
-# Caps: setup 150 s, targets 250 s (a repeat of 10 rounds took 144 s on 2 cores, 15:48 UTC: each repeat rewrites targets.csv, so
-# a cut run keeps the repeats it finished), pacing 110 s (84 s on 2 cores). Dry runs on the 2-core VM
-# (2026-12-05, all steps but setup, 5 rounds a repeat then): one repeat 204 s, rc 0 each; the defaults
-# (3 repeats) 348 s - the targets cut at their 250 s cap after 2 repeats (rc 124, both kept, no namespace
-# left), pacing rc 0. With 10 rounds (15:48): the targets step alone, one repeat, 144 s, rc 0. On 2 cores the
-# cap keeps 1 repeat of 3; the 16-core machine's rounds are ~2x shorter (issue 30's figures).
+# Caps: setup 150 s, targets 250 s (a repeat of 10 rounds takes ~144 s on 2 cores; each repeat rewrites
+# targets.csv, so a cut run keeps the repeats it finished), pacing 110 s (~84 s on 2 cores). On the 2-core
+# VM the targets step's cap keeps 1 repeat of 3 (a cut run exits 124 with its finished repeats kept and no
+# namespace left); the 16-core machine's rounds are ~2x shorter. The dry runs' timings: docs/benchmark.md.
 #
 # Output in $OUT: summary.txt (one line per step), targets_check.log (everything), targets.tar.gz
 # (targets.csv/.json/.png and each repeat's run folders), pacing.tar.gz.

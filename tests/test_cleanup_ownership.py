@@ -1,4 +1,4 @@
-"""Cleanup proves ownership before it kills or deletes (issue #26, item 6).
+"""Cleanup proves ownership before it kills or deletes.
 
 The kernel hands a freed pid, and a freed network-namespace inode, to the next
 process or namespace that asks, within seconds. These tests make a dead run of

@@ -1,4 +1,4 @@
-"""Every command speaks one flag vocabulary (issue 12 item 5).
+"""Every command speaks one flag vocabulary.
 
 Walks the parser of every command - the library CLIs through their
 ``build_parser()``, the scenarios as subprocesses (tests never import a
@@ -169,7 +169,7 @@ def test_units_go_in_values_not_in_names(options):
     assert not bad, f"flags with a unit in the name (give it in the value: --compute 5ms): {bad}"
 
 
-# -- issue 28: one name per policy, one folder flag, --version everywhere, completion -------------------
+# -- one name per policy, one folder flag, --version everywhere, completion ----------------------------
 def test_every_entry_point_answers_version(options):
     commands = {o["command"] for o in options}
     answering = {o["command"] for o in options if "--version" in o["opts"]}
@@ -233,7 +233,7 @@ def test_shell_completion_scripts_come_from_the_parsers():
     assert "--bandwidth" in script and "--print-config" in script
 
 
-# -- issue 28 item 3: one verbosity flag -------------------------------------------------------------------
+# -- one verbosity flag ------------------------------------------------------------------------------------
 def test_every_entry_point_takes_quiet_and_verbose_with_one_meaning(options):
     """``-q/--quiet`` and ``-v/--verbose`` on every command and subcommand (library and scenarios), each
     with the one help text of :func:`traces.argtypes.add_verbosity`; ``--progress`` only as the alias."""

@@ -1,4 +1,4 @@
-"""What a lossless round costs in control messages, counted on real sockets (issue 30, small models).
+"""What a lossless round costs in control messages, counted on real sockets (small models).
 
 A small model's round is a few datagrams each way; its time is the control
 round trips and the wakeups they cause. A lossless one-pass round needs,

@@ -1,4 +1,4 @@
-"""The host side's small refusals (issue #26, item 8): each bad input refused by name, no traceback.
+"""The host side's small refusals: each bad input refused by name, no traceback.
 
 Secret files another user owns or that are dangling links, a config file that
 is not UTF-8, records paths that cannot be written, an odd-length hex secret;

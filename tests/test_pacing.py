@@ -37,7 +37,7 @@ def delivered_fraction(bucket: TokenBucket, *, resolution_s: float, late_s: floa
 
 
 def test_fixed_bucket_behind_1ms_sleeps_delivers_about_half_at_900M():
-    """Issue #30's cause: a 64 KiB bucket holds 0.58 ms at 900 Mbit/s; behind epoll's 1 ms waits
+    """Why a fixed 64 KiB bucket cannot pace 900 Mbit/s: it holds 0.58 ms; behind epoll's 1 ms waits
     (plus 0.1 ms late) the tokens of the rest of each wait are thrown away."""
     frac = delivered_fraction(TokenBucket(900e6), resolution_s=0.001, late_s=0.0001)
     assert 0.45 < frac < 0.6
@@ -742,7 +742,7 @@ def test_r16_the_broadcast_holds_its_rate_through_a_bursts_head():
 
 
 def test_r17_heavy_loss_beside_a_clean_upload_after_a_burst_is_its_tail():
-    """The flagship's reliable run (2026-12-05 08:23): a 70% burst at round 50 (a burst verdict, the
+    """A reliable run of the flagship experiment: a 70% burst at round 50 (a burst verdict, the
     grant held at 142 Mbit/s), its rule removed while round 51's first passes were under way - they
     lost 40%, 35% and 0% (the last worker started after it). That mean of 25% at a proven grant was
     the second heavy round in a row: R12 cut the grant to 71 Mbit/s, and the rounds took 0.70 s

@@ -1,4 +1,4 @@
-"""The flagship run's plots (issue 28) drawn from small synthetic records: each function writes its
+"""The flagship run's plots drawn from small synthetic records: each function writes its
 PNG, and the numbers behind the figures (mean and range curves, bar positions, the compare caption,
 per-iteration loss) are the expected ones. No network, about a second of matplotlib."""
 

@@ -277,7 +277,7 @@ def add_version(p: argparse.ArgumentParser) -> None:
     p.add_argument("--version", action=VersionAction, help="print the testbed's version (and git commit) and exit")
 
 
-# -- verbosity: one vocabulary on every entry point (issue 28 item 3) ------------------------------------
+# -- verbosity: one vocabulary on every entry point ------------------------------------------------------
 QUIET_HELP = "less output: no progress lines (warnings and errors only); not with -v"
 VERBOSE_HELP = ("more output: per-round / per-iteration lines and INFO logs; -vv also DEBUG logs; not with -q "
                 "(default: progress lines with an ETA where a command has them)")

@@ -463,7 +463,7 @@ def _receive_costs(cfg: SimConfig, recs: list[RoundRecord], burst_rounds: set[in
     datagrams before the receiver, send + receive x (1 - loss). The share is bisected in simulation
     until the simulated burst rounds' per-datagram time (:func:`_burst_times`, passes and round trips
     included) matches the run's. Why: on the emulator's shared cores a datagram the burst drops costs
-    less (issue 27: the 1 Gbit/s star's broadcast took 20-40 us a datagram in burst rounds against 43 us),
+    less (on the 1 Gbit/s star a broadcast datagram took 20-40 us in burst rounds against 43 us),
     and a send cost alone predicts every burst round slow. A host that does not bind, or a run without
     burst rounds, shows no such split: the costs stay 0 and the calibration says so."""
     from .model import simulate

@@ -166,7 +166,7 @@ def _sim_run_folder(tmp_path: Path, name: str = "crosscheck-fixture", mbps: floa
 
 
 def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
-    """The blind path of issue 27: one star calibration on a run whose hosts bind (2 Gbit/s; 16,000 and
+    """The blind path of the cross-check (docs/crosscheck.md): one star calibration on a run whose hosts bind (2 Gbit/s; 16,000 and
     30,000 datagrams/s), its calibration.json applied with --params to runs of other networks - a slow
     star (100 Mbit/s: the pacers bind) and two sites (two local workers, one behind a 60 Mbit/s WAN). The 'emulated'
     records are the simulator's own with the same hosts, so every bounded term comes out within 5%;

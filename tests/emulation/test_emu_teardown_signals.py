@@ -1,4 +1,4 @@
-"""Teardown is idempotent and signal-safe (issue #26, item 7).
+"""Teardown is idempotent and signal-safe.
 
 A Ctrl-C reaches the whole process group, and ``sudo`` without a terminal
 forwards a copy too: a second SIGINT arrives while the first one's teardown

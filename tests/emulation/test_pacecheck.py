@@ -36,7 +36,7 @@ def test_no_rate_flag_needs_few_passes_where_unpaced_floods(tmp_path):
     senders pace themselves, and only the first round's unpaced pass floods. From round 2 on the
     uploads share the server's grant (R12) and the broadcast's streams the server's one rate a
     round (R14): from round 2 the broadcast needed 1.00-1.12 passes a round in nine runs
-    (2026-12-05, load 1-3; it needed 1.4-1.9 from round 1 before R14)."""
+    (load 1-3; without R14 it needs 1.4-1.9 from round 1)."""
     run = pacecheck._run(3, 100e6, 100, model="200k", iterations=10, pace_bps=None, out=tmp_path / "auto")
     auto = pacecheck._passes(run)
     up2, down2 = pacecheck._passes(run, since=2)[2:]

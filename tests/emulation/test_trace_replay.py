@@ -58,7 +58,7 @@ def test_replayed_trace_loss_from_reliable_run_records(tmp_path):
            "--model", "2e5", "--iterations", "40", "--workers", "2", "--bandwidth", "200",
            "--results", str(tmp_path), "--quiet",
            # paced by hand: a self-paced run's own probes and round 0's flood drop at the TBF queues
-           # too, and the records count those beside the trace's (a CI rehearsal, 2026-12-05: down
+           # too, and the records count those beside the trace's (in a CI rehearsal: down
            # 9.09% in the records against 6.38% of the trace while sending, the nft rule 6.16%)
            "--pace-share", "0.9"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

@@ -1,4 +1,4 @@
-"""Host constants that carry no link or pacing rate (dblp.sim.calibrate, issue 27 item 1).
+"""Host constants that carry no link or pacing rate (dblp.sim.calibrate).
 
 A lossless round's per-datagram time is the slowest of the host's send cost, the pacing and
 the links. The calibration used to take it as the host's cost, so on a network-bound run the

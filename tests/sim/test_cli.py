@@ -184,7 +184,7 @@ def test_a_bare_loss_probability_is_bernoulli():
 
 
 def test_bench_targets_run_each_in_a_fresh_process_and_say_met(tmp_path):
-    """``bench_sim.py --only-targets`` (the issue's targets, #29): each run in its own process, its
+    """``bench_sim.py --only-targets`` (the scale targets): each run in its own process, its
     CPU time, peak memory and the run's own summary (the very numbers of ``simulate``), a verdict."""
     out = tmp_path / "t.json"
     p = subprocess.run([PY, "scenarios/bench_sim.py", "--only-targets", "--targets", "quick16", "--target-runs", "2",

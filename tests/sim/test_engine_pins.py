@@ -12,7 +12,7 @@ Guards the rewrites for speed (host layout, lazy fluid queue, packet loop):
   with an uncongested port must agree to within those ties; congested ones
   (other random draws) statistically, on the run's means.
 
-``end_time_s`` of five configs was re-recorded in both files (issue 30) when core rule R5 stopped
+``end_time_s`` of five configs was re-recorded in both files when core rule R5 stopped
 answering a PROBE whose round's STOP was already sent: every record stayed the same to the last
 digit; those runs end 0.02-0.12 ms earlier, their last (redundant) STOP gone - the original pins'
 end times moved by the same amounts.

@@ -4,7 +4,7 @@ reference), on leaf-spines small enough to walk.
 
 Tolerances, on the run's means over workers and iterations (1M floats; in parentheses the largest
 difference measured on the three configurations below, the walk at seeds 0 and 1 - the class level
-is deterministic - 2026-12-04 22:56 UTC): the mean round time within 5% (3.7%), the time to train
+is deterministic): the mean round time within 5% (3.7%), the time to train
 within 3% (2.2%), the mean upload latency within 12% (9.5%), the datagrams put on the wire within 8%
 (6.5%), the lost fractions exact (every transfer ends at its receiver's need). Passes per upload are
 held loosely (within 35%; 27.4%): the first iteration's synchronised incast is one lockstep pass
@@ -76,7 +76,7 @@ BURST_CASES = {
 def test_class_level_holds_to_the_walk_under_bursts(name: str) -> None:
     """Bursts at class level: the loss process taken in expectation at the representative's receiver
     (``mean_loss``), held to the round level's per-datagram draws. Tolerances (in parentheses the largest
-    difference over the walk's seeds 0-2, 2026-12-05 00:57 UTC): the mean round time within 5% (3.3%), the
+    difference over the walk's seeds 0-2): the mean round time within 5% (3.3%), the
     mean round time of the burst iterations within 5% (4.1%), the time to train within 7% (6.1%: with DBLP off
     P_low from iteration 2, a high tolerance, the class level's last worker ends a little early), the passes per upload within 30% (23.8%),
     the lost fractions exact and the same iterations marked as bursts."""

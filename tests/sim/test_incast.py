@@ -2,7 +2,7 @@
 level's walk of every pass (the reference), on incasts small enough to walk.
 
 Tolerances, on the first iteration's records (means over the workers; in parentheses the largest
-difference measured on the three configurations below at seeds 0-4, 2026-12-04 22:45 UTC): the
+difference measured on the three configurations below at seeds 0-4): the
 run's end time and the mean round time within 0.5% (0.31%), the mean upload latency within 2%
 (1.38%), the mean datagrams sent within 2% (1.16%), the mean passes per upload within 3% or one pass,
 whichever is more (24 and 40 workers: 0.79%; 8 workers, 5 passes each: up to 0.88 of a pass, +17.5%

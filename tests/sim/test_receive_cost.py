@@ -1,4 +1,4 @@
-"""The simulator's receive cost and sender batching (issue 27's missed terms, docs/crosscheck.md).
+"""The simulator's receive cost and sender batching (the cross-check's missed terms, docs/crosscheck.md).
 
 A datagram's cost has a part per datagram sent and a part per datagram delivered: on the emulator's
 shared cores a datagram a burst drops before its receiver costs only the first, so the broadcast of
