@@ -29,7 +29,9 @@ size.
 
 Queues (:func:`parse_queue`, result in bytes): a size, or a packet count
 with ``pkt`` (``100pkt``): packets are full-MTU Ethernet frames of
-:data:`FRAME_BYTES`, the unit Mininet's TBF limit has always been given in.
+:data:`FRAME_BYTES`, the unit Mininet's TBF limit has always been given in. A
+``--queue`` flag (:func:`queue_arg`) refuses a bare number: tc and Mininet read one
+as packets, so it says which (``100pkt`` or ``100B``).
 
 Durations (:func:`parse_duration`, result in seconds): ``ns us µs ms s min h``;
 a bare number is in ``default_unit`` (seconds unless a flag documents otherwise).
@@ -130,12 +132,17 @@ def parse_size(text: str | int | float, default_unit: str = "", *, allow_zero: b
     return int(round(n))
 
 
-def parse_queue(text: str | int, default_unit: str = "b") -> int:
+def parse_queue(text: str | int, default_unit: str = "b", *, bare: bool = True) -> int:
     """A drop-tail queue in bytes: a size (bare number = bytes) or ``<n>pkt``
-    packets of :data:`FRAME_BYTES`."""
+    packets of :data:`FRAME_BYTES`. ``bare=False`` refuses a bare number: Mininet's
+    ``max_queue_size`` and every tc user read one as packets, so a flag that took it as
+    bytes made ``--queue 100`` a 100-byte queue without a word."""
     v, unit = _split(text, "queue")
     if unit in ("pkt", "pkts", "packets"):
         return int(_check(v, text, "queue", allow_zero=False)) * FRAME_BYTES
+    if not unit and not bare:
+        raise UnitError(f"queue {text!r}: a bare number is ambiguous (tc and Mininet read packets); give "
+                        f"{str(text).strip()}pkt (packets of {FRAME_BYTES} bytes) or {str(text).strip()}B (bytes)")
     return parse_size(text, default_unit)
 
 
@@ -200,8 +207,8 @@ def size_arg(default_unit: str = "", *, allow_zero: bool = False) -> Callable[[s
 
 
 def queue_arg() -> Callable[[str], int]:
-    """``type=`` for ``--queue``: bytes, or ``<n>pkt``."""
-    return _arg(parse_queue, "queue")
+    """``type=`` for ``--queue``: bytes with a unit (150kB, 1000000B), or ``<n>pkt``; a bare number is refused."""
+    return _arg(parse_queue, "queue", bare=False)
 
 
 def duration_arg(default_unit: str = "s", *, allow_zero: bool = True) -> Callable[[str], float]:

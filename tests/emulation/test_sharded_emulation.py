@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_sharded_microburst_run_shares_one_norm_and_shows_the_burst(tmp_path):
     cmd = [sys.executable, str(ROOT / "scenarios" / "microburst.py"), "--workload", "none", "--model", "2e5",
            "--iterations", "16", "--bursts", "10", "--policies", "baseline", "--aggregation", "sharded",
-           "--bandwidth", "200", "--queue", "1000000", "--results", str(tmp_path), "--quiet"]
+           "--bandwidth", "200", "--queue", "1000000B", "--results", str(tmp_path), "--quiet"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     (run,) = list(tmp_path.glob("microburst-*"))
