@@ -212,19 +212,38 @@ class RecordWriter:
         self.close()
 
 
-def read_records(path: str | os.PathLike) -> Iterator[RoundRecord]:
-    """The records of a JSONL file (gzip-compressed when it ends ``.gz``)."""
+def read_records(path: str | os.PathLike, *, skipped: list[int] | None = None) -> Iterator[RoundRecord]:
+    """The records of a JSONL file (gzip-compressed when it ends ``.gz``).
+
+    A line that is not a round record raises ValueError naming it; with ``skipped`` (a one-item
+    counter, for folders of mixed files) it is left out and counted instead, as is a line without a
+    ``role`` and a ``round``, or the whole file when it cannot be opened."""
     lineno = 0
     try:
-        with _open_records(Path(path), "r") as fh:
+        try:
+            fh = _open_records(Path(path), "r")
+        except OSError:
+            if skipped is None:
+                raise
+            skipped[0] += 1
+            return
+        with fh:
             for lineno, line in enumerate(fh, 1):
                 line = line.strip()
                 if not line:
                     continue
                 try:
-                    yield RoundRecord.from_dict(json.loads(line))
+                    d = json.loads(line)
+                    if skipped is not None and (not isinstance(d, dict) or "role" not in d or "round" not in d):
+                        skipped[0] += 1
+                        continue
+                    rec = RoundRecord.from_dict(d)
                 except (json.JSONDecodeError, TypeError, ValueError) as exc:
+                    if skipped is not None:
+                        skipped[0] += 1
+                        continue
                     raise ValueError(f"{path}:{lineno}: not a round record: {exc}") from exc
+                yield rec
     except EOFError as exc:  # a run killed while it wrote the file
         raise ValueError(f"{path}: a gzip file cut short (after line {lineno}): {exc}") from exc
     except gzip.BadGzipFile as exc:

@@ -81,33 +81,10 @@ from traces.units import HelpFormatter, UnitError, parse_duration
 from ..gradients import model_elements
 from ..policy import DEFAULT_ETA, DEFAULT_FREQ
 from ..provenance import run_values
-from ..records import RoundRecord
+from ..records import RoundRecord, read_records
 from ..stats import median
 from ..wire import TAG_SIZE, ChunkLayout, ParameterError
 from .config import SimConfig
-
-
-def _read_jsonl_records(path: Path, skipped: list[int]) -> list[RoundRecord]:
-    out = []
-    try:
-        fh = open(path, encoding="utf-8")
-    except OSError:
-        skipped[0] += 1
-        return out
-    with fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                d = json.loads(line)
-                if not isinstance(d, dict) or "role" not in d or "round" not in d:
-                    skipped[0] += 1
-                    continue
-                out.append(RoundRecord.from_dict(d))
-            except (json.JSONDecodeError, TypeError, ValueError):
-                skipped[0] += 1
-    return out
 
 
 def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], dict]:
@@ -122,7 +99,7 @@ def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], d
     else:
         files = sorted(p for p in folder.rglob("*.jsonl") if p.name != "bursts.jsonl")
     skipped = [0]
-    allrecs = [r for f in files for r in _read_jsonl_records(f, skipped)]
+    allrecs = [r for f in files for r in read_records(f, skipped=skipped)]
     sources = sorted({r.source for r in allrecs})
     source = None
     if len(sources) > 1:  # one view per calibration: the most frequent, simulation last

@@ -80,3 +80,18 @@ def test_eta_matters_with_varied_norms():
     base = small(rounds=120, freq=5, norms="varied")
     clr = [sum(r.clr for r in simulate(base.with_(eta=eta)).records if r.role == "server") for eta in (0.1, 0.5, 1.0)]
     assert clr[0] > clr[1] > clr[2]
+
+
+def test_read_records_skips_and_counts_what_is_no_record_when_asked(tmp_path):
+    """dblp.records.read_records, the one reader of records files: strict by default (a bad line is
+    an error naming it), lenient with ``skipped`` (the calibration reads folders of mixed files)."""
+    good = RoundRecord(source="simulation", role="worker", worker=0, round=3).to_json()
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join([good, "not json", json.dumps({"event": "burst"}), json.dumps([1, 2]), good]) + "\n")
+    with pytest.raises(ValueError, match=r"mixed.jsonl:2: not a round record"):
+        list(read_records(path))
+    skipped = [0]
+    assert [r.round for r in read_records(path, skipped=skipped)] == [3, 3] and skipped == [3]
+    assert list(read_records(tmp_path / "absent.jsonl", skipped=skipped)) == [] and skipped == [4]
+    with pytest.raises(OSError):
+        list(read_records(tmp_path / "absent.jsonl"))
