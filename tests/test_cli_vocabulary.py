@@ -12,6 +12,7 @@ bare number, and that no command names a concept of
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import subprocess
 import sys
@@ -27,38 +28,6 @@ SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.py") if not p.name.st
 # Runs in a child process: patch argparse so that parsing prints the parser tree and exits,
 # then run the scenario as ``python scenarios/X.py`` would (its folder first on the search path:
 # PYTHONPATH below, as Python puts a script's own folder).
-_DUMP = r'''
-import argparse, json, runpy, sys
-
-def walk(p, path):
-    out = []
-    fmt = p._get_formatter()
-    for a in p._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for name, sp in a.choices.items():
-                out += walk(sp, path + [name])
-            continue
-        if isinstance(a, argparse._HelpAction):
-            continue
-        shown = a.help != argparse.SUPPRESS
-        out.append({"cmd": " ".join(path), "opts": list(a.option_strings), "help": a.help if shown else None,
-                    "hidden": not shown, "text": fmt._expand_help(a) if shown and a.help else "",
-                    "default": None if a.default is None or a.default is False or a.default == argparse.SUPPRESS
-                    else repr(a.default), "type": getattr(a.type, "__name__", None), "nargs0": a.nargs == 0})
-    return out
-
-def dump(self, *a, **k):
-    print("ARGDUMP" + json.dumps(walk(self, [self.prog])))
-    raise SystemExit(0)
-
-argparse.ArgumentParser.parse_args = dump
-argparse.ArgumentParser.parse_known_args = dump
-path = sys.argv[1]
-sys.argv = [path]
-runpy.run_path(path, run_name="__main__")
-'''
-
-
 def _walk(p: argparse.ArgumentParser, path: list[str]) -> list[dict]:
     out: list[dict] = []
     fmt = p._get_formatter()
@@ -75,6 +44,21 @@ def _walk(p: argparse.ArgumentParser, path: list[str]) -> list[dict]:
                     "default": None if a.default is None or a.default is False or a.default == argparse.SUPPRESS
                     else repr(a.default), "type": getattr(a.type, "__name__", None), "nargs0": a.nargs == 0})
     return out
+
+
+#: run in a scenario's process (tests never import a scenario): every parser it builds is walked by
+#: the very :func:`_walk` above, printed as JSON, and the scenario stops before it runs
+_DUMP = "import argparse, json, runpy, sys\n\n" + inspect.getsource(_walk) + r'''
+def dump(self, *a, **k):
+    print("ARGDUMP" + json.dumps(_walk(self, [self.prog])))
+    raise SystemExit(0)
+
+argparse.ArgumentParser.parse_args = dump
+argparse.ArgumentParser.parse_known_args = dump
+path = sys.argv[1]
+sys.argv = [path]
+runpy.run_path(path, run_name="__main__")
+'''
 
 
 def _library_parsers() -> dict[str, argparse.ArgumentParser]:
