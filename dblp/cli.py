@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 
@@ -196,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "secret":
         print(new_secret())
         return 0
+    records = getattr(args, "records", None)
+    if args.cmd in ("server", "worker") and records and not os.path.lexists(os.path.dirname(records) or "."):
+        # a typo in a records path makes no folders (the launchers make theirs before they start us)
+        print(f"dblp {args.cmd}: error: --records {records}: the folder {os.path.dirname(records)} does not exist "
+              f"(make it first)", file=sys.stderr)
+        return 2
     secret: bytes | None = None
     try:
         if args.cmd == "server":

@@ -351,6 +351,21 @@ def add_run_args(ap: argparse.ArgumentParser, *, iterations: int, policies: str,
     add_quiet(ap, "per-iteration progress")
 
 
+def folder_problem(path: str | Path) -> str | None:
+    """Why a run could not make (or write into) the folder ``path``; None when it can. The nearest
+    part of the path that exists decides: a file there is in the way, a folder must be writable."""
+    import os
+
+    probe = Path(path)
+    while not os.path.lexists(probe) and probe.parent != probe:
+        probe = probe.parent
+    if not probe.is_dir():
+        return f"{probe} is not a folder"
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable"
+    return None
+
+
 def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Validate :func:`add_run_args`'s flags (errors name the flag) and derive the rest:
     ``policy_list``, ``elements``, ``p_high``, ``bw_mbps`` (what topologies take) and
@@ -372,6 +387,10 @@ def check_run_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     except argparse.ArgumentTypeError as exc:
         ap.error(f"argument --mtu: {exc}")
     a.queue_bytes = a.queue
+    for flag in ("results", "out"):  # a dry run says so too, not only the run that fails making it
+        why = folder_problem(getattr(a, flag)) if getattr(a, flag, None) else None
+        if why:
+            ap.error(f"argument --{flag}: {getattr(a, flag)}: {why}")
     if getattr(a, "out", None) and Path(a.out, "config.json").exists():
         ap.error(f"argument --out: {a.out} already holds a run (config.json); name another folder")
     if getattr(a, "aggregation", "server") == "sharded" and a.workers < 2:
@@ -394,6 +413,10 @@ def check_burst_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None
     try:
         a.bursts_list = int_list_arg(0, a.iterations - 1, nonempty=False)(a.bursts)
     except argparse.ArgumentTypeError as exc:
+        if a.bursts == ap.get_default("bursts"):  # not on the command line: name the flag that was
+            ap.error(f"argument --iterations: the bursts at {a.bursts} (--bursts' default, not given) do not "
+                     f"fit a run of {a.iterations} iterations; give --bursts within 0..{a.iterations - 1}, "
+                     f"or --bursts none")
         ap.error(f"argument --bursts: {exc} (iterations of a run of --iterations {a.iterations})")
     if a.burst_kind == "drop":  # an iteration that loses everything never ends (traces.processes)
         why = undeliverable({"kind": "iteration_bursts", "at": a.bursts_list, "loss": a.burst_loss})

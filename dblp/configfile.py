@@ -80,6 +80,11 @@ class ConfigArgumentParser(argparse.ArgumentParser):
             if getattr(ns, "print_config", False):
                 import json
 
+                # the checks a run makes after parsing (a scenario's print_checks): a config printed is
+                # one that --config takes back, never one with a value the run would refuse
+                for check in getattr(self, "print_checks", ()):
+                    check(self, ns)
+
                 print(json.dumps(provenance.plain(dict(flags.values())), indent=1))
                 self.exit(0)
         return ns, rest
@@ -113,7 +118,9 @@ class ConfigArgumentParser(argparse.ArgumentParser):
             with open(path, "rb") as fh:
                 data = fh.read()
             if path.endswith(".json") or data.lstrip()[:1] == b"{":
-                values = json.loads(data)
+                # decoded here, as UTF-8 (a BOM allowed): json.loads(bytes) guesses UTF-16 from a NUL and
+                # counts a BOM's bytes out, so its error named the wrong byte or offset
+                values = json.loads(data.decode("utf-8").removeprefix("\ufeff"))
                 if not isinstance(values, dict):
                     raise ValueError("not a JSON object")
             else:

@@ -38,7 +38,7 @@ from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWr
                       SenderStarted, ServerSession)
 from .watch import RoundHookClient
 from .transport import (DEFAULT_PEER_TIMEOUT_S, FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError,
-                        TAMPERED, TamperError, accept_logins, pump, pump_parallel)
+                        LOGGED_REFUSALS, TAMPERED, TamperError, accept_logins, pump, pump_parallel)
 from .udp import DataSocket, family_of, layout_mtu, resolve_mtu
 from .wire import DEFAULT_MTU, ChunkLayout, ParameterError
 
@@ -157,7 +157,7 @@ class _Handshake:
 #: for nothing; from ~2k datagrams (~2 ms of receive work) a second loop saves more than it costs.
 PARALLEL_MIN_DATAGRAMS = 2048
 
-_LOGGED_REFUSALS = 20  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
+_LOGGED_REFUSALS = LOGGED_REFUSALS  # refusals of one kind logged one by one; the rest are counted (ParameterServer.refused)
 # A HELLO larger than this is parsed in a child forked for it (dblp.forkparse: no main module re-imported, as
 # spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
 # that runs the server never forks for its own workers; an attacker's HELLO below it costs the loop

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 from . import auth
 from .records import RecordWriter, RoundRecord
 from .staging import HostStaging, ResultPool
-from .transport import FD_PAUSE_S, LISTEN_BACKLOG, MAX_PENDING, accept_logins, connect_retry
+from .transport import FD_PAUSE_S, LISTEN_BACKLOG, LOGGED_REFUSALS, MAX_PENDING, accept_logins, connect_retry
 from .wire import ParameterError
 from .worker import Worker, failed_reason
 
@@ -177,8 +177,10 @@ class NormExchange:
 
         def drop(conn: socket.socket, why: str) -> None:
             addr = logins.pop(conn)[0]
-            log.warning("shard hub: connection from %s:%s closed: %s", addr[0], addr[1], why)
             self.refused += 1
+            if self.refused <= LOGGED_REFUSALS:  # a flood is counted, not logged line by line (as the server's)
+                log.warning("shard hub: connection from %s:%s closed: %s%s", addr[0], addr[1], why,
+                            " (further ones are counted, not logged)" if self.refused == LOGGED_REFUSALS else "")
             sel.unregister(conn)
             conn.close()
 
@@ -254,10 +256,12 @@ class NormExchange:
                      else "the hub stopped waiting")
             sel.close()
             self.listener.setblocking(True)
+            if self.refused > LOGGED_REFUSALS:
+                log.warning("shard hub: closed %d connections that were no shard server's", self.refused)
 
     def _connect(self) -> None:
         try:
-            conn = connect_retry(self.hub, self.connect_timeout, interval_s=0.1)
+            conn = connect_retry(self.hub, self.connect_timeout, interval_s=0.1, what="the shard hub")
         except OSError as exc:
             raise NormExchangeError(f"shard {self.shard}: cannot reach the shard hub at "
                                     f"{self.hub[0]}:{self.hub[1]}: {exc}") from None

@@ -40,6 +40,7 @@ SELECT_RESOLUTION_S = 0.001  # epoll waits in whole milliseconds, rounded up (se
 
 # -- before login: the rules every listener (the server's control port, the shard hub) applies ----------
 MAX_PENDING = 64  # connections in their login at once; one more lets the oldest go
+LOGGED_REFUSALS = 20  # a listener's refusals logged one by one (per kind); the rest are counted, so a flood is no log flood
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a flood must not drop a worker's SYN)
 ACCEPT_BATCH = 16  # connections taken per wake, so the accepted ones are read before more are taken
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -415,16 +416,24 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     return a.size == b.size and a.ctypes.data == b.ctypes.data
 
 
-def connect_retry(addr: tuple[str, int], timeout_s: float, interval_s: float = 0.2) -> socket.socket:
+def connect_retry(addr: tuple[str, int], timeout_s: float, interval_s: float = 0.2,
+                  what: str = "peer") -> socket.socket:
     """A TCP connection to ``addr``, retried every ``interval_s`` while the peer is not up yet (a
-    launcher starts processes in parallel); after ``timeout_s`` the last ``OSError`` is raised."""
+    launcher starts processes in parallel); after ``timeout_s`` the last ``OSError`` is raised.
+    The first failure is said at once (a warning naming ``what``, the error and how long the
+    retries go on), so a wrong port is not a silent minute."""
     deadline = time.monotonic() + timeout_s
+    said = False
     while True:
         try:
             return socket.create_connection(addr, timeout=5.0)
-        except OSError:
+        except OSError as exc:
             if time.monotonic() > deadline:
                 raise
+            if not said:
+                log.warning("%s at %s:%s not reachable yet (%s); retrying every %g s for up to %g s", what,
+                            addr[0], addr[1], exc.strerror or exc, interval_s, timeout_s)
+                said = True
             time.sleep(interval_s)
 
 

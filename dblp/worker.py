@@ -120,7 +120,7 @@ class Worker:
     # -- connection ----------------------------------------------------------------
     def connect(self) -> "Worker":
         try:
-            tcp = connect_retry(self.server, self.connect_timeout)
+            tcp = connect_retry(self.server, self.connect_timeout, what="the server")
         except OSError as exc:
             raise WorkerError(f"cannot reach the server at {self.server[0]}:{self.server[1]}: {exc}") from exc
         tcp.settimeout(self.peer_timeout)

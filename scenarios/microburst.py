@@ -55,6 +55,12 @@ PORT = DEFAULT_PORT
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     a = ap.parse_args(argv)
+    check_args(ap, a)
+    return a
+
+
+def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """Every flag's check after parsing: a run's, a dry run's and ``--print-config``'s alike."""
     check_run_args(ap, a)
     check_workload_args(ap, a)  # before the bursts: it rounds --iterations up to whole epochs
     check_burst_args(ap, a)
@@ -64,7 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         a.hosts_kind, a.hosts_why = resolve_hosts(a.hosts)
     except ValueError as exc:
         ap.error(str(exc))
-    return a
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
+    ap.print_checks = (check_args,)  # --print-config checks the values it prints (dblp.configfile)
     return ap
 
 
@@ -224,7 +230,8 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dic
              f"{'congestion' if congestion else f'{a.burst_loss:.0%} loss'} bursts at {','.join(map(str, bursts))}, consistency {a.consistency}")
     analysis.plot_latency(runs, out / "latency.png", bursts, "Send latency per iteration under microbursts", setup=setup)
     analysis.plot_cdf(runs, out / "cdf.png", setup=setup)
-    print(f"\nwrote {out}/table_ii.csv, summary.csv, rounds.jsonl, latency.png, cdf.png")
+    written = [n for n in ("table_ii.csv", "table_ii_replicates.csv") if (out / n).exists()]  # (baseline and dblp)
+    print(f"\nwrote {out}/{', '.join(written + ['summary.csv', 'summary_runs.json', 'rounds.jsonl', 'latency.png', 'cdf.png'])}")
 
 
 if __name__ == "__main__":
