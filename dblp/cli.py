@@ -19,9 +19,10 @@ from traces.argtypes import count_arg, float_arg, int_arg, port_arg, unresolvabl
 from traces.units import HelpFormatter, duration_arg, size_arg
 
 from .auth import AuthError, new_secret
-from .cliargs import (MTU_HELP, PACE_HELP, pace_arg, add_auth_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
+from .cliargs import (MTU_HELP, PACE_HELP, pace_arg, add_auth_args, add_compensation_args, add_local_shard_arg, add_policy_args, hostport_any, hostports, listen_arg, model_arg, mtu_arg, parser, policy_error,
                       add_verbosity, log_level, verbosity,
                       server_secret, tolerance_arg, worker_secret)
+from .compensation import Compensation
 from .control import DEFAULT_PORT, MAX_HELLO
 from .core import ORDERS
 from .gradients import MODEL_HELP, ReplayGradients, model_elements, read_norms, synthetic_norms
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "smallest MTU of the workers' paths here)")
     s.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     s.add_argument("--seed", type=int_arg(0), default=0, help="seed of the send orders")
-    s.add_argument("--reduce", choices=["zero", "unbiased"], default="zero", help="missing-chunk rule")
+    add_compensation_args(s)
     s.add_argument("--pace", type=pace_arg, default="auto", help="of the broadcast: " + PACE_HELP)
     s.add_argument("--peer-timeout", type=duration_arg(allow_zero=False), default="120s",
                    help="silence before a peer is declared dead (a vanished host is caught "
@@ -194,6 +195,12 @@ def main(argv: list[str] | None = None) -> int:
         except ParameterError as exc:
             print(f"dblp server: error: {policy_error(exc)}", file=sys.stderr)
             return 2
+        try:  # the compensation options against --consistency (C6), by flag
+            compensation = Compensation.from_args(args)
+            compensation.check_consistency(args.consistency)
+        except ParameterError as exc:
+            print(f"dblp server: error: {exc}", file=sys.stderr)
+            return 2
     if args.cmd == "secret":
         print(new_secret())
         return 0
@@ -239,7 +246,8 @@ def main(argv: list[str] | None = None) -> int:
                     elements = b - a
                 hub = args.shard_hub or (args.host, shard_hub_port(args.port))
             cfg = ServerConfig(host=args.host, port=args.port, workers=args.workers, policy=policy, mtu=args.mtu,
-                               order=args.order, seed=args.seed, reduce=args.reduce, send_rate_bps=args.pace,
+                               order=args.order, seed=args.seed, compensation=compensation,
+                               send_rate_bps=args.pace,
                                rounds=args.iterations, peer_timeout=args.peer_timeout,
                                on_worker_loss=args.on_worker_loss, records=args.records, source=args.source,
                                fast=False if args.plain else None, handshake_timeout=args.handshake_timeout,

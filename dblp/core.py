@@ -31,8 +31,17 @@ R5  The receiver sends STOP as soon as it holds ceil((1-p) n) chunks, without
     answer. (Beyond the paper: the second STOP was one control message and
     one wakeup of the other side per direction, worker and round - in a
     lossless one-pass round, the common case, every PROBE crosses its STOP.)
-R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B).
-R7  Unreceived chunks are zero-filled (Alg. 2 l.26).
+R5b The stop rule (:data:`STOP_RULES`, a run's option): ``early`` is R5 as the paper has it,
+    whose STOP cuts the first pass at ceil((1-p) n) chunks, so a lossless P_high round
+    delivers only ~(1-p) of every transfer. ``once`` sends every chunk once: the receiver
+    sends no STOP before the first pass's PROBE (unless it holds every chunk); at that PROBE
+    and afterwards R5 applies unchanged, so the loss bound governs retransmission only -
+    loss is tolerated, never manufactured.
+R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B). The chunks the
+    pass that STOP ended never handed out are the ones it knows undelivered
+    (:meth:`RoundSender.undelivered`; what its last pass lost in flight it cannot know).
+R7  Unreceived chunks are zero-filled (Alg. 2 l.26); :mod:`dblp.compensation` states what a
+    run may make of them instead.
 R8  A pass that delivered nothing new (100% loss) delays the next pass by an
     exponential backoff (1 ms doubling to 200 ms), so an outage does not
     busy-spin a core, and sending resumes within one backoff once the path
@@ -198,6 +207,7 @@ from .wire import (
 BACKOFF_START_S = 0.001
 BACKOFF_MAX_S = 0.200
 ORDERS = ("blocks", "perm", "inorder")
+STOP_RULES = ("early", "once")  # R5b
 DEFAULT_ORDER = "blocks"
 ORDER_BLOCK = 64  # chunks per block of the "blocks" order (~92 KB at MTU 1500)
 EARLY_CLEAN = 0.02  # R11: a STOP with at most this fraction of the sent datagrams missing is clean
@@ -605,6 +615,10 @@ class RoundSender:
             self.stats.wait_s += max(0.0, now - self._idle_since)
             self._idle_since = None
 
+    def undelivered(self) -> np.ndarray:
+        """R6: after STOP, the chunks the stopped pass never handed out (a copy, in send order)."""
+        return np.array(self._pass[self._pos :], dtype=np.int64)
+
     @property
     def pass_chunks(self) -> np.ndarray:
         """The chunks the current pass has still to hand out, in send order (a view; read it only):
@@ -696,7 +710,11 @@ class Receiver:
         expected_sender: int,
         direction: int,
         peer_addr: object = None,
+        stop_rule: str = "early",
     ) -> None:
+        if stop_rule not in STOP_RULES:
+            raise ParameterError(f"stop_rule must be one of {', '.join(STOP_RULES)}, got {stop_rule!r}")
+        self.stop_rule = stop_rule  # R5b
         self.layout = layout
         self.run_id = run_id
         self.expected_sender = expected_sender
@@ -766,6 +784,13 @@ class Receiver:
     @property
     def complete(self) -> bool:
         return self._stop_sent
+
+    @property
+    def stop_count(self) -> int:
+        """How many chunks make this receiver STOP before the current pass's PROBE (R5, R5b): the
+        threshold, or under ``once`` every chunk until the first pass's PROBE. For drivers that
+        model a pass's arrivals by their number."""
+        return self.need if self.stop_rule == "early" or self.stats.probes > 0 else self.layout.chunks
 
     # -- placement (R10) -------------------------------------------------------
     def expect_order(self, order: np.ndarray) -> None:
@@ -1052,8 +1077,10 @@ class Receiver:
             self.out[(self.layout.chunks - 1) * cf :] = rows[0, self.layout.header_size : size].view("<f4")
 
     def _check_threshold(self, now: float) -> None:
-        """R5: stop as soon as the threshold holds, without waiting for a probe."""
-        if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need:
+        """R5: stop as soon as the threshold holds, without waiting for a probe - under R5b's
+        ``once``, only from the first pass's PROBE on, or with every chunk in."""
+        if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need \
+                and (self.stop_rule == "early" or self.stats.probes > 0 or self.received == self.layout.chunks):
             self._stop_sent = True
             self.stats.t_done = now
             span = 0

@@ -20,7 +20,7 @@ import threading
 import time
 import os
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +32,7 @@ from .hostlocal import LocalSlot, LocalSlotError
 from .pacing import MIN_SAMPLE
 from .policy import Policy, ReliablePolicy
 from .records import RecordWriter, RoundRecord
+from .compensation import PAPER, Compensation
 from .reduce import DEFAULT_MAX_NORM, MODES, guarded_mean_norm
 from .shard import NormExchange
 from .session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
@@ -54,7 +55,8 @@ class ServerConfig:
     mtu: int | str = DEFAULT_MTU  # link bytes, or "auto": the link holding `host`'s (resolved here, dblp.udp.auto_mtu)
     order: str = DEFAULT_ORDER
     seed: int = 0
-    reduce: str = "zero"
+    reduce: str = "zero"  # C1's upload estimate; the same as compensation.upload_estimate (either sets it)
+    compensation: Compensation = PAPER  # dblp.compensation C1-C6 and core R5b: the paper's by default
     send_rate_bps: float | None = None  # broadcast pacing: None = self-pacing (dblp.pacing), 0 = unlimited
     rounds: int | None = None  # stop after this many rounds (None: until the workers leave)
     peer_timeout: float = DEFAULT_PEER_TIMEOUT_S
@@ -92,6 +94,10 @@ class ServerConfig:
             raise ParameterError(f"reduce must be one of {MODES}, got {self.reduce!r}")
         if self.consistency not in CONSISTENCY:
             raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {self.consistency!r}")
+        if self.reduce != "zero" and self.compensation.upload_estimate == "zero":
+            self.compensation = replace(self.compensation, upload_estimate=self.reduce)
+        self.reduce = self.compensation.upload_estimate
+        self.compensation.check_consistency(self.consistency)
         if self.on_worker_loss not in ("exit", "continue"):
             raise ParameterError(f"on_worker_loss must be exit or continue, got {self.on_worker_loss!r}")
         for name in ("peer_timeout", "accept_timeout", "handshake_timeout"):
@@ -475,7 +481,7 @@ class ParameterServer:
         self.session = ServerSession(
             self.layout, peers, policy=self.cfg.policy, run_id=self.run_id, order=self.cfg.order,
             seed=self.cfg.seed, rounds=self.cfg.rounds, peer_addrs={w: p.udp_addr for w, p in peers.items()},
-            consistency=self.cfg.consistency,
+            consistency=self.cfg.consistency, compensation=self.cfg.compensation,
             context=RecordContext(source=self.cfg.source, policy=self.cfg.policy.name, order=self.cfg.order,
                                   send_rate_bps=self.cfg.send_rate_bps,
                                   clock_offset=time.time() - time.monotonic()),
@@ -503,6 +509,7 @@ class ParameterServer:
                         "policy": self.cfg.policy.name,
                         "gso": w.peer.udp.gso,
                         "consistency": self.cfg.consistency,
+                        "compensation": self.cfg.compensation.to_dict(),
                         "wire": self.layout.version,
                         "local": w.peer.local is not None,
                     }
@@ -710,7 +717,7 @@ class ParameterServer:
             s.begin_broadcast(time.monotonic(), self.mean)  # S3b: the mean leaves while the shards exchange
             self._dispatch()
             norm = math.sqrt(self._exchange_norm(s.round, norm * norm))
-        extra: dict = {"reduce": self.cfg.reduce}
+        extra: dict = {"reduce": self.cfg.compensation.upload_estimate}
         if g.excluded:  # the aggregation guard (dblp.reduce G2-G3): left out of this round's mean
             extra["excluded"] = {str(live[i]): why for i, why in g.excluded.items()}
             self.excluded.append((s.round, extra["excluded"]))

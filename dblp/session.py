@@ -47,6 +47,12 @@ S7  Consistency mode ``intersect`` (beyond the paper, whose bounded-loss
     every worker applies exactly those chunks, zeroing the rest - so all
     replicas apply the same update. Cost: one control round trip after the
     slowest worker's broadcast.
+S8  Loss compensation (:mod:`dblp.compensation`, C1-C6; the paper's zero-fill by default): the
+    server states the run's options in META; its driver reduces by C1's estimate
+    (:attr:`ServerSession.compensation`), the server session adds and carries C4's residual
+    around each broadcast, and each worker session carries C3's residual across its uploads and
+    fills by C2 as its round finishes. Receivers on both sides stop by the run's stop rule (core
+    R5b). Every record states the options (``extra.compensation``) and the residuals' norms.
 
 A session never reads a clock: every call takes ``now`` in the driver's
 seconds (monotonic or simulated); ``clock_offset`` turns it into the
@@ -66,6 +72,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from . import control as ctl
+from .compensation import PAPER, BroadcastFeedback, Compensation, UploadFeedback, fill_local
 from .core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
 from .pacing import FLOOD_LOSS, MIN_SAMPLE, PacerGroup, TokenBucket, UploadGrant, make_pacer
@@ -213,10 +220,18 @@ class ServerSession:
         max_batch: int = 256,
         peer_addrs: dict[int, tuple[str, int]] | None = None,
         consistency: str = "none",
+        compensation: Compensation = PAPER,
     ) -> None:
         if consistency not in CONSISTENCY:
             raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+        compensation.check_consistency(consistency)  # C6
         self.consistency = consistency
+        self.compensation = compensation  # S8
+        self._bfb = BroadcastFeedback(layout, compensation.feedback_bound) \
+            if compensation.broadcast_feedback and values else None  # C4
+        self._mean: np.ndarray | None = None  # the mean of the broadcast in flight (C4)
+        self._unsent_all: np.ndarray | None = None  # C4: chunks no broadcast stream handed out
+        self._common_mask: dict[int, np.ndarray] = {}  # C4 under S7: round -> chunks every replica applied
         self._held: dict[int, dict[int, np.ndarray]] = {}  # S7: round -> worker -> chunks it holds
         self.common: dict[int, int] = {}  # S7: round -> chunks every worker applied
         self._t_last = 0.0  # when the last HELD arrived
@@ -240,7 +255,8 @@ class ServerSession:
         self.max_batch = max_batch
         addrs = peer_addrs or {}
         self.peers: dict[int, _Up] = {
-            w: _Up(Receiver(layout, run_id=run_id, expected_sender=w, direction=ctl.UP, peer_addr=addrs.get(w)),
+            w: _Up(Receiver(layout, run_id=run_id, expected_sender=w, direction=ctl.UP, peer_addr=addrs.get(w),
+                            stop_rule=compensation.stop_rule),
                    np.zeros(layout.elements, np.float32) if values else None)
             for w in workers
         }
@@ -374,7 +390,8 @@ class ServerSession:
         k = self.round
         self.norms.append(norm)
         self._norm = norm
-        self._extra = dict(extra or {})
+        kept = {k: v for k, v in self._extra.items() if k == "residual_down_norm"} if begun else {}
+        self._extra = {**kept, **dict(extra or {}), "compensation": self.compensation.label()}
         if math.isfinite(norm):
             self._p_down = float(self.policy.update(k, norm))
         else:  # S3': the CLR detector never sees a non-finite norm; the tolerance and CLR state hold
@@ -390,8 +407,13 @@ class ServerSession:
         self.phase = Phase.BROADCAST
 
     def _start_senders(self, now: float, mean: np.ndarray | None) -> None:
-        """The broadcast's senders, one per live worker, over one encoding of the mean (S3)."""
+        """The broadcast's senders, one per live worker, over one encoding of the mean (S3), with
+        C4's residual added first."""
         k = self.round
+        if self._bfb is not None and mean is not None:
+            self._extra["residual_down_norm"] = self._bfb.add_to(mean)
+            self._mean = mean
+            self._unsent_all = np.ones(self.layout.chunks, bool)
         order = send_order(self.layout.chunks, self.order, self.seed, k, DOWN_STREAM)  # once, for every worker
         if mean is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(
@@ -446,6 +468,8 @@ class ServerSession:
             return
         common = np.logical_and.reduce([held[w] for w in self.peers])
         self.common[k] = int(common.sum())
+        if self._bfb is not None:
+            self._common_mask[k] = common
         bits = np.packbits(common).tobytes()
         for w in self.peers:
             self._events.append(ControlToSend(w, ctl.Common(k, bits)))
@@ -523,6 +547,10 @@ class ServerSession:
 
     def _down_done(self, w: int, now: float) -> None:
         p = self.peers[w]
+        if self._unsent_all is not None and p.sender is not None:  # C4: what this stream never handed out
+            mine = np.zeros(self.layout.chunks, bool)
+            mine[p.sender.undelivered()] = True
+            self._unsent_all &= mine
         p.recorded = True
         self._unrecorded -= 1
         self._events.append(RecordWritten(self._server_record(w, p, now)))
@@ -535,10 +563,19 @@ class ServerSession:
             return
         if self._unrecorded == 0 and (self.consistency != "intersect"
                                                               or self.round in self.common or not self.peers):
+            self._carry_broadcast()
             self._events.append(RoundEnded(self.round))
             self.round += 1
             self._t0 = now
             self.phase = Phase.DONE if self.rounds is not None and self.round >= self.rounds else Phase.UPSTREAM
+
+    def _carry_broadcast(self) -> None:
+        """C4: the round's broadcasts are over - carry what no replica was given (under S7: applied)."""
+        if self._bfb is None or self._mean is None or self._unsent_all is None:
+            return
+        common = self._common_mask.pop(self.round, None)
+        self._bfb.round_over(self._mean, ~common if common is not None else self._unsent_all)
+        self._mean = self._unsent_all = None
 
     def _server_record(self, w: int, p: _Up, now: float) -> RoundRecord:
         r, s, c = p.receiver, p.sender, self.context
@@ -577,10 +614,15 @@ class WorkerSession:
         max_batch: int = 256,
         peer_addr: tuple[str, int] | None = None,
         consistency: str = "none",
+        compensation: Compensation = PAPER,
     ) -> None:
         if consistency not in CONSISTENCY:
             raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+        compensation.check_consistency(consistency)  # C6
         self.consistency = consistency
+        self.compensation = compensation  # S8
+        self._ufb = UploadFeedback(layout, compensation.feedback_bound) if compensation.upload_feedback else None
+        self._own: np.ndarray | None = None  # this round's contribution (C2's local fill)
         self._common: dict[int, ctl.Common] = {}
         self._out: np.ndarray | None = None
         self._t_complete = 0.0
@@ -593,7 +635,7 @@ class WorkerSession:
         self.pacer = pacer or make_pacer(context.send_rate_bps)
         self.max_batch = max_batch
         self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
-                                 peer_addr=peer_addr)
+                                 peer_addr=peer_addr, stop_rule=compensation.stop_rule)
         self.round = 0
         self.sender: RoundSender | None = None
         self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
@@ -634,6 +676,9 @@ class WorkerSession:
         self._t0 = now if t_ready is None else t_ready
         self._t_send = now
         order = send_order(self.layout.chunks, self.order, self.seed, k, up_stream(self.worker))
+        if values is not None and self._ufb is not None:  # C3: the gradient plus what was not delivered
+            values = self._ufb.contribution(values)
+        self._own = values if self.compensation.broadcast_fill == "local" else None
         if values is not None:
             enc: EncodedRound | VirtualRound = EncodedRound(
                 values, self.layout, round_no=k, run_id=self.run_id, sender=self.worker, order=order,
@@ -654,8 +699,10 @@ class WorkerSession:
         return self.sender
 
     def sent(self, now: float) -> None:
-        """The upstream sender is done (STOP received)."""
+        """The upstream sender is done (STOP received): C3 keeps what it knows undelivered."""
         self._t_sent = now
+        if self._ufb is not None and self.sender is not None and getattr(self.sender.enc, "values", None) is not None:
+            self._ufb.delivered(self.sender.undelivered())
 
     def held(self, now: float) -> ctl.Held | None:
         """S7: the broadcast is complete - the HELD message to send the server (None outside ``intersect``)."""
@@ -680,7 +727,13 @@ class WorkerSession:
                 zero_chunks(self._out.reshape(-1), self.layout, np.flatnonzero(~keep))
             extra["common"] = c.count(int(keep.sum()))
             extra["wait_common_s"] = now - self._t_complete
-        self._out = None
+        if self._own is not None and self._out is not None:  # C2: the own contribution where the mean is missing
+            extra["filled"] = c.count(fill_local(self._out, self._own, r.mask, self.layout))
+        if self._ufb is not None:
+            extra["residual_up_norm"] = self._ufb.added
+        if not self.compensation.paper:
+            extra["compensation"] = self.compensation.label()
+        self._out = self._own = None
         r.finish_round()
         up_msg, _ = self._announced.pop((k, ctl.UP))
         down_msg, t_down = self._announced.pop((k, ctl.DOWN))

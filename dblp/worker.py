@@ -20,6 +20,7 @@ import numpy as np
 
 from . import auth
 from . import control as ctl
+from .compensation import Compensation
 from .core import DEFAULT_ORDER
 from .hostlocal import LocalSlot, LocalSlotError
 from .pacing import make_pacer
@@ -164,6 +165,7 @@ class Worker:
         self.session = WorkerSession(
             self.layout, self.worker_id, run_id=int(m["run_id"]), order=order, seed=int(m.get("seed", 0)),
             pacer=self.pacer, peer_addr=self.peer.udp_addr, consistency=str(m.get("consistency", "none")),
+            compensation=Compensation.from_dict(m.get("compensation")),
             context=RecordContext(source=self.source, policy=str(m.get("policy", "")), order=order,
                                   send_rate_bps=self.pacer.rate_bps, clock_offset=time.time() - time.monotonic()),
         )

@@ -28,7 +28,10 @@ def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable
     still drop single datagrams. Without it: one datagram per message (the plain path)."""
     from dblp.cliargs import pace_rate
 
+    from dblp.compensation import Compensation
+
     extra = ["--consistency", a.consistency] if getattr(a, "consistency", "none") != "none" else []
+    extra += Compensation.from_args(a).flags()  # the paper's options add none
     return RunArgs(workers=a.workers, iterations=a.iterations, model=a.elements, policy=list(policy),
                    source="emulation", pace_bps=pace_rate(a), seed=a.seed, compute_s=a.compute,
                    peer_timeout_s=60.0, plain=not a.gso, port=SCENARIO_PORT, python=python, server_extra=extra,
@@ -113,7 +116,7 @@ def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedul
     """Every named policy once per seed, interleaved (seed s of every policy back to back, so a drift
     of the shared machine hits all policies alike), into :func:`dblp.trainreport.replicate_dir`
     (``out`` itself with one seed, ``out/seed<s>/`` with several); ``calm``: policies also run
-    without the bursts, into ``<that>/calm/<policy>/``. ``variants``: extra runs ``(label, flags)``
+    without the bursts, into ``<that>/calm/<policy>/`` (a variant's label there: that variant). ``variants``: extra runs ``(label, flags)``
     per seed, e.g. ``("dblp-eta0.1-freq5", {"eta": 0.1, "freq": 5})``, run as ``dblp`` with those of
     ``a``'s flags replaced, into ``<that>/<label>/``. The schedule is the same for every seed
     (common random numbers). ``around(label, seed, run folder)``: a context entered around each run
@@ -132,15 +135,18 @@ def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedul
     for seed in seeds:
         d = replicate_dir(out, seed, len(seeds))
         sa = argparse.Namespace(**{**vars(a), "seed": seed})
-        runs: list[tuple[str, str, Any, Path, Sequence[Any]]] = [(n, n, sa, d, schedule) for n in policies]
-        runs += [(f"{n} (no bursts)", n, sa, d / "calm", []) for n in calm]
-        runs += [(label, "dblp", argparse.Namespace(**{**vars(sa), **flags}), d, schedule)
+        flags_of = dict(variants)
+        runs: list[tuple[str, str, Any, Path, Sequence[Any], str | None]] = \
+            [(n, n, sa, d, schedule, None) for n in policies]
+        runs += [(label, "dblp", argparse.Namespace(**{**vars(sa), **flags}), d, schedule, label)
                  for label, flags in variants]
-        for label, policy, ra, where, sch in runs:
+        runs += [(f"{n} (no bursts)", "dblp" if n in flags_of else n,
+                  argparse.Namespace(**{**vars(sa), **flags_of[n]}) if n in flags_of else sa, d / "calm", [],
+                  n if n in flags_of else None) for n in calm]
+        for label, policy, ra, where, sch, into in runs:
             k += 1
             t = time.time()
             print(f"- [{k}/{total}] seed {seed}: {label}", flush=True)
-            into = None if label == policy or label.endswith("(no bursts)") else label
             with around(label, seed, where / (into or policy)) if around else nullcontext():
                 got = run_scenario_policy(policy, ra, net, lc, where, sch, python=python, env=env, into=into)
             done.setdefault(seed, {})[label] = got

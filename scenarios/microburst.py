@@ -40,9 +40,11 @@ import sys
 from pathlib import Path
 
 from dblp import analysis
+from dblp.compensation import Compensation
 from dblp.control import DEFAULT_PORT
-from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, add_seeds_arg, add_workload_args,
-                          check_burst_args, check_run_args, check_workload_args, parser)
+from dblp.cliargs import (add_burst_args, add_compensation_args, add_configs_arg, add_hosts_arg, add_run_args,
+                          add_seeds_arg, add_workload_args, check_burst_args, check_compensation_args,
+                          check_configs_arg, check_run_args, check_workload_args, parser)
 from dblp.policy import passes_needed
 from dblp.policy import run_policy as named_policy
 from dblp.provenance import config_record
@@ -64,6 +66,8 @@ def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     check_run_args(ap, a)
     check_workload_args(ap, a)  # before the bursts: it rounds --iterations up to whole epochs
     check_burst_args(ap, a)
+    check_compensation_args(ap, a)
+    check_configs_arg(ap, a)
     from emulation.hostnet import resolve_hosts
 
     try:
@@ -83,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the server's replica consistency mode (none: the paper's; intersect: every worker "
                          "applies only the chunks all received, identical replicas)")
     add_burst_args(ap)
+    add_compensation_args(ap)
+    add_configs_arg(ap)
     ap.add_argument("--dry-run", action="store_true",
                     help="check every flag (and --config file), build the workload, print the run it would make "
                          "(and a JSON line of it), start nothing; needs no root")
@@ -133,19 +139,23 @@ def main(argv: list[str] | None = None) -> int:
         return StarTopo(n=a.workers, bw=a.bw_mbps, buffer_bytes=a.queue, cross_hosts=cross, cross_bw=10 * a.bw_mbps)
 
     seeds = list(range(a.seed, a.seed + a.seeds))
-    calm = [n for n in ("baseline", "dblp") if n in a.policy_list] if a.train and a.bursts_list and not a.no_calm \
-        else []
+    variants = [(label, comp.to_dict()) for label, comp in a.config_list]  # dblp with other options
+    calm = [n for n in ("baseline", "dblp") if n in a.policy_list] + [label for label, _ in variants] \
+        if a.train and a.bursts_list and not a.no_calm else []
     net = star_net(a.hosts_kind, workers=a.workers, bw_mbps=a.bw_mbps, queue_bytes=a.queue, mtu=a.mtu,
                    cross_hosts=cross, cross_bw_mbps=10 * a.bw_mbps, name="microburst", topo=topo)
     with net, LossController(net) as lc:
         rec.snapshot("start", net=net, loss=lc)
         for name in a.policy_list:
             print(f"- {name}: {' '.join(policy_args(name, a))}", flush=True)
+        for label, comp in a.config_list:
+            print(f"- {label}: {' '.join(policy_args('dblp', a) + comp.flags())}", flush=True)
         py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
         dirs = run_replicates(a, net, lc, out, schedule, policies=a.policy_list, calm=calm, seeds=seeds, python=py,
-                              env={"PYTHONPATH": str(_bootstrap.ROOT)})  # Table V's rows without bursts: calm
+                              variants=variants, env={"PYTHONPATH": str(_bootstrap.ROOT)})  # Table V's rows without bursts: calm
         rec.finish(net=net, loss=lc)
-    by_seed = {sd: {name: analysis.load(dirs[sd][name] / "records") for name in a.policy_list} for sd in seeds}
+    names = a.policy_list + [label for label, _ in a.config_list]
+    by_seed = {sd: {name: analysis.load(dirs[sd][name] / "records") for name in names} for sd in seeds}
     runs = by_seed[seeds[0]]
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
     report(a, runs, out, by_seed)
@@ -154,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, consistency {a.consistency}"
-        training_report(out, a.policy_list, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
+        training_report(out, names, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
                         targets=a.train["targets"], seeds=seeds)
     return 0
 
@@ -182,7 +192,9 @@ def plan(a: argparse.Namespace) -> dict:
     """The resolved run as one JSON object (``--dry-run``; tests and the GPU check read it)."""
     return {"iterations": a.iterations, "bursts": a.bursts_list, "burst_loss": a.burst_loss, "p_low": a.p_low,
             "p_high": a.p_high, "workers": a.workers, "policies": a.policy_list, "elements": a.elements,
-            "bandwidth_bps": a.bandwidth, "queue_bytes": a.queue, "hosts": a.hosts_kind, "train": a.train}
+            "bandwidth_bps": a.bandwidth, "queue_bytes": a.queue, "hosts": a.hosts_kind, "train": a.train,
+            "compensation": Compensation.from_args(a).to_dict(),
+            "configs": {label: comp.to_dict() for label, comp in a.config_list}}
 
 
 def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dict[int, dict[str, list]]) -> None:

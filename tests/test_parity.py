@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import dblp.transport as transport
+from dblp.compensation import Compensation
 from dblp.policy import DblpPolicy
 from dblp.server import ServerConfig
 from dblp.sim.config import SimConfig
@@ -47,17 +48,17 @@ def make_policy() -> ScriptedNormPolicy:
     return ScriptedNormPolicy(p_low=0.05, p_high=0.30, eta=0.5, freq=2)
 
 
-def real_records(monkeypatch, consistency: str) -> list:
+def real_records(monkeypatch, consistency: str, comp: Compensation = Compensation()) -> list:
     monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as per-datagram delivery
     cfg = ServerConfig(host="127.0.0.1", port=free_port(), workers=WORKERS, policy=make_policy(), seed=SEED,
                        rounds=ROUNDS, fast=False, accept_timeout=30, peer_timeout=30, consistency=consistency,
-                       insecure=True)  # the simulator models the paper's wire (362-float chunks)
+                       insecure=True, compensation=comp)  # the simulator models the paper's wire (362-float chunks)
     _, records, server_records = run_on_loopback(cfg, ELEMENTS, ROUNDS,
                                                  lambda i, k: np.full(ELEMENTS, float(i + 1), np.float32), fast=False)
     return records + server_records
 
 
-def sim_records(monkeypatch, consistency: str) -> list:
+def sim_records(monkeypatch, consistency: str, comp: Compensation = Compensation()) -> list:
     loss = ScriptedLoss()
     arrive = PacketFlow._arrive
 
@@ -67,7 +68,8 @@ def sim_records(monkeypatch, consistency: str) -> list:
 
     monkeypatch.setattr(PacketFlow, "_arrive", scripted_arrive)
     cfg = SimConfig(model=ELEMENTS, workers=WORKERS, rounds=ROUNDS, policy="dblp", seed=SEED, fidelity="packet",
-                    bandwidth_bps=10e9, queue_bytes=1 << 30, max_batch=256, consistency=consistency)  # no queue drops: only the script loses
+                    bandwidth_bps=10e9, queue_bytes=1 << 30, max_batch=256, consistency=consistency,
+                    **{k: v for k, v in comp.to_dict().items()})  # no queue drops: only the script loses
     sim = Simulation(cfg)
     sim.policy = sim.server.policy = make_policy()
     return sim.run().records
@@ -82,10 +84,13 @@ def table(records: list) -> dict:
             for r in records}
 
 
-@pytest.mark.parametrize("consistency", ["none", "intersect"])
-def test_transport_and_simulator_agree_round_by_round(monkeypatch, consistency):
-    real = table(real_records(monkeypatch, consistency))
-    sim = table(sim_records(monkeypatch, consistency))
+@pytest.mark.parametrize("consistency, label", [("none", "paper"), ("intersect", "paper"), ("none", "stop-once"),
+                                                ("none", "unbiased+fill-local+ef-both"),
+                                                ("intersect", "unbiased+ef-both+stop-once")])
+def test_transport_and_simulator_agree_round_by_round(monkeypatch, consistency, label):
+    comp = Compensation.from_label(label)
+    real = table(real_records(monkeypatch, consistency, comp))
+    sim = table(sim_records(monkeypatch, consistency, comp))
     assert sorted(real) == sorted(sim)
     assert len(real) == 2 * WORKERS * ROUNDS
     diff = {k: {f: (real[k][f], sim[k][f]) for f in real[k] if real[k][f] != sim[k][f]} for k in real

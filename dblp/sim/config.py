@@ -132,6 +132,21 @@ class SimConfig:
     host_slice: int = 1024  # datagrams a host sends for one peer before the next (transport.pump)
     max_batch: int = 64  # packet level: datagrams per core call (RoundSender.max_batch)
     consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
+    # -- loss compensation and the stop rule (dblp.compensation C1-C6, core R5b; the paper's by default):
+    # the stop rule changes what a round sends, the rest what a round's update is (convergence models)
+    upload_estimate: str = "zero"
+    broadcast_fill: str = "zero"
+    feedback: str = "off"
+    feedback_bound: float = 1.0
+    stop_rule: str = "early"
+
+    @property
+    def compensation(self) -> Any:
+        """The options as one :class:`dblp.compensation.Compensation` (validated)."""
+        from ..compensation import Compensation
+
+        return Compensation(self.upload_estimate, self.broadcast_fill, self.feedback, float(self.feedback_bound),
+                            self.stop_rule)
 
     def __post_init__(self) -> None:
         self.policy = policy_name(self.policy)  # "fixed", the old name, is "baseline"
@@ -139,6 +154,7 @@ class SimConfig:
 
     # -- checks ------------------------------------------------------------------------
     def validate(self) -> None:
+        self.compensation.check_consistency(self.consistency)  # refuses a bad option by name (C6 included)
         model_elements(_model_arg(self.model))
         _positive_int("workers", self.workers)
         _positive_int("rounds", self.rounds)

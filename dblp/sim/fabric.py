@@ -103,6 +103,8 @@ def not_applicable(cfg: Any) -> str | None:
         return "group > 1"
     if cfg.consistency != "none":
         return "consistency='intersect'"
+    if getattr(cfg, "stop_rule", "early") != "early":
+        return f"stop_rule={cfg.stop_rule!r} (the class-level round counts the paper's early stop)"
     if cfg.topology == "leafspine" and cfg.racks < 2:
         return "a leaf-spine of one rack (no worker crosses the fabric; use the star)"
     return None

@@ -76,6 +76,8 @@ def not_applicable(sim: Any) -> str | None:
         return "compute jitter (the uploads do not start at once)"
     if cfg.group != 1:
         return "group > 1"
+    if getattr(cfg, "stop_rule", "early") != "early":
+        return "a stop rule other than the paper's early stop"
     if any(sim.loss[(ctl.UP, f)].procs for f in range(cfg.workers)):
         return "a loss process on the uploads"
     paths = sim.up_paths

@@ -189,11 +189,11 @@ class Simulation:
                 sh.core_layout, range(self.n), policy=sh.policy, run_id=RUN_ID, context=ctx, order=core_order,
                 seed=seed, rounds=cfg.rounds, values=False, max_batch=cfg.max_batch,
                 pacer=None if auto else (lambda w, base=base: self.engine.pacer(ctl.DOWN, base + w)),
-                consistency=cfg.consistency)
+                consistency=cfg.consistency, compensation=cfg.compensation)
             for i in range(self.n):
                 ws = WorkerSession(sh.core_layout, i, run_id=RUN_ID, context=ctx, order=core_order, seed=seed,
                                    pacer=None if auto else self.engine.pacer(ctl.UP, base + i),
-                                   max_batch=cfg.max_batch, consistency=cfg.consistency)
+                                   max_batch=cfg.max_batch, consistency=cfg.consistency, compensation=cfg.compensation)
                 sh.links.append(_Link(i, sh.j, base + i, ws, Endpoint(self, sh.server.receiver(i)),
                                       Endpoint(self, ws.receiver)))
         self.server = sh0.server  # one server: the run's

@@ -1,0 +1,260 @@
+"""Loss compensation: what a round makes of the chunks it did not deliver, each rule stated once.
+
+The paper zero-fills every chunk a receiver does not hold (core R7): the server's mean counts a
+missing upload chunk as zeros (``sum / N``) and a worker applies zeros for a missing chunk of the
+mean. Under the paper's early stop (core R5/R6) that is not only loss: every ``P_high`` round leaves
+about ``p`` of each transfer unsent, so zero-fill is random sparsification with a shrunken, biased
+update. The options here are the known cures, each a protocol option with the paper's behaviour as
+its default. The sessions (:mod:`dblp.session`) apply them, so the socket server and worker, the
+simulator and the training exchange all get the same arithmetic:
+
+C1  Upload estimate (the server's reduce, :mod:`dblp.reduce`): ``zero`` (the paper: a chunk's
+    mean is its sum over the N workers divided by N) or ``unbiased`` (divided by the number of
+    workers whose chunk arrived; a chunk nobody delivered is zero).
+C2  Broadcast fill (each worker): ``zero`` (the paper) or ``local``: a chunk of the mean the worker
+    does not hold is taken from the worker's own contribution of the round - the local estimate of
+    that part of the mean (OptiReduce keeps the local value for a lost slice the same way). The
+    replicas then differ where their broadcasts differed; the worker's record reports the chunks it
+    filled, and ``--save-weights`` runs report the replicas' divergence.
+C3  Upload error feedback (``feedback`` ``upload`` or ``both``, each worker): the worker sends its
+    gradient plus the residual ``e`` it carries; once the upload's STOP is in, ``e`` becomes the sent
+    values on the chunks its sender knows were not delivered - the chunks the pass that STOP ended
+    never handed out (under R6's early stop, every chunk never sent) - and zero elsewhere. A chunk
+    lost in flight in that last pass is not known to the sender and is not carried.
+C4  Broadcast error feedback (``feedback`` ``broadcast`` or ``both``, the server): the server
+    broadcasts the mean plus its residual ``r``; when the round's broadcasts are over, ``r``
+    becomes the broadcast values on the chunks no worker was sent (every stream stopped before
+    them) - or, under consistency ``intersect`` (S7), exactly the chunks outside the round's COMMON
+    set, which no replica applied. The policy's norm (S3) is the mean's, without ``r``.
+C5  The feedback bound: a residual whose L2 norm exceeds ``bound`` times the norm of the values it
+    is added to (the round's gradient in C3, its mean in C4) is scaled down to that, so a burst
+    that delivers little round after round cannot grow it without limit.
+C6  Composition with consistency ``intersect``: C1, C3 and C4 compose (C4 then carries exactly what
+    no replica applied); C2 ``local`` is refused, because it makes the replicas differ, which
+    ``intersect`` exists to prevent.
+
+The stop rule that decides *how much* is left undelivered is the core's (R5, :data:`STOP_RULES`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .wire import ChunkLayout, ParameterError
+
+UPLOAD_ESTIMATES = ("zero", "unbiased")  # C1 (dblp.reduce.MODES)
+BROADCAST_FILLS = ("zero", "local")  # C2
+FEEDBACK = ("off", "upload", "broadcast", "both")  # C3, C4
+STOP_RULES = ("early", "once")  # core R5: the paper's early stop, or every chunk sent once
+DEFAULT_FEEDBACK_BOUND = 1.0  # C5
+
+#: one line of --help per option, shared by every driver's flags
+HELP = {
+    "upload_estimate": "server's estimate of a missing upload chunk (C1): zero (the paper: sum / N) or unbiased "
+                       "(mean over the workers whose chunk arrived)",
+    "broadcast_fill": "worker's fill for a chunk of the mean it does not hold (C2): zero (the paper) or local "
+                      "(its own contribution's chunk)",
+    "feedback": "error feedback (C3/C4): off (the paper), upload (workers carry undelivered upload chunks into "
+                "the next round), broadcast (the server carries mean chunks no worker was sent), or both",
+    "feedback_bound": "error feedback's bound (C5): a residual is scaled down to at most this times the norm of the "
+                      "values it is added to (dimensionless)",
+    "stop_rule": "when a receiver stops (core R5): early (the paper: STOP once ceil((1-p) n) chunks are in, also "
+                 "mid-pass) or once (every chunk is sent once; the loss bound applies to retransmissions only)",
+}
+
+
+@dataclass(frozen=True)
+class Compensation:
+    """The run's compensation and stop rule: one value the server announces to its workers (META)."""
+
+    upload_estimate: str = "zero"
+    broadcast_fill: str = "zero"
+    feedback: str = "off"
+    feedback_bound: float = DEFAULT_FEEDBACK_BOUND
+    stop_rule: str = "early"
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("upload_estimate", UPLOAD_ESTIMATES), ("broadcast_fill", BROADCAST_FILLS),
+                              ("feedback", FEEDBACK), ("stop_rule", STOP_RULES)):
+            if getattr(self, name) not in allowed:
+                raise ParameterError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
+        b = self.feedback_bound
+        if not (isinstance(b, (int, float)) and math.isfinite(b) and b > 0):
+            raise ParameterError(f"feedback_bound must be a positive number, got {b!r}")
+
+    @property
+    def paper(self) -> bool:
+        """The paper's behaviour: nothing compensated, early stop."""
+        return self == Compensation(feedback_bound=self.feedback_bound)
+
+    @property
+    def upload_feedback(self) -> bool:
+        return self.feedback in ("upload", "both")
+
+    @property
+    def broadcast_feedback(self) -> bool:
+        return self.feedback in ("broadcast", "both")
+
+    def check_consistency(self, consistency: str) -> None:
+        """C6: refuse a combination that contradicts the consistency mode, naming the conflict."""
+        if consistency == "intersect" and self.broadcast_fill == "local":
+            raise ParameterError("broadcast_fill local conflicts with consistency intersect: a local fill makes "
+                                 "the replicas differ, which intersect exists to prevent (use one of them)")
+
+    def label(self) -> str:
+        """A short name for tables and run folders: ``paper``, or the options that differ from it."""
+        parts = []
+        if self.upload_estimate != "zero":
+            parts.append(self.upload_estimate)
+        if self.broadcast_fill != "zero":
+            parts.append(f"fill-{self.broadcast_fill}")
+        if self.feedback != "off":
+            parts.append(f"ef-{self.feedback}")
+        if self.stop_rule != "early":
+            parts.append(f"stop-{self.stop_rule}")
+        return "+".join(parts) or "paper"
+
+    @classmethod
+    def from_label(cls, label: str) -> "Compensation":
+        """The inverse of :meth:`label`: ``paper``, or options joined by ``+`` (``unbiased``,
+        ``fill-local``, ``ef-upload``/``ef-broadcast``/``ef-both``, ``stop-once``); refuses a
+        part it does not know, naming it and what it accepts."""
+        kw: dict[str, Any] = {}
+        known = {"unbiased": ("upload_estimate", "unbiased"), "fill-local": ("broadcast_fill", "local"),
+                 **{f"ef-{f}": ("feedback", f) for f in FEEDBACK if f != "off"},
+                 **{f"stop-{r}": ("stop_rule", r) for r in STOP_RULES if r != "early"}}
+        parts = [x.strip() for x in label.split("+") if x.strip()]
+        if not parts:
+            raise ParameterError("an empty compensation label (use paper, or e.g. unbiased+fill-local)")
+        for part in parts:
+            if part == "paper" and len(parts) == 1:
+                return cls()
+            if part not in known:
+                raise ParameterError(f"{part!r} is not a compensation option; use paper or a '+'-joined "
+                                     f"set of {', '.join(known)}")
+            name, value = known[part]
+            if name in kw:
+                raise ParameterError(f"{label!r} sets {name} twice")
+            kw[name] = value
+        return cls(**kw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as META, records and config.json carry them."""
+        return {"upload_estimate": self.upload_estimate, "broadcast_fill": self.broadcast_fill,
+                "feedback": self.feedback, "feedback_bound": self.feedback_bound, "stop_rule": self.stop_rule}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any] | None) -> "Compensation":
+        """From META (a server that states none is the paper's)."""
+        d = d or {}
+        return cls(str(d.get("upload_estimate", "zero")), str(d.get("broadcast_fill", "zero")),
+                   str(d.get("feedback", "off")), float(d.get("feedback_bound", DEFAULT_FEEDBACK_BOUND)),
+                   str(d.get("stop_rule", "early")))
+
+    @classmethod
+    def from_args(cls, a: Any) -> "Compensation":
+        """From parsed flags (:func:`dblp.cliargs.add_compensation_args`); absent flags keep the paper's."""
+        return cls(getattr(a, "upload_estimate", "zero"), getattr(a, "broadcast_fill", "zero"),
+                   getattr(a, "feedback", "off"), getattr(a, "feedback_bound", DEFAULT_FEEDBACK_BOUND),
+                   getattr(a, "stop_rule", "early"))
+
+    def flags(self) -> list[str]:
+        """The command-line flags that give these options to ``python -m dblp serve`` (none: the paper's)."""
+        out: list[str] = []
+        for name, default in (("upload_estimate", "zero"), ("broadcast_fill", "zero"), ("feedback", "off"),
+                              ("stop_rule", "early")):
+            if getattr(self, name) != default:
+                out += [f"--{name.replace('_', '-')}", getattr(self, name)]
+        if self.feedback != "off" and self.feedback_bound != DEFAULT_FEEDBACK_BOUND:
+            out += ["--feedback-bound", repr(self.feedback_bound)]
+        return out
+
+
+PAPER = Compensation()
+
+
+def chunk_mask_floats(mask: np.ndarray, layout: ChunkLayout) -> np.ndarray:
+    """A per-chunk boolean mask spread to one entry per float of the tensor (the last chunk may be short)."""
+    return np.repeat(mask, layout.chunk_floats)[: layout.elements]
+
+
+def bounded(residual: np.ndarray, reference: np.ndarray, bound: float) -> float:
+    """C5, in place: scale ``residual`` down to at most ``bound`` times ``reference``'s L2 norm.
+    Returns the residual's norm after the bound."""
+    rn = float(np.linalg.norm(residual))
+    cap = bound * float(np.linalg.norm(reference))
+    if rn > cap:
+        residual *= np.float32(cap / rn) if rn > 0 else np.float32(0.0)
+        return cap
+    return rn
+
+
+def fill_local(out: np.ndarray, own: np.ndarray, held: np.ndarray, layout: ChunkLayout) -> int:
+    """C2 ``local``: copy ``own``'s values into ``out`` on every chunk ``held`` is False for.
+    Vectorised (one masked copy); returns the number of chunks filled."""
+    missing = ~held
+    n = int(missing.sum())
+    if n:
+        np.copyto(out.reshape(-1), own.reshape(-1), where=chunk_mask_floats(missing, layout))
+    return n
+
+
+class UploadFeedback:
+    """C3 and C5 for one worker: the residual of its undelivered upload chunks, carried across rounds."""
+
+    def __init__(self, layout: ChunkLayout, bound: float = DEFAULT_FEEDBACK_BOUND) -> None:
+        self.layout = layout
+        self.bound = bound
+        self.residual = np.zeros(layout.elements, np.float32)
+        self._sent = np.zeros(layout.elements, np.float32)
+        self.norm = 0.0  # the residual's norm after the last round
+        self.added = 0.0  # the norm of the residual the current round's contribution carries
+
+    def contribution(self, values: np.ndarray) -> np.ndarray:
+        """The round's values plus the carried residual (C5-bounded against the values), in a buffer of
+        this object's own: the caller's gradient is never written."""
+        self.norm = self.added = bounded(self.residual, values, self.bound)
+        np.add(values.reshape(-1), self.residual, out=self._sent)
+        return self._sent
+
+    def delivered(self, undelivered: np.ndarray) -> float:
+        """The upload's STOP is in: carry the sent values of the ``undelivered`` chunks (indices).
+        Returns the new residual's norm."""
+        self.residual.fill(0.0)
+        if undelivered.size:
+            miss = np.zeros(self.layout.chunks, bool)
+            miss[undelivered] = True
+            np.copyto(self.residual, self._sent, where=chunk_mask_floats(miss, self.layout))
+        self.norm = float(np.linalg.norm(self.residual))
+        return self.norm
+
+
+class BroadcastFeedback:
+    """C4 and C5 for the server: the residual of the mean's chunks no replica was given."""
+
+    def __init__(self, layout: ChunkLayout, bound: float = DEFAULT_FEEDBACK_BOUND) -> None:
+        self.layout = layout
+        self.bound = bound
+        self.residual = np.zeros(layout.elements, np.float32)
+        self.norm = 0.0
+
+    def add_to(self, mean: np.ndarray) -> float:
+        """Add the carried residual (C5-bounded against the mean) to the mean about to be broadcast,
+        in place. Returns the residual's norm as added."""
+        self.norm = bounded(self.residual, mean, self.bound)
+        if self.norm > 0:
+            mean.reshape(-1).__iadd__(self.residual)
+        return self.norm
+
+    def round_over(self, sent: np.ndarray, undelivered: np.ndarray) -> float:
+        """The broadcast is over: carry ``sent``'s values on the chunks in ``undelivered`` (a per-chunk
+        boolean mask). Returns the new residual's norm."""
+        self.residual.fill(0.0)
+        if undelivered.any():
+            np.copyto(self.residual, sent.reshape(-1), where=chunk_mask_floats(undelivered, self.layout))
+        self.norm = float(np.linalg.norm(self.residual))
+        return self.norm
