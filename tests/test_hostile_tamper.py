@@ -349,3 +349,55 @@ def test_the_cli_processes_end_within_2_s_of_an_injection_with_exit_2(tmp_path):
         for p in (srv, *locals().get("workers", [])):
             if p.poll() is None:
                 p.kill()
+
+
+def _peer_pair() -> tuple[socket.socket, "object"]:
+    """A keyed Peer reading one end of a TCP connection on loopback; the other end, to write into."""
+    from dblp.transport import Peer
+    from dblp.udp import DataSocket
+
+    lst = socket.create_server(("127.0.0.1", 0))
+    far = socket.create_connection(lst.getsockname())
+    near, _ = lst.accept()
+    lst.close()
+    near.setblocking(False)
+    peer = Peer("server", near, DataSocket("127.0.0.1", 0), on_message=lambda p, m: None)
+    peer.decoder.key(ctl.ControlMac(bytes(32)))
+    return far, peer
+
+
+def _read(peer) -> None:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        peer.read_control(time.monotonic())
+        time.sleep(0.01)
+
+
+def test_an_untagged_bye_before_the_first_authenticated_frame_is_quoted_not_called_tampering():
+    """The server's refusal of a login sent before it held the keys (a handshake timeout, its own
+    failure) is untagged, and the worker holds its keys already: it ends the login quoting it."""
+    far, peer = _peer_pair()
+    try:
+        far.sendall(ctl.encode(ctl.Bye("refused: no AUTH within 10 s")))
+        with pytest.raises(Exception) as err:
+            _read(peer)
+        assert not isinstance(err.value, TamperError)
+        assert str(err.value) == ("server: ended the login with an unauthenticated BYE (its own refusal before the "
+                                  "keys, or injected on the path): refused: no AUTH within 10 s")
+    finally:
+        far.close()
+        peer.tcp.close()
+        peer.udp.close()
+
+
+def test_after_an_authenticated_frame_an_untagged_bye_is_tampering():
+    far, peer = _peer_pair()
+    try:
+        far.sendall(ctl.encode(ctl.Meta({"x": 1}), ctl.ControlMac(bytes(32))) + ctl.encode(ctl.Bye("worker done")))
+        with pytest.raises(TamperError, match=r"^control stream of server failed authentication: 1 forged; ending "
+                                              r"the run .*the first refused said Bye\(reason='worker done'\)$"):
+            _read(peer)
+    finally:
+        far.close()
+        peer.tcp.close()
+        peer.udp.close()
