@@ -442,7 +442,9 @@ def add_workload_args(ap: argparse.ArgumentParser, *, default: str | None) -> No
     """Real training workers in the emulated hosts (``--workload``), or a replayed gradient."""
     ap.add_argument("--workload", default=default if default is not None else "none",
                     help="train this dblp.train workload in the worker hosts (digits_mlp: ~1M parameters on the "
-                         "bundled digits; small_cnn, small_transformer; efficientnet_b0, resnet50, alexnet, gpt2_s "
+                         "bundled digits; mnist1d_cnn: a 110k-parameter 1-D CNN on MNIST-1D, generated offline, "
+                         "~1,000 iterations before its accuracy plateaus; small_cnn, small_transformer; "
+                         "efficientnet_b0, resnet50, alexnet, gpt2_s "
                          "with --data-root or --data teacher), or 'none' to replay a synthetic gradient of --model's size")
     ap.add_argument("--data-root", default=None,
                     help="folder of the paper workloads' data sets (default: $DBLP_DATA_ROOT)")

@@ -32,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--id", type=int_arg(0), required=True, help="worker index (data shard)")
     w.add_argument("--workers", type=count_arg(1), required=True, help="number of workers (shards)")
     w.add_argument("--workload", default="small_cnn",
-                   help="small_cnn|small_transformer|efficientnet_b0|resnet50|alexnet|gpt2_s")
+                   help="small_cnn|small_transformer|digits_mlp|mnist1d_cnn|efficientnet_b0|resnet50|alexnet|gpt2_s")
     w.add_argument("--data-root", default=None, help="folder with the data set (CIFAR/WikiText-2)")
     w.add_argument("--data", choices=["real", "teacher"], default="real",
                    help="real: the workload's data set; teacher: a learnable synthetic image set of CIFAR's shape "
