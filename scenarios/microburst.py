@@ -162,8 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.train:
         from dblp.trainreport import report as training_report
 
+        from dblp.tta import report as answer
+
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, consistency {a.consistency}"
+        answer(out, names, a.workers, seeds, a.bursts_list, a.train["targets"], calm=calm, condition=bursts,
+               setup=f"{setup}, {bursts}")  # before the training report, which removes the weight snapshots
         training_report(out, names, a.workers, setup, bursts, divergence=a.train["save_weights"], calm=calm,
                         targets=a.train["targets"], seeds=seeds)
     return 0

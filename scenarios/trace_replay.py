@@ -62,8 +62,8 @@ from pathlib import Path
 from dblp import analysis
 from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
 from dblp.wire import TAG_SIZE, ChunkLayout
-from dblp.cliargs import (add_run_args, add_seeds_arg, add_workload_args, check_run_args, check_workload_args,
-                          parser)
+from dblp.cliargs import (add_compensation_args, add_configs_arg, add_run_args, add_seeds_arg, add_workload_args,
+                          check_compensation_args, check_configs_arg, check_run_args, check_workload_args, parser)
 from dblp.policy import run_policy as named_policy
 from dblp.provenance import config_record
 from traces.argtypes import float_arg
@@ -92,9 +92,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_run_args(ap, iterations=100, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
     add_workload_args(ap, default=None)
     add_seeds_arg(ap)
+    add_compensation_args(ap)
+    add_configs_arg(ap)
     a = ap.parse_args(argv)
     check_run_args(ap, a)
     check_workload_args(ap, a)
+    check_compensation_args(ap, a)
+    check_configs_arg(ap, a)
     from traces import TraceError, read_trace
 
     try:  # read now: a bad file is refused before Mininet is built
@@ -193,7 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in a.policy_list:
             print(f"- {name}: {' '.join(named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags())}", flush=True)
         py = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
+        for label, comp in a.config_list:
+            print(f"- {label}: {' '.join(named_policy('dblp', a.p_low, a.p_high, a.eta, a.freq).flags())} "
+                  f"{' '.join(comp.flags())}", flush=True)
         run_replicates(a, net, lc, out, [], policies=a.policy_list, seeds=seeds, python=py,
+                       variants=[(label, comp.to_dict()) for label, comp in a.config_list],
                        env={"PYTHONPATH": str(_bootstrap.ROOT)}, around=replaying)
         rec.finish(net=net, loss=lc, extra={"replay": losses[seeds[0]] if len(seeds) == 1 else
                                             {f"seed{s}": v for s, v in losses.items()}})
@@ -203,8 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     report(a, trace, by_seed[first], losses[first], exposure.get(first, {}), out, by_seed)
     if a.train:  # real training workers: accuracy and training time under the replayed loss
         from dblp.trainreport import report as training_report
+        from dblp.tta import report as answer
 
-        training_report(out, a.policy_list, a.workers, f"{a.train['workload']}, {a.workers} workers",
+        answer(out, a.policy_list + [label for label, _ in a.config_list], a.workers, seeds, [], a.train["targets"],
+               condition=f"trace {Path(a.trace).name}",
+               setup=f"{a.train['workload']}, {a.workers} workers, trace {Path(a.trace).name}")
+
+        training_report(out, a.policy_list + [label for label, _ in a.config_list], a.workers, f"{a.train['workload']}, {a.workers} workers",
                         f"trace {Path(a.trace).name}", divergence=a.train["save_weights"], targets=a.train["targets"],
                         seeds=seeds)
     return 0

@@ -38,7 +38,9 @@ import time
 from pathlib import Path
 
 from dblp.analysis import RUN_COLORS
-from dblp.cliargs import add_seeds_arg, add_target_args, check_policy_args, parse_targets, parser, tolerance_arg
+from dblp.cliargs import (add_compensation_args, add_seeds_arg, add_target_args, check_compensation_args,
+                          check_policy_args, parse_targets, parser, tolerance_arg)
+from dblp.compensation import Compensation
 from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
 from dblp.provenance import write_config
 from dblp.trainreport import replicate_dir
@@ -67,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--loss", type=float_arg(0.0, 1.0, hi_open=True), default=0.0,
                     help="random UDP loss probability inside a network namespace (root; 0 = plain loopback)")
     ap.add_argument("--seed", type=int_arg(0), default=0, help="random seed of every process")
+    add_compensation_args(ap)
     ap.add_argument("--max-iters-per-epoch", type=count_arg(1), default=None,
                     help="cap on iterations per epoch (default: all)")
     add_target_args(ap)
@@ -87,6 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.loss and os.geteuid() != 0:
         ap.error("--loss needs root (an nftables rule in a network namespace)")
     check_policy_args(ap, a, a.policy_list)  # the policy objects' own checks, before any process starts
+    check_compensation_args(ap, a)
     if a.p_high is None:
         a.p_high = default_p_high(a.p_low)
     from dblp.gradients import model_name
@@ -127,7 +131,8 @@ def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -
         return train_worker_argv(args, {**train, "progress": i == 0 and not a.quiet}, i, server, records, d / f"w{i}")
 
     args = RunArgs(workers=a.workers, iterations=None, model=0, policy=policy_args(name, a), source="loopback",
-                   seed=a.seed, peer_timeout_s=120, plain=False, port=0, python=PY)
+                   seed=a.seed, peer_timeout_s=120, plain=False, port=0, python=PY,
+                   server_extra=Compensation.from_args(a).flags())
     env = {"PYTHONPATH": str(_bootstrap.ROOT), "OMP_NUM_THREADS": "1"}
     progress = Tail(d / "worker0.log")
     t0 = time.time()

@@ -318,3 +318,61 @@ def test_stop_once_over_sockets_delivers_everything_without_loss(monkeypatch):
     assert all({round(float(v), 4) for v in np.unique(o)} <= {exact, 0.0} for per in outs for o in per)
     early = _run(Compensation(), fast=False)
     assert all(r.up_received == need for r in early[1])  # the paper's early stop cuts the lossless uploads
+
+
+# -- the training exchange (the in-memory model) drives the same options ---------------------------
+def _exchange(label: str, p: float, loss: float = 0.0, workers: int = 3):
+    import torch
+
+    from dblp.train.exchange import TolerancePolicyExchange
+
+    ex = TolerancePolicyExchange.fixed(p, seed=1, compensation=label, loss=loss)
+    grads = [torch.full((CF * 200,), float(10 ** i)) for i in range(workers)]
+    out = ex.exchange_group(grads)
+    return ex, out.numpy().reshape(200, CF)[:, 0]
+
+
+def test_exchange_paper_mode_loses_the_early_stop_share_even_without_loss():
+    ex, per_chunk = _exchange("paper", 0.4)
+    need = needed_chunks(200, 0.4)
+    info = ex.last_info()
+    assert info["up_dropped"] == 3 * (200 - need) and info["down_dropped"] == 200 - need
+    assert np.count_nonzero(per_chunk == 0) >= 200 - need  # zero-filled where the broadcast stopped
+
+
+def test_exchange_stop_once_manufactures_no_loss_and_bounds_real_loss():
+    ex, per_chunk = _exchange("stop-once", 0.4)
+    assert ex.last_info()["up_dropped"] == 0 and ex.last_info()["down_dropped"] == 0
+    assert np.allclose(per_chunk, 111 / 3)
+    ex, _ = _exchange("stop-once", 0.4, loss=0.7)  # a burst: the bound holds on the retransmission
+    assert ex.last_info()["down_dropped"] == 200 - needed_chunks(200, 0.4)
+
+
+def test_exchange_unbiased_with_local_fill_leaves_no_zero_chunk():
+    ex, per_chunk = _exchange("unbiased+fill-local", 0.4)
+    allowed = {1.0, 10.0, 100.0, 5.5, 50.5, 55.0, 37.0}  # unbiased subset means, or worker 0's own 1.0
+    assert {float(v) for v in np.unique(per_chunk)} <= allowed | {0.0}
+    assert ex.last_info()["filled"] == 200 - needed_chunks(200, 0.4)
+    assert ex.last_info()["compensation"] == "unbiased+fill-local"
+
+
+# -- the answer table -------------------------------------------------------------------------------
+def test_answer_verdicts_compare_against_the_baseline_seed_range():
+    from dblp.tta import answer_rows, verdict_lines
+
+    def row(run, seed, t):
+        return {"condition": "bursts", "run": run, "seed": seed, "metric": "accuracy", "passes_at_bursts": 3.0,
+                "burst_round_s": 0.5, "round_mean_s": 0.2, "train_s": 30.0, "final": 0.95, "divergence": 0.01,
+                "to_0.94_s": t, "to_0.94_iter": t * 2}
+
+    rows = [row("baseline", s, t) for s, t in enumerate((20.0, 22.0, 24.0))]
+    rows += [row("dblp", s, t) for s, t in enumerate((25.0, 27.0, 30.0))]
+    rows += [row("dblp-x", s, t) for s, t in enumerate((10.0, 12.0, 21.0))]
+    rows += [row("dblp-y", s, t) for s, t in enumerate((10.0, 12.0, 15.0))]
+    table = answer_rows(rows, [0.94])
+    assert table[1][:3] == ["bursts", "baseline", 3]
+    assert "22.0 [20.0-24.0]" in table[1]
+    v = verdict_lines(rows, [0.94])
+    assert "dblp LATER than the baseline beyond the seed spread (0.81x the baseline's speed" in v[0]
+    assert "dblp-x inside the seed spread" in v[1]
+    assert "dblp-y SOONER than the baseline beyond the seed spread (1.83x" in v[2]

@@ -81,21 +81,31 @@ class DBLPComm:
     ``False`` (datagrams even on one host: to measure DBLP's own data path, to lose datagrams
     to an emulated path on loopback, or where ranks share rank 0's address but not its
     ``/dev/shm``, as containers of one pod may - the server then refuses the slot).
+    ``compensation``: the loss compensation and stop rule (:mod:`dblp.compensation`), a
+    :class:`~dblp.compensation.Compensation` or its label (``"unbiased+fill-local"``,
+    ``"stop-once"``...); None keeps the paper's zero-fill and early stop.
     """
 
     def __init__(self, model: Any, *, policy: str = "dblp", records: str | os.PathLike | None = None,
                  port: int = DEFAULT_PORT, server_host: str | None = None, peer_timeout: float = 600.0,
                  server_args: Sequence[str] = (), timeout: float = 60.0, local: bool | str = "auto",
-                 **policy_kw: float) -> None:
+                 compensation: Any = None, **policy_kw: float) -> None:
         unknown = set(policy_kw) - set(_POLICY_KW)
         if unknown:
             raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_KW)}")
         if "p" in policy_kw:
             policy_kw.setdefault("p_low", policy_kw.pop("p"))
+        from dblp.compensation import Compensation
+
         try:
             flags = run_policy(policy, **policy_kw).flags()  # checks every value, by name
+            # the loss compensation and stop rule (dblp.compensation): an object, a label such as
+            # "unbiased+fill-local", or None for the paper's zero-fill and early stop
+            comp = compensation if isinstance(compensation, Compensation) else \
+                Compensation.from_label(compensation) if compensation else Compensation()
         except ParameterError as exc:
             raise ValueError(str(exc)) from None
+        flags = flags + comp.flags()
         if not 0 <= port < 65536:
             raise ValueError(f"port must be in [0, 65535], got {port}")
         if not peer_timeout > 0:
@@ -122,7 +132,8 @@ class DBLPComm:
                 # what made these records: the policy, the world, the commit and the package versions
                 from dblp.provenance import write_config
 
-                write_config(self.records_dir, {"policy": policy, **policy_kw, "server_args": list(server_args),
+                write_config(self.records_dir, {"policy": policy, **policy_kw, "compensation": comp.to_dict(),
+                                                "server_args": list(server_args),
                                                 "world_size": self.world, "peer_timeout": peer_timeout})
         status: list[Any] = [None]
         if self.rank == 0:

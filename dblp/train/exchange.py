@@ -232,18 +232,22 @@ class TolerancePolicyExchange:
     A model of DBLP's *accuracy* cost, not of its timing, driving the same
     round logic as the real server and workers (:mod:`dblp.session`: the
     policy's tolerance per round, CLR detection on the mean's norm, the
-    broadcast under ``p_down``) and the core's receivers (their STOP
-    threshold), over an in-memory link instead of sockets. Under early stop a
-    receiver accepts a round as soon as ``needed_chunks(n, p)`` of its ``n``
-    chunks are in, so each direction loses exactly ``n - needed_chunks(n, p)``
-    chunks; which ones is drawn at random per transfer (loss scattered over
-    the stream). Upstream, each worker's gradient loses its own chunks (the
-    server zero-fills them) and the server averages (the paper's ``zero``
-    rule) and feeds the mean's L2 norm to the policy (:mod:`dblp.policy`:
-    reliable, fixed ``p`` = the MLT baseline, or the CLR-switching ``dblp``).
-    Simulated workers share one model replica, so the broadcast applies
-    worker 0's received chunks to all of them (the replica drift of real
-    per-worker broadcasts is not modelled).
+    broadcast under ``p_down``) and the core's receivers (their STOP rule,
+    R5/R5b), over an in-memory link instead of sockets. Each transfer's chunks
+    go in a random order (loss scattered over the stream); ``loss`` (a fraction,
+    or ``f(step)``: a burst schedule) of them is lost in flight. Under the
+    paper's early stop a receiver takes the first ``needed_chunks(n, p)`` that
+    arrive; under ``stop_rule="once"`` it takes every chunk of the first pass and
+    the bound applies to the retransmission of the lost ones. The server
+    reduces by the run's upload estimate and feeds the mean's L2 norm to the
+    policy (:mod:`dblp.policy`: reliable, fixed ``p`` = the MLT baseline, or the
+    CLR-switching ``dblp``); the compensation's arithmetic (fill, error feedback
+    and its bound) is :mod:`dblp.compensation`'s, applied here to the model's
+    values. Simulated workers share one model replica, so the broadcast applies
+    worker 0's received chunks (and C2's fill from worker 0's contribution, C4's
+    residual of what worker 0 missed) to all of them: the replica drift of real
+    per-worker broadcasts is not modelled, and C3 carries exactly the chunks the
+    server did not hold (a real sender knows only those it never handed out).
     """
 
     def __init__(
@@ -253,7 +257,11 @@ class TolerancePolicyExchange:
         directions: str = "both",
         chunk_floats: int = CHUNK_FLOATS,
         seed: int = 0,
+        compensation: Any = None,
+        loss: float | Callable[[int], float] = 0.0,
     ) -> None:
+        from dblp.compensation import Compensation
+
         if directions not in ("both", "up", "down"):
             raise ValueError("directions must be 'both', 'up' or 'down'")
         if not callable(getattr(policy, "update", None)):
@@ -261,11 +269,17 @@ class TolerancePolicyExchange:
         self.policy = policy
         self.directions = directions
         self.chunk_floats = chunk_floats
+        self.compensation = compensation if isinstance(compensation, Compensation) else \
+            Compensation.from_label(compensation) if compensation else Compensation()
+        self.loss = loss
         self.step = 0
         self._gen = torch.Generator().manual_seed(seed)
         self._info: dict[str, Any] = {}
         self._server: Any = None
         self._workers: list[Any] = []
+        self._layout: Any = None
+        self._ufb: list[Any] = []
+        self._bfb: Any = None
         self.records: list[Any] = []  # the sessions' RoundRecords of the last step (server and workers)
 
     @classmethod
@@ -281,13 +295,18 @@ class TolerancePolicyExchange:
         return cls(FixedPolicy(p), **kw)
 
     def _setup(self, workers: int, elements: int) -> None:
+        from dblp.compensation import BroadcastFeedback, UploadFeedback
         from dblp.session import RecordContext, ServerSession, WorkerSession
         from dblp.wire import FLOAT_BYTES, HEADER_SIZE, IP_UDP_OVERHEAD, ChunkLayout
 
-        layout = ChunkLayout(elements, self.chunk_floats * FLOAT_BYTES + HEADER_SIZE + IP_UDP_OVERHEAD)
+        c = self.compensation
+        layout = self._layout = ChunkLayout(elements, self.chunk_floats * FLOAT_BYTES + HEADER_SIZE + IP_UDP_OVERHEAD)
         ctx = RecordContext(source="model", policy=str(getattr(self.policy, "name", "")), order="random")
-        self._server = ServerSession(layout, range(workers), policy=self.policy, run_id=0, context=ctx, values=False)
-        self._workers = [WorkerSession(layout, i, run_id=0, context=ctx) for i in range(workers)]
+        self._server = ServerSession(layout, range(workers), policy=self.policy, run_id=0, context=ctx, values=False,
+                                     compensation=c)
+        self._workers = [WorkerSession(layout, i, run_id=0, context=ctx, compensation=c) for i in range(workers)]
+        self._ufb = [UploadFeedback(layout, c.feedback_bound) for _ in range(workers)] if c.upload_feedback else []
+        self._bfb = BroadcastFeedback(layout, c.feedback_bound) if c.broadcast_feedback else None
         self._server.start(float(self.step))
         self._dispatch()
 
@@ -305,49 +324,83 @@ class TolerancePolicyExchange:
                 self.records.append(ev.record)
         return senders
 
+    def loss_at(self, step: int) -> float:
+        f = float(self.loss(step) if callable(self.loss) else self.loss)
+        if not 0.0 <= f <= 1.0:
+            raise ValueError(f"loss must be in [0, 1], got {f} at step {step}")
+        return f
+
     def _transfer(self, sender: Any, receiver: Any, lossy: bool) -> np.ndarray:
-        """Deliver one transfer: every chunk, or exactly the receiver's threshold of them
-        at random (early stop under scattered loss); then hand its STOP to the sender."""
+        """Deliver one transfer, then hand its STOP to the sender. Returns the chunks the receiver
+        does not hold. ``lossy``: this direction loses (``loss``) and stops by the run's rule;
+        otherwise every chunk arrives and the receiver takes them all."""
+        from dblp import control as ctl
+
         n, now = receiver.layout.chunks, float(self.step)
-        ids = torch.randperm(n, generator=self._gen)[: receiver.need].numpy() if lossy else np.arange(n)
-        receiver.receive_chunks(sender.round_no, ids, now)
+        if not lossy:
+            receiver.receive_chunks(sender.round_no, np.arange(n), now)
+        else:
+            order = torch.randperm(n, generator=self._gen).numpy()
+            lost = int(round(self.loss_at(self.step) * n))
+            arrived, missed = order[lost:], order[:lost]
+            first = arrived if self.compensation.stop_rule == "once" else arrived[: receiver.need]
+            receiver.receive_chunks(sender.round_no, first, now)
+            if not receiver.complete:  # the first pass's PROBE (R5b: once, the bound applies from here)
+                receiver.handle_control(ctl.Probe(sender.round_no, sender.direction, 1), now)
+            if not receiver.complete:  # retransmission of the lost ones, cut at the bound (R5)
+                receiver.receive_chunks(sender.round_no, missed[: max(0, receiver.need - receiver.received)], now)
         for m in receiver.control_to_send():
             sender.handle_control(m, now)
         if not sender.done:
-            raise RuntimeError(f"round {sender.round_no}: the receiver did not stop after {ids.size} of {n} chunks")
+            raise RuntimeError(f"round {sender.round_no}: the receiver did not stop ({receiver.received} of {n})")
         return np.flatnonzero(~receiver.mask)
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         return self.exchange_group([flat_grad])
 
     def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        from dblp.compensation import fill_local
+        from dblp.reduce import reduce_mean_norm
+        from dblp.wire import zero_chunks as zero_np
+
         if self._server is None:
             self._setup(len(grads), grads[0].numel())
         elif len(grads) != len(self._workers):
             raise ValueError(f"{len(grads)} gradients; this exchange was set up for {len(self._workers)} workers")
-        now, s = float(self.step), self._server
+        now, s, lay, c = float(self.step), self._server, self._layout, self.compensation
         self.records = []
         clr_up = bool(self.policy.clr)
-        ups = []
+        ups, masks, sent = [], [], []
         for i, (g, ws) in enumerate(zip(grads, self._workers)):  # S5: each worker's upstream
+            vals = g.detach().to("cpu", torch.float32).reshape(-1).numpy()
+            contrib = self._ufb[i].contribution(vals) if self._ufb else vals  # C3
             missing = self._transfer(ws.begin_round(now), s.receiver(i), self.directions in ("both", "up"))
             ws.sent(now)
-            flat = g.detach().to("cpu", torch.float32).reshape(-1).clone()
-            zero_chunks(flat, torch.from_numpy(missing), self.chunk_floats)
-            ups.append((flat, missing.size))
+            if self._ufb:
+                self._ufb[i].delivered(missing)
+            flat = contrib.copy()
+            zero_np(flat, lay, missing)  # R7 at the server
+            ups.append(flat)
+            masks.append(s.receiver(i).mask.copy())
+            sent.append(contrib)
         s.poll(now)  # S2
         self._dispatch()
-        mean = torch.stack([u[0] for u in ups]).mean(dim=0)  # the paper's zero rule: sum / N
-        norm = float(mean.norm())
+        mean = np.empty(lay.elements, np.float32)
+        norm = reduce_mean_norm(ups, masks, lay, mean, c.upload_estimate)  # C1
+        residual = self._bfb.add_to(mean) if self._bfb is not None else 0.0  # C4
         s.broadcast(norm, now)  # S3: policy, ROUND(k, down), the broadcast senders
         senders = self._dispatch()
         lost_down = [self._transfer(senders[i], ws.receiver, self.directions in ("both", "down"))
                      for i, ws in enumerate(self._workers)]
         s.poll(now)  # S4: records, next upstream
         self._dispatch()
+        held0 = self._workers[0].receiver.mask.copy()
         self.records += [ws.finish_round(now) for ws in self._workers]
-        out = mean.clone()
-        zero_chunks(out, torch.from_numpy(lost_down[0]), self.chunk_floats)
+        out = mean.copy()
+        zero_np(out, lay, lost_down[0])  # R7 at the (shared) replica
+        filled = fill_local(out, sent[0], held0, lay) if c.broadcast_fill == "local" else 0  # C2
+        if self._bfb is not None:
+            self._bfb.round_over(mean, ~held0)
         rec = next(r for r in self.records if r.role == "server")
         self._info = {
             "tolerance": rec.tolerance_up,
@@ -356,12 +409,17 @@ class TolerancePolicyExchange:
             "clr_down": rec.clr,
             "server_grad_norm": norm,
             "chunks": rec.chunks,
-            "up_dropped": sum(u[1] for u in ups),
+            "up_dropped": int(sum(lay.chunks - int(m.sum()) for m in masks)),
             "down_dropped": int(lost_down[0].size),
             "workers": len(grads),
+            "filled": filled,
+            "residual_up_norm": float(np.mean([f.added for f in self._ufb])) if self._ufb else 0.0,
+            "residual_down_norm": residual,
+            "compensation": c.label(),
         }
         self.step += 1
-        return out.view_as(grads[0]) if grads[0].dim() != 1 else out
+        res = torch.from_numpy(out)
+        return res.view_as(grads[0]) if grads[0].dim() != 1 else res
 
     def last_info(self) -> dict[str, Any]:
         return dict(self._info)
