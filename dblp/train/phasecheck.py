@@ -129,6 +129,7 @@ def plot_phase(reliable: dict[str, Any], dblp: dict[str, Any], path: str | Path,
                   label="check: not critical (P_high)")
     ax[1].axhline(DEFAULT_ETA, color="tab:red", ls="--", lw=1, label=f"eta = {DEFAULT_ETA}")
     ax[1].set_yscale("symlog", linthresh=0.1)
+    ax[1].set_ylim(bottom=0)
     ax[1].set_ylabel(f"|change| / previous\n(every {DEFAULT_FREQ} iterations)")
     ax[1].legend(loc="upper left", fontsize=8, ncol=3)
     for r, color in ((reliable, "tab:green"), (dblp, "tab:blue")):
@@ -156,13 +157,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=None, help="epochs (default: the workload's)")
     ap.add_argument("--eval-every", type=int, default=20, help="test every N iterations (default 20)")
     ap.add_argument("--plot", default=None, help="write the first seed's figure here (PNG)")
-    ap.add_argument("--json", default=None, help="write every run's summary here")
+    ap.add_argument("--json", default=None, help="write every run's summary (and seed 0's curves, for --from-json) here")
+    ap.add_argument("--from-json", default=None, help="redraw --plot from a file --json wrote, training nothing")
     a = ap.parse_args(argv)
     from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
 
-    rows, first = [], {}
+    rows: list[dict[str, Any]] = []
+    first: dict[str, dict[str, Any]] = {}
+    if a.from_json:
+        saved = json.loads(Path(a.from_json).read_text(encoding="utf-8"))
+        rows, first = saved["rows"], saved["seed0"]
     t0 = time.perf_counter()
-    for seed in range(a.seeds):
+    for seed in range(0 if a.from_json else a.seeds):
         for policy in ("reliable", "dblp"):
             r = run_once(a.workload, policy, seed, epochs=a.epochs, eval_every=a.eval_every)
             rows.append(_summary(r))
@@ -173,9 +179,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"(accuracy {s['plateau_acc']:.3f}), final {s['final_acc']:.3f}, max {s['max_acc']:.3f}, "
                   f"CLR {s['clr_share']:.3f}{' (replayed on the lossless norms)' if policy == 'reliable' else ''}, "
                   f"{s['wall_s']:.0f} s", flush=True)
-    print(f"total {time.perf_counter() - t0:.0f} s")
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+    if not a.from_json:
+        print(f"total {time.perf_counter() - t0:.0f} s")
+    for policy in ("reliable", "dblp"):
+        mine = [r for r in rows if r["policy"] == policy]
+        if mine:
+            def span(k: str, f: str) -> str:
+                v = [r[k] for r in mine]
+                return f"{np.median(v):{f}} [{min(v):{f}}, {max(v):{f}}]"
+            print(f"{policy:8s} over {len(mine)} seeds, median [min, max]: plateau at {span('plateau_iter', '.0f')}, "
+                  f"accuracy there {span('plateau_acc', '.3f')}, final {span('final_acc', '.3f')}, "
+                  f"CLR share {span('clr_share', '.3f')}")
+    if a.json and not a.from_json:
+        Path(a.json).write_text(json.dumps({"rows": rows, "seed0": first}) + "\n", encoding="utf-8")
     if a.plot:
         r = first["dblp"]
         title = (f"{a.workload}: {r['parameters']:,} parameters, 3 workers in memory, seed 0\n"
