@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     lb.add_argument("--order", choices=list(ORDERS), default="blocks", help=order_help)
     lb.add_argument("--plain", action="store_true", help="disable UDP GSO/GRO")
     lb.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    add_compensation_args(lb)
     lb.add_argument("--aggregation", choices=list(AGGREGATIONS), default="server",
                     help="server: the paper's single parameter server; sharded: one shard server per worker "
                          "(reduce-scatter, then all-gather)")
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
             elements = model_elements(args.model)
             res = loopback_rounds(elements, workers=args.workers, rounds=args.iterations, warmup=args.warmup, p=args.p,
                                   mtu=args.mtu, order=args.order, fast=False if args.plain else None,
-                                  insecure=args.insecure, aggregation=args.aggregation)
+                                  insecure=args.insecure, aggregation=args.aggregation,
+                                  compensation=Compensation.from_args(args))
             if args.json:
                 print(json.dumps(res.to_dict()))
             else:

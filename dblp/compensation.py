@@ -204,47 +204,65 @@ def fill_local(out: np.ndarray, own: np.ndarray, held: np.ndarray, layout: Chunk
 
 
 class UploadFeedback:
-    """C3 and C5 for one worker: the residual of its undelivered upload chunks, carried across rounds."""
+    """C3 and C5 for one worker: the residual of its undelivered upload chunks, carried across rounds.
+
+    A round that delivered everything leaves no residual, and the next costs nothing: no copy, no
+    norm, the caller's values sent as they are (a lossless round pays for no option it does not use)."""
 
     def __init__(self, layout: ChunkLayout, bound: float = DEFAULT_FEEDBACK_BOUND) -> None:
         self.layout = layout
         self.bound = bound
         self.residual = np.zeros(layout.elements, np.float32)
-        self._sent = np.zeros(layout.elements, np.float32)
+        self._buf = np.zeros(layout.elements, np.float32)
+        self._sent: np.ndarray = self._buf
+        self._empty = True  # the residual is all zeros
         self.norm = 0.0  # the residual's norm after the last round
         self.added = 0.0  # the norm of the residual the current round's contribution carries
 
     def contribution(self, values: np.ndarray) -> np.ndarray:
         """The round's values plus the carried residual (C5-bounded against the values), in a buffer of
         this object's own: the caller's gradient is never written."""
+        if self._empty:
+            self.norm = self.added = 0.0
+            self._sent = values.reshape(-1)
+            return self._sent
         self.norm = self.added = bounded(self.residual, values, self.bound)
-        np.add(values.reshape(-1), self.residual, out=self._sent)
+        np.add(values.reshape(-1), self.residual, out=self._buf)
+        self._sent = self._buf
         return self._sent
 
     def delivered(self, undelivered: np.ndarray) -> float:
         """The upload's STOP is in: carry the sent values of the ``undelivered`` chunks (indices).
         Returns the new residual's norm."""
-        self.residual.fill(0.0)
+        if not self._empty:
+            self.residual.fill(0.0)
+            self._empty = True
         if undelivered.size:
             miss = np.zeros(self.layout.chunks, bool)
             miss[undelivered] = True
             np.copyto(self.residual, self._sent, where=chunk_mask_floats(miss, self.layout))
-        self.norm = float(np.linalg.norm(self.residual))
+            self._empty = False
+        self.norm = 0.0 if self._empty else float(np.linalg.norm(self.residual))
         return self.norm
 
 
 class BroadcastFeedback:
-    """C4 and C5 for the server: the residual of the mean's chunks no replica was given."""
+    """C4 and C5 for the server: the residual of the mean's chunks no replica was given (free while
+    every broadcast delivers everything, as :class:`UploadFeedback`)."""
 
     def __init__(self, layout: ChunkLayout, bound: float = DEFAULT_FEEDBACK_BOUND) -> None:
         self.layout = layout
         self.bound = bound
         self.residual = np.zeros(layout.elements, np.float32)
+        self._empty = True
         self.norm = 0.0
 
     def add_to(self, mean: np.ndarray) -> float:
         """Add the carried residual (C5-bounded against the mean) to the mean about to be broadcast,
         in place. Returns the residual's norm as added."""
+        if self._empty:
+            self.norm = 0.0
+            return 0.0
         self.norm = bounded(self.residual, mean, self.bound)
         if self.norm > 0:
             mean.reshape(-1).__iadd__(self.residual)
@@ -253,8 +271,11 @@ class BroadcastFeedback:
     def round_over(self, sent: np.ndarray, undelivered: np.ndarray) -> float:
         """The broadcast is over: carry ``sent``'s values on the chunks in ``undelivered`` (a per-chunk
         boolean mask). Returns the new residual's norm."""
-        self.residual.fill(0.0)
+        if not self._empty:
+            self.residual.fill(0.0)
+            self._empty = True
         if undelivered.any():
             np.copyto(self.residual, sent.reshape(-1), where=chunk_mask_floats(undelivered, self.layout))
-        self.norm = float(np.linalg.norm(self.residual))
+            self._empty = False
+        self.norm = 0.0 if self._empty else float(np.linalg.norm(self.residual))
         return self.norm

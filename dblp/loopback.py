@@ -29,6 +29,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .core import DEFAULT_ORDER, ORDERS
 from .launch import Launch, LaunchError, LocalRunner, RunArgs
@@ -76,6 +77,7 @@ def loopback_rounds(
     timeout: float = 300.0,
     insecure: bool = False,
     aggregation: str = "server",
+    compensation: Any = None,
 ) -> LoopbackResult:
     """Run ``warmup + rounds`` rounds; return the timed ones. ``p`` = 0 is the
     reliable policy, else a fixed tolerance; ``fast=False`` forces the plain
@@ -84,7 +86,8 @@ def loopback_rounds(
     ``sharded`` a shard server per worker (:mod:`dblp.shard`) instead of the paper's one server.
     ``mtu``: ``auto`` (the default) sizes datagrams for the path, 127.0.0.1's ``lo``
     (:func:`dblp.udp.auto_mtu`, the same rule the server applies to ``--mtu auto``); a number of
-    bytes, e.g. 1500, sizes them as on an Ethernet path between real hosts."""
+    bytes, e.g. 1500, sizes them as on an Ethernet path between real hosts. ``compensation``: a
+    :class:`dblp.compensation.Compensation` for the server (None: the paper's)."""
     mtu = resolve_mtu(mtu, _BIND)[0]  # resolved here, so the result can say which size the run used
     ChunkLayout(elements, mtu)  # refuses a bad size or MTU by name
     if workers < 1 or rounds < 1 or warmup < 0:
@@ -104,7 +107,7 @@ def loopback_rounds(
         # timed from a common start, as gloo's harness is: every worker has its gradient first (dblp.startline)
         args = RunArgs(workers=workers, iterations=total, model=elements, source="loopback",
                        policy=run_policy("reliable" if p == 0 else "fixed", p_low=p).flags(), peer_timeout_s=timeout,
-                       plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order], insecure=insecure,
+                       plain=fast is False, port=0, mtu=mtu, server_extra=["--order", order] + (compensation.flags() if compensation else []), insecure=insecure,
                        aggregation=aggregation, worker_extra=["--start-together", str(d / "start")])
         try:
             with Launch(LocalRunner(), "local", ["local"] * workers, args, records_dir=d, log_dir=d, env=env,

@@ -63,10 +63,16 @@ def reduce_mean_norm(
     also sums the squares; the mean is bit-identical to numpy's."""
     if mode not in MODES:
         raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
+    mode = _effective(mode, masks)
     if mode == "zero" and _c_mean_into is not None:
         return math.sqrt(_c_mean_into(out, buffers, 1.0 / len(buffers), REDUCE_THREADS))
     _mean_numpy(buffers, masks, layout, out, mode)
     return float(np.linalg.norm(out))
+
+
+def _effective(mode: str, masks: list[np.ndarray]) -> str:
+    """``unbiased`` over complete contributions is ``zero`` (every count is N): the fused C pass."""
+    return "zero" if mode == "unbiased" and all(m.all() for m in masks) else mode
 
 
 def _mean_numpy(buffers: list[np.ndarray], masks: list[np.ndarray], layout: ChunkLayout, out: np.ndarray,
@@ -118,6 +124,7 @@ def guarded_mean_norm(
     if not max_norm > 0 or (clip_norm is not None and not clip_norm > 0):
         raise ValueError(f"max_norm and clip_norm must be positive, got {max_norm}, {clip_norm}")
     sumsq = np.zeros(len(buffers), np.float64)
+    mode = _effective(mode, masks)
     if mode == "zero" and _c_mean_into is not None:
         norm = math.sqrt(_c_mean_into(out, buffers, 1.0 / len(buffers), REDUCE_THREADS, sumsq))
     else:

@@ -54,12 +54,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def dblp_loopback(tree: Path, mode: str, elements: int, workers: int, iterations: int,
-                  mtu: str | None = None) -> dict:
+                  mtu: str | None = None, extra: list[str] | None = None) -> dict:
     """``python -m dblp loopback --json`` run from checkout ``tree`` (its result: ``median_s``, and
     from a tree that reports them ``mtu``, ``passes``, ``chunks``); ``mtu`` None: the tree's default."""
     env = dict(os.environ, PYTHONPATH=str(tree))
     argv = [sys.executable, "-m", "dblp", "loopback", "--model", str(elements), "--workers", str(workers),
-            "--iterations", str(iterations), "--aggregation", mode, "--json"] + (["--mtu", mtu] if mtu else [])
+            "--iterations", str(iterations), "--aggregation", mode, "--json"] + (["--mtu", mtu] if mtu else []) \
+        + list(extra or [])
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     out = subprocess.run(argv, env=env, cwd=tree, capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -86,6 +87,10 @@ def build_parser():
     ap.add_argument("--mtus", default="",
                     help="DBLP's --mtu values to compare, comma-separated: bytes or auto (each a case per mode; "
                          "default: none given, each tree's own loopback default)")
+    ap.add_argument("--configs", default="",
+                    help="compensation labels (dblp.compensation: unbiased, fill-local, ef-upload, ef-broadcast, "
+                         "ef-both, stop-once, '+'-joined), each a case per mode beside the paper's, with its round "
+                         "time over the paper's in the same repeat (default: none)")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="another checkout of the project, run beside this one in every repeat (default: none)")
     ap.add_argument("--port", type=count_arg(1), default=29781, help="gloo's rendezvous TCP port on 127.0.0.1")
@@ -112,11 +117,24 @@ def main(argv: list[str] | None = None) -> int:
         mtus = [mtu_arg(x) for x in args.mtus.split(",") if x] or [None]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--mtus: {exc}")
-    cases = [(f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u) for m in modes for u in mtus]
+    from dblp.compensation import Compensation
+
+    try:
+        comps = [Compensation.from_label(x.strip()) for x in args.configs.split(",") if x.strip()]
+    except ParameterError as exc:
+        ap.error(f"--configs: {exc}")
+    cases = [(f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u, []) for m in modes for u in mtus]
     if args.baseline is not None:
         cases = [c for m in modes for u in mtus
-                 for c in ((f"{m}" + (f" MTU {u}" if u else "") + " (baseline)", args.baseline.resolve(), m, u),
-                           (f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u))]
+                 for c in ((f"{m}" + (f" MTU {u}" if u else "") + " (baseline)", args.baseline.resolve(), m, u, []),
+                           (f"{m}" + (f" MTU {u}" if u else ""), REPO, m, u, []))]
+    paper_of: dict[str, str] = {}  # a compensation case -> the paper's case it is timed against
+    for m in modes:
+        for u in mtus:
+            base = f"{m}" + (f" MTU {u}" if u else "")
+            for c in comps:
+                cases.append((f"{base} {c.label()}", REPO, m, u, c.flags()))
+                paper_of[f"{base} {c.label()}"] = base
     out = args.out or REPO / "results" / "bench_loopback" / time.strftime("%Y%m%d-%H%M%S")
     out.mkdir(parents=True, exist_ok=True)
     write_config(out, args)  # the flags as given, with provenance: --config out/config.json reruns it
@@ -133,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             g = statistics.median(gloo.allreduce_s(elements, f"{r}.{i}", args.timeout + 10)
                                   for i in range(args.iterations))
             line = [f"repeat {r + 1}/{args.repeats} (load {load:.1f}): gloo {g * 1e3:.0f} ms"]
-            for name, tree, mode, mtu in cases:
+            for name, tree, mode, mtu, flags in cases:
                 res = dblp_loopback(tree, mode, elements, args.workers, args.iterations,
-                                    None if mtu is None else str(mtu))
+                                    None if mtu is None else str(mtu), flags)
                 d = float(res["median_s"])
                 passes = max(res.get("passes") or [0])  # 0: a tree that does not report them
                 rows.append({"repeat": r, "load": round(load, 2), "case": name, "tree": str(tree), "mode": mode,
@@ -164,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:22s} {statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f}); CPU of a run "
               f"{statistics.median(cpu):.1f} s ({min(cpu):.1f}-{max(cpu):.1f})"
               + (f", up to {passes} passes a round" if passes > 1 else ""))
+    if paper_of:
+        print(f"\nCompensation cost: round time over the paper's zero-fill in the same repeat, median (range)")
+    for name, base in paper_of.items():
+        rs = [a["dblp_s"] / b["dblp_s"] for a in rows if a["case"] == name
+              for b in rows if b["case"] == base and b["repeat"] == a["repeat"]]
+        summary["cases"][name]["over_paper_median"] = statistics.median(rs)
+        summary["cases"][name]["over_paper_range"] = [min(rs), max(rs)]
+        print(f"  {name:34s} {statistics.median(rs):.3f}x ({min(rs):.3f}-{max(rs):.3f})")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     _plot(rows, [c[0] for c in cases], out / "bench_loopback.png", elements, args.workers)
     return 0

@@ -440,7 +440,7 @@ class RoundFlow(FlowBase):
         if (self.leave is None or self.sender.done or not (r.active and r.round_no == self.rnd and not r.complete)
                 or r.tolerance is None):
             return math.inf
-        left = r.need - r.received
+        left = r.stop_count - r.received
         if left <= 0:
             return -math.inf
         dpos = self.dpos
@@ -629,7 +629,7 @@ class RoundFlow(FlowBase):
         self._x_at = math.inf
         if not (r.active and r.round_no == self.rnd and not r.complete) or r.tolerance is None:  # not open
             return
-        left = r.need - r.received
+        left = r.stop_count - r.received
         if 0 < left <= self.d_slot.size - self.dpos:
             t_x = float(self.d_t[self.dpos + left - 1])
             self._x_at = t_x
@@ -669,7 +669,7 @@ class RoundFlow(FlowBase):
                 if r.received == 0:
                     j = lo + 1  # alone, so the core's t_first is its arrival time
                 elif r.tolerance is not None:
-                    j = min(hi, lo + max(1, r.need - r.received))  # up to the one that meets need
+                    j = min(hi, lo + max(1, r.stop_count - r.received))  # up to the one that meets need
             when = float(self.d_t[j - 1])
             s0, s1 = int(self.d_slot[lo]), int(self.d_slot[j - 1])
             self.take_until(s1 + 1, when)
