@@ -23,6 +23,7 @@ from traces.units import HelpFormatter
 
 from .convergence import add_target_arg, round_trace, time_to_accuracy
 from .convergence_phase import add_convergence_args, model_for, sim_regimes
+from .modes import add_sim_compensation_args, mode_model, paper_of
 from .options import add_config_args, baseline_of, config_from_args, name_flags
 
 
@@ -43,7 +44,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_config(out, args)  # the flags as given, commit and package versions (--config takes it back)
     runs = [("dblp" if cfg.policy == "dblp" else cfg.policy, cfg)]
     if args.baseline:
-        runs.append(("baseline", baseline_of(cfg)))
+        runs.append(("baseline", paper_of(baseline_of(cfg))))  # the paper's fixed baseline, uncompensated
     summaries = {}
     results = {}
     traces: dict[str, tuple[list[float], list[float]]] = {}
@@ -61,7 +62,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         s = res.summary()
         ends, lost = round_trace(res.records)
         traces[label] = (ends, lost)
-        s.update(time_to_accuracy(ends, lost, args.target_accuracy, model, sim_regimes(c, len(ends))))
+        mode, factor, fitted = mode_model(model, c.compensation)  # the mode's charge of a lost fraction
+        s.update(time_to_accuracy(ends, lost, args.target_accuracy, mode, sim_regimes(c, len(ends))))
+        s.update(compensation=c.compensation.label(), convergence_mode_factor=factor,
+                 convergence_mode_fitted=fitted)
         s.update(wall_s=res.wall_s, iterations_per_s=c.rounds / res.wall_s if res.wall_s else float("nan"),
                  datagrams=res.datagrams)
         summaries[label] = s
@@ -72,6 +76,10 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"time-to-{args.target_accuracy:.0%}-accuracy {s['time_to_accuracy_s']:.3f} s, "
               f"lost up {s['lost_up'] * 100:.2f}% down {s['lost_down'] * 100:.2f}%, "
               f"passes up {s['up_passes']:.2f} down {s['down_passes']:.2f}", flush=True)
+        if not c.compensation.paper:
+            print(f"{label:>9}: mode {s['compensation']}: a lost fraction charged x{factor:.3f} in time to accuracy"
+                  + ("" if fitted else " (no factor fitted for this mode: charged as the paper's; "
+                                       "dblp.sim.modes.MODE_FACTORS)"), flush=True)
         if s["collapse_warning"]:
             print(f"{label:>9}: {s['collapse_warning']}", flush=True)
     if len(summaries) == 2:
@@ -133,7 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(r)
     add_target_arg(r)
     add_convergence_args(r)
-    r.add_argument("--baseline", action="store_true", help="also run the baseline (fixed p = P_low) and compare")
+    add_sim_compensation_args(r)
+    r.add_argument("--baseline", action="store_true", help="also run the baseline (fixed p = P_low, the paper's "
+                                                           "compensation and stop rule) and compare")
     r.add_argument("--out", default=None, help="folder for params.json, records-*.jsonl, summary.json and plots")
     r.add_argument("--records", default=None,
                    help="JSONL file for the round records (without --out; a name ending .gz is gzip-compressed)")

@@ -56,6 +56,7 @@ from .config import SimConfig
 from .convergence import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, round_trace, time_to_accuracy
 from .convergence_phase import (DEFAULT_CONVERGENCE, DEFAULT_CONVERGENCE_WORKLOAD, add_convergence_args, model_for,
                                 sim_regimes)
+from .modes import add_sim_compensation_args, mode_model, paper_of
 from .options import add_config_args, baseline_of, config_from_args
 from .replicates import mean_ci95
 from .runners import ResultCache, Runner, config_key, connect_check, describe, run_tasks
@@ -198,7 +199,7 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
         pairs = []
         for s in range(seeds):
             d = point_config(base.with_(seed=base.seed + s), pt)
-            b = baseline_of(d)
+            b = paper_of(baseline_of(d))  # the paper's fixed baseline, uncompensated
             kd, kb = config_key(d), config_key(b)
             tasks.setdefault(kd, d)
             tasks.setdefault(kb, b)
@@ -207,7 +208,8 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     t0 = time.perf_counter()
     results, cached = run_tasks(tasks, runner, jobs=jobs, dask=dask, cache=cache, progress=progress)
     wall = time.perf_counter() - t0
-    results = {k: with_accuracy(r, target_accuracy, model, sim_regimes(tasks[k], len(r["_round_lost"])))
+    results = {k: with_accuracy(r, target_accuracy, mode_model(model, tasks[k].compensation)[0],
+                                sim_regimes(tasks[k], len(r["_round_lost"])))
                for k, r in results.items()}
     rows = [_row(pt, pairs, results, base, seeds) for pt, pairs in plan]
     info = {"runs": len(tasks), "cached": cached, "grid_points": len(points), "seeds": seeds, "wall_s": wall,
@@ -298,6 +300,7 @@ def add_sweep_args(p: argparse.ArgumentParser) -> None:
     o.add_argument("--no-cache", action="store_true", help="simulate every point again and keep nothing")
     add_target_arg(o)
     add_convergence_args(o)
+    add_sim_compensation_args(p)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -1,0 +1,288 @@
+"""Time to accuracy per loss-compensation mode: what a lost fraction costs when the round compensates.
+
+Why: the convergence models (:mod:`dblp.sim.convergence_phase`) were fitted on trainings that zero-fill
+every lost chunk, the paper's rule. A compensating round (:mod:`dblp.compensation`: the unbiased upload
+estimate C1, the local broadcast fill C2, error feedback C3/C4) loses the same chunks but applies a
+better update, so the same lost fraction costs less progress. The stop rule (core R5b) needs no term
+of its own: it changes *how much* is lost, which the records already carry (``1 - up * down``).
+
+The model: the mode's effective lost fraction is ``f_eff = c_mode * f`` (capped at 1), fed to the
+workload's fitted curve unchanged::
+
+    progress:  s_{i+1} = s_i + gain(w_i, c_mode * f_i)         (gain, w_i: dblp.sim.convergence.PhaseModel)
+
+``c_mode`` is one number per compensation label without its stop rule (:func:`mode_key`); the paper's
+is 1 by definition, so the paper's predictions are exactly those of the base model. The factors
+(:data:`MODE_FACTORS`) are fitted on real CPU trainings of each mode - the emulation's runs
+(:func:`emulation_runs`: Mininet, real digits_mlp workers, measured per-iteration loss) - by a
+golden-section search on the accuracy RMSE of the fitted seeds (:data:`MODE_FIT`), the base curve held
+at :data:`dblp.sim.convergence_phase.PHASE_FITTED`. A mode without a fitted factor is charged as the
+paper (``c`` = 1) and says so (``fitted`` False in :func:`mode_model`).
+
+``python -m dblp.sim.modes_compare fit RUN`` refits the factors; ``compare RUN...`` puts, per run folder,
+condition and configuration, the emulation's measured time to each target beside the model's (driven
+by the run's measured loss and clock) and the simulator's (``python -m dblp.sim run`` on a calibration
+of the emulation, the run's bursts and compensation), with the errors, and sweeps the burst rate to find
+where DBLP's configurations reach the target sooner than the fixed baseline (:mod:`dblp.sim.modes_compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..compensation import Compensation
+from .convergence import _AccuracyCurve
+
+#: per compensation label without its stop rule (:func:`mode_key`): the factor on a lost fraction
+#: (fitted by MODE_FIT's command; "paper" is 1 by definition)
+MODE_FACTORS: dict[str, float] = {"paper": 1.0}
+#: where MODE_FACTORS come from: the run folder, its fitted seeds, the command that printed them
+MODE_FIT: dict[str, Any] = {"source": "results/tta-digits-paperbursts", "seeds": (0, 1),
+                            "command": "python -m dblp.sim.modes_compare fit results/tta-digits-paperbursts --seeds 0,1"}
+C_MAX = 2.5  # factors are searched in [0, C_MAX]
+
+
+def mode_key(comp: Compensation) -> str:
+    """The label whose factor charges ``comp``: its :meth:`~dblp.compensation.Compensation.label` without
+    the stop rule (the stop rule changes the lost fraction itself, which the records measure)."""
+    parts = [p for p in comp.label().split("+") if not p.startswith("stop-")]
+    return "+".join(parts) or "paper"
+
+
+@dataclass(frozen=True)
+class ModeModel(_AccuracyCurve):
+    """A base convergence model with each lost fraction scaled by the mode's factor ``c``."""
+
+    base: _AccuracyCurve
+    c: float
+
+    @property
+    def a(self) -> float:  # type: ignore[override]
+        return self.base.a
+
+    @property
+    def tau(self) -> float:  # type: ignore[override]
+        return self.base.tau
+
+    @property
+    def k(self) -> float:  # type: ignore[override]
+        return self.base.k
+
+    @property
+    def m(self) -> float:  # type: ignore[override]
+        return self.base.m
+
+    @property
+    def a0(self) -> float:  # type: ignore[override]
+        return self.base.a0
+
+    def step(self, s: float, f: float, critical: float = 0.0) -> float:
+        return self.base.step(s, min(1.0, self.c * f), critical)
+
+
+def mode_model(base: _AccuracyCurve, comp: Compensation,
+               factors: dict[str, float] | None = None) -> tuple[_AccuracyCurve, float, bool]:
+    """``(model, c, fitted)`` for a run with compensation ``comp``: ``base`` itself where ``c`` is 1 (the
+    paper, and any mode without a fitted factor: ``fitted`` False), else :class:`ModeModel`."""
+    table = MODE_FACTORS if factors is None else factors
+    key = mode_key(comp)
+    c = table.get(key)
+    fitted = c is not None
+    c = 1.0 if c is None else float(c)
+    return (base if c == 1.0 else ModeModel(base, c)), c, fitted
+
+
+# -- the simulator's flags ----------------------------------------------------------------------------------
+
+
+class _SimFlags:
+    """An argparse target that adds :func:`dblp.cliargs.add_compensation_args`'s flags to the simulator's
+    parser: the alias ``--reduce`` is left out (there it is the server's reduce time), and an absent flag
+    leaves the attribute unset, so ``--params``' options stand (:func:`dblp.sim.options.config_from_args`
+    takes only flags given)."""
+
+    def __init__(self, parser: Any) -> None:
+        self.parser = parser
+
+    def add_argument(self, *names: str, **kw: Any) -> Any:
+        taken = getattr(self.parser, "_option_string_actions", {})
+        names = tuple(n for n in names if n not in taken)
+        default = kw.pop("default", None)
+        kw["help"] = f"{kw.get('help', '')} (default: {default}, or --params')"
+        return self.parser.add_argument(*names, default=argparse.SUPPRESS, **kw)
+
+
+def add_sim_compensation_args(p: Any) -> None:
+    """The compensation options and stop rule on ``python -m dblp.sim run`` and ``sweep`` (one definition:
+    :func:`dblp.cliargs.add_compensation_args`)."""
+    from ..cliargs import add_compensation_args
+
+    g = p.add_argument_group("loss compensation and stop rule (dblp.compensation; the paper's by default)")
+    add_compensation_args(_SimFlags(g))
+
+
+def paper_of(cfg: Any) -> Any:
+    """``cfg`` with the paper's compensation and stop rule: the fixed baseline a DBLP mode is compared with."""
+    return cfg.with_(**Compensation(feedback_bound=cfg.feedback_bound).to_dict())
+
+
+# -- the emulation's runs ------------------------------------------------------------------------------------
+
+
+@dataclass
+class EmuRun:
+    """One emulated training: its condition, configuration, seed, per-iteration loss and regime, and the
+    evaluations ``(iteration, train_s, accuracy)`` (the workers' mean accuracy, the slowest one's clock)."""
+
+    folder: str
+    condition: str
+    run: str
+    seed: int
+    comp: Compensation
+    lost: list[float]
+    labels: list[bool]
+    evals: list[tuple[int, float, float]]
+    bursts: tuple[int, ...] = ()
+
+    @property
+    def policy(self) -> str:
+        return self.run.split("-")[0]
+
+    def iterations(self) -> int:
+        return len(self.lost)
+
+
+def run_compensation(name: str) -> Compensation:
+    """A microburst run folder's name -> its compensation: ``baseline``, ``dblp``, ``reliable`` are the
+    paper's, ``dblp-<label>`` is ``<label>`` (:meth:`dblp.compensation.Compensation.from_label`)."""
+    return Compensation.from_label(name.split("-", 1)[1]) if "-" in name else Compensation()
+
+
+def emulation_runs(folder: str | Path) -> list[EmuRun]:
+    """Every finished run of a microburst results folder (``[seed<s>/]<run>/`` with bursts,
+    ``[seed<s>/]calm/<run>/`` without): evaluations from the workers' ``evals.jsonl``, loss
+    (``1 - up * down``) from the round records, regimes from DBLP's detector over the server's recorded
+    gradient norms. A run still in progress (a worker without its summary) is left out."""
+    import json
+
+    from ..analysis import load
+    from ..trainreport import load_training, run_curve
+    from .convergence import round_trace
+    from .convergence_phase import _server_norms
+    from .convergence_runs import clr_labels
+
+    top = Path(folder)
+    cfg = json.loads((top / "config.json").read_text(encoding="utf-8"))
+    der = cfg.get("derived", {})
+    bursts = tuple(int(b) for b in der.get("bursts_list", []))
+    workers = int(cfg.get("workers", 3))
+    seed_dirs = sorted((d for d in top.glob("seed*") if d.is_dir() and d.name[4:].isdigit()),
+                       key=lambda d: int(d.name[4:]))
+    places = [(int(d.name[4:]), d) for d in seed_dirs] or [(int(cfg.get("seed", 0)), top)]
+    out: list[EmuRun] = []
+    for seed, base in places:
+        for cond, where, bs in ((f"bursts at {','.join(map(str, bursts))}", base, bursts),
+                                ("no bursts", base / "calm", ())):
+            if not where.is_dir():
+                continue
+            for d in sorted(where.iterdir()):
+                if d.name == "calm" or not (d / "records" / "server.jsonl").exists():
+                    continue
+                try:
+                    run = load_training(d, workers)
+                    comp = run_compensation(d.name)
+                except ValueError:
+                    continue  # unfinished, or not a run of ours
+                _, lost = round_trace(load(d / "records"))
+                out.append(EmuRun(str(top), cond, d.name, seed, comp, lost,
+                                  clr_labels(_server_norms(d / "records" / "server.jsonl")),
+                                  [(int(k), float(t), float(v)) for k, t, v in run_curve(run)], bs))
+    return out
+
+
+# -- fitting and predicting -------------------------------------------------------------------------------------
+
+
+def predicted_curve(model: _AccuracyCurve, r: EmuRun) -> list[float]:
+    """The model's accuracy after each iteration of ``r``, driven by its measured loss and regimes."""
+    return model.curve(r.lost, r.labels)
+
+
+def run_rmse(model: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
+    """Accuracy RMSE of ``model`` over every evaluation of ``runs``."""
+    se, n = 0.0, 0
+    for r in runs:
+        pred = predicted_curve(model, r)
+        for k, _, acc in r.evals:
+            if k < len(pred):
+                se += (pred[k] - acc) ** 2
+                n += 1
+    return math.sqrt(se / n) if n else math.nan
+
+
+def golden(fn: Any, lo: float, hi: float, tol: float = 1e-4) -> float:
+    """The minimiser of a unimodal ``fn`` on ``[lo, hi]`` (golden-section search)."""
+    g = (math.sqrt(5.0) - 1.0) / 2.0
+    a, b = lo, hi
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = fn(c), fn(d)
+    while b - a > tol:
+        if fc <= fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = fn(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = fn(d)
+    return (a + b) / 2.0
+
+
+def fit_factor(base: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
+    """The factor ``c`` in [0, :data:`C_MAX`] that minimises the accuracy RMSE of ``runs``."""
+    return golden(lambda c: run_rmse(ModeModel(base, c), runs), 0.0, C_MAX)
+
+
+def fit_factors(base: _AccuracyCurve, runs: Sequence[EmuRun]) -> dict[str, dict[str, float]]:
+    """Per mode key: the fitted ``c``, the runs it came from and the RMSE at it and at ``c`` = 1. The paper's
+    is fitted too, as a check of the base curve (its stored factor stays 1)."""
+    by: dict[str, list[EmuRun]] = {}
+    for r in runs:
+        by.setdefault(mode_key(r.comp), []).append(r)
+    out = {}
+    for key, rs in sorted(by.items()):
+        c = fit_factor(base, rs)
+        out[key] = {"c": c, "runs": len(rs), "rmse": run_rmse(ModeModel(base, c), rs),
+                    "rmse_c1": run_rmse(base, rs)}
+    return out
+
+
+def first_eval_at_or_after(r: EmuRun, iteration: float) -> tuple[float, float]:
+    """``(iteration, train_s)`` of the first evaluation of ``r`` at or after ``iteration`` - where the
+    emulation would have seen a crossing the model puts at ``iteration``; beyond the last evaluation the
+    run's mean seconds per iteration carry the clock on; ``(inf, inf)`` for an infinite iteration."""
+    if math.isinf(iteration):
+        return math.inf, math.inf
+    for k, t, _ in r.evals:
+        if k >= iteration:
+            return float(k), t
+    k, t, _ = r.evals[-1]
+    return float(iteration), t + (iteration - k) * t / k
+
+
+def measured_reach(r: EmuRun, target: float) -> tuple[float, float]:
+    """``(iteration, train_s)`` of the first evaluation at or above ``target`` (``(inf, inf)``: never)."""
+    return next(((float(k), t) for k, t, a in r.evals if a >= target), (math.inf, math.inf))
+
+
+def model_reach(model: _AccuracyCurve, r: EmuRun, target: float) -> tuple[float, float]:
+    """The model's crossing of ``target`` on ``r``'s measured loss, placed on ``r``'s evaluation grid and
+    clock; past the run, extrapolated at its mean loss and critical share (as a simulated run is)."""
+    n = r.iterations()
+    it = model.iterations_to(target, r.lost, critical=r.labels, then=sum(r.lost) / n if n else 0.0,
+                             then_critical=sum(r.labels[:n]) / n if n else 0.0)
+    return first_eval_at_or_after(r, it)
