@@ -27,7 +27,7 @@ type    name       body
                    host-local slot (:mod:`dblp.hostlocal`, the sharded mode)
 13      BITMAP+    round u32, direction u8, received u32, rate f64, packed bits:
                    a BITMAP that states the rate the first pass arrived at
-                   (core rule R15; sent as type 5 when there is no rate)
+                   (pacing rule R15; sent as type 5 when there is no rate)
 ======  =========  ==========================================================
 
 CHALLENGE and AUTH are the authenticated handshake (:mod:`dblp.auth`): the
@@ -54,7 +54,7 @@ HELD and COMMON exist only in the ``intersect`` consistency mode
 ("down"). ROUND announces a round and its loss tolerance; the server always
 decides the tolerance (Algorithm 3), whichever side receives.
 
-The bracketed trailing fields are core rule R12's (issue #30, beyond the
+The bracketed trailing fields are pacing rule R12's (:mod:`dblp.pacing`, beyond the
 paper): a self-pacing sender's PROBE states the rate its pass was sent at
 (bit/s), and the server's ROUND(up) grants the rate every self-pacing worker
 starts its upload from. Each is sent only when non-zero, so a frame without

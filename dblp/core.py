@@ -1,7 +1,7 @@
 """The sans-I/O DBLP core: one sender and one receiver state machine per peer.
 
-This module is the only place the protocol's rules live (paper section III,
-Algorithms 1 and 2). It never touches a socket, a thread or SimPy: bytes and
+This module states the protocol's per-transfer rules (paper section III,
+Algorithms 1 and 2) and implements them. It never touches a socket, a thread or SimPy: bytes and
 control messages go in, with the clock passed in as ``now`` (seconds);
 datagram batches, control messages and timer deadlines come out. The socket
 transport (:mod:`dblp.transport`), the simulator (:mod:`dblp.sim`) and the
@@ -28,8 +28,8 @@ R5  The receiver sends STOP as soon as it holds ceil((1-p) n) chunks, without
     threshold holds, else BITMAP (l.10-17) - except a PROBE of a round
     whose STOP it already sent: that STOP is on the control channel, which
     is reliable and ordered (TCP; the simulator's too), so the PROBE needs no
-    answer. (Beyond the paper: the second STOP was one control message and
-    one wakeup of the other side per direction, worker and round - in a
+    answer. (Beyond the paper: a second STOP would cost one control message
+    and one wakeup of the other side per direction, worker and round - in a
     lossless one-pass round, the common case, every PROBE crosses its STOP.)
 R5b The stop rule (:data:`STOP_RULES`, a run's option): ``early`` is R5 as the paper has it,
     whose STOP cuts the first pass at ceil((1-p) n) chunks, so a lossless P_high round
@@ -55,127 +55,8 @@ R10 Placement (a transport's copy saver, not a rule change): while a round
     R4; a slot whose chunk is still missing at STOP is zero-filled (R7), so
     nothing that failed R4 (stale, foreign, corrupt, mispredicted) survives
     into the result, and nothing is placed after STOP or between rounds.
-R11 Self-pacing (issue #30): when a pass's reply comes (BITMAP, or STOP after
-    the PROBE) the sender reports the pass to its pacer - datagrams sent,
-    how many of them arrived (the reply's count less the previous one), their
-    bytes, the time spent sending, the time from the pass's first datagram
-    to the reply, whether it was the round's first pass, and the rate it
-    was sent at. A STOP (the receiver counts up to its threshold, and more
-    may be in flight, R5/R6) reports a clean pass when at most
-    :data:`EARLY_CLEAN` of the datagrams sent are unaccounted for, else
-    nothing. A fixed-rate pacer ignores the report; the
-    default pacer (:class:`dblp.pacing.AutoPacer`) sets its rate from it,
-    cutting only for loss its own rate caused (the arithmetic is there).
-R12 Rate grant (issue #30, beyond the paper): a self-pacing sender's PROBE
-    states the rate its pass was sent at (0, not stated, when unpaced or
-    fixed-rate); the receiver keeps the last stated rate of its peer
-    (:attr:`Receiver.stated_rate_bps`) and the loss of the round's first
-    pass when its PROBE came (:attr:`Receiver.first_loss`) with the rate that
-    PROBE stated (:attr:`Receiver.first_rate_bps`). When STOP came first (a
-    high tolerance: the threshold falls mid-pass) and the receiver knows the
-    sender's R3 order, the loss is that of the chunks the order put before the
-    last one that arrived: one pass crosses one FIFO path, so each of them
-    still missing was lost (a grant that overflows the bottleneck's queue is
-    seen in such rounds too; it was taken for clean); at most
-    :data:`EARLY_CLEAN` of them is clean, as R11 takes a STOP. The round logic (:mod:`dblp.session`) grants the next round's
-    upload rate in ROUND(up), one rate for every worker, set from all their
-    first passes (:class:`dblp.pacing.UploadGrant`); the worker's pacer
-    starts from it (:meth:`dblp.pacing.AutoPacer.grant`); a fixed-rate pacer
-    ignores the grant.
-R13 Coalesced control (issue #30, small models; a transport's rule like
-    R10, no message changes): a side may hold the control messages it sends
-    one peer and write them later in one piece, in their order, so that one
-    write wakes the peer once instead of once per message. Held messages go
-    before any datagram that follows them (a ROUND still announces its
-    datagrams), and before the holder waits for input - except a STOP, which
-    may be held across waits until the holder's next message to that peer,
-    when its timing tells nobody anything: a pass of fewer than
-    :data:`dblp.pacing.MIN_SAMPLE` datagrams, which R11 does not report. A
-    STOP that is held is still sent (R5: sent means queued; a PROBE crossing
-    it gets no answer), and nothing else that is awaited waits behind it.
-    The server (:mod:`dblp.server`) holds: a one-batch round's STOP(up)s
-    until the end of its loop's turn - below MIN_SAMPLE chunks, and the last
-    worker's always, until the broadcast, whose ROUND(down) they join - and
-    each worker's ROUND(down) until that worker's datagrams, its PROBE(down)
-    until the turn ends. A lossless 10,762-element round then costs each
-    worker two control wakeups instead of three to four
-    (``tests/test_control_cost.py``).
-R14 Broadcast rate (issue #30, beyond the paper: R12 for the server's own
-    streams): a sender keeps its first pass's loss at that pass's reply
-    (:attr:`RoundSender.first_loss`, from the BITMAP's count; when STOP came
-    first, the loss R12's receiver counted, which the STOP states as its span
-    - the first pass's datagrams up to the last arrival - when more than
-    :data:`EARLY_CLEAN` of them are missing; else 0) and the rate that pass was sent at
-    (:attr:`RoundSender.first_rate_bps`) - a self-pacing sender's. When the
-    next broadcast begins, the round logic sets the rate of all the server's
-    self-paced streams from every stream's first pass of the round before,
-    by R12's rule (:meth:`dblp.pacing.PacerGroup.round_done`); the streams
-    then hold that rate for the whole round, and their R11 reports move it
-    only until the rule has a rate (rounds 0-1: the unpaced flood, then the
-    start it gave).
-R15 The flood's dispersion (issue #30, beyond the paper: the first estimate
-    of R12 and R14): a receiver keeps when it accepted the round's first and
-    latest chunk; at the first pass's PROBE it keeps that pass's chunks and
-    their span (:attr:`Receiver.first_received`,
-    :attr:`Receiver.first_span_s`; a STOP first: the chunks and span at
-    STOP) - without the chunks of the first read (:attr:`Receiver.lead`):
-    the times are those of the reads, and a receiver that read late found
-    a backlog whose arrival it did not see (counted in, a descheduled
-    server measured 850 Mbit/s on a 100 Mbit/s link); the chunks of a later
-    read arrived after the read before it, so the rate is a lower bound of
-    the arrival rate over the span. Every datagram accepted before that
-    PROBE's answer belongs to the first pass (a retransmission needs the
-    answer). The server's receivers
-    (:attr:`Receiver.tell_rate`, a self-paced run) answer an unpaced first
-    upload pass (its PROBE states no rate) that lost with the rate its
-    chunks arrived at (a BITMAP+, :mod:`dblp.control` type 13): the
-    worker's pacer starts round 0's retransmissions from it
-    (:meth:`dblp.pacing.AutoPacer.on_pass`), not from its own bounds, which
-    the reply's delay spoils - the full queue drops the PROBE, and TCP
-    resends it 0.2 s later. (One sender's rate is an estimate of its share
-    only where the bottleneck interleaves the senders finely; served in
-    bursts, each sees up to the whole link - 3x the share measured for the
-    broadcast's streams, whose receivers therefore tell nothing.) When
-    every upload of a round whose first passes were all unpaced is in, they
-    lost
-    :data:`dblp.pacing.FLOOD_LOSS` or more (their mean: an overflow), and
-    no grant exists yet, the round logic takes all first passes' chunks
-    over the span from the earliest first chunk to the latest last one -
-    while an unpaced flood overflows a queue, the link behind it is busy, so
-    that is the bottleneck's rate (packet-train dispersion, the whole pass
-    the train) - as every worker's equal share of it. It seeds R12's grant
-    at :data:`dblp.pacing.HOLD` of the share, the share its ceiling
-    (:meth:`dblp.pacing.UploadGrant.seed`: soft until the first cut, it
-    rises by the step a clean round); and it is the floor of
-    R14's start: when the broadcast's own flood gives its group a rate
-    below HOLD of the share, the group is seeded there the same way
-    (:meth:`dblp.pacing.PacerGroup.report`; the uploads measure the server's
-    receiving, its sending may be faster) - and so when the flood gives it
-    more than :data:`dblp.pacing.START_CAP` times the share (the brain's
-    upper bound reads the send time: a fast sender's flood said 24x the
-    share). A seed is unproven: the next
-    round's loss is judged as at any new rate (a cut, the ceiling the rate);
-    the unpaced passes it was measured on are no verdict on it.
-R16 A burst's head (issue #30, beyond the paper: R14 beside R12's burst
-    verdict): when the uploads of the round a broadcast serves were taken
-    for a burst by R12's rule (heavy first-pass loss at a proven grant:
-    :attr:`dblp.pacing.UploadGrant.burst`), light first-pass loss in the
-    broadcast before is the burst's head - a burst that begins as a round
-    opens meets the last broadcast's slower streams - not the group's rate:
-    R14 holds the rate for this broadcast and judges that loss no further
-    (:meth:`dblp.pacing.PacerGroup.round_done`, ``burst``), and the burst and
-    its tail that follow are judged as after a burst. A fixed-rate run
-    (no rules) is untouched.
-R17 A burst's tail (issue #30, beyond the paper: R12's verdict on the round
-    after a burst): a burst that ends while the next round's first passes are
-    under way spares the uploads that came later, where a grant that
-    overflows the server's link loses on every upload. So in the round after
-    a round R12 took for a burst, heavy first-pass loss beside a worker whose
-    first pass was clean is the burst's tail: the grant holds and the loss is
-    no strike (:meth:`dblp.pacing.UploadGrant.round_done`). Congestion is
-    still found, one round later at most: the next round's loss is judged as
-    after any round. A run of one worker has no such witness and is
-    untouched.
+R11-R17, the pacing rules (self-pacing, rate grant, coalesced control, broadcast rate, flood
+    dispersion, burst head and tail), are stated in :mod:`dblp.pacing`.
 """
 
 from __future__ import annotations
@@ -235,10 +116,10 @@ def send_order(chunks: int, order: str, seed: int, round_no: int, stream: int) -
     ``blocks`` (the default) permutes runs of :data:`ORDER_BLOCK` consecutive
     chunks and keeps each run in index order: loss still falls on different
     parts of the tensor every round, while sender and receiver touch memory
-    in ~92 KB runs rather than at a random 1.4 KB chunk per datagram - on
-    this project's machines a lossless 25M-element round takes ~25% less
-    time than with ``perm`` (a permutation of single chunks), which spreads
-    one burst's loss more finely. ``inorder`` loses the tail every round.
+    in ~92 KB runs rather than at a random 1.4 KB chunk per datagram, so a
+    lossless round costs less time than with ``perm`` (a permutation of
+    single chunks), which spreads one burst's loss more finely. ``inorder``
+    loses the tail every round.
     """
     if order == "inorder" or (order == "blocks" and chunks <= ORDER_BLOCK):
         # (one block: its only permutation is index order - without the ~50 us of a seeded
@@ -1093,13 +974,13 @@ class Receiver:
         """R12: the first pass's loss at a STOP that came before its PROBE - the fraction of the
         chunks the sender's order put before the last one that arrived that are missing (a pass
         crosses one FIFO path: those were sent, and lost). Why: at a high tolerance STOP always comes
-        first, and a grant whose uploads overflow the server link's queue (3 x 205 Mbit/s into 500)
-        looked clean round after round and kept rising (docs/pacing.md, "Issue #30's accuracy
-        gap"). 0 when the order is not known (index order assumed) or nothing arrived, and at most
-        :data:`EARLY_CLEAN` counts as clean, as R11 takes a STOP: a few datagrams missing at a
-        rate far below the link (a loaded host's late wake-ups, a 5 ms bucket each, meeting in a
-        100-packet queue; a batch cut by the STOP) are not the rate's doing, and judged as
-        congestion they ratcheted the grant down cut after cut (144 -> 62 Mbit/s, share 167).
+        first, and without this loss a grant whose uploads overflow the server link's queue looks
+        clean round after round and keeps rising. 0 when the order is not known (index order
+        assumed) or nothing arrived, and at most :data:`EARLY_CLEAN` counts as clean, as R11 takes
+        a STOP: a few datagrams missing at a rate far below the link (a loaded host's late
+        wake-ups, a 5 ms bucket each, meeting in a 100-packet queue; a batch cut by the STOP) are
+        not the rate's doing, and judged as congestion they would ratchet the grant down cut after
+        cut.
         Returns the loss and the span it is of (the STOP states the span when the loss counts, R14)."""
         if not self._order_known or self.received == 0:
             return 0.0, 0

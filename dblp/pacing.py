@@ -1,4 +1,5 @@
-"""Pacing of the data channel: a token bucket, and the self-pacing rate arithmetic, clock passed in.
+"""Pacing of the data channel, and the pacing rules R11-R17: a token bucket, the self-pacing rate
+arithmetic and the server's rate grants, clock passed in.
 
 A sender that bursts a whole gradient at line rate into a shaped link with a
 finite buffer loses datagrams to its own burst. The bucket caps the rate;
@@ -9,12 +10,11 @@ Two things decide whether a bucket delivers the rate it is set to:
 - **Depth vs. the event loop's sleep.** A sender sleeps until its bucket
   allows more; a sleep is never exact (``epoll`` rounds a wait up to 1 ms,
   a loaded host deschedules for longer). Tokens that arrive while the bucket
-  is full are lost, so a bucket shallower than the oversleep caps the rate:
-  the old fixed 64 KiB bucket held 0.58 ms at 900 Mbit/s and delivered ~0.44
-  Gbit/s behind 1 ms sleeps. A real sender's depth is therefore
+  is full are lost, so a bucket shallower than the oversleep caps the rate
+  (docs/pacing.md measures it). A real sender's depth is therefore
   :data:`PACE_QUANTUM_S` of the rate, at least :data:`SENDER_MIN_BURST` -
   less than the simulator's 64 KiB, because a server broadcasting to N
-  workers wakes late with N full buckets, and N x 64 KiB overfilled a
+  workers wakes late with N full buckets, and N x 64 KiB overfills a
   100-packet queue.
 - **Wake size.** The socket loop (:func:`dblp.transport.pump`) sleeps at
   least :data:`WAKE_S` and at most to the bucket's next datagram, with a
@@ -22,9 +22,99 @@ Two things decide whether a bucket delivers the rate it is set to:
   multi-Gbit/s sender wakes every quarter millisecond, not every few
   microseconds, and its batches stay well under the bucket's depth.
 
-:class:`AutoPacer` is the default pacer (``--pace auto``): it starts
-unlimited and sets its own rate from what each pass delivered (core rule
-R11, :mod:`dblp.core`): see its docstring for the arithmetic.
+Pacing rules, each stated once here. They build on the protocol's own rules R1-R10 and R5b
+(:mod:`dblp.core`) and are carried out where their data is: the sender's reports and the
+receiver's measurements in :class:`dblp.core.RoundSender` and :class:`dblp.core.Receiver`, the
+round's grants in :mod:`dblp.session`, the held control in :mod:`dblp.server` and
+:mod:`dblp.transport`, the arithmetic in this module.
+
+R11 Self-pacing: when a pass's reply comes (BITMAP, or STOP after the PROBE) the sender reports the
+    pass to its pacer - datagrams sent, how many of them arrived (the reply's count less the
+    previous one), their bytes, the time spent sending, the time from the pass's first datagram to
+    the reply, whether it was the round's first pass, and the rate it was sent at. A STOP (the
+    receiver counts up to its threshold, and more may be in flight, R5/R6) reports a clean pass when
+    at most :data:`dblp.core.EARLY_CLEAN` of the datagrams sent are unaccounted for, else nothing. A
+    fixed-rate pacer ignores the report; the default pacer (:class:`AutoPacer`) sets its rate from
+    it, cutting only for loss its own rate caused (the arithmetic is there).
+R12 Rate grant (beyond the paper): a self-pacing sender's PROBE states the rate its pass was sent at
+    (0, not stated, when unpaced or fixed-rate); the receiver keeps the last stated rate of its peer
+    (:attr:`dblp.core.Receiver.stated_rate_bps`) and the loss of the round's first pass when its
+    PROBE comes (:attr:`~dblp.core.Receiver.first_loss`) with the rate that PROBE states
+    (:attr:`~dblp.core.Receiver.first_rate_bps`). When STOP comes first (a high tolerance: the
+    threshold falls mid-pass) and the receiver knows the sender's R3 order, the loss is that of the
+    chunks the order put before the last one that arrived: one pass crosses one FIFO path, so each
+    of them still missing was lost, and a grant that overflows the bottleneck's queue shows in such
+    rounds too; at most :data:`~dblp.core.EARLY_CLEAN` of them is clean, as R11 takes a STOP. The
+    round logic (:mod:`dblp.session`) grants the next round's upload rate in ROUND(up), one rate for
+    every worker, set from all their first passes (:class:`UploadGrant`); the worker's pacer starts
+    from it (:meth:`AutoPacer.grant`); a fixed-rate pacer ignores the grant.
+R13 Coalesced control (a transport's rule like R10, no message changes): a side may hold the control
+    messages it sends one peer and write them later in one piece, in their order, so that one write
+    wakes the peer once instead of once per message. Held messages go before any datagram that
+    follows them (a ROUND still announces its datagrams), and before the holder waits for input -
+    except a STOP, which may be held across waits until the holder's next message to that peer, when
+    its timing tells nobody anything: a pass of fewer than :data:`MIN_SAMPLE` datagrams, which R11
+    does not report. A STOP that is held is still sent (R5: sent means queued; a PROBE crossing it
+    gets no answer), and nothing else that is awaited waits behind it. The server
+    (:mod:`dblp.server`) holds: a one-batch round's STOP(up)s until the end of its loop's turn -
+    below MIN_SAMPLE chunks, and the last worker's always, until the broadcast, whose ROUND(down)
+    they join - and each worker's ROUND(down) until that worker's datagrams, its PROBE(down) until
+    the turn ends. A lossless 10,762-element round so costs each worker two control wakeups, not
+    three to four (``tests/test_control_cost.py``).
+R14 Broadcast rate (beyond the paper: R12 for the server's own streams): a sender keeps its first
+    pass's loss at that pass's reply (:attr:`dblp.core.RoundSender.first_loss`, from the BITMAP's
+    count; when STOP comes first, the loss R12's receiver counted, which the STOP states as its span
+    - the first pass's datagrams up to the last arrival - when more than
+    :data:`~dblp.core.EARLY_CLEAN` of them are missing; else 0) and the rate that pass was sent at
+    (:attr:`~dblp.core.RoundSender.first_rate_bps`) - a self-pacing sender's. When the next
+    broadcast begins, the round logic sets the rate of all the server's self-paced streams from
+    every stream's first pass of the round before, by R12's rule (:meth:`PacerGroup.round_done`);
+    the streams then hold that rate for the whole round, and their R11 reports move it only until
+    the rule has a rate (rounds 0-1: the unpaced flood, then the start it gave).
+R15 The flood's dispersion (beyond the paper: the first estimate of R12 and R14): a receiver keeps
+    when it accepted the round's first and latest chunk; at the first pass's PROBE it keeps that
+    pass's chunks and their span (:attr:`dblp.core.Receiver.first_received`,
+    :attr:`~dblp.core.Receiver.first_span_s`; a STOP first: the chunks and span at STOP) - without
+    the chunks of the first read (:attr:`~dblp.core.Receiver.lead`): the times are those of the
+    reads, and a receiver that reads late finds a backlog whose arrival it did not see, which
+    counted in would make the rate many times the link's; the chunks of a later read arrived after
+    the read before it, so the rate is a lower bound of the arrival rate over the span. Every
+    datagram accepted before that PROBE's answer belongs to the first pass (a retransmission needs
+    the answer). The server's receivers (:attr:`~dblp.core.Receiver.tell_rate`, a self-paced run)
+    answer an unpaced first upload pass (its PROBE states no rate) that lost with the rate its
+    chunks arrived at (a BITMAP+, :mod:`dblp.control` type 13): the worker's pacer starts round 0's
+    retransmissions from it (:meth:`AutoPacer.on_pass`), not from its own bounds, which the reply's
+    delay spoils - the full queue drops the PROBE, and TCP resends it 0.2 s later. (One sender's
+    rate is an estimate of its share only where the bottleneck interleaves the senders finely;
+    served in bursts, each sees up to the whole link - as the broadcast's streams are, whose
+    receivers therefore tell nothing.) When every upload of a round whose first passes were all
+    unpaced is in, they lost :data:`FLOOD_LOSS` or more (their mean: an overflow), and no grant
+    exists yet, the round logic takes all first passes' chunks over the span from the earliest first
+    chunk to the latest last one - while an unpaced flood overflows a queue, the link behind it is
+    busy, so that is the bottleneck's rate (packet-train dispersion, the whole pass the train) - as
+    every worker's equal share of it. It seeds R12's grant at :data:`HOLD` of the share, the share
+    its ceiling (:meth:`UploadGrant.seed`: soft until the first cut, it rises by the step a clean
+    round); and it is the floor of R14's start: when the broadcast's own flood gives its group a
+    rate below HOLD of the share, the group is seeded there the same way (:meth:`PacerGroup.report`;
+    the uploads measure the server's receiving, its sending may be faster) - and so when the flood
+    gives it more than :data:`START_CAP` times the share (the brain's upper bound reads the send
+    time, which a fast sender makes short). A seed is unproven: the next round's loss is judged as
+    at any new rate (a cut, the ceiling the rate); the unpaced passes it was measured on are no
+    verdict on it.
+R16 A burst's head (beyond the paper: R14 beside R12's burst verdict): when the uploads of the round
+    a broadcast serves were taken for a burst by R12's rule (heavy first-pass loss at a proven
+    grant: :attr:`UploadGrant.burst`), light first-pass loss in the broadcast before is the burst's
+    head - a burst that begins as a round opens meets the last broadcast's slower streams - not the
+    group's rate: R14 holds the rate for this broadcast and judges that loss no further
+    (:meth:`PacerGroup.round_done`, ``burst``), and the burst and its tail that follow are judged as
+    after a burst. A fixed-rate run (no rules) is untouched.
+R17 A burst's tail (beyond the paper: R12's verdict on the round after a burst): a burst that ends
+    while the next round's first passes are under way spares the uploads that come later, where a
+    grant that overflows the server's link loses on every upload. So in the round after a round R12
+    took for a burst, heavy first-pass loss beside a worker whose first pass was clean is the
+    burst's tail: the grant holds and the loss is no strike (:meth:`UploadGrant.round_done`).
+    Congestion is still found, one round later at most: the next round's loss is judged as after any
+    round. A run of one worker has no such witness and is untouched.
 """
 
 from __future__ import annotations
@@ -124,18 +214,18 @@ class TokenBucket:
 
     def on_pass(self, sent: int, delivered: int, nbytes: int, send_s: float, reply_s: float,
                 first: bool = True, rate_bps: float | None = None, arrival_bps: float = 0.0) -> None:
-        """A pass's outcome (core rule R11; ``rate_bps``: the rate it was sent at; ``arrival_bps``:
+        """A pass's outcome (rule R11; ``rate_bps``: the rate it was sent at; ``arrival_bps``:
         the rate its chunks arrived at, when the receiver told it, R15); a fixed-rate bucket
         ignores it."""
 
     def grant(self, rate_bps: float) -> None:
-        """The server's rate grant (core rule R12); a fixed rate is the user's, and stays."""
+        """The server's rate grant (rule R12); a fixed rate is the user's, and stays."""
 
 
 class AutoPacer(TokenBucket):
     """Self-pacing: the rate set from each pass's outcome, no hand-set rate (``--pace auto``).
 
-    Starts unlimited. After each pass the sender reports (core rule R11) the
+    Starts unlimited. After each pass the sender reports (rule R11) the
     datagrams it sent, how many of them arrived (from the BITMAP/STOP count),
     their bytes, how long the sending took (``send_s``), how long from the
     pass's first datagram to the reply (``reply_s``: sending, queueing,
@@ -149,7 +239,7 @@ class AutoPacer(TokenBucket):
 
     - start: the first lossy pass of an unpaced sender sets the rate to
       :data:`HOLD` of the rate its chunks arrived at, when the receiver told
-      it (core rule R15: the flood's dispersion), else to the
+      it (rule R15: the flood's dispersion), else to the
       geometric mean of two bounds on its share of the bottleneck: the
       delivery rate ``delivered bytes / reply_s`` (too low by the reply's
       delay) and ``(1 - loss) x bytes / send_s`` (too high by what the queue
@@ -207,8 +297,7 @@ class AutoPacer(TokenBucket):
         the rate's doing).
 
         Why: the senders of one bottleneck, adapting alone by factors of their own rates, keep
-        the ratios their first flood gave them (47-66 Mbit/s beside 17-25, docs/pacing.md), and
-        a round waits for its slowest upload. The server sees every sender's passes: it decides
+        the ratios their first flood gave them, and a round waits for its slowest upload. The server sees every sender's passes: it decides
         one rate for all."""
         if not (math.isfinite(rate_bps) and rate_bps > 0):
             return
@@ -329,28 +418,27 @@ class PacerGroup:
     """Streams that share one bottleneck and one rate: a server's broadcast to N workers.
 
     Why: the N streams leave through the server's one link. Paced apart,
-    each found its own rate from its own losses - streams that happened to
-    get through unpaced stayed unpaced and flooded the queue the others
-    lost in, and the others fell to a tenth of their share (a round lasts as
-    long as its slowest stream). So every member paces at one rate, each
-    with its own tokens.
+    each would find its own rate from its own losses - streams that get
+    through unpaced stay unpaced and flood the queue the others lose in,
+    and those fall far below their share (a round lasts as long as its
+    slowest stream). So every member paces at one rate, each with its own
+    tokens.
 
-    Who sets it (core rule R14): in round 0 nothing is known, and one
+    Who sets it (rule R14): in round 0 nothing is known, and one
     :class:`AutoPacer` (``brain``) takes the members' R11 reports - the
     first lossy report of the unpaced flood sets the start rate, and a
     report about a rate the group has already left is ignored. From then on
     the rate moves once a round, at the next broadcast's start, by R12's
     rule on *every* stream's first pass (:meth:`round_done`, an
-    :class:`UploadGrant`): the brain alone moved on whichever reply came
-    first, and the first reply of a broadcast is usually a clean stream's
-    early STOP, so it stepped up +4% a round while the streams that lost
-    were ignored as stale (1.3-1.7 passes per lossless round, docs/pacing.md)."""
+    :class:`UploadGrant`): the brain alone would move on whichever reply
+    comes first, and the first reply of a broadcast is usually a clean
+    stream's early STOP, so it would step up a round at a time while the
+    streams that lose are ignored as stale."""
 
     def __init__(self) -> None:
         self.brain = AutoPacer(SENDER_MIN_BURST, depth_s=PACE_QUANTUM_S)
         # one strike more than the uploads: a burst that begins while a broadcast is under way reaches
-        # into two broadcasts in a row (the pacecheck burst row: heavy loss at rounds 8 and 9 for a
-        # burst at 9), and two strikes cut the group at every burst, 31 -> 25 -> 22 Mbit/s over three
+        # into two broadcasts in a row, and two strikes would cut the group at every burst
         self.rule = UploadGrant(strikes=STRIKES + 1)
         self.granted = False  # the rule has set a rate: the members' own reports no longer move it
         self.floor_bps = 0.0  # R15: each stream's share as the uploads' first flood measured it (0: none)
@@ -367,22 +455,21 @@ class PacerGroup:
         is seeded at that share instead (:meth:`seed`).
 
         Why a floor, not the broadcast's first rate: the brain's estimate reads the reply time,
-        which the flood's full queue stretches (it dropped the PROBE; TCP resent it 0.2 s later):
-        4 Mbit/s a stream where the share was 30, and the group then rose 1.25x a round to it
-        (docs/pacing.md). But the uploads measure the server's receiving, not its sending: on
-        loopback the server sent twice as fast as it received (240 against 111 Mbit/s a stream,
-        ``tests/test_transport.py``'s lossy run), so a broadcast paced at the uploads' share from
-        its first datagram halved it there. As a floor the measurement only lifts a worse guess.
+        which the flood's full queue stretches (it drops the PROBE; TCP resends it 0.2 s later),
+        so it starts far below the share and climbs to it round by round. But the uploads measure
+        the server's receiving, not its sending, and a server may send faster than it receives
+        (on loopback it does: ``tests/test_transport.py``'s lossy run), so a broadcast paced at
+        the uploads' share from its first datagram would be slowed there. As a floor the
+        measurement only lifts a worse guess.
 
         And a cap, :data:`START_CAP` times the share: the brain's upper bound reads the send time,
-        and a server that put its flood out fast made it far too high - 298 Mbit/s a stream where
-        8 streams shared 100 Mbit/s (12.5 each), and R14's rule then swung between 149 and 298
-        (a cut after which the loss cannot fall is undone): 3.12 broadcast passes a round over 20
-        rounds (docs/pacing.md). Twice the share, because the rule's deepest cut is
-        :data:`MAX_CUT` (half): from at most twice the share one cut reaches the share, so the loss
-        falls and the cut stands, where from further up the loss cannot fall and the cut is undone.
-        It also leaves room for a server that sends faster than it receives (2.2x on loopback,
-        where no floor is set: its 25% loss is not an overflow)."""
+        which a server that puts its flood out fast makes far too short, and from a start many
+        times the share R14's rule swings (a cut after which the loss cannot fall is undone).
+        Twice the share, because the rule's deepest cut is :data:`MAX_CUT` (half): from at most
+        twice the share one cut reaches the share, so the loss falls and the cut stands, where from
+        further up the loss cannot fall and the cut is undone. It also leaves room for a server
+        that sends faster than it receives (on loopback, where no floor is set: its random loss is
+        not an overflow)."""
         start = self.brain.rate_bps == 0.0
         self.brain.on_pass(sent, delivered, nbytes, send_s, reply_s, first, rate_bps, arrival_bps)
         if start and self.brain.rate_bps > 0.0 and not (
@@ -409,13 +496,13 @@ class PacerGroup:
         (:attr:`UploadGrant.burst`). Light loss in the broadcast before is then the burst's head
         (a burst is switched on as a round opens, while the last broadcast's slower streams are
         still sending), not the group's rate: the rate is held for the burst round and the loss
-        not judged. Why: the rule cut such a head by 20% and undid the cut only after the burst
-        round - sent at the cut rate (28 -> 22 Mbit/s, a burst broadcast of 2.9 s against 1.9-2.2 s
-        by hand, docs/pacing.md). Heavy loss goes to the rule as before (its strikes)."""
+        not judged. Why: judged, the head is congestion - a cut that is undone only after the
+        burst round, which is then sent at the cut rate. Heavy loss goes to the rule (its
+        strikes)."""
         if self._floored:  # R15: seeded during an unpaced broadcast, whose loss says nothing of the seed
             self._floored = False
             # (nor the loss of a stream whose first pass began after the seed: the unpaced streams
-            # beside it flooded the queue it lost in - judged, a seed at 0.9 x the share was halved)
+            # beside it flooded the queue it lost in - judged, it would halve the seed)
             if not all(r > 0 for r in stated_bps):
                 return self.rule.rate_bps
         if burst and self.rule.rate_bps > 0 and losses and 0.0 < sum(losses) / len(losses) < BURSTY_LOSS:
@@ -444,7 +531,7 @@ class UploadGrant:
     - every worker's first pass clean: the grant rises by :data:`STEP` up to :data:`HOLD` of
       the grant that last lost (the ceiling, creeping :data:`CEILING_CREEP` a round), doubling
       while no loss has been seen at a granted rate, but to at most :data:`HEADROOM` x the
-      rate the clean uploads arrived at (a doubling past the share cost a round of 3-5 passes);
+      rate the clean uploads arrived at (a doubling past the share costs a round of retransmissions);
     - first-pass loss (the workers' mean): congestion when under :data:`BURSTY_LOSS` or at a
       grant above the last clean one: the ceiling becomes the grant, which is cut by
       ``max(2 x loss, CUT)`` (to no less than :data:`MAX_CUT`), and the cut grant counts as clean
@@ -481,8 +568,8 @@ class UploadGrant:
         the round's unpaced first passes arrived at, split equally), when no grant exists yet.
         The grant starts at :data:`HOLD` of it and the share is its ceiling - where a hand-set
         ``--pace-share 0.9`` puts a worker - so it neither doubles past the share nor climbs
-        to it from a poor guess (the seeds before R15: the workers' own estimates from the
-        flood, 9-11 Mbit/s against a 30 Mbit/s share, then 1.25x a round). The ceiling is soft
+        to it from a poor guess (the workers' own estimates from the flood, well below the
+        share). The ceiling is soft
         until the first cut: a clean round raises it by :data:`STEP`, not :data:`CEILING_CREEP`,
         so a share measured too low (a burst in the flood, a cold receiver) is left at 4% a
         round, and a right one costs one light loss a few rounds on. Unproven: the next
@@ -529,7 +616,7 @@ class UploadGrant:
             self.good_bps = max(self.good_bps, g)
             if self.ceiling_bps == math.inf:  # doubling, but at most HEADROOM x what clean passes delivered
                 # (paced below the path they arrive at the grant, so a clean round rises 25%, not 100%,
-                # and a start that doubled past the share cost a round of 3-5 passes)
+                # and the start does not double past the share)
                 cap = HEADROOM * arrival_bps if arrival_bps > 0 and math.isfinite(arrival_bps) else math.inf
                 self.rate_bps = max(MAX_CUT * g, min(2.0 * g, cap))
             else:
@@ -549,8 +636,7 @@ class UploadGrant:
         if tail and proven and (loss < BURSTY_LOSS or (len(losses) > 1 and min(losses) == 0.0)):
             # the round after a burst, at a proven grant: its tail, not the rate - light loss, or (R17) heavy
             # loss beside a clean first pass (a burst that ends mid-pass spares the later uploads; a grant
-            # that overflows the server's link loses on every upload): no strike, no cut. The flagship's
-            # reliable run had lost 40/35/0% there and halved its grant (142 -> 71 Mbit/s, 15 slower rounds)
+            # that overflows the server's link loses on every upload): no strike, no cut
             return g
         if loss >= BURSTY_LOSS and (proven or (self.good_bps > 0 and loss > 1.0 - self.good_bps / g)):
             self._strikes += 1

@@ -1,11 +1,10 @@
 """The round logic of the parameter server and the worker (Algorithms 3 and 4), sans I/O.
 
-:mod:`dblp.core` states the per-transfer rules R1-R17; this module states,
-once, what a *round* is made of on each side, so the socket server and
-worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
-(:mod:`dblp.sim.model`) and the training exchange drive the same logic and
-cannot drift apart (they did: the simulator once ordered its broadcast with
-stream ``1000 + w`` while the server used one shared stream).
+:mod:`dblp.core` states the per-transfer rules R1-R10 and :mod:`dblp.pacing` the pacing
+rules R11-R17; this module states, once, what a *round* is made of on each side, so the
+socket server and worker (:mod:`dblp.server`, :mod:`dblp.worker`), the SimPy model
+(:mod:`dblp.sim.model`) and the training exchange drive the same logic and cannot drift
+apart (a broadcast's chunk order, for one, is chosen here and nowhere else).
 
 Round rules, each stated once here:
 
@@ -243,7 +242,7 @@ class ServerSession:
         self.seed = seed
         self.rounds = rounds
         self.values = values
-        # one pacer per worker for the whole run: a self-pacing one learns across rounds (core R11); the
+        # one pacer per worker for the whole run: a self-pacing one learns across rounds (R11, dblp.pacing); the
         # broadcast's streams share the server's link, so self-paced they share one rate (dblp.pacing.PacerGroup)
         self_paced = pacer is None and context.send_rate_bps is None
         self._group: PacerGroup | None = None
@@ -277,7 +276,7 @@ class ServerSession:
         self._down_headers: np.ndarray | None = None
         self._begun = False  # S3b: the broadcast is under way, its ROUND(down) not yet out
         # R12: one upload rate for every self-pacing worker - granted when the server self-paces too (the
-        # run's pacing is the same on both sides; a fixed-rate run sends the frames it always sent)
+        # run's pacing is the same on both sides; a fixed-rate run grants nothing)
         self._uploads = UploadGrant() if self_paced else None
         self._grant = 0.0  # the rate granted in the next ROUND(up)s (0: none)
 
@@ -348,7 +347,7 @@ class ServerSession:
                 share = self._flood_share_bps(ps) if self._uploads.rate_bps == 0 else 0.0
                 if self._group is not None and share > 0 and not self._group.granted:
                     self._group.floor_bps = share  # R15: the broadcast's start no lower than the uploads' share
-                if share > 0:  # R15: a lossy unpaced flood measured the bottleneck (the workers' own rates,
+                if share > 0:  # R15: a lossy unpaced flood gives the bottleneck's rate (the workers' own rates,
                     # told their own floods' arrival, see the bottleneck serve each in bursts: up to its whole rate)
                     self._grant = self._uploads.seed(share)
                 else:
@@ -493,17 +492,17 @@ class ServerSession:
 
     def _flood_share_bps(self, ps: list[_Up]) -> float:
         """R15: each worker's equal share of the bottleneck, from a round whose first passes were
-        all unpaced and lost :data:`FLOOD_LOSS` or more (their mean: a queue overflowed - 25% random
-        loss on loopback, a cold receiver behind it, measured half the rate there): all first-pass chunks over the span from the earliest first
-        chunk's acceptance to the latest last one's (a first pass that ended in STOP: its chunks
+        all unpaced and lost :data:`FLOOD_LOSS` or more (their mean: a queue overflowed; lighter random
+        loss, as on loopback with a cold receiver behind it, says less of the rate): all first-pass
+        chunks over the span from the earliest first chunk's acceptance to the latest last one's (a first pass that ended in STOP: its chunks
         at STOP), the chunks of each receiver's first read left out (Receiver.lead: a backlog, its
         arrival unseen). 0 when the round says nothing of the path: a paced or a clean first pass
         (R12's seeds act then), fewer than MIN_SAMPLE chunks, or no span.
 
         Why the span, not the reply: while the flood overflows a queue the link behind it is
         busy, so chunks leave it at its rate; the replies wait on the PROBE, which the full queue
-        may drop (TCP resends it 0.2 s later) - the span to the PROBE measured a fifth of the
-        share here (docs/pacing.md)."""
+        may drop (TCP resends it 0.2 s later), so a span to the PROBE would give a fraction of
+        the share."""
         rs = [p.receiver for p in ps]
         if not rs or any(r.first_rate_bps > 0 for r in rs) or sum(r.first_loss for r in rs) < FLOOD_LOSS * len(rs):
             return 0.0

@@ -206,7 +206,7 @@ class Peer:
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
 
-    # -- corking (core rule R13) -----------------------------------------------------------------
+    # -- corking (pacing rule R13) ---------------------------------------------------------------
     def cork(self) -> None:
         """Hold control frames from now on until :meth:`release` writes them in one piece.
 
@@ -314,7 +314,7 @@ class Peer:
         """Drain the data socket into the receiver, a row matrix at a time. With ``clock`` each
         batch is stamped when it was read, not with the loop turn's ``now``: a turn that served
         other peers first, or a thread the host descheduled, would stamp a flood's last chunks
-        early, and core rule R15 reads the flood's rate from those stamps (a stale end made a
+        early, and pacing rule R15 reads the flood's rate from those stamps (a stale end made a
         100 Mbit/s link look 1.6x faster)."""
         width = self.receiver.layout.datagram_size if self.receiver is not None else 2048
         if self._rows.shape[1] != width:

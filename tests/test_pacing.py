@@ -1,4 +1,4 @@
-"""Pacing (dblp.pacing) and self-pacing (core rule R11): the bucket against a sleep's granularity,
+"""Pacing (dblp.pacing) and self-pacing (rule R11): the bucket against a sleep's granularity,
 the AutoPacer's verdicts, the rule through the core, and refused values."""
 
 from __future__ import annotations
