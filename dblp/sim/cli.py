@@ -62,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         s = res.summary()
         ends, lost = round_trace(res.records)
         traces[label] = (ends, lost)
-        mode, factor, fitted = mode_model(model, c.compensation)  # the mode's charge of a lost fraction
+        mode, factor, fitted = mode_model(model, c.compensation, args.convergence)  # the mode's charge of a lost fraction
         s.update(time_to_accuracy(ends, lost, args.target_accuracy, mode, sim_regimes(c, len(ends))))
         s.update(compensation=c.compensation.label(), convergence_mode_factor=factor,
                  convergence_mode_fitted=fitted)

@@ -67,6 +67,11 @@ UNIFORM_FITTED: dict[str, PhaseModel] = {
     "digits_mlp": PhaseModel(a=0.9874, tau=4.110, k=2.540, m=0.3927, w_crit=0.6349, w_calm=0.6349),
     "small_cnn": PhaseModel(a=0.9852, tau=67.27, k=1.472, m=2.896, w_crit=0.9964, w_calm=0.9964),
 }
+#: ... and the emulated trainings' own curve: one weight, fitted to the paper-mode runs of the emulation's fitted
+#: seeds (Mininet, real digits_mlp workers; ``python -m dblp.sim.modes_compare fit``, dblp.sim.modes.MODE_FIT)
+EMULATED_FITTED: dict[str, PhaseModel] = {
+    "digits_mlp": PhaseModel(a=0.9796, tau=4.575, k=4.752, m=0.2474, w_crit=0.9150, w_calm=0.9150),
+}
 #: ``report``'s errors (``--json``): per workload and model, the held-out runs' accuracy RMSE and the median and
 #: worst absolute relative error of the iterations to 80% and 90% (:func:`summarize_errors`); ``emulation``: the
 #: digits_mlp phase model against the 15 emulated microburst runs (data/convergence_emulated_microburst.csv)
@@ -204,6 +209,8 @@ CONVERGENCE_MODELS = {
     "phase": "loss charged by the training's CLR regime (PHASE_FITTED, dblp.sim.convergence_phase)",
     "uniform": "the same runs fitted with one charge in every regime (UNIFORM_FITTED)",
     "legacy": "the first model: digits_mlp only, charged by training progress (dblp.sim.convergence.FITTED)",
+    "emulated": "digits_mlp only: the curve of the emulation's own trainings, one charge in every regime "
+                "(EMULATED_FITTED)",
 }
 DEFAULT_CONVERGENCE = "phase"
 DEFAULT_CONVERGENCE_WORKLOAD = "digits_mlp"
@@ -234,7 +241,7 @@ def model_for(name: str = DEFAULT_CONVERGENCE, workload: str = DEFAULT_CONVERGEN
         if workload != "digits_mlp":
             raise ParameterError(f"--convergence legacy is fitted to digits_mlp only, not {workload!r}")
         return FITTED
-    table = PHASE_FITTED if name == "phase" else UNIFORM_FITTED
+    table = {"phase": PHASE_FITTED, "uniform": UNIFORM_FITTED, "emulated": EMULATED_FITTED}[name]
     if workload not in table:
         raise ParameterError(f"--convergence-workload must be one of {', '.join(table)}, got {workload!r}")
     return table[workload]

@@ -11,13 +11,17 @@ workload's fitted curve unchanged::
 
     progress:  s_{i+1} = s_i + gain(w_i, c_mode * f_i)         (gain, w_i: dblp.sim.convergence.PhaseModel)
 
-``c_mode`` is one number per compensation label without its stop rule (:func:`mode_key`); the paper's
-is 1 by definition, so the paper's predictions are exactly those of the base model. The factors
-(:data:`MODE_FACTORS`) are fitted on real CPU trainings of each mode - the emulation's runs
-(:func:`emulation_runs`: Mininet, real digits_mlp workers, measured per-iteration loss) - by a
-golden-section search on the accuracy RMSE of the fitted seeds (:data:`MODE_FIT`), the base curve held
-at :data:`dblp.sim.convergence_phase.PHASE_FITTED`. A mode without a fitted factor is charged as the
-paper (``c`` = 1) and says so (``fitted`` False in :func:`mode_model`).
+``c_mode`` is one number per convergence model and compensation label without its stop rule
+(:func:`mode_key`); the paper's is 1 by definition, so the paper's predictions are exactly those of the
+base model. The factors (:data:`MODE_FACTORS`) are fitted on real CPU trainings of each mode - the
+emulation's runs (:func:`emulation_runs`: Mininet, real digits_mlp workers, measured per-iteration loss)
+of the fitted seeds (:data:`MODE_FIT`): per mode, the ``c`` whose model best times the runs' crossings of
+the targets (:func:`fit_factor`), divided by the paper runs' own best ``c`` on the same base, so a factor
+measures the mode against the paper and not the base curve's bias. Two bases: the default ``phase``
+model (fitted on simulated-worker trainings) and ``emulated``
+(:data:`dblp.sim.convergence_phase.EMULATED_FITTED`, the emulated paper-mode runs' own curve:
+:func:`fit_emulated_curve`). A mode without a fitted factor is charged as the paper (``c`` = 1) and says
+so (``fitted`` False in :func:`mode_model`).
 
 ``python -m dblp.sim.modes_compare fit RUN`` refits the factors; ``compare RUN...`` puts, per run folder,
 condition and configuration, the emulation's measured time to each target beside the model's (driven
@@ -37,13 +41,18 @@ from typing import Any, Sequence
 from ..compensation import Compensation
 from .convergence import _AccuracyCurve
 
-#: per compensation label without its stop rule (:func:`mode_key`): the factor on a lost fraction
-#: (fitted by MODE_FIT's command; "paper" is 1 by definition)
-MODE_FACTORS: dict[str, float] = {"paper": 1.0}
+#: per convergence model (``--convergence``) and compensation label without its stop rule (:func:`mode_key`): the
+#: factor on a lost fraction (fitted by MODE_FIT's command; "paper" is 1 by definition)
+MODE_FACTORS: dict[str, dict[str, float]] = {
+    "phase": {"paper": 1.0},
+    "emulated": {"paper": 1.0},
+}
+#: the targets whose crossings the factors are fitted to (the emulation's)
+FIT_TARGETS = (0.9, 0.94)
 #: where MODE_FACTORS come from: the run folder, its fitted seeds, the command that printed them
 MODE_FIT: dict[str, Any] = {"source": "results/tta-digits-paperbursts", "seeds": (0, 1),
                             "command": "python -m dblp.sim.modes_compare fit results/tta-digits-paperbursts --seeds 0,1"}
-C_MAX = 2.5  # factors are searched in [0, C_MAX]
+C_MAX = 1.5  # factors and the emulated curve's weight are searched in [0, C_MAX]
 
 
 def mode_key(comp: Compensation) -> str:
@@ -84,11 +93,12 @@ class ModeModel(_AccuracyCurve):
         return self.base.step(s, min(1.0, self.c * f), critical)
 
 
-def mode_model(base: _AccuracyCurve, comp: Compensation,
+def mode_model(base: _AccuracyCurve, comp: Compensation, convergence: str = "phase",
                factors: dict[str, float] | None = None) -> tuple[_AccuracyCurve, float, bool]:
-    """``(model, c, fitted)`` for a run with compensation ``comp``: ``base`` itself where ``c`` is 1 (the
-    paper, and any mode without a fitted factor: ``fitted`` False), else :class:`ModeModel`."""
-    table = MODE_FACTORS if factors is None else factors
+    """``(model, c, fitted)`` for a run with compensation ``comp`` under the ``convergence`` model's factors
+    (:data:`MODE_FACTORS`, or ``factors``): ``base`` itself where ``c`` is 1 (the paper, and any mode without a
+    fitted factor: ``fitted`` False), else :class:`ModeModel`."""
+    table = MODE_FACTORS.get(convergence, {}) if factors is None else factors
     key = mode_key(comp)
     c = table.get(key)
     fitted = c is not None
@@ -242,23 +252,81 @@ def golden(fn: Any, lo: float, hi: float, tol: float = 1e-4) -> float:
     return (a + b) / 2.0
 
 
-def fit_factor(base: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
-    """The factor ``c`` in [0, :data:`C_MAX`] that minimises the accuracy RMSE of ``runs``."""
-    return golden(lambda c: run_rmse(ModeModel(base, c), runs), 0.0, C_MAX)
+def crossing_error(model: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> float:
+    """Root mean square of ``log(model / measured)`` time to each target over ``runs`` (runs that never reach
+    a target left out of it; a model that never does, where the run did, counts as a factor of 10)."""
+    se, n = 0.0, 0
+    for r in runs:
+        for t in targets:
+            meas = measured_reach(r, t)[1]
+            if not math.isfinite(meas) or meas <= 0:
+                continue
+            pred = model_reach(model, r, t)[1]
+            se += math.log(pred / meas) ** 2 if math.isfinite(pred) and pred > 0 else math.log(10.0) ** 2
+            n += 1
+    return math.sqrt(se / n) if n else math.nan
 
 
-def fit_factors(base: _AccuracyCurve, runs: Sequence[EmuRun]) -> dict[str, dict[str, float]]:
-    """Per mode key: the fitted ``c``, the runs it came from and the RMSE at it and at ``c`` = 1. The paper's
-    is fitted too, as a check of the base curve (its stored factor stays 1)."""
+def best_on_grid(err: Any, step: float = 0.01) -> float:
+    """The ``x`` in [0, :data:`C_MAX`] (a grid of ``step``) with the least ``err(x)``, the middle of the best
+    stretch (crossings sit on the runs' evaluation grid, so such an error is a step function)."""
+    grid = [i * step for i in range(int(round(C_MAX / step)) + 1)]
+    errs = [err(x) for x in grid]
+    best = min(errs)
+    at = [x for x, e in zip(grid, errs) if e <= best + 1e-12]
+    return at[len(at) // 2]
+
+
+def fit_factor(base: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS,
+               step: float = 0.01) -> float:
+    """The factor ``c`` in [0, :data:`C_MAX`] whose model best times the crossings of ``targets`` in ``runs``
+    (:func:`crossing_error`; a grid of ``step``, the middle of the best stretch: the crossings sit on the
+    runs' evaluation grid, so the error is a step function of ``c``). Why crossings and not the accuracy
+    RMSE: time to a target is what the factor is for, and the RMSE hardly moves with it (the runs' early rise,
+    where most evaluations lie, loses little)."""
+    return best_on_grid(lambda c: crossing_error(ModeModel(base, c), runs, targets), step)
+
+
+def fit_factors(base: _AccuracyCurve, runs: Sequence[EmuRun],
+                targets: Sequence[float] = FIT_TARGETS) -> dict[str, dict[str, float]]:
+    """Per mode key: the fitted ``c``, the runs it came from, and the crossing error (:func:`crossing_error`)
+    at it and at ``c`` = 1. The paper's is fitted too, as a check of the base curve (its factor stays 1)."""
     by: dict[str, list[EmuRun]] = {}
     for r in runs:
         by.setdefault(mode_key(r.comp), []).append(r)
     out = {}
     for key, rs in sorted(by.items()):
-        c = fit_factor(base, rs)
-        out[key] = {"c": c, "runs": len(rs), "rmse": run_rmse(ModeModel(base, c), rs),
-                    "rmse_c1": run_rmse(base, rs)}
+        c = fit_factor(base, rs, targets)
+        out[key] = {"c": c, "runs": len(rs), "err": crossing_error(ModeModel(base, c), rs, targets),
+                    "err_c1": crossing_error(base, rs, targets)}
     return out
+
+
+def as_curves(runs: Sequence[EmuRun]) -> list:
+    """The runs as :class:`dblp.sim.convergence_runs.Curve` (each its own schedule), for the curve fit."""
+    from .convergence_runs import Curve, Schedule
+
+    out = []
+    for r in runs:
+        name = f"{r.condition} {r.run} {r.seed}"
+        out.append(Curve(name, r.seed, Schedule(name, 0.0), [k for k, _, _ in r.evals], [a for _, _, a in r.evals],
+                         lost=list(r.lost), labels=list(r.labels)))
+    return out
+
+
+def fit_emulated_curve(runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> Any:
+    """The emulated trainings' own curve (:data:`dblp.sim.convergence_phase.EMULATED_FITTED`) from the
+    paper-mode runs among ``runs``: the phase model's shape with one weight fitted to their accuracy RMSE,
+    then that weight refitted to their crossings of ``targets`` (:func:`crossing_error`) - the paper's own
+    charge of a lost fraction, against which every other mode's factor is measured (``c_paper`` = 1)."""
+    import dataclasses
+
+    from .convergence_phase import fit
+
+    paper = [r for r in runs if mode_key(r.comp) == "paper"]
+    shape = fit(as_curves(paper), tie=True, iterations=600, restarts=1)
+    w = best_on_grid(lambda x: crossing_error(dataclasses.replace(shape, w_crit=x, w_calm=x), paper, targets))
+    return dataclasses.replace(shape, w_crit=w, w_calm=w)
 
 
 def first_eval_at_or_after(r: EmuRun, iteration: float) -> tuple[float, float]:
@@ -284,5 +352,5 @@ def model_reach(model: _AccuracyCurve, r: EmuRun, target: float) -> tuple[float,
     clock; past the run, extrapolated at its mean loss and critical share (as a simulated run is)."""
     n = r.iterations()
     it = model.iterations_to(target, r.lost, critical=r.labels, then=sum(r.lost) / n if n else 0.0,
-                             then_critical=sum(r.labels[:n]) / n if n else 0.0)
+                             then_critical=sum(r.labels[:n]) / n if n else 0.0, limit=1000)
     return first_eval_at_or_after(r, it)

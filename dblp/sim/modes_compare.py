@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ..stats import median
-from .modes import MODE_FIT, EmuRun, emulation_runs, fit_factors, measured_reach, mode_model, model_reach
+from .modes import (MODE_FACTORS, MODE_FIT, EmuRun, emulation_runs, fit_emulated_curve, fit_factors, measured_reach, mode_model,
+                    model_reach, run_rmse)
 
 #: the sweep's burst periods (iterations between bursts; 0: no bursts)
 PERIODS = (0, 100, 60, 40, 30, 20, 15, 10, 7, 5, 4, 3, 2)
@@ -105,13 +106,13 @@ def _err(pred: float, meas: float) -> float:
 
 def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from: str | None = None,
             fit_seeds: dict[str, set[int]] | None = None, sim: bool = True,
-            periods: Sequence[int] = PERIODS, sweep_seeds: int = 3) -> dict[str, Any]:
+            periods: Sequence[int] = PERIODS, sweep_seeds: int = 3, convergence: str = "emulated") -> dict[str, Any]:
     """The rows of the comparison and the burst-rate sweep (see the module docstring); JSON-safe but for
     infinities. ``fit_seeds``: per folder, the seeds the factors were fitted on (left out of the rows)."""
     from .calibrate import calibrate
     from .convergence_phase import model_for
 
-    base = model_for()
+    base = model_for(convergence)
     fit_seeds = fit_seeds or {}
     rows: list[dict[str, Any]] = []
     params = None
@@ -137,7 +138,7 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
         for r in held:
             by.setdefault((r.condition, r.run), []).append(r)
         for (cond, name), rs in sorted(by.items()):
-            model, c, fitted = mode_model(base, rs[0].comp)
+            model, c, fitted = mode_model(base, rs[0].comp, convergence)
             for t in targets:
                 meas = [measured_reach(r, t)[1] for r in rs]
                 mod = [model_reach(model, r, t)[1] for r in rs]
@@ -152,21 +153,21 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
                              "sim_s": simt, "model_err": _err(median(mod), median(meas)),
                              "sim_err": _err(median(simt), median(meas)) if simt else math.nan,
                              "bursts_per_100": 100.0 * len(rs[0].bursts) / max(1, rs[0].iterations())})
-    out: dict[str, Any] = {"rows": rows, "targets": list(targets), "grid": grid}
+    out: dict[str, Any] = {"rows": rows, "targets": list(targets), "grid": grid, "convergence": convergence}
     if sim and params is not None and first_conf is not None:
         out["calibrated_from"] = calibrated
-        out["sweep"] = burst_sweep(params, first_conf, rows, targets, periods, sweep_seeds, grid)
+        out["sweep"] = burst_sweep(params, first_conf, rows, targets, periods, sweep_seeds, grid, convergence)
     return out
 
 
 def burst_sweep(params: Any, conf: dict, rows: Sequence[dict], targets: Sequence[float], periods: Sequence[int],
-                seeds: int, grid: int) -> dict[str, Any]:
+                seeds: int, grid: int, convergence: str = "emulated") -> dict[str, Any]:
     """The baseline and each DBLP configuration of ``rows`` at bursts every N iterations, median simulated
     time to each target over ``seeds``, and per configuration the lowest rate from which it is sooner."""
     from .convergence_phase import model_for
     from .modes import run_compensation
 
-    base = model_for()
+    base = model_for(convergence)
     names = ["baseline"] + sorted({r["run"] for r in rows if r["run"].startswith("dblp")})
     n = max(int(conf.get("derived", {}).get("iterations", 154)), 1)
     loss = float(conf.get("burst-loss", 0.7))
@@ -177,7 +178,7 @@ def burst_sweep(params: Any, conf: dict, rows: Sequence[dict], targets: Sequence
         pt: dict[str, Any] = {"period": per, "bursts_per_100": rate}
         for name in names:
             comp = run_compensation(name)
-            model, _, _ = mode_model(base, comp)
+            model, _, _ = mode_model(base, comp, convergence)
             policy = name.split("-")[0]
             got = [sim_reach(sim_config(params, conf, policy, comp, bursts, n, s, loss), model, targets, grid)
                    for s in range(seeds)]
@@ -196,6 +197,7 @@ def burst_sweep(params: Any, conf: dict, rows: Sequence[dict], targets: Sequence
 
 
 def print_report(res: dict[str, Any]) -> None:
+    print(f"convergence model: {res['convergence']} (dblp.sim.modes.MODE_FACTORS)")
     print(f"time to target, seconds of training clock (median [range] over the seeds not fitted on; evaluations "
           f"every {res['grid']} iterations); model: the mode's convergence model on each run's measured loss "
           "and clock; sim: python -m dblp.sim run on the calibration"
@@ -241,7 +243,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     try:
         res = compare(args.folders, targets, calibrate_from=args.calibrate_from, fit_seeds=fit_seeds,
                       sim=not args.no_sim, periods=[int(x) for x in args.periods.split(",")],
-                      sweep_seeds=args.sweep_seeds)
+                      sweep_seeds=args.sweep_seeds, convergence=args.convergence)
     except (OSError, ValueError) as exc:
         print(f"python -m dblp.sim.modes_compare compare: error: {exc}", file=sys.stderr)
         return 2
@@ -267,6 +269,8 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--periods", default=",".join(map(str, PERIODS)),
                    help="the sweep's burst periods in iterations, 0 = no bursts (default: %(default)s)")
     c.add_argument("--sweep-seeds", type=int, default=3, help="simulated seeds per sweep point (default 3)")
+    c.add_argument("--convergence", choices=sorted(MODE_FACTORS), default="emulated",
+                   help="the base convergence model and its factors (dblp.sim.modes.MODE_FACTORS; default emulated)")
     c.add_argument("--json", default=None, metavar="FILE", help="write the rows and the sweep as JSON")
     c.set_defaults(func=cmd_compare)
     return c
@@ -291,14 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as exc:
         print(f"python -m dblp.sim.modes_compare fit: error: {args.folder}: {exc}", file=sys.stderr)
         return 2
-    base = model_for()
-    res = fit_factors(base, runs)
-    print(f"{len(runs)} runs of seeds {sorted(seeds)} in {args.folder}; base: the digits_mlp phase model")
-    print(f"{'mode':<24} {'runs':>4} {'c':>6} {'RMSE at c':>9} {'RMSE at 1':>9}")
-    for key, v in res.items():
-        print(f"{key:<24} {v['runs']:>4} {v['c']:>6.3f} {v['rmse']:>9.4f} {v['rmse_c1']:>9.4f}")
-    facts = {k: (1.0 if k == "paper" else round(v["c"], 3)) for k, v in res.items()}
-    print(f"MODE_FACTORS = {facts!r}")
+    emu = fit_emulated_curve(runs)
+    print(f"{len(runs)} runs of seeds {sorted(seeds)} in {args.folder}")
+    print(f'EMULATED_FITTED = {{"digits_mlp": {emu!r}}}  # accuracy RMSE {run_rmse(emu, runs):.4f} over these runs')
+    tables = {}
+    for name, base in (("phase", model_for("phase")), ("emulated", emu)):
+        res = fit_factors(base, runs)
+        print(f"\n{name} base: {'mode':<24} {'runs':>4} {'c':>6} {'log-err at c':>12} {'at c = 1':>9}")
+        for key, v in res.items():
+            print(f"{'':>{len(name) + 7}}{key:<24} {v['runs']:>4} {v['c']:>6.2f} {v['err']:>12.4f} {v['err_c1']:>9.4f}")
+        ref = res.get("paper", {}).get("c") or 1.0  # a mode's factor is its charge against the paper's, same base
+        tables[name] = {k: (1.0 if k == "paper" else round(v["c"] / ref, 2)) for k, v in res.items()}
+    print(f"\nMODE_FACTORS = {tables!r}")
     return 0
 
 

@@ -208,7 +208,7 @@ def run_sweep(base: SimConfig, axes: dict[str, list], *, jobs: int = 0, progress
     t0 = time.perf_counter()
     results, cached = run_tasks(tasks, runner, jobs=jobs, dask=dask, cache=cache, progress=progress)
     wall = time.perf_counter() - t0
-    results = {k: with_accuracy(r, target_accuracy, mode_model(model, tasks[k].compensation)[0],
+    results = {k: with_accuracy(r, target_accuracy, mode_model(model, tasks[k].compensation, convergence)[0],
                                 sim_regimes(tasks[k], len(r["_round_lost"])))
                for k, r in results.items()}
     rows = [_row(pt, pairs, results, base, seeds) for pt, pairs in plan]
