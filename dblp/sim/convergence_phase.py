@@ -70,7 +70,7 @@ UNIFORM_FITTED: dict[str, PhaseModel] = {
 #: ... and the emulated trainings' own curve: one weight, fitted to the paper-mode runs of the emulation's fitted
 #: seeds (Mininet, real digits_mlp workers; ``python -m dblp.sim.modes_compare fit``, dblp.sim.modes.MODE_FIT)
 EMULATED_FITTED: dict[str, PhaseModel] = {
-    "digits_mlp": PhaseModel(a=0.9796, tau=4.575, k=4.752, m=0.2474, w_crit=0.9150, w_calm=0.9150),
+    "digits_mlp": PhaseModel(a=0.9913, tau=3.965, k=4.565, m=0.2173, w_crit=0.61, w_calm=0.61),
 }
 #: ``report``'s errors (``--json``): per workload and model, the held-out runs' accuracy RMSE and the median and
 #: worst absolute relative error of the iterations to 80% and 90% (:func:`summarize_errors`); ``emulation``: the

@@ -44,14 +44,17 @@ from .convergence import _AccuracyCurve
 #: per convergence model (``--convergence``) and compensation label without its stop rule (:func:`mode_key`): the
 #: factor on a lost fraction (fitted by MODE_FIT's command; "paper" is 1 by definition)
 MODE_FACTORS: dict[str, dict[str, float]] = {
-    "phase": {"paper": 1.0},
-    "emulated": {"paper": 1.0},
+    "phase": {"paper": 1.0, "unbiased+fill-local": 0.78},
+    "emulated": {"paper": 1.0, "unbiased+fill-local": 0.76},
 }
 #: the targets whose crossings the factors are fitted to (the emulation's)
 FIT_TARGETS = (0.9, 0.94)
 #: where MODE_FACTORS come from: the run folder, its fitted seeds, the command that printed them
 MODE_FIT: dict[str, Any] = {"source": "results/tta-digits-paperbursts", "seeds": (0, 1),
-                            "command": "python -m dblp.sim.modes_compare fit results/tta-digits-paperbursts --seeds 0,1"}
+                            "command": "python -m dblp.sim.modes_compare fit results/tta-digits-paperbursts --seeds 0,1",
+                            # the fitted runs' RMS log-error of time to 90/94% at the fitted factors (paper,
+                            # unbiased+fill-local): the single-seed scatter no factor removes
+                            "fit_log_err": {"phase": (0.1987, 0.1878), "emulated": (0.1790, 0.1685)}}
 C_MAX = 1.5  # factors and the emulated curve's weight are searched in [0, C_MAX]
 
 
