@@ -33,6 +33,8 @@ from ..stats import median
 from .modes import (MODE_FACTORS, MODE_FIT, EmuRun, emulation_runs, fit_emulated_curve, fit_factors, measured_reach, mode_model,
                     model_reach, run_rmse)
 
+#: how much sooner than the baseline counts: strictly, and by more than the emulation's typical seed spread
+MARGINS = (0.0, 0.1)
 #: the sweep's burst periods (iterations between bursts; 0: no bursts)
 PERIODS = (0, 100, 60, 40, 30, 20, 15, 10, 7, 5, 4, 3, 2)
 
@@ -106,7 +108,7 @@ def _err(pred: float, meas: float) -> float:
 
 def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from: str | None = None,
             fit_seeds: dict[str, set[int]] | None = None, sim: bool = True,
-            periods: Sequence[int] = PERIODS, sweep_seeds: int = 3, convergence: str = "emulated") -> dict[str, Any]:
+            periods: Sequence[int] = PERIODS, sweep_seeds: int = 2, convergence: str = "emulated") -> dict[str, Any]:
     """The rows of the comparison and the burst-rate sweep (see the module docstring); JSON-safe but for
     infinities. ``fit_seeds``: per folder, the seeds the factors were fitted on (left out of the rows)."""
     from .calibrate import calibrate
@@ -139,18 +141,21 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
             by.setdefault((r.condition, r.run), []).append(r)
         for (cond, name), rs in sorted(by.items()):
             model, c, fitted = mode_model(base, rs[0].comp, convergence)
+            sims = [sim_reach(sim_config(params, conf, r.policy, r.comp, r.bursts, r.iterations(), r.seed,
+                                         float(conf.get("burst-loss", 0.7))), model, targets, grid)
+                    for r in rs] if sim else []
             for t in targets:
                 meas = [measured_reach(r, t)[1] for r in rs]
                 mod = [model_reach(model, r, t)[1] for r in rs]
-                simt: list[float] = []
-                if sim:
-                    for r in rs:
-                        cfg = sim_config(params, conf, r.policy, r.comp, r.bursts, r.iterations(), r.seed,
-                                         float(conf.get("burst-loss", 0.7)))
-                        simt.append(sim_reach(cfg, model, [t], grid)[t][1])
+                simt = [g[t][1] for g in sims]
+                its = {"measured_it": [measured_reach(r, t)[0] for r in rs],
+                       "model_it": [model_reach(model, r, t)[0] for r in rs], "sim_it": [g[t][0] for g in sims]}
                 rows.append({"folder": folder, "condition": cond, "run": name, "mode_c": c, "fitted": fitted,
                              "seeds": [r.seed for r in rs], "target": t, "measured_s": meas, "model_s": mod,
-                             "sim_s": simt, "model_err": _err(median(mod), median(meas)),
+                             "sim_s": simt, **its, "model_err": _err(median(mod), median(meas)),
+                             "model_it_err": _err(median(its["model_it"]), median(its["measured_it"])),
+                             "sim_it_err": _err(median(its["sim_it"]), median(its["measured_it"])) if sims
+                             else math.nan,
                              "sim_err": _err(median(simt), median(meas)) if simt else math.nan,
                              "bursts_per_100": 100.0 * len(rs[0].bursts) / max(1, rs[0].iterations())})
     out: dict[str, Any] = {"rows": rows, "targets": list(targets), "grid": grid, "convergence": convergence}
@@ -184,15 +189,16 @@ def burst_sweep(params: Any, conf: dict, rows: Sequence[dict], targets: Sequence
                    for s in range(seeds)]
             pt[name] = {t: median([g[t][1] for g in got]) for t in targets}
         points.append(pt)
-    cross: dict[str, dict[float, Any]] = {}
+    cross: dict[str, dict[str, Any]] = {}
     for name in names:
         if name == "baseline":
             continue
         cross[name] = {}
         for t in targets:
-            sooner = [pt[name][t] < pt["baseline"][t] for pt in points]
-            first = next((i for i in range(len(points)) if all(sooner[i:])), None)
-            cross[name][t] = points[first]["bursts_per_100"] if first is not None else None
+            for margin in MARGINS:
+                sooner = [pt[name][t] < (1.0 - margin) * pt["baseline"][t] for pt in points]
+                first = next((i for i in range(len(points)) if all(sooner[i:])), None)
+                cross[name][f"{t:g}@{margin:g}"] = points[first]["bursts_per_100"] if first is not None else None
     return {"points": points, "crossover": cross, "seeds": seeds}
 
 
@@ -212,7 +218,12 @@ def print_report(res: dict[str, Any]) -> None:
         print(f"{cond[:22]:<22} {r['run']:<36} {r['mode_c']:>5.2f}{'' if r['fitted'] else '?'} {r['target']:>5.2f} "
               f"{','.join(map(str, r['seeds'])):>6} {_fmt(r['measured_s']):>19} {_fmt(r['model_s']):>19} {e1:>6} "
               f"{_fmt(r['sim_s']):>19} {e2:>6}")
-    errs = {k: sorted(abs(r[k]) for r in res["rows"] if math.isfinite(r[k])) for k in ("model_err", "sim_err")}
+    print("iterations to target (median): measured / model / sim")
+    for r in res["rows"]:
+        print(f"  {r['condition'][:22]:<22} {r['run']:<36} {r['target']:>5.2f} {median(r['measured_it']):>6.0f} "
+              f"{median(r['model_it']):>6.0f} {median(r['sim_it']) if r['sim_it'] else math.nan:>6.0f}")
+    errs = {k: sorted(abs(r[k]) for r in res["rows"] if math.isfinite(r[k]))
+            for k in ("model_err", "sim_err", "model_it_err", "sim_it_err")}
     for k, v in errs.items():
         if v:
             print(f"{k}: median {median(v):.1%}, worst {v[-1]:.1%} over {len(v)} rows; "
@@ -228,10 +239,12 @@ def print_report(res: dict[str, Any]) -> None:
             print(f"{pt['period'] or '-':>5} {pt['bursts_per_100']:>10.2f} "
                   + " ".join(f"{pt[n][t]:>30.2f}" for n in names))
         for name, c in sw["crossover"].items():
-            r = c[t]
-            print(f"  {name}: sooner than the baseline to {t:.0%} from "
-                  + (f"{r:.2f} bursts per 100 iterations on (every rate swept above it too)" if r is not None
-                     else "no swept rate on"))
+            parts = []
+            for margin in MARGINS:
+                r = c[f"{t:g}@{margin:g}"]
+                what = "sooner" if margin == 0 else f">= {margin:.0%} sooner"
+                parts.append(f"{what} from " + (f"{r:.2f}/100 on" if r is not None else "no swept rate on"))
+            print(f"  {name} against the baseline to {t:.0%}: " + "; ".join(parts))
         meas = [r for r in res["rows"] if r["target"] == t]
         print(f"  emulation (measured medians, s) at {t:.0%}: " + "; ".join(
             f"{r['bursts_per_100']:.2f}/100 {r['run']} {median(r['measured_s']):.1f}" for r in meas))
@@ -268,7 +281,7 @@ def add_compare_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--no-sim", action="store_true", help="the model column only (no simulation, no sweep)")
     c.add_argument("--periods", default=",".join(map(str, PERIODS)),
                    help="the sweep's burst periods in iterations, 0 = no bursts (default: %(default)s)")
-    c.add_argument("--sweep-seeds", type=int, default=3, help="simulated seeds per sweep point (default 3)")
+    c.add_argument("--sweep-seeds", type=int, default=2, help="simulated seeds per sweep point (default 2)")
     c.add_argument("--convergence", choices=sorted(MODE_FACTORS), default="emulated",
                    help="the base convergence model and its factors (dblp.sim.modes.MODE_FACTORS; default emulated)")
     c.add_argument("--json", default=None, metavar="FILE", help="write the rows and the sweep as JSON")
