@@ -35,6 +35,7 @@ def collect(out: str | Path, names: Sequence[str], workers: int, seeds: Sequence
 
     out = Path(out)
     rows: list[dict[str, Any]] = []
+    written = _written_divergence(out)  # a run reported before: its snapshots are gone, the CSV stays
     for sd in seeds:
         base = replicate_dir(out, sd, len(seeds))
         for cond, where, which, bs in ((condition, base, names, bursts), ("no bursts", base / "calm", calm, ())):
@@ -50,12 +51,26 @@ def collect(out: str | Path, names: Sequence[str], workers: int, seeds: Sequence
                     "burst_round_s": float(np.nanmean(s.at_bursts)) if bs else math.nan,
                     "round_mean_s": s.mean, "train_s": training_time(run),
                     "final": float(np.mean(final_metrics(run))),
-                    "divergence": div[-1]["divergence"] if div else math.nan,
+                    "divergence": div[-1]["divergence"] if div else
+                    written.get((str(sd), name), math.nan) if cond == condition else math.nan,
                 }
                 for t, (it, sec) in time_to_targets(run, targets).items():
                     row[f"to_{t:g}_s"], row[f"to_{t:g}_iter"] = sec, it
                 rows.append(row)
     return rows
+
+
+def _written_divergence(out: Path) -> dict[tuple[str, str], float]:
+    """(seed, run) -> the last epoch's divergence in a training report's ``divergence.csv`` (none: {})."""
+    try:
+        with open(out / "divergence.csv", newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError:
+        return {}
+    last: dict[tuple[str, str], float] = {}
+    for r in rows:  # epochs in order: the last one stays
+        last[(r.get("seed", "0"), r["run"])] = float(r["divergence"])
+    return last
 
 
 def _spread(vals: Sequence[float], spec: str) -> str:
