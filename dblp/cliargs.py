@@ -27,6 +27,8 @@ from traces.argtypes import (add_verbosity, add_version, check_host, count_arg, 
 from traces.processes import undeliverable
 from traces.units import HelpFormatter, duration_arg, queue_arg, rate_arg
 
+from .compensation import (add_compensation_args, add_configs_arg, check_compensation_args,  # noqa: F401
+                           check_configs_arg)  # (re-exported: the flags' one vocabulary)
 from .configfile import CONFIG_NOT_FLAGS, ConfigArgumentParser, add_config_flags  # noqa: F401  (re-exported)
 from .gradients import MODEL_HELP, model_elements
 from .policy import (ALIAS_NOTE, DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, POLICIES, RUNS, PolicySpec,
@@ -667,61 +669,3 @@ def model_arg(text: str) -> str:
 
 model_arg.__name__ = "model"
 
-
-def add_compensation_args(p: argparse.ArgumentParser | Any) -> None:
-    """The loss-compensation options and the stop rule (:mod:`dblp.compensation`, C1-C6, core R5b),
-    one flag each, with the paper's behaviour as every default; read back with
-    :meth:`dblp.compensation.Compensation.from_args`."""
-    from .compensation import BROADCAST_FILLS, DEFAULT_FEEDBACK_BOUND, FEEDBACK, HELP, STOP_RULES, UPLOAD_ESTIMATES
-
-    p.add_argument("--upload-estimate", "--reduce", dest="upload_estimate", choices=list(UPLOAD_ESTIMATES),
-                   default="zero", help=HELP["upload_estimate"])
-    p.add_argument("--broadcast-fill", choices=list(BROADCAST_FILLS), default="zero", help=HELP["broadcast_fill"])
-    p.add_argument("--feedback", choices=list(FEEDBACK), default="off", help=HELP["feedback"])
-    p.add_argument("--feedback-bound", type=float_arg(0.0, lo_open=True), default=DEFAULT_FEEDBACK_BOUND,
-                   help=HELP["feedback_bound"])
-    p.add_argument("--stop-rule", choices=list(STOP_RULES), default="early", help=HELP["stop_rule"])
-
-
-def check_compensation_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> Any:
-    """The options as one :class:`dblp.compensation.Compensation`, refused in one line when they
-    contradict ``--consistency`` (C6)."""
-    from .compensation import Compensation
-
-    try:
-        c = Compensation.from_args(a)
-        c.check_consistency(getattr(a, "consistency", "none"))
-    except ParameterError as exc:
-        ap.error(str(exc))
-    return c
-
-
-def add_configs_arg(ap: argparse.ArgumentParser) -> None:
-    """``--configs``: DBLP configurations run beside ``--policies``, each a compensation label."""
-    ap.add_argument("--configs", default="",
-                    help="DBLP configurations run beside --policies, comma-separated compensation labels "
-                         "(dblp.compensation): paper, or '+'-joined unbiased, fill-local, ef-upload, "
-                         "ef-broadcast, ef-both, stop-once; e.g. unbiased+fill-local,stop-once. Each runs as "
-                         "dblp with those options into dblp-<label>/ (calm too, unless --no-calm) and gets "
-                         "its rows in every table (default: none)")
-
-
-def check_configs_arg(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    """Parse ``--configs`` into ``a.config_list`` = [(run label, Compensation)], refusing a bad label or
-    one that contradicts ``--consistency`` by name."""
-    from .compensation import Compensation
-
-    out: list[tuple[str, Any]] = []
-    for part in (x.strip() for x in (a.configs or "").split(",")):
-        if not part:
-            continue
-        try:
-            c = Compensation.from_label(part)
-            c.check_consistency(getattr(a, "consistency", "none"))
-        except ParameterError as exc:
-            ap.error(f"--configs {part}: {exc}")
-        label = f"dblp-{c.label()}"
-        if label in [x[0] for x in out]:
-            ap.error(f"--configs names {part} twice")
-        out.append((label, c))
-    a.config_list = out
