@@ -68,9 +68,10 @@ UNIFORM_FITTED: dict[str, PhaseModel] = {
     "small_cnn": PhaseModel(a=0.9852, tau=67.27, k=1.472, m=2.896, w_crit=0.9964, w_calm=0.9964),
 }
 #: ... and the emulated trainings' own curve: one weight, fitted to the paper-mode runs of the emulation's fitted
-#: seeds (Mininet, real digits_mlp workers; ``python -m dblp.sim.modes_compare fit``, dblp.sim.modes.MODE_FIT)
+#: seeds (Mininet, real digits_mlp workers; ``python -m dblp.sim.modes_compare fit``, dblp.sim.modes.MODE_FIT and
+#: fit_emulated_curve: shape by RMSE, plateau/scale and weight by the crossings of 90/94%)
 EMULATED_FITTED: dict[str, PhaseModel] = {
-    "digits_mlp": PhaseModel(a=0.9913, tau=3.965, k=4.565, m=0.2173, w_crit=0.61, w_calm=0.61),
+    "digits_mlp": PhaseModel(a=0.9939, tau=3.233, k=5.359, m=0.1802, w_crit=0.83, w_calm=0.83),
 }
 #: ``report``'s errors (``--json``): per workload and model, the held-out runs' accuracy RMSE and the median and
 #: worst absolute relative error of the iterations to 80% and 90% (:func:`summarize_errors`); ``emulation``: the

@@ -45,7 +45,7 @@ from .convergence import _AccuracyCurve
 #: factor on a lost fraction (fitted by MODE_FIT's command; "paper" is 1 by definition)
 MODE_FACTORS: dict[str, dict[str, float]] = {
     "phase": {"paper": 1.0, "unbiased+fill-local": 0.78},
-    "emulated": {"paper": 1.0, "unbiased+fill-local": 0.76},
+    "emulated": {"paper": 1.0, "unbiased+fill-local": 0.83},
 }
 #: the targets whose crossings the factors are fitted to (the emulation's)
 FIT_TARGETS = (0.9, 0.94)
@@ -54,7 +54,7 @@ MODE_FIT: dict[str, Any] = {"source": "results/tta-digits-paperbursts", "seeds":
                             "command": "python -m dblp.sim.modes_compare fit results/tta-digits-paperbursts --seeds 0,1",
                             # the fitted runs' RMS log-error of time to 90/94% at the fitted factors (paper,
                             # unbiased+fill-local): the single-seed scatter no factor removes
-                            "fit_log_err": {"phase": (0.1987, 0.1878), "emulated": (0.1790, 0.1685)}}
+                            "fit_log_err": {"phase": (0.1987, 0.1878), "emulated": (0.0910, 0.0855)}}
 C_MAX = 1.5  # factors and the emulated curve's weight are searched in [0, C_MAX]
 
 
@@ -317,17 +317,31 @@ def as_curves(runs: Sequence[EmuRun]) -> list:
     return out
 
 
+LOW_LOSS = 0.05  # a run losing less than this mean fraction shows the curve's shape, not the charge
+
+
 def fit_emulated_curve(runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> Any:
     """The emulated trainings' own curve (:data:`dblp.sim.convergence_phase.EMULATED_FITTED`) from the
-    paper-mode runs among ``runs``: the phase model's shape with one weight fitted to their accuracy RMSE,
-    then that weight refitted to their crossings of ``targets`` (:func:`crossing_error`) - the paper's own
-    charge of a lost fraction, against which every other mode's factor is measured (``c_paper`` = 1)."""
+    paper-mode runs among ``runs``, in three steps: the phase model's shape (one weight) fitted to the
+    accuracy RMSE of the runs that lost little (:data:`LOW_LOSS`: the baseline and stop-once runs); its
+    plateau ``a`` and scale ``tau`` refitted on a grid to those runs' crossings of ``targets``
+    (:func:`crossing_error`); then the weight fitted to the crossings of every paper run (DBLP's early stop
+    loses ~40%) - the paper's own charge of a lost fraction, against which every other mode's factor is
+    measured. Why crossings and not only the RMSE: a run's first evaluation at or above a target comes
+    earlier than the smooth mean curve's crossing (the accuracy jitters +-2 points on 360 test images), and
+    the first evaluation is what time to accuracy measures."""
     import dataclasses
 
     from .convergence_phase import fit
 
     paper = [r for r in runs if mode_key(r.comp) == "paper"]
-    shape = fit(as_curves(paper), tie=True, iterations=600, restarts=1)
+    low = [r for r in paper if r.lost and sum(r.lost) / len(r.lost) < LOW_LOSS] or paper
+    shape = fit(as_curves(low), tie=True, iterations=600, restarts=1)
+    grid = [(shape.a + da, shape.tau * ft) for da in (-0.01 + 0.002 * i for i in range(11))
+            for ft in (0.6 + 0.02 * j for j in range(31)) if shape.a + da < 1.0]
+    errs = [crossing_error(dataclasses.replace(shape, a=a, tau=tau), low, targets) for a, tau in grid]
+    a, tau = grid[min(range(len(grid)), key=errs.__getitem__)]
+    shape = dataclasses.replace(shape, a=a, tau=tau)
     w = best_on_grid(lambda x: crossing_error(dataclasses.replace(shape, w_crit=x, w_calm=x), paper, targets))
     return dataclasses.replace(shape, w_crit=w, w_calm=w)
 
