@@ -117,6 +117,7 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
     base = model_for(convergence)
     fit_seeds = fit_seeds or {}
     rows: list[dict[str, Any]] = []
+    points: list[dict[str, Any]] = []
     params = None
     first_conf: dict | None = None
     grid = 1
@@ -136,6 +137,13 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
                 src = str(Path(folder) / "baseline")  # a one-seed folder
             params, _ = calibrate(src)
             calibrated = src
+        every: dict[tuple[str, str], list[EmuRun]] = {}
+        for r in runs:  # the measured side of the burst-rate answer: every seed
+            every.setdefault((r.condition, r.run), []).append(r)
+        for (cond, name), rs in sorted(every.items()):
+            points.append({"folder": folder, "condition": cond, "run": name, "seeds": [r.seed for r in rs],
+                           "bursts_per_100": 100.0 * len(rs[0].bursts) / max(1, rs[0].iterations()),
+                           **{f"{t:g}": [measured_reach(r, t)[1] for r in rs] for t in targets}})
         by: dict[tuple[str, str], list[EmuRun]] = {}
         for r in held:
             by.setdefault((r.condition, r.run), []).append(r)
@@ -158,7 +166,8 @@ def compare(folders: Sequence[str], targets: Sequence[float], *, calibrate_from:
                              else math.nan,
                              "sim_err": _err(median(simt), median(meas)) if simt else math.nan,
                              "bursts_per_100": 100.0 * len(rs[0].bursts) / max(1, rs[0].iterations())})
-    out: dict[str, Any] = {"rows": rows, "targets": list(targets), "grid": grid, "convergence": convergence}
+    out: dict[str, Any] = {"rows": rows, "targets": list(targets), "grid": grid, "convergence": convergence,
+                           "emulation_points": points}
     if sim and params is not None and first_conf is not None:
         out["calibrated_from"] = calibrated
         out["sweep"] = burst_sweep(params, first_conf, rows, targets, periods, sweep_seeds, grid, convergence)
@@ -245,9 +254,14 @@ def print_report(res: dict[str, Any]) -> None:
                 what = "sooner" if margin == 0 else f">= {margin:.0%} sooner"
                 parts.append(f"{what} from " + (f"{r:.2f}/100 on" if r is not None else "no swept rate on"))
             print(f"  {name} against the baseline to {t:.0%}: " + "; ".join(parts))
-        meas = [r for r in res["rows"] if r["target"] == t]
-        print(f"  emulation (measured medians, s) at {t:.0%}: " + "; ".join(
-            f"{r['bursts_per_100']:.2f}/100 {r['run']} {median(r['measured_s']):.1f}" for r in meas))
+        print(f"  emulation, measured (median [range] over every seed, s) at {t:.0%}:")
+        for rate in sorted({p["bursts_per_100"] for p in res["emulation_points"]}):
+            pts = [p for p in res["emulation_points"] if p["bursts_per_100"] == rate]
+            base = next((median(p[f"{t:g}"]) for p in pts if p["run"] == "baseline"), math.nan)
+            print(f"    {rate:.2f}/100: " + "; ".join(
+                f"{p['run']} {_fmt(p[f'{t:g}'])}" + (f" (x{base / median(p[f'{t:g}']):.2f})"
+                                                      if p["run"] != "baseline" and math.isfinite(base) else "")
+                for p in pts))
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
