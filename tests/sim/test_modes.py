@@ -135,3 +135,14 @@ def test_fit_factor_recovers_a_known_factor():
     targets = (0.5, 0.55, 0.6, 0.65, 0.7)
     assert crossing_error(truth, runs, targets) == 0.0
     assert fit_factor(BASE, runs, targets) == pytest.approx(0.4, abs=0.03)
+
+
+def test_the_emulated_model_is_digits_mlp_only():
+    from dblp.wire import ParameterError
+
+    assert model_for("emulated") is EMULATED_FITTED["digits_mlp"]
+    with pytest.raises(ParameterError, match="convergence-workload"):
+        model_for("emulated", "small_cnn")
+    help_text = build_parser()._subparsers._group_actions[0].choices["run"].format_help()
+    flat = " ".join(help_text.split())
+    assert "--upload-estimate {zero,unbiased}" in flat and "(default: zero, or --params')" in flat
