@@ -28,6 +28,8 @@ condition and configuration, the emulation's measured time to each target beside
 by the run's measured loss and clock) and the simulator's (``python -m dblp.sim run`` on a calibration
 of the emulation, the run's bursts and compensation), with the errors, and sweeps the burst rate to find
 where DBLP's configurations reach the target sooner than the fixed baseline (:mod:`dblp.sim.modes_compare`).
+The fitted values, the held-out errors and where the model is wrong: ``docs/convergence.md`` (per
+compensation mode).
 """
 
 from __future__ import annotations
@@ -235,24 +237,6 @@ def run_rmse(model: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
                 se += (pred[k] - acc) ** 2
                 n += 1
     return math.sqrt(se / n) if n else math.nan
-
-
-def golden(fn: Any, lo: float, hi: float, tol: float = 1e-4) -> float:
-    """The minimiser of a unimodal ``fn`` on ``[lo, hi]`` (golden-section search)."""
-    g = (math.sqrt(5.0) - 1.0) / 2.0
-    a, b = lo, hi
-    c, d = b - g * (b - a), a + g * (b - a)
-    fc, fd = fn(c), fn(d)
-    while b - a > tol:
-        if fc <= fd:
-            b, d, fd = d, c, fc
-            c = b - g * (b - a)
-            fc = fn(c)
-        else:
-            a, c, fc = c, d, fd
-            d = a + g * (b - a)
-            fd = fn(d)
-    return (a + b) / 2.0
 
 
 def crossing_error(model: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> float:
