@@ -159,8 +159,8 @@ def plot_answer(path: str | Path, rows: list[dict[str, Any]], target: float, tit
     runs = list(dict.fromkeys(r["run"] for r in rows))
     finite = [r[key] for r in rows if math.isfinite(r[key])] or [1.0]
     edge = max(finite) * 1.15
-    fig, axes = plt.subplots(1, len(conds), figsize=(5.2 * len(conds), 0.55 * len(runs) + 1.8), squeeze=False,
-                             sharey=True)
+    fig, axes = plt.subplots(1, len(conds), figsize=(max(8.0, 5.2 * len(conds)), 0.55 * len(runs) + 2.0),
+                             squeeze=False, sharey=True)
     for ax, cond in zip(axes[0], conds):
         for y, run in enumerate(runs):
             rs = [r for r in rows if r["condition"] == cond and r["run"] == run]
@@ -183,7 +183,9 @@ def plot_answer(path: str | Path, rows: list[dict[str, Any]], target: float, tit
         ax.set_xlabel(f"training time to {_target_label(target, rows[0]['metric'])} (s; dotted line: never)")
         ax.set_yticks(range(len(runs)), runs, fontsize=8)
         ax.invert_yaxis()
-    fig.suptitle(title, fontsize=10)
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.fill(line, 90) for line in title.split("\n")), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
