@@ -115,7 +115,7 @@ def mode_model(base: _AccuracyCurve, comp: Compensation, convergence: str = "pha
 
 
 class _SimFlags:
-    """An argparse target that adds :func:`dblp.cliargs.add_compensation_args`'s flags to the simulator's
+    """An argparse target that adds :func:`dblp.compensation.add_compensation_args`'s flags to the simulator's
     parser: the alias ``--reduce`` is left out (there it is the server's reduce time), and an absent flag
     leaves the attribute unset, so ``--params``' options stand (:func:`dblp.sim.options.config_from_args`
     takes only flags given)."""
@@ -133,8 +133,8 @@ class _SimFlags:
 
 def add_sim_compensation_args(p: Any) -> None:
     """The compensation options and stop rule on ``python -m dblp.sim run`` and ``sweep`` (one definition:
-    :func:`dblp.cliargs.add_compensation_args`)."""
-    from ..cliargs import add_compensation_args
+    :func:`dblp.compensation.add_compensation_args`)."""
+    from ..compensation import add_compensation_args
 
     g = p.add_argument_group("loss compensation and stop rule (dblp.compensation; the paper's by default)")
     add_compensation_args(_SimFlags(g))
