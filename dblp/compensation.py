@@ -159,9 +159,12 @@ class Compensation:
     @classmethod
     def from_args(cls, a: Any) -> "Compensation":
         """From parsed flags (:func:`dblp.cliargs.add_compensation_args`); absent flags keep the paper's."""
-        return cls(getattr(a, "upload_estimate", "zero"), getattr(a, "broadcast_fill", "zero"),
-                   getattr(a, "feedback", "off"), getattr(a, "feedback_bound", DEFAULT_FEEDBACK_BOUND),
-                   getattr(a, "stop_rule", "early"))
+        def get(name: str, default: Any) -> Any:
+            v = getattr(a, name, None)
+            return default if v is None else v
+
+        return cls(get("upload_estimate", "zero"), get("broadcast_fill", "zero"), get("feedback", "off"),
+                   get("feedback_bound", DEFAULT_FEEDBACK_BOUND), get("stop_rule", "early"))
 
     def flags(self) -> list[str]:
         """The command-line flags that give these options to ``python -m dblp serve`` (none: the paper's)."""

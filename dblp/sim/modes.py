@@ -117,7 +117,7 @@ def mode_model(base: _AccuracyCurve, comp: Compensation, convergence: str = "pha
 class _SimFlags:
     """An argparse target that adds :func:`dblp.compensation.add_compensation_args`'s flags to the simulator's
     parser: the alias ``--reduce`` is left out (there it is the server's reduce time), and an absent flag
-    leaves the attribute unset, so ``--params``' options stand (:func:`dblp.sim.options.config_from_args`
+    leaves it None, so ``--params``' options stand (:func:`dblp.sim.options.config_from_args`
     takes only flags given)."""
 
     def __init__(self, parser: Any) -> None:
@@ -128,7 +128,7 @@ class _SimFlags:
         names = tuple(n for n in names if n not in taken)
         default = kw.pop("default", None)
         kw["help"] = f"{kw.get('help', '')} (default: {default}, or --params')"
-        return self.parser.add_argument(*names, default=argparse.SUPPRESS, **kw)
+        return self.parser.add_argument(*names, default=None, **kw)
 
 
 def add_sim_compensation_args(p: Any) -> None:

@@ -77,7 +77,7 @@ def test_sim_run_takes_the_compensation_flags(tmp_path):
     assert Compensation.from_args(a) == want
     assert config_from_args(a).reduce_s == pytest.approx(0.002)  # --reduce stays the server's reduce time
     plain = p.parse_args(["run"])
-    assert not hasattr(plain, "upload_estimate") and config_from_args(plain).compensation == Compensation()
+    assert plain.upload_estimate is None and config_from_args(plain).compensation == Compensation()
     params = tmp_path / "params.json"
     config_from_args(a).to_json(params)
     kept = p.parse_args(["run", "--params", str(params)])
