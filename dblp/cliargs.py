@@ -580,7 +580,7 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
 # the transport's own commands do; a number is the override (a fraction of a sender's fair share of the
 # server link, which the scenario knows from its own topology). It was 0.9 while DBLP's accuracy looked
 # lower self-paced (three seed-0 runs); in replicates over five seeds, alternating blocks, it was not
-# (docs/pacing.md, "Issue #30's accuracy gap"), after R12 learnt a high tolerance's loss.
+# (docs/pacing.md, the accuracy gap of self-paced runs), after R12 learnt a high tolerance's loss.
 SCENARIO_PACE_SHARE: float | None = None
 
 

@@ -335,7 +335,7 @@ def main() -> int:
     p.add_argument("--only-sweep", action="store_true", help="only the sweep (the issue's target: --sweep-configs 500 "
                    "--sweep-iterations 300 --sweep-model 1000000 --sweep-group 1)")
     p.add_argument("--only-targets", action="store_true",
-                   help="only the issue's targets (#29: the default star, paced senders and 10,000 workers at "
+                   help="only the scale targets (the default star, paced senders and 10,000 workers at "
                         "1M floats), each run in a fresh process, median and range of --target-runs")
     p.add_argument("--targets", type=name_list_arg(SCALE_TARGETS), default="star64,provisioned1024,star1024,paced1024,leafspine10k,whatif10k",
                    help="which targets --only-targets runs (comma-separated names)")

@@ -248,7 +248,7 @@ def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
     cores = os.cpu_count() or 1
     lines = summarize(per_repeat, cores)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    header = (f"issue 30 targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
+    header = (f"speed targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s)"
               + (f", {args.rounds} timed rounds each" if set(args.target_sets) - {"ddp"} else
                  f", {args.ddp_steps} DDP steps each"))
@@ -322,9 +322,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time a gloo all-reduce may take")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder of this run's files (default: results/benchmark/<timestamp>)")
-    t = ap.add_argument_group("issue 30's targets (--targets)")
+    t = ap.add_argument_group("the transport's speed targets (--targets)")
     t.add_argument("--targets", action="store_true",
-                   help="print every target of issue 30 this machine can measure, as ratios measured side by "
+                   help="print every speed target this machine can measure, as ratios measured side by "
                         "side (loopback DBLP vs gloo, veth sharded vs gloo, DDP small-model step), met or not; "
                         "the bounds of the 16-core machine apply from 16 cores on")
     t.add_argument("--repeats", type=count_arg(1), default=1,
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--ddp-steps", type=count_arg(1), default=200,
                    help="timed DDP steps per arm (plain, DBLP) of the small-model target")
     ap.add_argument("--pacing", choices=["none", "quick", "all"], default="none",
-                    help="instead of the comparison, measure issue #30's pacing targets on namespace hosts and "
+                    help="instead of the comparison, measure the pacing targets on namespace hosts and "
                          "print them (emulation.pacecheck): quick = 1 Gbit/s rate rows, 2 pass rows and the burst "
                          "row (~3 min); all = the whole grid (~15-25 min on 2 cores)")
     add_quiet(ap)
@@ -453,7 +453,7 @@ def print_targets(rows: list[dict]) -> None:
         if not vs_gloo:
             continue
         w, mtu = mine[0].get("workers"), mine[0].get("mtu")
-        print(f"\nissue 15's targets, {fmt_size(elements)}, {w} workers, MTU {mtu} (this run):")
+        print(f"\nthe throughput targets, {fmt_size(elements)}, {w} workers, MTU {mtu} (this run):")
         best = min(vs_gloo, key=lambda r: r["ratio_dblp_vs_gloo"])
         print(f"  fastest mode ({best['path']}) / gloo = {best['ratio_dblp_vs_gloo']:.2f}x: "
               f"{verdict(best['ratio_dblp_vs_gloo'] <= FASTEST_TARGET)} (<= {FASTEST_TARGET:g}x; "

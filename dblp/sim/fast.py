@@ -86,7 +86,7 @@ import numpy as np
 from .. import control as ctl
 from ..core import RoundSender
 from ..pacing import TokenBucket, make_pacer
-from . import simpy_adapter
+from .simpy_adapter import event_ids, queue as simpy_queue
 from .flow import Endpoint
 from .hostsched import HostSched
 from .incast import IncastFlow, incast_group
@@ -111,7 +111,7 @@ class RoundEngine:
     def __init__(self, sim) -> None:
         self.sim = sim
         self.env = sim.env
-        self._q, self._ids = simpy_adapter.queue(sim.env), simpy_adapter.event_ids(sim.env)  # see call
+        self._q, self._ids = simpy_queue(sim.env), event_ids(sim.env)  # see call
         cfg = sim.cfg
         self.core_order = "inorder"
         self.group = g = cfg.group  # a slot is `group` datagrams (1: one datagram)

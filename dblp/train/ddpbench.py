@@ -1,6 +1,6 @@
 """Per-step time of DDP over DBLP against plain DDP, side by side under ``torchrun`` on CPU.
 
-Why this exists: issue 30 measured a fixed cost per step for small models
+Why this exists: a fixed cost per step for small models was measured
 (3 ranks, a 10,762-parameter model: +2.6 to +3.9 ms over plain DDP). A
 fixed cost is invisible in a 25M-element round and dominates a 10k one, so
 it is measured on its own, with the same model and data in both arms:
