@@ -7,7 +7,7 @@ folder of that name would import as an empty namespace package wherever the
 extension is not built, and ``import dblp._fastpath`` would then succeed.
 
 ``optional=True``: without a C compiler the install still succeeds and
-dblp/wire.py, dblp/udp.py and dblp/reduce.py run their numpy / crc32c paths
+dblp/protocol/wire.py, dblp/transport/udp.py and dblp/protocol/reduce.py run their numpy / crc32c paths
 (same bytes, slower). With a compiler a failed build is a failed test:
 tests/test_fastpath.py::test_helper_builds_where_a_compiler_is.
 """

@@ -5,6 +5,6 @@ import sys
 # idle OpenBLAS threads spin on the cores the transport needs.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-from .cli import main  # noqa: E402
+from dblp.cli.commands import main  # noqa: E402
 
 sys.exit(main())

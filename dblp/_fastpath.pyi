@@ -2,7 +2,7 @@
 
 Built by setup.py from dblp/_fastpath_c/ (one file per purpose: crc32c.c,
 wire.c, sockets.c, place.c, reduce.c; module.c holds the method table).
-Optional: without it dblp/wire.py, dblp/udp.py and dblp/reduce.py run their
+Optional: without it dblp/protocol/wire.py, dblp/transport/udp.py and dblp/protocol/reduce.py run their
 numpy / crc32c paths, byte-identical on the wire. Every function takes its
 arguments by position only. Buffers are C-contiguous (numpy arrays);
 "int64"/"uint32" name the element type the C side reads or writes, and
@@ -93,15 +93,15 @@ def mean_into(out: _Out, bufs: Sequence[_In], scale: float, threads: int, sumsq:
 
 def fluid_outcome(bt: _In, ba: _In, bq: _In, cap: float, qcap: float, ser: float, arr: _In, u: _In, wait: _Out,
                   ovf: _Out, /) -> int:
-    """dblp.sim.net.FluidQueue.outcome's waits (wait) and drops (ovf, bool) of slots reaching a port at arr; bit 1: a wait, bit 2: a drop."""
+    """dblp.sim.network.net.FluidQueue.outcome's waits (wait) and drops (ovf, bool) of slots reaching a port at arr; bit 1: a wait, bit 2: a drop."""
 
 def fluid_profile(ent: _In, t0: float, q_ref: float, cap: float, qcap: float, bt: _Out, ba: _Out, bq: _Out,
                   /) -> tuple[int, bool]:
-    """dblp.sim.net.FluidQueue._rebuild's breakpoints, offered rates and queue from t0 of the passes ent ((lo, hi, rate) triples) into bt, ba, bq (room for 2 * passes + 1); (breakpoints, congested)."""
+    """dblp.sim.network.net.FluidQueue._rebuild's breakpoints, offered rates and queue from t0 of the passes ent ((lo, hi, rate) triples) into bt, ba, bq (room for 2 * passes + 1); (breakpoints, congested)."""
 
 def fluid_arrivals(leave: _In, b: int, limit: int, c: float, lossdrop: _In | None, ovf: _In | None, wait: _In | None,
                    floor: float, idx: _Out, t: _Out, /) -> int:
-    """dblp.sim.fast.RoundFlow.port_refresh's arrivals: slots b..limit-1 not lost nor dropped into idx, at leave + c (+ wait), kept in order and >= floor, into t; their count."""
+    """dblp.sim.engines.fast.RoundFlow.port_refresh's arrivals: slots b..limit-1 not lost nor dropped into idx, at leave + c (+ wait), kept in order and >= floor, into t; their count."""
 
 def pcg64_seed(entropy: _In, /) -> tuple[int, int]:
-    """The (state, inc) 128-bit integers of np.random.PCG64(np.random.SeedSequence(entropy)) for uint32 entropy words (dblp.sim.fast._uniforms: a pass's stream without building numpy's SeedSequence)."""
+    """The (state, inc) 128-bit integers of np.random.PCG64(np.random.SeedSequence(entropy)) for uint32 entropy words (dblp.sim.engines.fast._uniforms: a pass's stream without building numpy's SeedSequence)."""

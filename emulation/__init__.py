@@ -9,9 +9,9 @@ Public entry points (see each module's docstring for why it is built this way):
 - ``emulation.bursts.BurstInjector`` and burst kinds: scripted microbursts,
   random and congestion (cross-traffic) bursts, logged as JSONL;
 - ``emulation.launch.run_with_bursts``: one policy's run on a star with a
-  burst schedule, started by ``dblp.launch.Launch`` (a server and its workers
+  burst schedule, started by ``dblp.runs.launch.Launch`` (a server and its workers
   on local, namespace, Mininet or ssh hosts) and clocked by
-  ``dblp.watch.RoundWatcher``;
+  ``dblp.transport.watch.RoundWatcher``;
 - ``emulation.nft`` / ``emulation.shaping``: the only writers of nft rule
   text and of tc commands;
 - ``emulation.hosts``: the real-host launcher (``python -m emulation.hosts``);

@@ -2,11 +2,11 @@
 injector on the server's link, gloo all-reduces beside them, iperf3 flows, and the veth target row.
 
 * :func:`run_dblp`: one DBLP run on :class:`~emulation.nshosts.NsNet` hosts (``python -m dblp server`` /
-  ``worker`` through :class:`dblp.launch.Launch`), its lossless rounds followed by calibration and burst
+  ``worker`` through :class:`dblp.runs.launch.Launch`), its lossless rounds followed by calibration and burst
   rounds, each with its loss rule in place for exactly that round;
 * :class:`ServerLoss`: that loss injector - an nftables rule on srv's link for the host paths, the
   emulation's own :class:`~emulation.loss.LossController` rules on segmented links;
-* :func:`run_gloo`: the gloo reference (:mod:`dblp.glooref`) on the worker hosts, with its own TCP burst;
+* :func:`run_gloo`: the gloo reference (:mod:`dblp.runs.glooref`) on the worker hosts, with its own TCP burst;
 * :func:`run_iperf`: TCP throughput into srv, one flow or several at once;
 * :func:`veth_target_rows`: DBLP sharded against gloo on veth, a row of the benchmark's ``--targets``.
 
@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dblp.control import DEFAULT_PORT
-from dblp.glooref import GlooError, GlooRanks
-from dblp.launch import Launch, LaunchError, RunArgs
-from dblp.passcost import median, summarize_run
-from dblp.policy import run_policy
-from dblp.records import read_records
-from dblp.targets import TargetRow
-from dblp.watch import Tail
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.runs.glooref import GlooError, GlooRanks
+from dblp.runs.launch import Launch, LaunchError, RunArgs
+from dblp.results.passcost import median, summarize_run
+from dblp.protocol.policy import run_policy
+from dblp.protocol.records import read_records
+from dblp.results.targets import TargetRow
+from dblp.transport.watch import Tail
 from traces.units import fmt_size
 
 from .loss import LossController, LossTarget, segment_links
@@ -45,7 +45,7 @@ __all__ = ["BenchError", "DblpRun", "ServerLoss", "bench_env", "gso_probe", "run
            "SHARDED_NET", "SHARDED_CRC", "SHARDED_PATHS", "INSECURE_PATHS"]
 
 REPO = Path(__file__).resolve().parent.parent
-#: a progress line printer (:class:`dblp.progress.Stamped`)
+#: a progress line printer (:class:`dblp.cli.progress.Stamped`)
 Say = Callable[[str], None]
 
 #: DBLP's data paths: GSO end to end, GSO on segmented links (the emulation's per-datagram-loss path), plain;
@@ -54,8 +54,8 @@ PATHS = ("gso", "gso-seg", "plain", "gso-crc", "sharded", "sharded-net", "sharde
 DEFAULT_PATHS = ("gso", "gso-seg", "plain", "sharded")
 SEGMENTED = "gso-seg"
 CRC_ONLY = "gso-crc"
-#: the sharded mode (dblp.shard) on the GSO path: a shard server on each worker host, srv idle; a
-#: worker's own shard moves through shared memory (dblp.hostlocal); ``sharded-net``: every shard
+#: the sharded mode (dblp.transport.shard) on the GSO path: a shard server on each worker host, srv idle; a
+#: worker's own shard moves through shared memory (dblp.transport.hostlocal); ``sharded-net``: every shard
 #: over the network (``--local-shard off``), to price the host-local path; ``sharded-crc``: the sharded
 #: mode on the CRC-only wire, to price authentication where the sharded round is CPU-bound
 SHARDED = "sharded"
@@ -216,7 +216,7 @@ def run_dblp(net: NsNet, args, elements: int, path: str, run_idx: int, outdir: P
         segment_links(net, hosts)
     loss = ServerLoss(net, path == SEGMENTED)
     policy = run_policy("fixed" if args.p > 0 else "reliable", p_low=args.p).flags()
-    start_line = outdir / "start-line"  # dblp.startline's marks; removed after the run
+    start_line = outdir / "start-line"  # dblp.runs.startline's marks; removed after the run
     launch = Launch(net, "srv", [w.name for w in workers],
                     RunArgs(workers=n_workers, iterations=total, model=elements, policy=policy, source="hosts",
                             compute_s=args.gap, peer_timeout_s=args.timeout, plain=path == "plain", port=port,
@@ -356,6 +356,6 @@ def veth_target_rows(args, say: Say, rep: int) -> list[TargetRow]:
 
 def gso_probe(host: NsHost) -> bool:
     """Whether UDP GSO and GRO both work in ``host``'s namespace."""
-    r = host.run([sys.executable, "-c", "from dblp.udp import DataSocket; s = DataSocket('127.0.0.1', 0); "
+    r = host.run([sys.executable, "-c", "from dblp.transport.udp import DataSocket; s = DataSocket('127.0.0.1', 0); "
                   "print(int(s.gso and s.gro))"], check=False, env=bench_env())
     return r.stdout.strip() == "1"

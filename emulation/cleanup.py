@@ -24,7 +24,7 @@ running beside it keeps its shells, bridges and links:
    creator is gone (and the veths enslaved to them), root-namespace nft tables
    named after a process that is gone (``dblp_loss_sw<pid>``,
    ``dblp_loss_replay<pid>_<n>``), network namespaces ``dblpem-netem-<pid>``;
-5. shared-memory slots ``/dev/shm/dblp-local-<pid>-*`` (:mod:`dblp.hostlocal`) whose worker is gone.
+5. shared-memory slots ``/dev/shm/dblp-local-<pid>-*`` (:mod:`dblp.transport.hostlocal`) whose worker is gone.
 
 Ownership is proven before anything is killed or deleted: a recorded namespace
 counts only while it still has the recorded inode *and* carries the run's label
@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from dblp import hostlocal
+from dblp.transport import hostlocal
 from traces.units import HelpFormatter
 
 from .runstate import (RunLock, RunStates, forget_machine_sysctls, machine_path, machine_sysctls, netns_label,
@@ -78,7 +78,7 @@ class Plan:
     nft_tables: list[tuple[str, str]] = field(default_factory=list)  # (family, name)
     netns: list[str] = field(default_factory=list)
     foreign_shells: list[int] = field(default_factory=list)  # plain Mininet's: never touched
-    slots: list[Path] = field(default_factory=list)  # host-local slots of dead workers (dblp.hostlocal)
+    slots: list[Path] = field(default_factory=list)  # host-local slots of dead workers (dblp.transport.hostlocal)
     starts: dict[int, int] = field(default_factory=dict)  # pid -> start time when found (kills check it)
     not_ours: dict[str, list[int]] = field(default_factory=dict)  # run -> recorded netns inodes now another's
     nft_kept: list[str] = field(default_factory=list)  # root tables of a live process, or without an owner

@@ -4,7 +4,7 @@ network namespaces (:class:`emulation.nshosts.NsNet`).
 Why: a GPU machine typically has neither Mininet nor ``mnexec`` (nor a package registry to install
 them from), while everything the emulated star needs - namespaces, veth pairs, a bridge, TBF and
 nftables - is in its kernel and in the carried ``iproute2``/``nftables`` binaries. Both nets offer
-the same interface to the scenarios (:class:`dblp.launch.Runner`'s ``popen``/``address``, the
+the same interface to the scenarios (:class:`dblp.runs.launch.Runner`'s ``popen``/``address``, the
 ``cmd``/``host_intf``/``switch_port``/``switch_cmd`` that :class:`emulation.loss.LossController`
 drives, the ``qdisc_stats``/``shapes`` the run recorder snapshots), so a scenario builds its star
 with :func:`star_net` and runs the same code on either.
@@ -26,7 +26,7 @@ import importlib
 import shutil
 from typing import Any, Callable
 
-from dblp.cliargs import HOST_KINDS  # the values of the scenarios' --hosts (one home: the flag's)
+from dblp.cli.args import HOST_KINDS  # the values of the scenarios' --hosts (one home: the flag's)
 
 __all__ = ["HOST_KINDS", "resolve_hosts", "star_net", "host_names"]
 

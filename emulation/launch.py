@@ -1,4 +1,4 @@
-"""The emulation scenarios' run: a star, a burst schedule and one policy, launched by :mod:`dblp.launch`."""
+"""The emulation scenarios' run: a star, a burst schedule and one policy, launched by :mod:`dblp.runs.launch`."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Sequence
 
-from dblp.control import DEFAULT_PORT
-from dblp.launch import Launch, RunArgs, Runner, train_worker_argv
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.runs.launch import Launch, RunArgs, Runner, train_worker_argv
 
 __all__ = ["run_with_bursts", "run_scenario_policy", "run_replicates", "scenario_run_args", "SCENARIO_PORT"]
 
@@ -21,14 +21,14 @@ SCENARIO_PORT = DEFAULT_PORT
 
 
 def scenario_run_args(a: Any, policy: list[str], *, python: str = sys.executable) -> RunArgs:
-    """:class:`RunArgs` from the emulation scenarios' shared flags (``dblp.cliargs.add_run_args``).
+    """:class:`RunArgs` from the emulation scenarios' shared flags (``dblp.cli.args.add_run_args``).
 
     ``--gso``: the transport sends with UDP GSO; :func:`run_scenario_policy` then runs the star on
     segmented links (:meth:`emulation.loss.LossController.use_segmented_links`), where the loss rules
     still drop single datagrams. Without it: one datagram per message (the plain path)."""
-    from dblp.cliargs import pace_rate
+    from dblp.cli.args import pace_rate
 
-    from dblp.compensation import Compensation
+    from dblp.protocol.compensation import Compensation
 
     extra = ["--consistency", a.consistency] if getattr(a, "consistency", "none") != "none" else []
     extra += Compensation.from_args(a).flags()  # the paper's options add none
@@ -45,16 +45,16 @@ def run_with_bursts(net: Runner, lc: Any, args: RunArgs, d: str | os.PathLike, s
                     train: dict | None = None) -> Path:
     """One run on a star (server ``srv``, workers ``w1..wN``) with a burst schedule switched at
     round boundaries (:class:`emulation.bursts.BurstInjector` on ``lc``, clocked by the server's
-    round hook, :class:`~dblp.watch.RoundHookServer`: a burst is on from its round's first
+    round hook, :class:`~dblp.transport.watch.RoundHookServer`: a burst is on from its round's first
     datagram to its last). Writes ``d/records/``, ``d/logs/``, ``d/bursts.jsonl``;
-    returns ``d``. ``train``: real training workers (:func:`dblp.launch.train_worker_argv`, each
+    returns ``d``. ``train``: real training workers (:func:`dblp.runs.launch.train_worker_argv`, each
     in ``d/w<i>/``) instead of replayed gradients. ``targets``: the schedule's default loss targets (the server's link, UDP, both
     directions; in the sharded mode, where srv carries nothing, every worker's incoming link: a datagram
-    between two hosts meets the loss once, at its receiver, and a host's own shard never crosses a link). ``marks``: iterations whose start is printed (with a :class:`dblp.progress.Progress`
+    between two hosts meets the loss once, at its receiver, and a host's own shard never crosses a link). ``marks``: iterations whose start is printed (with a :class:`dblp.cli.progress.Progress`
     line, ETA included, every few seconds) unless ``quiet``.
     """
-    from dblp.progress import Progress
-    from dblp.watch import RoundHookServer
+    from dblp.cli.progress import Progress
+    from dblp.transport.watch import RoundHookServer
 
     from .bursts import BurstInjector
     from .loss import LossTarget
@@ -96,7 +96,7 @@ def run_scenario_policy(name: str, a: Any, net: Runner, lc: Any, out: str | os.P
                         python: str = sys.executable, env: dict | None = None, into: str | None = None) -> Path:
     """The emulation scenarios' run of the named policy ``name`` (``reliable``/``baseline``/``dblp``)
     with their shared flags ``a``, into ``out/<name>/`` (``out/<into>/`` when given)."""
-    from dblp.policy import run_policy
+    from dblp.protocol.policy import run_policy
 
     flags = run_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
     if getattr(a, "gso", False) and not getattr(lc, "segmented", True):
@@ -114,7 +114,7 @@ def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedul
                    env: dict | None = None,
                    around: Callable[[str, int, Path], ContextManager[Any]] | None = None) -> dict[int, dict[str, Path]]:
     """Every named policy once per seed, interleaved (seed s of every policy back to back, so a drift
-    of the shared machine hits all policies alike), into :func:`dblp.trainreport.replicate_dir`
+    of the shared machine hits all policies alike), into :func:`dblp.results.trainreport.replicate_dir`
     (``out`` itself with one seed, ``out/seed<s>/`` with several); ``calm``: policies also run
     without the bursts, into ``<that>/calm/<policy>/`` (a variant's label there: that variant). ``variants``: extra runs ``(label, flags)``
     per seed, e.g. ``("dblp-eta0.1-freq5", {"eta": 0.1, "freq": 5})``, run as ``dblp`` with those of
@@ -127,7 +127,7 @@ def run_replicates(a: Any, net: Runner, lc: Any, out: str | os.PathLike, schedul
     import argparse
     import time
 
-    from dblp.trainreport import replicate_dir
+    from dblp.results.trainreport import replicate_dir
 
     done: dict[int, dict[str, Path]] = {}
     total = len(seeds) * (len(policies) + len(calm) + len(variants))

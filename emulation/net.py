@@ -7,7 +7,7 @@ whatever happens::
     from emulation.net import EmuNet
 
     with EmuNet(StarTopo(n=3, bw=100, buffer_pkts=50)) as net:
-        srv = net.popen("srv", ["python", "-m", "dblp.server", ...])
+        srv = net.popen("srv", ["python", "-m", "dblp.transport.server", ...])
         ...
 
 Why our own teardown instead of ``Mininet.stop``: ``stop`` talks to every
@@ -44,7 +44,7 @@ from mininet.net import Mininet
 from mininet.node import Host, Node
 from mininet.topo import Topo
 
-from dblp.wire import MAX_MTU, MIN_MTU
+from dblp.protocol.wire import MAX_MTU, MIN_MTU
 
 from .bridge import IPBridge
 from .mnlink import ShapedLink
@@ -449,7 +449,7 @@ class EmuNet:
         return self.host(name).IP()
 
     def address(self, name: str) -> str:
-        """Where other hosts reach ``name`` (:class:`dblp.launch.Runner`)."""
+        """Where other hosts reach ``name`` (:class:`dblp.runs.launch.Runner`)."""
         return self.ip(name)
 
     def host_intf(self, name: str) -> str:

@@ -38,7 +38,7 @@ class NetemUnavailable(RuntimeError):
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m emulation.netem``: say whether this kernel has netem (exit 0 yes, 1 no)."""
-    from dblp.cliargs import parser
+    from dblp.cli.args import parser
 
     parser(prog="python -m emulation.netem", config=False,
            description="Probe whether this kernel has the netem qdisc (tries it on the loopback of a "

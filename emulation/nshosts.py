@@ -51,7 +51,7 @@ import threading
 import time
 from typing import Iterable, Mapping, Sequence
 
-from dblp.watch import end_process_group
+from dblp.transport.watch import end_process_group
 from traces.units import HelpFormatter
 
 from . import nft
@@ -404,13 +404,13 @@ class NsNet:
         return iter(self.hosts)
 
     def popen(self, host: str, argv: Sequence[str], *, env: dict | None = None, **kw) -> subprocess.Popen:
-        """Start ``argv`` on host ``host`` (:class:`dblp.launch.Runner`); ``env`` adds to ours."""
+        """Start ``argv`` on host ``host`` (:class:`dblp.runs.launch.Runner`); ``env`` adds to ours."""
         if env is not None:
             kw["env"] = {**os.environ, **env}
         return self[host].popen(list(argv), **kw)
 
     def address(self, host: str) -> str:
-        """Where other hosts reach ``host`` (:class:`dblp.launch.Runner`)."""
+        """Where other hosts reach ``host`` (:class:`dblp.runs.launch.Runner`)."""
         return self[host].ip
 
     def cmd(self, host: str, args: Sequence[str], *, input: str | None = None, check: bool = True,

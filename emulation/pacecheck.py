@@ -8,7 +8,7 @@ links with drop-tail queues, no Mininet needed):
   (one worker, GSO or plain path) delivers >= 90% of its rate: wire bytes
   of its upload over the upload's time, median of the rounds after the first.
 - :func:`passes_check`: without any rate flag (self-pacing,
-  :class:`dblp.pacing.AutoPacer`, the server's rules R12 and R14), rounds
+  :class:`dblp.protocol.pacing.AutoPacer`, the server's rules R12 and R14), rounds
   without injected loss need <= 1.2 passes per direction (mean over the
   workers' uploads and the server's broadcasts, every round counted, the
   first one's unpaced flood included; the detail also from rounds 1 and 2).
@@ -32,11 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-from dblp.gradients import model_elements
-from dblp.launch import RunArgs
-from dblp.policy import run_policy
-from dblp.records import read_records
-from dblp.wire import TAG_SIZE, ChunkLayout
+from dblp.runs.gradients import model_elements
+from dblp.runs.launch import RunArgs
+from dblp.protocol.policy import run_policy
+from dblp.protocol.records import read_records
+from dblp.protocol.wire import TAG_SIZE, ChunkLayout
 
 from .launch import SCENARIO_PORT, run_with_bursts
 

@@ -7,7 +7,7 @@ Layout of ``results/<name>-<YYYYmmdd-HHMMSS>/``::
     counters_start.json    tc qdisc + nft counters per interface at start
     counters_end.json      ... and at the end
     records/<role>.jsonl   per-round RoundRecords written by server and workers
-                           (dblp/records.py schema; one file per process, so no
+                           (dblp/protocol/records.py schema; one file per process, so no
                            two processes append to one file)
     rounds.jsonl           all records/ files merged, sorted by (round, role, worker)
     summary.json           start/end times, counter deltas, record counts
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dblp.records import RoundRecord, read_records, write_records
+from dblp.protocol.records import RoundRecord, read_records, write_records
 
 
 class RunRecorder:
@@ -145,7 +145,7 @@ def _count_lines(path: Path) -> int:
 
 
 def _machine_facts(t: float) -> dict:
-    from dblp.provenance import provenance
+    from dblp.cli.provenance import provenance
 
     from .netem import has_netem
 

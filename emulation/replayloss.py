@@ -2,7 +2,7 @@
 the plot of each iteration's latency beside the loss it saw.
 
 A trace replay (:mod:`emulation.replay`) knows what it *requested* and what its rules dropped; the
-round records (:mod:`dblp.records`) know what the protocol *saw*: datagrams sent against datagrams
+round records (:mod:`dblp.protocol.records`) know what the protocol *saw*: datagrams sent against datagrams
 that reached the other side. ``scenarios/trace_replay.py`` reports both; for a packets trace
 (``*.pkts``, no clock) the records' loss per round is the only per-iteration figure there is.
 """
@@ -71,7 +71,7 @@ def plot_loss(runs: dict[str, list], loss: dict[str, dict[int, float]], path: st
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator, PercentFormatter
 
-    from dblp import analysis
+    from dblp.results import analysis
 
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for label, recs in runs.items():

@@ -15,10 +15,10 @@ machine slows both alike:
 3. **the control-message MAC** (one process, no sockets): encoding and
    decoding each kind of control message a round carries (ROUND, PROBE,
    STOP, a BITMAP of the tensor's chunks, BYE) with and without its tag
-   (:class:`dblp.control.ControlMac`), in microseconds, side by side;
+   (:class:`dblp.protocol.control.ControlMac`), in microseconds, side by side;
 4. **the aggregation guard** (one process): the server's reduce of
    ``--workers`` gradients with and without the guard's per-worker norms
-   (:func:`dblp.reduce.guarded_mean_norm`), alternating, in milliseconds.
+   (:func:`dblp.protocol.reduce.guarded_mean_norm`), alternating, in milliseconds.
 
 The C helper computes tags with Intel's ipsec-mb where it was built with it
 (``libipsec-mb-dev``), else with OpenSSL's GCM; part 1 prices every
@@ -46,12 +46,13 @@ from pathlib import Path
 import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 import numpy as np  # noqa: E402
 
-from dblp import auth, wire  # noqa: E402
-from dblp import control as ctl  # noqa: E402
-from dblp.cliargs import model_arg, parser  # noqa: E402
-from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
-from dblp.loopback import loopback_rounds  # noqa: E402
-from dblp.provenance import write_config  # noqa: E402
+from dblp.protocol import auth
+from dblp.protocol import wire
+from dblp.protocol import control as ctl
+from dblp.cli.args import model_arg, parser  # noqa: E402
+from dblp.runs.gradients import MODEL_HELP, model_elements  # noqa: E402
+from dblp.runs.loopback import loopback_rounds  # noqa: E402
+from dblp.cli.provenance import write_config  # noqa: E402
 from traces.argtypes import count_arg  # noqa: E402
 
 
@@ -113,7 +114,7 @@ def control_cost(chunks: int, repeats: int, n: int = 2000) -> list[dict]:
 
 def guard_cost(elements: int, workers: int, repeats: int) -> dict[str, float]:
     """Median ms of the server's reduce without and with the aggregation guard, alternating."""
-    from dblp.reduce import guarded_mean_norm, reduce_mean_norm
+    from dblp.protocol.reduce import guarded_mean_norm, reduce_mean_norm
 
     rng = np.random.default_rng(0)
     bufs = [rng.standard_normal(elements).astype(np.float32) for _ in range(workers)]

@@ -5,7 +5,7 @@ A benchmark, not a test; no root needed. Each repeat runs ``--iterations``
 gloo all-reduces (``scenarios/gloo_allreduce.py``: three ranks, every rank
 starting at one instant) and then, for each case, a
 ``python -m dblp loopback`` run of the same size and world
-(:mod:`dblp.loopback`: separate server and worker processes lined up at a
+(:mod:`dblp.runs.loopback`: separate server and worker processes lined up at a
 common start once each holds its gradient, the median round from that start
 to the last worker's result); the ratio
 is that repeat's DBLP median over that repeat's gloo median, so a shared
@@ -42,12 +42,12 @@ import sys
 import time
 from pathlib import Path
 
-from dblp.provenance import write_config  # noqa: E402
-from dblp.cliargs import mtu_arg, parser
-from dblp.glooref import GlooRanks, LocalHost
-from dblp.gradients import MODEL_HELP, model_elements
-from dblp.shard import AGGREGATIONS
-from dblp.wire import ParameterError
+from dblp.cli.provenance import write_config  # noqa: E402
+from dblp.cli.args import mtu_arg, parser
+from dblp.runs.glooref import GlooRanks, LocalHost
+from dblp.runs.gradients import MODEL_HELP, model_elements
+from dblp.transport.shard import AGGREGATIONS
+from dblp.protocol.wire import ParameterError
 from traces.argtypes import count_arg
 
 REPO = Path(__file__).resolve().parent.parent
@@ -88,7 +88,7 @@ def build_parser():
                     help="DBLP's --mtu values to compare, comma-separated: bytes or auto (each a case per mode; "
                          "default: none given, each tree's own loopback default)")
     ap.add_argument("--configs", default="",
-                    help="compensation labels (dblp.compensation: unbiased, fill-local, ef-upload, ef-broadcast, "
+                    help="compensation labels (dblp.protocol.compensation: unbiased, fill-local, ef-upload, ef-broadcast, "
                          "ef-both, stop-once, '+'-joined), each a case per mode beside the paper's, with its round "
                          "time over the paper's in the same repeat (default: none)")
     ap.add_argument("--baseline", type=Path, default=None,
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         mtus = [mtu_arg(x) for x in args.mtus.split(",") if x] or [None]
     except argparse.ArgumentTypeError as exc:
         ap.error(f"--mtus: {exc}")
-    from dblp.compensation import Compensation
+    from dblp.protocol.compensation import Compensation
 
     try:
         comps = [Compensation.from_label(x.strip()) for x in args.configs.split(",") if x.strip()]

@@ -43,13 +43,13 @@ from pathlib import Path
 
 import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
-from dblp.provenance import config_record, provenance  # noqa: E402
+from dblp.cli.provenance import config_record, provenance  # noqa: E402
 from dblp.sim import SimConfig, simulate  # noqa: E402
-from dblp.cliargs import parser  # noqa: E402
+from dblp.cli.args import parser  # noqa: E402
 from traces.argtypes import count_arg, float_arg, int_list_arg, name_list_arg  # noqa: E402
 from dblp.sim.options import baseline_of  # noqa: E402
-from dblp.sim.sweep import run_config  # noqa: E402
-from dblp.sim.topology import TOPOLOGIES  # noqa: E402
+from dblp.sim.studies.sweep import run_config  # noqa: E402
+from dblp.sim.network.topology import TOPOLOGIES  # noqa: E402
 
 BURSTS = [{"kind": "random_bursts", "rate": 0.01, "loss": 0.7}]
 
@@ -114,7 +114,7 @@ def bench_workers(workers: list[int], iterations: int, provisioned: bool, topolo
     once - the cost per simulated datagram. Otherwise the default star (one
     10 Gbit/s server link): the incast drops most of each pass, passes grow
     with the worker count, and so do the datagrams to simulate (printed).
-    ``topology``: the network (dblp.sim.topology, its default parameters).
+    ``topology``: the network (dblp.sim.network.topology, its default parameters).
     """
     kind = "server link = workers x 10 Gbit/s" if provisioned else "one 10 Gbit/s server link"
     print(f"\n== round level vs workers: 1M floats, {iterations} iterations, {topology}, {kind}")
@@ -164,7 +164,7 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
     "paced1024": ("1024 workers x 100 iterations, every sender paced at its fair share (10 Gbit/s / 1024)",
                   dict(workers=1024, rounds=100, send_rate_bps=10e9 / 1024), 60.0, None),
     "leafspine10k": ("10,000 workers x 10 iterations, leaf-spine 100 racks x 4 spines, --servers 100, class level "
-                     "(dblp.sim.fabric: one representative flow per port class)",
+                     "(dblp.sim.engines.fabric: one representative flow per port class)",
                      dict(workers=10_000, rounds=10, topology="leafspine", racks=100, spines=4, servers=100,
                           fidelity="class"), 300.0, 8.0),
     "whatif10k": ("the 10,000-worker what-if under bursts: leafspine10k with ResNet-50 (707 chunks a shard) x 40 "
@@ -177,9 +177,9 @@ SCALE_TARGETS: dict[str, tuple[str, dict, float, float | None]] = {
 
 def bench_incast(workers: list[int]) -> list[dict]:
     """The first iteration's synchronised incast on the default star (1M floats), walked pass by pass
-    (``incast="walk"``, the reference) and at flow level (``"flow"``, dblp.sim.incast), side by side:
+    (``incast="walk"``, the reference) and at flow level (``"flow"``, dblp.sim.engines.incast), side by side:
     CPU seconds, their ratio, and how far the flow level's records are from the walk's."""
-    from dblp.sim.incast import compare_first_iteration
+    from dblp.sim.engines.incast import compare_first_iteration
 
     print("\n== the first iteration's incast, default star, 1M floats: walk (reference) vs flow level")
     print(f"{'workers':>7} {'walk CPU':>9} {'flow CPU':>9} {'ratio':>7}   records, flow against walk (relative)")
@@ -199,7 +199,7 @@ def bench_incast(workers: list[int]) -> list[dict]:
 
 def bench_fabric(workers: list[int], servers: int, iterations: int) -> list[dict]:
     """Leaf-spines (1M floats, 4 racks x 2 spines, ``servers`` servers) at round level (every flow
-    walked, the reference) and at class level (``fidelity="class"``, dblp.sim.fabric), side by side:
+    walked, the reference) and at class level (``fidelity="class"``, dblp.sim.engines.fabric), side by side:
     CPU seconds, their ratio, and how far the class level's summary is from the round level's."""
     keys = ("mean_round_s", "time_to_train_s", "mean_up_s", "up_passes")
     print(f"\n== leaf-spine 4 racks x 2 spines, {servers} servers, {iterations} iterations, 1M floats: "
@@ -329,7 +329,7 @@ def main() -> int:
                    help="worker counts of the scaling runs with a server link of workers x 10 Gbit/s")
     p.add_argument("--workers-iterations", type=count_arg(1), default=3, help="iterations of the scaling runs")
     p.add_argument("--topology", choices=TOPOLOGIES, default="star",
-                   help="network of the scaling runs (dblp.sim.topology, default parameters)")
+                   help="network of the scaling runs (dblp.sim.network.topology, default parameters)")
     p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the issue's targets: "
                    "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
     p.add_argument("--only-sweep", action="store_true", help="only the sweep (the issue's target: --sweep-configs 500 "

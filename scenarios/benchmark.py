@@ -19,7 +19,7 @@ bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
   and the segmented path's round over the GSO round is printed against its
   target, 1.5x). The lossless round is the span from the first worker's
   start of a round to the last worker's averaged result (per-round worker
-  records, ``dblp/records.py``), median over ``--iterations`` rounds after
+  records, ``dblp/protocol/records.py``), median over ``--iterations`` rounds after
   ``--warmup``. Goodput per worker = tensor bytes / ``up_latency_s``.
 * **gloo**: ``torch.distributed`` all-reduce (sum, then divide: the mean)
   of a tensor of the same size among three ranks in the worker hosts
@@ -44,7 +44,7 @@ bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
   before and removed after every worker finished the round (workers pause
   ``--gap`` between rounds, so the rule is in place for exactly that
   round; the benchmark checks this from the records' timestamps).
-  The prediction from the tolerance arithmetic (:mod:`dblp.passcost`):
+  The prediction from the tolerance arithmetic (:mod:`dblp.results.passcost`):
   passes ``k = min{k : L^k <= p}``; datagrams sent ``n (1-p)/(1-L)`` (the
   receiver stops at ``ceil((1-p) n)`` and each datagram arrives with
   probability ``1-L``); time ``= S0 + a [U0 (f_up - 1) + D0 (f_down - 1)] +
@@ -97,16 +97,16 @@ from pathlib import Path
 
 REPO = _bootstrap.ROOT
 
-from dblp.cliargs import add_quiet, parser  # noqa: E402
-from dblp.gradients import MODEL_HELP, model_elements  # noqa: E402
-from dblp.glooref import GlooError, loopback_median_s  # noqa: E402
-from dblp.passcost import median, summarize_run  # noqa: E402
-from dblp.progress import Stamped  # noqa: E402
-from dblp.provenance import write_config  # noqa: E402
-from dblp.server import ServerConfig  # noqa: E402
-from dblp.targets import TargetRow, as_rows, format_table, machine_class, summarize  # noqa: E402
-from dblp.targets import plot as plot_targets  # noqa: E402
-from dblp.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
+from dblp.cli.args import add_quiet, parser  # noqa: E402
+from dblp.runs.gradients import MODEL_HELP, model_elements  # noqa: E402
+from dblp.runs.glooref import GlooError, loopback_median_s  # noqa: E402
+from dblp.results.passcost import median, summarize_run  # noqa: E402
+from dblp.cli.progress import Stamped  # noqa: E402
+from dblp.cli.provenance import write_config  # noqa: E402
+from dblp.transport.server import ServerConfig  # noqa: E402
+from dblp.results.targets import TargetRow, as_rows, format_table, machine_class, summarize  # noqa: E402
+from dblp.results.targets import plot as plot_targets  # noqa: E402
+from dblp.protocol.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
 from traces.argtypes import count_arg, int_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
 from emulation.bench import (CRC_ONLY, DEFAULT_PATHS, PATHS, SEGMENTED, SHARDED_CRC, SHARDED_PATHS,  # noqa: E402
@@ -153,9 +153,9 @@ def gloo_loopback(elements: int, workers: int, args, outdir: Path, say: Stamped)
 def loopback_target_rows(args, say: Stamped, rep: int) -> list[TargetRow]:
     """Loopback, ``--target-model`` x each of ``--target-workers``: DBLP sharded and single server
     against gloo, measured one after the other in this repeat. DBLP runs at the loopback default,
-    ``--mtu auto`` (lo's MTU, capped: dblp.udp.auto_mtu), as gloo's TCP uses lo's MTU; one more row,
+    ``--mtu auto`` (lo's MTU, capped: dblp.transport.udp.auto_mtu), as gloo's TCP uses lo's MTU; one more row,
     without a bound, keeps the sharded mode at Ethernet's 1500 bytes in view."""
-    from dblp.loopback import loopback_rounds
+    from dblp.runs.loopback import loopback_rounds
 
     e = args.target_model
     rows = []
@@ -193,7 +193,7 @@ def ddp_target_rows(args, say: Stamped, rep: int) -> list[TargetRow]:
     from dblp.train.ddpbench import OVERHEAD_TARGET_S, SMALL_MODEL_PARAMS, ddp_overhead
 
     rows = []
-    # DBLPComm as it ships (ranks on the server's host: shared memory, dblp.hostlocal), then over
+    # DBLPComm as it ships (ranks on the server's host: shared memory, dblp.transport.hostlocal), then over
     # UDP datagrams on loopback (DBLP's own data path, what ranks on other hosts use)
     for local, how in (("auto", ""), ("off", ", UDP datagrams")):
         r = ddp_overhead(3, args.ddp_steps, timeout=args.timeout * 10, local=local)
@@ -206,7 +206,7 @@ def ddp_target_rows(args, say: Stamped, rep: int) -> list[TargetRow]:
 
 
 # Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s
-# (or rows with the attributes or keys target, measured, threshold, met: dblp.targets.as_rows). The
+# (or rows with the attributes or keys target, measured, threshold, met: dblp.results.targets.as_rows). The
 # self-pacing rows need root and namespace links for minutes: they run by themselves (--pacing).
 TARGET_SOURCES: dict = {
     "loopback": loopback_target_rows,

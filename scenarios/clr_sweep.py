@@ -11,11 +11,11 @@ with the baseline (fixed p = P_low) and once per (eta, freq) with DBLP, for
 each seed (interleaved), and prints per setting the share of iterations in
 the critical regime, the training time and the time to each target accuracy,
 each divided by the same seed's baseline, and the final accuracy: medians with
-95% intervals (dblp.stats). Written to ``results/clr_sweep-<time>/``:
+95% intervals (dblp.results.stats). Written to ``results/clr_sweep-<time>/``:
 ``sweep.csv`` (every run), ``sweep_table.csv``, ``sweep.png`` (the
 trade-off against eta, a line per freq) and ``clr.png`` (the default
 setting's first run: gradient norm, each check's decision, accuracy;
-``python -m dblp.clrview`` draws it for any run), plus ``curves.csv`` for the
+``python -m dblp.results.clrview`` draws it for any run), plus ``curves.csv`` for the
 simulator's convergence model.
 """
 
@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from dblp import analysis
-from dblp.cliargs import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_burst_args,
+from dblp.results import analysis
+from dblp.cli.args import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_burst_args,
                           check_run_args, check_workload_args, parser)
-from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ
+from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ
 from traces.argtypes import int_list_arg
 
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("clr_sweep.py needs root for Mininet: run it as `sudo python scenarios/clr_sweep.py`", file=sys.stderr)
         return 2
-    from dblp.clrview import variant_label
+    from dblp.results.clrview import variant_label
     from emulation.bursts import bursts_from_spec
     from emulation.launch import run_replicates
     from emulation.loss import LossController
@@ -134,8 +134,8 @@ def report_only(out: Path) -> int:
 
 def report(a: argparse.Namespace, out: Path, seeds: list[int], settings: list[tuple[float, int]], took: str) -> None:
     """Print the sweep's table; write sweep.csv, sweep_table.csv, sweep.png, clr.png and curves.csv."""
-    from dblp.clrview import norm_trace, plot_detector, plot_sweep, sweep_table, variant_label
-    from dblp.trainreport import load_training, replicate_dir, run_curve, write_curves
+    from dblp.results.clrview import norm_trace, plot_detector, plot_sweep, sweep_table, variant_label
+    from dblp.results.trainreport import load_training, replicate_dir, run_curve, write_curves
 
     t = a.train
     rows, long = sweep_table(out, seeds, settings, a.workers, t["targets"])

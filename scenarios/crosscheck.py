@@ -11,7 +11,7 @@ against real hosts).
    ``run_policy``: the real server and workers in Mininet hosts on TBF-shaped
    links, 70% UDP loss on the server's link at the burst iterations) for
    ``baseline`` (fixed p = P_low) and ``dblp`` on one burst schedule.
-2. **Calibration**: ``dblp.sim.calibrate`` on one of those runs (default
+2. **Calibration**: ``dblp.sim.studies.calibrate`` on one of those runs (default
    the baseline's: host send rates, compute and reduce time, the gradient
    norms the server saw, the applied burst schedule; link rate and buffer
    from the scenario) - or, with ``--params``, a calibration made on another
@@ -22,7 +22,7 @@ against real hosts).
    (the CLR detector's input; with ``--params``: the synthetic norms of the
    seed, which the workers replay).
 3. **Simulation** of every policy with the same configuration and seed.
-4. **Report** (:mod:`dblp.crosscheck`: the comparison, the KS test, the report files), side by
+4. **Report** (:mod:`dblp.sim.studies.crosscheck`: the comparison, the KS test, the report files), side by
    side with the relative error (sim - mininet) / mininet
    of each term: median, p99, max and mean round latency (the slowest
    worker's whole exchange per iteration), send latency (Table II's metric),
@@ -56,22 +56,22 @@ import sys
 import time
 from pathlib import Path
 
-from dblp import analysis
-from dblp.cliargs import (add_burst_args, add_hosts_arg, add_run_args, check_burst_args, check_run_args, pace_rate,
+from dblp.results import analysis
+from dblp.cli.args import (add_burst_args, add_hosts_arg, add_run_args, check_burst_args, check_run_args, pace_rate,
                           parser)
 from traces.argtypes import count_arg
 from traces.units import rate_arg
-from dblp.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
-from dblp.provenance import config_record, run_values
-from dblp.wire import ParameterError
+from dblp.sim.studies.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
+from dblp.cli.provenance import config_record, run_values
+from dblp.protocol.wire import ParameterError
 
 
 # ============================================================================ scenario
 def build_parser() -> argparse.ArgumentParser:
-    """The microburst scenario's flags (dblp.cliargs), this scenario's defaults, and its own."""
+    """The microburst scenario's flags (dblp.cli.args), this scenario's defaults, and its own."""
     ap = parser(description=__doc__.split("\n\n")[0])
     add_run_args(ap, iterations=80, policies="baseline,dblp", results=_bootstrap.ROOT / "results")
-    ap.set_defaults(pace_share=0.9)  # the simulator models fixed rates only (not dblp.pacing.AutoPacer): both sides hand-paced
+    ap.set_defaults(pace_share=0.9)  # the simulator models fixed rates only (not dblp.protocol.pacing.AutoPacer): both sides hand-paced
     add_burst_args(ap, bursts="30,60")
     add_hosts_arg(ap)
     ap.set_defaults(quiet=True)
@@ -228,7 +228,7 @@ def report_folder(run: Path, *, params: bool, reanalysis: bool) -> Path:
 
 def analyse(a: argparse.Namespace, run: Path) -> dict:
     """Calibrate (or transfer ``--params``), simulate, compare; the report goes into :func:`report_folder`."""
-    from dblp.sim.calibrate import calibrate
+    from dblp.sim.studies.calibrate import calibrate
 
     real = {p: analysis.load(run / p / "records") for p in a.policy_list}
     scen = scenario_settings(a)
@@ -254,9 +254,9 @@ def analyse(a: argparse.Namespace, run: Path) -> dict:
           f"{cal.recv_cost_s * 1e6:.2f} us a delivered datagram (server / worker), compute {cal.compute_s * 1e3:.2f} ms, "
           f"reduce {cal.reduce_s * 1e3:.2f} ms, loss {cal.loss}", flush=True)
     for who, h in ((k, notes.get("estimates", {}).get("host", {}).get(k)) for k in ("worker", "server")):
-        if h:  # a calibration on this run: whether the run showed the host's cost (dblp.sim.calibrate)
+        if h:  # a calibration on this run: whether the run showed the host's cost (dblp.sim.studies.calibrate)
             print(f"  {who} host: {h['how']}", flush=True)
-            if h.get("receive"):  # its receive part (dblp.sim.calibrate._receive_costs)
+            if h.get("receive"):  # its receive part (dblp.sim.studies.calibrate._receive_costs)
                 print(f"  {who} host's datagrams, receive part: {h['receive']}", flush=True)
     sim = simulate_policies(cal, a.policy_list, a.p_low, a.p_high, out / "sim", a.fidelity,
                             norms=None if a.params else own_norms(run, a.policy_list))

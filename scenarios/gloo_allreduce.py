@@ -39,7 +39,7 @@ import sys
 import time
 from datetime import timedelta
 
-from dblp.cliargs import hostport
+from dblp.cli.args import hostport
 from traces.argtypes import add_verbosity, add_version, count_arg, int_arg
 from traces.units import HelpFormatter, duration_arg
 

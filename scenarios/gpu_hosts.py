@@ -11,7 +11,7 @@ prints, per policy, the latency summary (the Mininet scenario's Table II when
 both ``baseline`` and ``dblp`` ran), the device each worker used and its
 per-iteration compute time, and then - unless ``--no-crosscheck`` - runs the
 simulator on the same configuration with the compute term measured on the
-hosts and reports the two side by side (:mod:`dblp.crosscheck`, as ``scenarios/crosscheck.py``).
+hosts and reports the two side by side (:mod:`dblp.sim.studies.crosscheck`, as ``scenarios/crosscheck.py``).
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dblp import analysis
-from dblp.cliargs import pace_arg, parser
-from dblp.crosscheck import compare, own_norms, simulate_policies, write_report
+from dblp.results import analysis
+from dblp.cli.args import pace_arg, parser
+from dblp.sim.studies.crosscheck import compare, own_norms, simulate_policies, write_report
 from emulation.hosts import HostsError, InventoryError, launch, load_inventory
 from emulation.hosts.gather import policy_comparison
 from emulation.hosts.inventory import DBLP_POLICIES
@@ -91,7 +91,7 @@ def crosscheck_hosts(inv, out: Path, fidelity: str = "round") -> dict | None:
     """The cross-check of ``scenarios/crosscheck.py`` for a :mod:`emulation.hosts` run folder: calibrate on
     its baseline (or first) run, take the compute term from the workers' measured compute times (``sim_compute.json``),
     simulate every policy, report into ``out/crosscheck/``."""
-    from dblp.sim.calibrate import calibrate
+    from dblp.sim.studies.calibrate import calibrate
 
     pols = [p for p in dblp_policies(inv) if (out / p / "records").is_dir()]
     if not pols:

@@ -39,17 +39,17 @@ import os
 import sys
 from pathlib import Path
 
-from dblp import analysis
-from dblp.compensation import Compensation
-from dblp.control import DEFAULT_PORT
-from dblp.cliargs import (add_burst_args, add_compensation_args, add_configs_arg, add_hosts_arg, add_run_args,
+from dblp.results import analysis
+from dblp.protocol.compensation import Compensation
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.cli.args import (add_burst_args, add_compensation_args, add_configs_arg, add_hosts_arg, add_run_args,
                           add_seeds_arg, add_workload_args, check_burst_args, check_compensation_args,
                           check_configs_arg, check_run_args, check_workload_args, parser)
-from dblp.policy import passes_needed
-from dblp.policy import run_policy as named_policy
-from dblp.provenance import config_record
-from dblp.records import merge_runs
-from dblp.wire import TAG_SIZE, ChunkLayout
+from dblp.protocol.policy import passes_needed
+from dblp.protocol.policy import run_policy as named_policy
+from dblp.cli.provenance import config_record
+from dblp.protocol.records import merge_runs
+from dblp.protocol.wire import TAG_SIZE, ChunkLayout
 
 PORT = DEFAULT_PORT
 
@@ -77,7 +77,7 @@ def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The flags (dblp.cliargs: the emulation scenarios' shared vocabulary, plus bursts)."""
+    """The flags (dblp.cli.args: the emulation scenarios' shared vocabulary, plus bursts)."""
     ap = parser(description="Microburst experiment (paper V-B): reliable vs baseline (fixed p) vs DBLP in emulated "
                             "hosts (Mininet or network namespaces).")
     add_run_args(ap, iterations=150, policies="reliable,baseline,dblp", results=_bootstrap.ROOT / "results")
@@ -96,12 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-calm", action="store_true",
                     help="training runs: skip the extra runs of baseline and dblp without bursts (Table V's rows "
                          "without bursts)")
-    ap.print_checks = (check_args,)  # --print-config checks the values it prints (dblp.configfile)
+    ap.print_checks = (check_args,)  # --print-config checks the values it prints (dblp.cli.configfile)
     return ap
 
 
 def policy_args(name: str, a: argparse.Namespace) -> list[str]:
-    """The server flags of a named run (dblp.policy.run_policy)."""
+    """The server flags of a named run (dblp.protocol.policy.run_policy)."""
     return named_policy(name, a.p_low, a.p_high, a.eta, a.freq).flags()
 
 
@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     merge_runs(runs, out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
     report(a, runs, out, by_seed)
     if a.train:
-        from dblp.trainreport import report as training_report
+        from dblp.results.trainreport import report as training_report
 
-        from dblp.tta import report as answer
+        from dblp.results.tta import report as answer
 
         bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, consistency {a.consistency}"
@@ -207,7 +207,7 @@ def report(a: argparse.Namespace, runs: dict[str, list], out: Path, by_seed: dic
     print()
     if "baseline" in sums and "dblp" in sums:
         rows = analysis.table_ii(sums["baseline"], sums["dblp"], bursts)
-        if len(by_seed) > 1:  # replicates: medians [95% intervals] over the seeds (dblp.analysis.replicate_table)
+        if len(by_seed) > 1:  # replicates: medians [95% intervals] over the seeds (dblp.results.analysis.replicate_table)
             rows, long = analysis.replicate_table([analysis.table_ii(analysis.summarize(r["baseline"], bursts),
                                                                      analysis.summarize(r["dblp"], bursts), bursts)
                                                    for r in by_seed.values()], compare=("DBLP", "Baseline"))

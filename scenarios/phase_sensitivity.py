@@ -61,9 +61,9 @@ sys.path.insert(0, str(ROOT))
 import argparse  # noqa: E402
 
 from traces.argtypes import count_arg, float_arg  # noqa: E402
-from dblp.cliargs import parser  # noqa: E402
-from dblp.progress import Progress  # noqa: E402
-from dblp.provenance import write_config  # noqa: E402
+from dblp.cli.args import parser  # noqa: E402
+from dblp.cli.progress import Progress  # noqa: E402
+from dblp.cli.provenance import write_config  # noqa: E402
 import csv  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402

@@ -13,7 +13,7 @@ import sys
 
 import _bootstrap  # noqa: E402,F401  (re-exec into the project's .venv; repo root on sys.path)
 
-from dblp.sim.sweep import main  # noqa: E402
+from dblp.sim.studies.sweep import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -43,7 +43,7 @@ its start for each run), into ``seed<s>/``: the latency figures are printed as
 medians with 95% intervals over the seeds with the DBLP-baseline verdict (the
 per-run tables and plots are the first seed's), and with a training workload
 Tables IV/V (time to each ``--target-accuracy``) too, their plots drawing every
-seed (:func:`dblp.trainreport.report`).
+seed (:func:`dblp.results.trainreport.report`).
 """
 
 from __future__ import annotations
@@ -59,13 +59,13 @@ import os
 import sys
 from pathlib import Path
 
-from dblp import analysis
-from dblp.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
-from dblp.wire import TAG_SIZE, ChunkLayout
-from dblp.cliargs import (add_compensation_args, add_configs_arg, add_run_args, add_seeds_arg, add_workload_args,
+from dblp.results import analysis
+from dblp.results.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
+from dblp.protocol.wire import TAG_SIZE, ChunkLayout
+from dblp.cli.args import (add_compensation_args, add_configs_arg, add_run_args, add_seeds_arg, add_workload_args,
                           check_compensation_args, check_configs_arg, check_run_args, check_workload_args, parser)
-from dblp.policy import run_policy as named_policy
-from dblp.provenance import config_record
+from dblp.protocol.policy import run_policy as named_policy
+from dblp.cli.provenance import config_record
 from traces.argtypes import float_arg
 from traces.units import duration_arg
 
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     from emulation.net import EmuNet
     from emulation.recorder import RunRecorder
     from emulation.replay import TraceReplayer, datagram_loss
-    from dblp.records import merge_runs
+    from dblp.protocol.records import merge_runs
     from emulation.launch import run_replicates
     from topologies.star import StarTopo
     from traces import SegmentTrace, summarize
@@ -210,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     merge_runs(by_seed[first], out / "rounds.jsonl")  # each row labelled with its run in "run" (the first seed's)
     report(a, trace, by_seed[first], losses[first], exposure.get(first, {}), out, by_seed)
     if a.train:  # real training workers: accuracy and training time under the replayed loss
-        from dblp.trainreport import report as training_report
-        from dblp.tta import report as answer
+        from dblp.results.trainreport import report as training_report
+        from dblp.results.tta import report as answer
 
         answer(out, a.policy_list + [label for label, _ in a.config_list], a.workers, seeds, [], a.train["targets"],
                condition=f"trace {Path(a.trace).name}",
@@ -335,7 +335,7 @@ def report(a: argparse.Namespace, trace, runs: dict[str, list], losses: dict[str
 
 def replicate_latency(by_seed: dict[int, dict[str, list]], out: Path) -> None:
     """The send-latency figures over the seeds: medians [95% intervals of the mean] per run
-    (:func:`dblp.analysis.replicate_table`), the DBLP-baseline verdict per figure, and the long rows
+    (:func:`dblp.results.analysis.replicate_table`), the DBLP-baseline verdict per figure, and the long rows
     in ``table_latency_replicates.csv``."""
     tables = []
     for runs in by_seed.values():

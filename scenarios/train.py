@@ -18,7 +18,7 @@ Time to accuracy (docs/time-to-accuracy.md): the workers test every
 ``--eval-every`` iterations (``evals.jsonl``); Table V gives, beside the time to
 the last iteration, the time and iteration at which each run first reaches each
 ``--target-accuracy`` (normalised to DBLP, "not reached" stated), through
-:func:`dblp.trainreport.report`, the emulation scenarios' report. ``--seeds N``
+:func:`dblp.results.trainreport.report`, the emulation scenarios' report. ``--seeds N``
 runs every policy N times, interleaved (seed s of every policy back to back),
 into ``seed<s>/``, and prints every Table IV/V figure as a median with its 95%
 interval and whether DBLP's difference to the baseline exceeds the spread;
@@ -37,18 +37,18 @@ import sys
 import time
 from pathlib import Path
 
-from dblp.analysis import RUN_COLORS
-from dblp.cliargs import (add_compensation_args, add_seeds_arg, add_target_args, check_compensation_args,
+from dblp.results.analysis import RUN_COLORS
+from dblp.cli.args import (add_compensation_args, add_seeds_arg, add_target_args, check_compensation_args,
                           check_policy_args, parse_targets, parser, tolerance_arg)
-from dblp.compensation import Compensation
-from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
-from dblp.provenance import write_config
-from dblp.trainreport import replicate_dir
-from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, default_p_high, parse_runs
+from dblp.protocol.compensation import Compensation
+from dblp.runs.launch import Launch, LaunchError, LocalRunner, RunArgs, train_worker_argv
+from dblp.cli.provenance import write_config
+from dblp.results.trainreport import replicate_dir
+from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_K, DEFAULT_P_LOW, RUNS, default_p_high, parse_runs
 from traces.argtypes import count_arg, float_arg, int_arg
-from dblp.policy import run_policy as named_policy
-from dblp.watch import Tail
-from dblp.wire import ParameterError
+from dblp.protocol.policy import run_policy as named_policy
+from dblp.transport.watch import Tail
+from dblp.protocol.wire import ParameterError
 
 PY = str(_bootstrap.VENV_PY if _bootstrap.VENV_PY.exists() else sys.executable)
 
@@ -93,7 +93,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_compensation_args(ap, a)
     if a.p_high is None:
         a.p_high = default_p_high(a.p_low)
-    from dblp.gradients import model_name
+    from dblp.runs.gradients import model_name
     from dblp.train.models import WORKLOADS
 
     if model_name(a.workload) not in WORKLOADS:
@@ -122,7 +122,7 @@ def policy_args(name: str, a: argparse.Namespace) -> list[str]:
 
 
 def run_policy(name: str, a: argparse.Namespace, out: Path, prefix: list[str]) -> dict:
-    """One policy: the server and the training workers through the one launcher (dblp.launch)."""
+    """One policy: the server and the training workers through the one launcher (dblp.runs.launch)."""
     d = out / name
     train = {"workload": a.workload, "epochs": a.epochs, "iterations_per_epoch": a.max_iters_per_epoch,
              "data_root": a.data_root, "eval_every": a.eval_every}
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns:
             ns.__exit__()
     report(a, by_seed[seeds[0]], replicate_dir(out, seeds[0], len(seeds)), first_of=len(seeds))
-    from dblp.trainreport import report as training_report
+    from dblp.results.trainreport import report as training_report
 
     training_report(out, a.policy_list, a.workers, f"{a.workload}, {a.workers} workers, loopback",
                     f"{a.loss:.1%} UDP loss" if a.loss else "no loss", divergence=False, targets=a.targets,
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def regime(d: Path) -> dict:
     """The server's rounds of one run: how many, how many in the critical regime, the mean tolerance."""
-    from dblp.records import read_records
+    from dblp.protocol.records import read_records
 
     rounds = {r.round: r for r in read_records(d / "server.jsonl") if r.role == "server"}
     n = max(len(rounds), 1)
@@ -205,7 +205,7 @@ def regime(d: Path) -> dict:
 
 def report(a: argparse.Namespace, runs: dict, out: Path, first_of: int = 1) -> None:
     """What explains the training times of one seed's runs (CLR share, exchange and compute per round),
-    written into ``out``; Tables IV/V with the targets and the seeds: :func:`dblp.trainreport.report`."""
+    written into ``out``; Tables IV/V with the targets and the seeds: :func:`dblp.results.trainreport.report`."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -130,9 +130,9 @@ if want exchange; then
   note "2b cuda exchange: start"
   timeout -k 10 "$(budget 60 150)" "$PY" - <<'PYEOF' 2>&1 | tee /tmp/dc_exchange.txt
 import sys, threading, time, torch
-from dblp.policy import ReliablePolicy
-from dblp.server import ParameterServer, ServerConfig
-from dblp.worker import Worker
+from dblp.protocol.policy import ReliablePolicy
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.worker import Worker
 
 dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 n, rounds = 4_000_037, 3  # not a multiple of a chunk

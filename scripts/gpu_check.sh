@@ -5,7 +5,7 @@
 # synthetic data of the real input shapes; CUDA when torch sees a GPU, else the
 # CPU with a small batch. Prints device, parameters, step time and exchange time
 # per model, and whether the worker staged the gradient through pinned memory
-# (the CUDA path of dblp/staging.py). Exit status 1 if any model failed.
+# (the CUDA path of dblp/transport/staging.py). Exit status 1 if any model failed.
 #
 # Usage:  bash scripts/gpu_check.sh [python -m dblp.train.gpucheck flags]
 #   e.g.  bash scripts/gpu_check.sh --models resnet50 --steps 10 --batch 128

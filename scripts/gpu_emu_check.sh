@@ -166,7 +166,7 @@ if want xhosts && [[ -n "$EMU" && -n "$HOSTS" && -f "$EMU/calibration.json" ]]; 
 import json, sys
 from pathlib import Path
 from dblp import analysis
-from dblp.crosscheck import compare, simulate_policies, transfer, write_report
+from dblp.sim.studies.crosscheck import compare, simulate_policies, transfer, write_report
 cal_path, hosts, pace, out = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 pols = [p for p in ("baseline", "dblp") if (hosts / p / "records").is_dir()]
 real = {p: analysis.load(hosts / p / "records") for p in pols}

@@ -1,6 +1,6 @@
 """Every test process shares one run secret unless a test says otherwise.
 
-The server and workers are authenticated by default (dblp.auth): they find
+The server and workers are authenticated by default (dblp.protocol.auth): they find
 the run's secret in $DBLP_SECRET, as a launcher hands it out. Tests that
 start a server and workers in one process (or as plain subprocesses) get
 this fixed one; tests of the authentication itself set their own, or

@@ -6,9 +6,9 @@ from typing import Callable
 
 import numpy as np
 
-from dblp import control as ctl
-from dblp.core import EncodedRound, Receiver, RoundSender, send_order
-from dblp.wire import ChunkLayout
+from dblp.protocol import control as ctl
+from dblp.protocol.core import EncodedRound, Receiver, RoundSender, send_order
+from dblp.protocol.wire import ChunkLayout
 
 RUN_ID = 0x1234ABCD
 

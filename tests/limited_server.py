@@ -21,7 +21,7 @@ import resource
 import sys
 import traceback
 
-from dblp.server import ParameterServer, ServerConfig
+from dblp.transport.server import ParameterServer, ServerConfig
 
 
 def peak_rss_kib() -> int:

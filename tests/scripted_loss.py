@@ -40,15 +40,15 @@ def lossy(udp, loss: ScriptedLoss, direction: int, worker: int, peer) -> None:
 
 
 def run_on_loopback(cfg, elements: int, rounds: int, grad, *, up_loss: bool = True, fast: bool | None = None):
-    """A real server (``cfg``, a :class:`dblp.server.ServerConfig`) and ``cfg.workers`` real workers in
+    """A real server (``cfg``, a :class:`dblp.transport.server.ServerConfig`) and ``cfg.workers`` real workers in
     threads on 127.0.0.1, the script losing both directions (upstream too unless ``up_loss`` is False).
     ``grad(i, k)``: worker i's gradient of round k. Returns (results per worker and round, worker
     records, server records)."""
     import threading
 
-    from dblp import control as ctl
-    from dblp.server import ParameterServer
-    from dblp.worker import Worker
+    from dblp.protocol import control as ctl
+    from dblp.transport.server import ParameterServer
+    from dblp.transport.worker import Worker
 
     loss = ScriptedLoss()
     srv = ParameterServer(cfg)

@@ -1,5 +1,5 @@
 """Records are strict JSON with a schema version and a run label; CSVs are numeric;
-``python -m dblp.analysis compare A B`` prints two runs side by side and writes overlay plots.
+``python -m dblp.results.analysis compare A B`` prints two runs side by side and writes overlay plots.
 
 The runs are small simulator runs (a second each), so the test needs no network."""
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp import analysis
-from dblp.records import SCHEMA_VERSION, RoundRecord, merge_runs, read_records, write_records
+from dblp.results import analysis
+from dblp.protocol.records import SCHEMA_VERSION, RoundRecord, merge_runs, read_records, write_records
 from dblp.sim.config import SimConfig
 from dblp.sim.model import simulate
 from dblp.sim.options import baseline_of, parse_loss
@@ -112,7 +112,7 @@ def test_compare_single_files_pair_up(runs: tuple[Path, Path], tmp_path: Path, c
 
 
 def test_cli_exit_codes(runs: tuple[Path, Path], tmp_path: Path) -> None:
-    py = [sys.executable, "-m", "dblp.analysis"]
+    py = [sys.executable, "-m", "dblp.results.analysis"]
     for args in ([], ["A", "B"]):
         r = subprocess.run(py + args, capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 2 and "usage" in r.stderr.lower(), args

@@ -35,4 +35,4 @@ def test_package_edges_point_down_the_layers():
 
 def test_one_packages_modules():
     out = _run("--modules", "dblp.sim", "--format", "text")
-    assert any(ln.startswith("dblp.sim.fast -> ") and "dblp.sim.roundflow" in ln for ln in out.splitlines())
+    assert any(ln.startswith("dblp.sim.engines.fast -> ") and "dblp.sim.engines.roundflow" in ln for ln in out.splitlines())

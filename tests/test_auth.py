@@ -1,10 +1,10 @@
-"""Authenticated runs (dblp.auth): the datagram tag, the handshake, and hostile clients against a live server.
+"""Authenticated runs (dblp.protocol.auth): the datagram tag, the handshake, and hostile clients against a live server.
 
 The tag is checked three ways: the C helper against the ``cryptography``
 package's AES-GCM (an independent implementation), the numpy fallback
 against the C helper (same bytes), and a receiver that must count a forged
 datagram ``unauthenticated`` and keep its tensor exact. The handshake is
-attacked on a live :class:`~dblp.server.ParameterServer` with raw TCP
+attacked on a live :class:`~dblp.transport.server.ParameterServer` with raw TCP
 clients: no proof, a wrong proof, a replayed handshake, the wrong wire.
 """
 
@@ -20,12 +20,12 @@ import time
 import numpy as np
 import pytest
 
-from dblp import auth
-from dblp import control as ctl
-from dblp import wire
-from dblp.core import Receiver
-from dblp.server import ParameterServer, ServerConfig
-from dblp.worker import Worker, WorkerError
+from dblp.protocol import auth
+from dblp.protocol import control as ctl
+from dblp.protocol import wire
+from dblp.protocol.core import Receiver
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.worker import Worker, WorkerError
 from procs import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

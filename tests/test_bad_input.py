@@ -112,7 +112,7 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_mod(*TRN, "--id", "0", "--workers", "0"), ("--workers", "0")),
     (_mod(*TRN, "--id", "0", "--workers", "1", "--epochs", "0"), ("--epochs", "0")),
     (_mod(*TRN, "--id", "0", "--workers", "1", "--lr", "-1"), ("--lr", "-1")),
-    # python -m traces, python -m dblp.traceimport
+    # python -m traces, python -m dblp.results.traceimport
     (_mod("traces", "generate", "bernoulli", "--loss", "2", "--packets", "10", "-o", "/tmp/x.pkts"), ("--loss", "2")),
     (_mod("traces", "generate", "bernoulli", "--loss", "0.1", "--packets", "0", "-o", "/tmp/x.pkts"), ("--packets", "0")),
     (_mod("traces", "generate", "onoff", "--duration=-1s", "-o", "/tmp/x.loss.csv"), ("--duration", "-1s")),
@@ -124,9 +124,9 @@ CASES: list[tuple[list[str], tuple[str, ...]]] = [
     (_mod(*SIM, "--out", "/proc/no/such/folder"), ("/proc/no",)),
     (_mod(*SRV, "--records", "/proc/no/such/file", "--port", "0", "--workers", "1"), ("/proc/no",)),
     (_mod(*WRK, "--norms", "/nonexistent.csv"), ("/nonexistent.csv",)),
-    (_mod("dblp.traceimport", "--received", "/nonexistent.pcap", "--port", "70000", "-o", "/tmp/x.pkts"),
+    (_mod("dblp.results.traceimport", "--received", "/nonexistent.pcap", "--port", "70000", "-o", "/tmp/x.pkts"),
      ("--port", "70000")),
-    (_mod("dblp.traceimport", "--received", "/nonexistent.pcap", "--expected-chunks", "0", "-o", "/tmp/x.pkts"),
+    (_mod("dblp.results.traceimport", "--received", "/nonexistent.pcap", "--expected-chunks", "0", "-o", "/tmp/x.pkts"),
      ("--expected-chunks", "0")),
     # python -m emulation.*
     (_mod("emulation.udptool", "send", "--dst", "999.1.1.1", "--port", "5"), ("--dst", "999.1.1.1")),

@@ -1,6 +1,6 @@
 """Smoke test of scenarios/benchmark.py at its smallest size (a benchmark, not a timed test:
 only the < 60 s bound of the smallest run and the CSV's shape are checked), and of its cost
-model, :mod:`dblp.passcost`. The scenario runs as a subprocess (tests do not import scenarios)."""
+model, :mod:`dblp.results.passcost`. The scenario runs as a subprocess (tests do not import scenarios)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp.passcost import fit_pass_model
+from dblp.results.passcost import fit_pass_model
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, str(ROOT / "scenarios" / "benchmark.py")]

@@ -6,7 +6,7 @@ scenario: the child runs the script with argparse patched to print its
 parser instead of parsing) - and checks that every visible option has help,
 that a default worth showing is shown, that a rate flag says the unit of a
 bare number, and that no command names a concept of
-:data:`dblp.cliargs.VOCABULARY` by another name.
+:data:`dblp.cli.args.VOCABULARY` by another name.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dblp.cliargs import MEANINGS, UNIT_SUFFIXES, VOCABULARY
+from dblp.cli.args import MEANINGS, UNIT_SUFFIXES, VOCABULARY
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = sorted(p for p in (ROOT / "scenarios").glob("*.py") if not p.name.startswith("_"))
@@ -62,20 +62,20 @@ runpy.run_path(path, run_name="__main__")
 
 
 def _library_parsers() -> dict[str, argparse.ArgumentParser]:
-    from dblp.analysis import build_parser as analysis_parser
-    from dblp.cli import build_parser as dblp_parser
+    from dblp.results.analysis import build_parser as analysis_parser
+    from dblp.cli.commands import build_parser as dblp_parser
     from dblp.sim.cli import build_parser as sim_parser
     from dblp.train.__main__ import build_parser as train_parser
     from dblp.train.computetime import build_parser as computetime_parser
-    from dblp.traceimport import build_parser as traceimport_parser
+    from dblp.results.traceimport import build_parser as traceimport_parser
     from emulation.cleanup import build_parser as cleanup_parser
     from emulation.hosts.cli import build_parser as hosts_parser
     from emulation.nshosts import build_parser as nshosts_parser
     from emulation.udptool import build_parser as udptool_parser
     from traces.cli import build_parser as traces_parser
 
-    return {"python -m dblp": dblp_parser(), "python -m dblp.sim": sim_parser(), "python -m dblp.analysis": analysis_parser(),
-            "python -m dblp.train": train_parser(), "python -m dblp.traceimport": traceimport_parser(),
+    return {"python -m dblp": dblp_parser(), "python -m dblp.sim": sim_parser(), "python -m dblp.results.analysis": analysis_parser(),
+            "python -m dblp.train": train_parser(), "python -m dblp.results.traceimport": traceimport_parser(),
             "python -m dblp.train.computetime": computetime_parser(),
             "python -m emulation.cleanup": cleanup_parser(), "python -m emulation.hosts": hosts_parser(),
             "python -m emulation.nshosts": nshosts_parser(), "python -m emulation.udptool": udptool_parser(),
@@ -169,9 +169,9 @@ def test_every_entry_point_answers_version(options):
 def test_one_name_per_policy_and_the_old_name_still_reads():
     """``baseline`` everywhere: flags, the policy object, records; ``fixed`` (the old name) accepted and
     read back as ``baseline``."""
-    from dblp.cli import build_parser as dblp_parser
-    from dblp.policy import POLICIES, FixedPolicy, make_policy, parse_runs, run_policy
-    from dblp.records import RoundRecord
+    from dblp.cli.commands import build_parser as dblp_parser
+    from dblp.protocol.policy import POLICIES, FixedPolicy, make_policy, parse_runs, run_policy
+    from dblp.protocol.records import RoundRecord
     from dblp.sim.cli import build_parser as sim_parser
     from dblp.sim.config import SimConfig
 
@@ -236,7 +236,7 @@ def test_every_entry_point_takes_quiet_and_verbose_with_one_meaning(options):
 
 
 def test_verbosity_levels_and_quiet_with_verbose_refused(capsys):
-    from dblp.cli import build_parser as dblp_parser
+    from dblp.cli.commands import build_parser as dblp_parser
     from dblp.sim.cli import build_parser as sim_parser
     from traces.argtypes import log_level, verbosity
 
@@ -265,10 +265,10 @@ def test_quiet_with_verbose_refused_by_a_scenario():
 
 
 def test_progress_still_means_verbose_where_it_existed():
-    """``--progress`` (deprecated alias of ``-v``) on the two workers, as :func:`dblp.launch.train_worker_argv`
+    """``--progress`` (deprecated alias of ``-v``) on the two workers, as :func:`dblp.runs.launch.train_worker_argv`
     still passes it; ``-q --progress`` is refused like ``-q -v``."""
-    from dblp.cli import build_parser as dblp_parser
-    from dblp.launch import RunArgs, train_worker_argv
+    from dblp.cli.commands import build_parser as dblp_parser
+    from dblp.runs.launch import RunArgs, train_worker_argv
     from dblp.train.__main__ import build_parser as train_parser
     from traces.argtypes import verbosity
 
@@ -285,8 +285,8 @@ def test_progress_still_means_verbose_where_it_existed():
 
 def test_a_config_file_sets_verbosity(tmp_path):
     """``verbose = 2`` in a ``--config`` file is ``-vv``; ``quiet = true`` still reads (older config.json)."""
-    from dblp.sim.sweep import add_sweep_args
-    from dblp.cliargs import parser
+    from dblp.sim.studies.sweep import add_sweep_args
+    from dblp.cli.args import parser
     from traces.argtypes import verbosity
 
     def parse(text: str) -> int:

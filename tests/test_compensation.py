@@ -1,4 +1,4 @@
-"""Loss compensation and the stop rule (dblp.compensation C1-C6, core R5b), exact values.
+"""Loss compensation and the stop rule (dblp.protocol.compensation C1-C6, core R5b), exact values.
 
 Hand-made chunk masks give each estimator its exact arithmetic; the core's receiver is driven
 through both stop rules; the sessions are driven in memory for C3/C4 and the composition with
@@ -10,15 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.compensation import (BroadcastFeedback, Compensation, UploadFeedback, bounded, chunk_mask_floats,
+from dblp.protocol import control as ctl
+from dblp.protocol.compensation import (BroadcastFeedback, Compensation, UploadFeedback, bounded, chunk_mask_floats,
                                fill_local)
-from dblp.core import Receiver
-from dblp.policy import FixedPolicy, needed_chunks
-from dblp.reduce import reduce_mean_norm
-from dblp.server import ServerConfig
-from dblp.session import RecordContext, ServerSession, WorkerSession
-from dblp.wire import ChunkLayout, ParameterError
+from dblp.protocol.core import Receiver
+from dblp.protocol.policy import FixedPolicy, needed_chunks
+from dblp.protocol.reduce import reduce_mean_norm
+from dblp.transport.server import ServerConfig
+from dblp.protocol.session import RecordContext, ServerSession, WorkerSession
+from dblp.protocol.wire import ChunkLayout, ParameterError
 from procs import free_port
 from scripted_loss import run_on_loopback
 
@@ -165,8 +165,8 @@ def test_stop_once_lets_the_first_pass_finish_then_bounds_the_retransmissions():
 def _round_in_memory(comp: Compensation, grads: list[np.ndarray], p: float, rounds: int = 2):
     """Server and worker sessions over an in-memory lossless link, datagrams handed in send order
     (so the early stop's STOP cuts each transfer at its threshold). Returns each round's results."""
-    from dblp.core import EncodedRound  # noqa: F401  (the sessions encode real values)
-    from dblp.session import ControlToSend, SenderStarted
+    from dblp.protocol.core import EncodedRound  # noqa: F401  (the sessions encode real values)
+    from dblp.protocol.session import ControlToSend, SenderStarted
 
     lay = ChunkLayout(grads[0].size)
     ctx = RecordContext(source="test", policy="baseline", order="blocks")
@@ -239,7 +239,7 @@ def test_sessions_apply_fill_local_and_upload_feedback():
 
 
 def test_sessions_carry_the_broadcast_residual_of_chunks_nobody_was_sent():
-    from dblp.core import DOWN_STREAM, send_order
+    from dblp.protocol.core import DOWN_STREAM, send_order
 
     n = 4 * 64
     grads = [np.full(n * CF, 1.0, np.float32) for _ in range(2)]
@@ -305,7 +305,7 @@ def test_unbiased_with_local_fill_over_sockets():
 
 
 def test_stop_once_over_sockets_delivers_everything_without_loss(monkeypatch):
-    import dblp.transport as transport
+    import dblp.transport.sockets as transport
 
     monkeypatch.setattr(transport, "RECV_ROWS", 1)  # STOP at exactly the threshold, as in the parity test
     # (on the plain one-datagram path, as there)
@@ -358,7 +358,7 @@ def test_exchange_unbiased_with_local_fill_leaves_no_zero_chunk():
 
 # -- the answer table -------------------------------------------------------------------------------
 def test_answer_verdicts_compare_against_the_baseline_seed_range():
-    from dblp.tta import answer_rows, verdict_lines
+    from dblp.results.tta import answer_rows, verdict_lines
 
     def row(run, seed, t):
         return {"condition": "bursts", "run": run, "seed": seed, "metric": "accuracy", "passes_at_bursts": 3.0,

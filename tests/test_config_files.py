@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.cliargs import parser
-from dblp.provenance import provenance, write_config
+from dblp.cli.args import parser
+from dblp.cli.provenance import provenance, write_config
 from traces.units import rate_arg
 
 ROOT = Path(__file__).resolve().parent.parent

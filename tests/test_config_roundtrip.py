@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.cliargs import parser
-from dblp.provenance import run_values, write_config
+from dblp.cli.args import parser
+from dblp.cli.provenance import run_values, write_config
 from traces.units import duration_arg, rate_arg
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Replica consistency (dblp.session S7): with ``intersect`` every worker applies the same chunks.
+"""Replica consistency (dblp.protocol.session S7): with ``intersect`` every worker applies the same chunks.
 
 Real server and workers on loopback, with the deterministic scripted loss
 of the parity test, so each worker's bounded-loss broadcast loses its own
@@ -13,13 +13,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.policy import FixedPolicy
-from dblp.server import ServerConfig
+from dblp.protocol import control as ctl
+from dblp.protocol.policy import FixedPolicy
+from dblp.transport.server import ServerConfig
 from procs import free_port
 from scripted_loss import run_on_loopback
 
-from dblp.wire import ChunkLayout
+from dblp.protocol.wire import ChunkLayout
 
 ELEMENTS = 362 * 120 + 17  # a short last chunk
 WORKERS = 3
@@ -61,8 +61,8 @@ def test_intersect_makes_every_worker_apply_the_same_chunks():
 
 
 def test_server_ignores_held_messages_outside_the_mode_and_for_other_rounds():
-    from dblp.session import RecordContext, ServerSession
-    from dblp.wire import ChunkLayout
+    from dblp.protocol.session import RecordContext, ServerSession
+    from dblp.protocol.wire import ChunkLayout
 
     lay = ChunkLayout(362 * 8)
     ctx = RecordContext(source="test", policy="fixed", order="blocks")

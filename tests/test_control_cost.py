@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 
-from dblp.core import ORDER_BLOCK, index_order, send_order
-from dblp.policy import FixedPolicy
-from dblp.server import ParameterServer, ServerConfig
-from dblp.worker import Worker
+from dblp.protocol.core import ORDER_BLOCK, index_order, send_order
+from dblp.protocol.policy import FixedPolicy
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.worker import Worker
 
 ELEMENTS = 10_762  # the issue's model: 30 chunks at MTU 1500
 ROUNDS = 12
@@ -29,7 +29,7 @@ def _run(elements: int, rounds: int, workers: int, p: float = 0.0, pause: float 
          counts: dict | None = None, local: bool = False) -> tuple[ParameterServer, list[Worker], list]:
     """``pause``: seconds each worker waits between its rounds (a training step's compute);
     ``counts`` gets the server's control writes and each worker's control reads and writes (login
-    included); ``local``: the workers' data through host-local slots (dblp.hostlocal), not UDP."""
+    included); ``local``: the workers' data through host-local slots (dblp.transport.hostlocal), not UDP."""
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=0, workers=workers, policy=FixedPolicy(p),
                                        rounds=rounds, peer_timeout=30))
     result: dict = {}
@@ -98,7 +98,7 @@ def test_lossless_round_costs_four_control_messages_each_way_per_worker():
 def test_small_tensor_uses_one_server_loop_and_one_block_order():
     """A 30-chunk tensor: the blocks order is index order (one block: no seeded generator a
     round), and the server keeps one event loop (no thread started per pump call)."""
-    from dblp import server as server_mod
+    from dblp.transport import server as server_mod
 
     chunks = -(-ELEMENTS // 362)
     assert chunks == 30 and chunks <= ORDER_BLOCK
@@ -147,7 +147,7 @@ def test_held_stop_of_a_small_lossy_round_still_comes():
     """R13 holds a small pass's STOP(up) until the broadcast, never a BITMAP: with a third of the
     first transmissions lost both ways (tests/scripted_loss.py), 20-chunk rounds complete with
     retransmission passes and the exact mean."""
-    from dblp.server import ServerConfig
+    from dblp.transport.server import ServerConfig
     from procs import free_port
     from scripted_loss import run_on_loopback
 
@@ -163,7 +163,7 @@ def test_held_stop_of_a_small_lossy_round_still_comes():
 
 
 def test_lossless_small_round_over_host_local_slots_costs_two_writes_each_way():
-    """Workers on the server's host (dblp.hostlocal: a pass is a copy into shared memory and a LOCAL
+    """Workers on the server's host (dblp.transport.hostlocal: a pass is a copy into shared memory and a LOCAL
     message, as DBLPComm's ranks on rank 0's host do): with R13 a round is two control writes each
     way per worker - the worker's [LOCAL + PROBE(up)] and STOP(down), the server's [STOP(up) +
     ROUND(down) + LOCAL + PROBE(down)] and the next ROUND(up) - so the broadcast wakes a worker

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core_harness import RUN_ID, expected_zero_filled, run_round, wire_trip
-from dblp import control as ctl
-from dblp.core import BACKOFF_MAX_S, EncodedRound, Receiver, RoundSender, SendState, send_order
-from dblp.policy import needed_chunks
-from dblp.wire import ChunkLayout, ParameterError, crc_rows, encode_chunks, parse_headers
+from dblp.protocol import control as ctl
+from dblp.protocol.core import BACKOFF_MAX_S, EncodedRound, Receiver, RoundSender, SendState, send_order
+from dblp.protocol.policy import needed_chunks
+from dblp.protocol.wire import ChunkLayout, ParameterError, crc_rows, encode_chunks, parse_headers
 
 
 def vec(n: int, seed: int = 0) -> np.ndarray:
@@ -169,7 +169,7 @@ def test_chunk_indices_without_bytes_follow_the_same_rules():
     """receive_chunks (the simulator's datagrams): runs of the shared index order (taken without
     checking their order), other arrays, repeats, out-of-range and another round's chunks count
     as their datagrams would."""
-    from dblp.core import index_order
+    from dblp.protocol.core import index_order
 
     lay = ChunkLayout(20_000)
     idx = index_order(lay.chunks)
@@ -375,7 +375,7 @@ def test_property_any_loss_pattern(n, p, loss, seed, order, mtu):
 
 
 def test_block_order_permutes_runs_of_chunks_and_spreads_loss():
-    from dblp.core import ORDER_BLOCK
+    from dblp.protocol.core import ORDER_BLOCK
 
     n = 10 * ORDER_BLOCK + 17  # a short last block
     a = send_order(n, "blocks", 5, 1, 0)
@@ -393,7 +393,7 @@ def test_block_order_permutes_runs_of_chunks_and_spreads_loss():
 
 def test_one_encoding_feeds_senders_on_several_threads():
     """The server's broadcast encoding is shared by its senders, which its parallel event loops drive
-    from several threads (dblp.transport.pump_parallel): retransmission lookups and lazy encoding
+    from several threads (dblp.transport.sockets.pump_parallel): retransmission lookups and lazy encoding
     racing each other must give every thread the headers a lone thread gets."""
     import threading
 

@@ -29,7 +29,7 @@ NOT_QUICK = {
     ".venv/bin/mkdocs serve": "a server; test_site_builds_strictly builds the same site",
     "python scenarios/": "a scenario run of half a minute or more (tests/test_scenarios_start.py starts them)",
     "bash scripts/gpu_check.sh": "trains the paper's models",
-    "python -m dblp.analysis compare A B": "needs two runs (tests/test_analysis_compare.py)",
+    "python -m dblp.results.analysis compare A B": "needs two runs (tests/test_analysis_compare.py)",
 }
 
 
@@ -106,7 +106,7 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     api = (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8")
-    assert "dblp.core" in api and "RoundRecord" in api and "DBLPComm" in api
+    assert "dblp.protocol.core" in api and "RoundRecord" in api and "DBLPComm" in api
     # the files mkdocs only sees through includes are on the site, whole
     fmt = (tmp_path / "site" / "traces-format" / "index.html").read_text(encoding="utf-8")
     assert "DBLP loss-trace format, version 1" in fmt

@@ -21,10 +21,10 @@ import pytest
 from crc32c import crc32c
 
 from core_harness import RUN_ID, run_round
-from dblp import control as ctl
-from dblp import wire
-from dblp.core import ENCODE_SLAB, EncodedRound, RoundSender, send_order
-from dblp.wire import CRC_START, ChunkLayout, encode_chunks
+from dblp.protocol import control as ctl
+from dblp.protocol import wire
+from dblp.protocol.core import ENCODE_SLAB, EncodedRound, RoundSender, send_order
+from dblp.protocol.wire import CRC_START, ChunkLayout, encode_chunks
 
 try:
     from dblp import _fastpath as fast
@@ -198,7 +198,7 @@ def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_send, c_recv
     """Header + payload as two iovec pieces (C, GSO or one per call) or whole
     rows (Python), received by the C loop (GRO runs / recvmmsg) or Python's:
     the receiver reads exactly the datagrams encode_chunks makes, and their source."""
-    from dblp import udp
+    from dblp.transport import udp
 
     if not c_send:
         monkeypatch.setattr(udp, "_c_send_chunks", None)
@@ -226,7 +226,7 @@ def test_send_chunks_puts_the_same_bytes_on_the_wire(monkeypatch, c_send, c_recv
 
 @needs_helper
 def test_send_chunks_counts_refused_datagrams_as_lost():
-    from dblp import udp
+    from dblp.transport import udp
 
     lay = ChunkLayout(362 * 50)
     v = np.zeros(lay.elements, np.float32)
@@ -250,7 +250,7 @@ def test_send_chunks_counts_refused_datagrams_as_lost():
 def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv):
     """A GRO run of another flow's segment size is re-cut row by row; a datagram
     longer than a row is truncated (its CRC will then fail); both keep their source."""
-    from dblp import udp
+    from dblp.transport import udp
 
     if not c_recv:
         monkeypatch.setattr(udp, "_c_recv_rows", None)
@@ -276,7 +276,7 @@ def test_odd_sized_and_oversized_datagrams_are_cut_into_rows(monkeypatch, c_recv
 @needs_helper
 @pytest.mark.parametrize("n,k,threads", [(25_000_000, 3, 2), (300_001, 5, 4), (4097, 1, 1), (1000, 2, 8)])
 def test_fused_mean_is_bit_identical_to_numpy_and_gives_the_norm(monkeypatch, n, k, threads):
-    from dblp import reduce as red
+    from dblp.protocol import reduce as red
 
     if red._c_mean_into is None:
         pytest.skip("C helper not built")

@@ -1,4 +1,4 @@
-"""dblp.forkparse: large inputs parsed in forked children, answers read by the caller's selector.
+"""dblp.transport.forkparse: large inputs parsed in forked children, answers read by the caller's selector.
 
 The server's login loop relies on three things: the answer of a parse comes back whole (megabytes,
 more than a pipe holds), a parse that raises is answered with its message, and ending the loop
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from dblp.forkparse import ForkParsers, ParseFailed
+from dblp.transport.forkparse import ForkParsers, ParseFailed
 
 
 def _slow_echo(body: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""The gloo reference (dblp.glooref): local ranks started, lined up at one instant and timed, as the
+"""The gloo reference (dblp.runs.glooref): local ranks started, lined up at one instant and timed, as the
 benchmarks time them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dblp.glooref import GlooRanks, LocalHost, free_port, loopback_median_s  # noqa: E402
+from dblp.runs.glooref import GlooRanks, LocalHost, free_port, loopback_median_s  # noqa: E402
 
 
 def test_two_local_ranks_all_reduce_and_are_timed_from_their_common_start(tmp_path):

@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from dblp import auth
-from dblp.cli import build_parser
-from dblp.cli import main as dblp_main
-from dblp.cliargs import parser, server_secret
+from dblp.protocol import auth
+from dblp.cli.commands import build_parser
+from dblp.cli.commands import main as dblp_main
+from dblp.cli.args import parser, server_secret
 
 REPO = Path(__file__).resolve().parents[1]
 HEX = "ab" * 32
@@ -96,9 +96,9 @@ def test_records_paths_that_cannot_be_written_name_the_flag(tmp_path, capsys):
 
 
 def test_server_help_says_udp_data_uses_ports_of_its_own():
-    from dblp.policy import FixedPolicy
-    from dblp.server import ParameterServer, ServerConfig
-    from dblp.worker import Worker
+    from dblp.protocol.policy import FixedPolicy
+    from dblp.transport.server import ParameterServer, ServerConfig
+    from dblp.transport.worker import Worker
 
     server = next(a for a in build_parser()._subparsers._group_actions[0].choices.items() if a[0] == "server")[1]
     text = " ".join(server.format_help().split())
@@ -133,11 +133,11 @@ def test_server_help_says_udp_data_uses_ports_of_its_own():
 def test_the_slot_of_a_worker_killed_in_its_handshake_is_removed_by_cleanup(tmp_path):
     """Its slot is unlinked once the server attached; killed before that (kill -9), the file stays
     until ``python -m emulation.cleanup`` (its name names the dead worker)."""
-    from dblp.hostlocal import LOCAL_DIR, PREFIX
+    from dblp.transport.hostlocal import LOCAL_DIR, PREFIX
     from emulation.cleanup import cleanup
 
     with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts, never answers the HELLO
-        code = ("from dblp.worker import Worker; "
+        code = ("from dblp.transport.worker import Worker; "
                 f"Worker('127.0.0.1', {silent.getsockname()[1]}, elements=358 * 4, secret=b'k' * 32, "
                 "local=True, peer_timeout=60).connect()")
         w = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -160,9 +160,9 @@ def test_the_slot_of_a_worker_killed_in_its_handshake_is_removed_by_cleanup(tmp_
 def test_a_datagram_of_another_run_counts_unauthenticated_as_the_readme_says():
     """The README: on the authenticated wire another run's datagram (same secret, its own run id and so
     its own key) is counted ``unauthenticated``; ``foreign`` counts a valid tag naming another sender."""
-    from dblp import control as ctl
-    from dblp import wire
-    from dblp.core import Receiver
+    from dblp.protocol import control as ctl
+    from dblp.protocol import wire
+    from dblp.protocol.core import Receiver
 
     secret, elements = b"s" * 32, 358 * 4
     ours, theirs = wire.ChunkLayout(elements, key=auth.data_key(secret, 1)), \

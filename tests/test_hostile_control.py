@@ -1,7 +1,7 @@
 """Hostile clients on a live server's control port: refused by name, never in the way of the real workers.
 
-A real :class:`~dblp.server.ParameterServer` (in a thread) and real
-:class:`~dblp.worker.Worker` objects on loopback; the hostile clients
+A real :class:`~dblp.transport.server.ParameterServer` (in a thread) and real
+:class:`~dblp.transport.worker.Worker` objects on loopback; the hostile clients
 speak raw TCP. Each hostile case must be refused with a BYE that says why,
 the run must start without waiting for a silent client, the server's
 memory must not grow with what a HELLO claims, and the real workers'
@@ -20,9 +20,9 @@ import time
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.server import ParameterServer, ServerConfig
-from dblp.worker import Worker, WorkerError
+from dblp.protocol import control as ctl
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.worker import Worker, WorkerError
 from procs import free_port
 
 ELEMENTS = 362 * 50
@@ -218,7 +218,7 @@ def test_a_silent_worker_is_named_and_continue_mode_logs_it_once(mode, caplog):
     threads = [threading.Thread(target=serve), threading.Thread(target=worker0)]
     for t in threads:
         t.start()
-    with caplog.at_level("ERROR", logger="dblp.server"):
+    with caplog.at_level("ERROR", logger="dblp.transport.server"):
         silent = Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=1, peer_timeout=30).connect()
         for t in threads:
             t.join(30)

@@ -1,7 +1,7 @@
 """Hostile data at a live receiver: oversized datagrams and drops between rounds are counted.
 
 Real UDP and TCP sockets on loopback, the transport's own receive loop
-(:meth:`dblp.transport.Peer.read_data`) on every receive path: the C
+(:meth:`dblp.transport.sockets.Peer.read_data`) on every receive path: the C
 helper receiving in place (R10), the C helper into rows, and the Python
 fallback; each with and without GRO.
 """
@@ -14,15 +14,15 @@ import threading
 import numpy as np
 import pytest
 
-import dblp.udp as udp_mod
-from dblp import control as ctl
-from dblp.core import Receiver
-from dblp.records import read_records
-from dblp.server import ParameterServer, ServerConfig
-from dblp.transport import Peer
-from dblp.udp import DataSocket
-from dblp.wire import ChunkLayout, encode_chunks
-from dblp.worker import Worker
+import dblp.transport.udp as udp_mod
+from dblp.protocol import control as ctl
+from dblp.protocol.core import Receiver
+from dblp.protocol.records import read_records
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.sockets import Peer
+from dblp.transport.udp import DataSocket
+from dblp.protocol.wire import ChunkLayout, encode_chunks
+from dblp.transport.worker import Worker
 from procs import free_port
 
 RUN_ID = 0x0BAD5EED

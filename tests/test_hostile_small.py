@@ -113,11 +113,11 @@ def test_the_norm_hub_logs_at_most_20_closed_connections(caplog):
     import socket
     import threading
 
-    from dblp.shard import NormExchange
+    from dblp.transport.shard import NormExchange
 
     secret = bytes(range(32))
     hub = NormExchange(0, 2, ("127.0.0.1", 0), secret, timeout=30, connect_timeout=20, login_timeout=5)
-    caplog.set_level(logging.WARNING, logger="dblp.shard")
+    caplog.set_level(logging.WARNING, logger="dblp.transport.shard")
     for _ in range(50):  # connect and go: each is closed "before its introduction"
         socket.create_connection(("127.0.0.1", hub.port), timeout=10).close()
     good = NormExchange(1, 2, ("127.0.0.1", hub.port), secret, timeout=30, connect_timeout=5)
@@ -131,7 +131,7 @@ def test_the_norm_hub_logs_at_most_20_closed_connections(caplog):
     finally:
         hub.close()
         good.close()
-    lines = [r.getMessage() for r in caplog.records if r.name == "dblp.shard"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dblp.transport.shard"]
     per_connection = [m for m in lines if m.startswith("shard hub: connection from")]
     assert hub.refused == 50 and len(per_connection) == 20, (hub.refused, len(lines))
     assert per_connection[-1].endswith("(further ones are counted, not logged)")
@@ -155,7 +155,7 @@ def test_the_report_names_only_the_files_it_wrote(tmp_path, capsys, monkeypatch)
     """Before: ``--policies baseline`` ended "wrote .../table_ii.csv" though Table II needs dblp too."""
     monkeypatch.syspath_prepend(str(ROOT / "scenarios"))
     import microburst
-    from dblp.records import RoundRecord
+    from dblp.protocol.records import RoundRecord
 
     a = microburst.parse_args(["--policies", "baseline", "--workload", "none", "--model", "100k",
                                "--iterations", "4", "--bursts", "2", "--results", str(tmp_path)])

@@ -30,11 +30,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.records import read_records
-from dblp.server import ParameterServer, ServerConfig, ServerError
-from dblp.transport import TamperError, tamper_message
-from dblp.worker import Worker, WorkerError, failed_reason
+from dblp.protocol import control as ctl
+from dblp.protocol.records import read_records
+from dblp.transport.server import ParameterServer, ServerConfig, ServerError
+from dblp.transport.sockets import TamperError, tamper_message
+from dblp.transport.worker import Worker, WorkerError, failed_reason
 from procs import PY, ROOT, env, free_port
 
 SECRET = bytes(range(32))
@@ -361,8 +361,8 @@ def test_the_cli_processes_end_within_2_s_of_an_injection_with_exit_2(tmp_path):
 
 def _peer_pair() -> tuple[socket.socket, "object"]:
     """A keyed Peer reading one end of a TCP connection on loopback; the other end, to write into."""
-    from dblp.transport import Peer
-    from dblp.udp import DataSocket
+    from dblp.transport.sockets import Peer
+    from dblp.transport.udp import DataSocket
 
     lst = socket.create_server(("127.0.0.1", 0))
     far = socket.create_connection(lst.getsockname())

@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.analysis import main as analysis_main
-from dblp.analysis import tolerance_mismatches
-from dblp.records import read_records
-from dblp.server import ParameterServer, ServerConfig
-from dblp.shard import NormExchange
-from dblp.worker import Worker
+from dblp.protocol import control as ctl
+from dblp.results.analysis import main as analysis_main
+from dblp.results.analysis import tolerance_mismatches
+from dblp.protocol.records import read_records
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.shard import NormExchange
+from dblp.transport.worker import Worker
 from procs import PY, ROOT, env, free_port
 
 SECRET = bytes(range(32))
@@ -401,11 +401,11 @@ def test_silent_clients_at_the_norm_hub_hold_up_nothing():
             x.close()
 
 
-# -- a bad insider: the aggregation guard (dblp.reduce G1-G4) ------------------------------------------
+# -- a bad insider: the aggregation guard (dblp.protocol.reduce G1-G4) ------------------------------------------
 @pytest.mark.parametrize("c_helper", [True, False], ids=["C", "numpy"])
 def test_the_guard_leaves_out_non_finite_and_absurd_contributions(monkeypatch, c_helper):
-    from dblp import reduce as red
-    from dblp.wire import ChunkLayout
+    from dblp.protocol import reduce as red
+    from dblp.protocol.wire import ChunkLayout
 
     if c_helper and red._c_mean_into is None:
         pytest.skip("C helper not built")
@@ -437,9 +437,9 @@ def test_the_guard_leaves_out_non_finite_and_absurd_contributions(monkeypatch, c
 
 def test_a_non_finite_norm_never_reaches_the_clr_detector():
     """Before: a NaN at a DBLP check round switched the run's tolerance from P_low to P_high."""
-    from dblp.policy import DblpPolicy
-    from dblp.session import Phase, RecordContext, ServerSession
-    from dblp.wire import ChunkLayout
+    from dblp.protocol.policy import DblpPolicy
+    from dblp.protocol.session import Phase, RecordContext, ServerSession
+    from dblp.protocol.wire import ChunkLayout
 
     fooled = DblpPolicy(freq=2)
     fooled.update(0, 1.0), fooled.update(1, 1.0)
@@ -500,9 +500,9 @@ def test_a_login_cut_short_by_the_servers_own_failure_is_told_so():
 
 def test_a_worker_whose_hello_is_parsed_in_a_child_logs_in_and_averages_exactly():
     """A model of 20,000 tensors sends a HELLO of ~0.8 MB, beyond the inline limit: it is parsed in a
-    forked child (dblp.forkparse) and the handshake goes on from that child's answer - CHALLENGE,
+    forked child (dblp.transport.forkparse) and the handshake goes on from that child's answer - CHALLENGE,
     AUTH over its canonical bytes - beside a worker of one tensor that logs in inline."""
-    from dblp import server as server_mod
+    from dblp.transport import server as server_mod
     n = 20_000
     shapes = [[1, 1, 1, 2]] * n
     names = [f"layer{i:05d}.block.weight" for i in range(n)]
@@ -528,7 +528,7 @@ def test_a_worker_whose_hello_is_parsed_in_a_child_logs_in_and_averages_exactly(
 
 def test_8_large_hellos_do_not_hold_up_the_workers():
     """Before: a valid 4 MB HELLO cost ~6 s of the single login loop, so 8 of them delayed the run by
-    seconds. Now a large HELLO is parsed in a forked child (dblp.forkparse; the shape check is linear):
+    seconds. Now a large HELLO is parsed in a forked child (dblp.transport.forkparse; the shape check is linear):
     the workers log in while the 8 are parsed, and the server ends at once after its rounds, the
     parses still running killed (multiprocessing.Pool.terminate() once hung it here for > 60 s)."""
     n = ctl.MAX_TENSORS  # the most tensors, each of the most dimensions, and long names

@@ -1,4 +1,4 @@
-"""The host-local data path (dblp.hostlocal): a worker and the server on its host share a slot.
+"""The host-local data path (dblp.transport.hostlocal): a worker and the server on its host share a slot.
 
 Real sockets for control, a real shared-memory file for data: the local worker's rounds are
 exact and carry no datagram; the slot's name is gone once the server attached; a HELLO naming a
@@ -19,12 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.hostlocal import LOCAL_DIR, PREFIX, LocalSlot, LocalSlotError, slots
-from dblp.policy import FixedPolicy
-from dblp.server import ParameterServer, ServerConfig
-from dblp.shard import find_local_shard
-from dblp.worker import Worker
+from dblp.protocol import control as ctl
+from dblp.transport.hostlocal import LOCAL_DIR, PREFIX, LocalSlot, LocalSlotError, slots
+from dblp.protocol.policy import FixedPolicy
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.shard import find_local_shard
+from dblp.transport.worker import Worker
 
 SECRET = b"h" * 32
 ELEMENTS = 358 * 40 + 11  # several chunks, a short last one
@@ -200,13 +200,13 @@ def test_find_local_shard_by_address():
 
 
 def test_a_worker_that_cannot_make_its_slot_uses_the_network(monkeypatch, tmp_path, caplog):
-    import dblp.hostlocal
+    import dblp.transport.hostlocal
 
-    monkeypatch.setattr(dblp.hostlocal, "LOCAL_DIR", tmp_path / "absent")  # like a missing or full /dev/shm
+    monkeypatch.setattr(dblp.transport.hostlocal, "LOCAL_DIR", tmp_path / "absent")  # like a missing or full /dev/shm
     srv = _server()
     local = Worker("127.0.0.1", srv.port, elements=ELEMENTS, worker_id=0, secret=SECRET, local=True)
     net = Worker("127.0.0.1", srv.port, elements=ELEMENTS, worker_id=1, secret=SECRET)
-    with caplog.at_level("WARNING", logger="dblp.worker"):
+    with caplog.at_level("WARNING", logger="dblp.transport.worker"):
         outs, seen = _run(srv, [local, net], 2)
     assert seen["server_local"] == []
     assert "goes over the network instead" in caplog.text

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from emulation import hosts
-from dblp.records import read_records
+from dblp.protocol.records import read_records
 
 needs_netns = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nft") is None,
@@ -658,7 +658,7 @@ def test_gloo_on_the_same_hosts_is_gathered_and_compared(tmp_path):
 def test_kept_agent_runs_commands_and_relays_the_round_hook(tmp_path):
     """The kept connection without root (local transport): commands answered over it, and the
     server's round hook on the host relayed to the launcher's on_rounds and back."""
-    from dblp.watch import RoundHookClient
+    from dblp.transport.watch import RoundHookClient
     from emulation.hosts.agent import _nft_argv
 
     inv = hosts.parse_inventory({"run": {"transport": "local"}, "hosts": [{"name": "srv", "role": "server"},

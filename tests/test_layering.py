@@ -163,6 +163,35 @@ def back_up_imports(t: Tree) -> list[str]:
                   if layer(a) in RANK and layer(b) in RANK and RANK[layer(b)] > RANK[layer(a)])
 
 
+#: dblp's packages, low -> high: a module may import its own package and the ones before it.
+#: ``dblp`` itself (the C helper's loader) sits below all; the ``__main__`` modules above their package.
+PACKAGES = ("dblp.protocol", "dblp.transport", "dblp.runs", "dblp.cli", "dblp.results", "dblp.train",
+            "dblp.sim.network", "dblp.sim.engines", "dblp.sim", "dblp.sim.convergence", "dblp.sim.studies",
+            "dblp.sim.cli", "dblp.sim.__main__", "dblp.__main__")
+#: imports that reach up on purpose, each with its reason
+UPWARD = {
+    ("dblp.cli.args", "dblp.train"): "--workload's check loads the workload when it runs (PyTorch is optional)",
+    ("dblp.cli.args", "dblp.train.data"): "--workload's check names a missing data set",
+}
+
+
+def package_rank(mod: str) -> int:
+    """Index in :data:`PACKAGES` of the longest entry that is ``mod`` or a package above it; -1 for
+    ``dblp`` and ``dblp._fastpath``."""
+    best, rank = "", -1
+    for i, pkg in enumerate(PACKAGES):
+        if (mod == pkg or mod.startswith(pkg + ".")) and len(pkg) > len(best):
+            best, rank = pkg, i
+    return rank
+
+
+def package_back_ups(t: Tree) -> list[str]:
+    """Imports inside dblp of a later package in :data:`PACKAGES` than the importer's."""
+    return sorted(f"{t.paths[a]} ({PACKAGES[package_rank(a)]}) imports {b} ({PACKAGES[package_rank(b)]})"
+                  for a, bs in t.edges.items() if layer(a) == "dblp" for b in bs
+                  if layer(b) == "dblp" and package_rank(b) > package_rank(a) and (a, b) not in UPWARD)
+
+
 def strongly_connected(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
     """Tarjan's strongly connected components (iterative), those of more than one module."""
     index: dict[str, int] = {}
@@ -252,6 +281,27 @@ def test_no_import_runs_back_up():
     assert not bad, "\n" + "\n".join(bad)
 
 
+def test_dblp_packages_import_downward():
+    bad = package_back_ups(project())
+    assert not bad, "\n" + "\n".join(bad)
+
+
+def test_every_dblp_module_is_in_a_package_of_the_order():
+    """A new folder has to take its place in PACKAGES; only the C helper's loader is outside."""
+    outside = sorted(m for m in project().paths if layer(m) == "dblp" and package_rank(m) < 0)
+    assert outside == ["dblp"]
+    stale = [pkg for pkg in PACKAGES if pkg not in project().paths]
+    assert not stale, stale
+    assert all(b in project().edges.get(a, ()) for a, b in UPWARD), "an UPWARD exception no longer happens"
+
+
+def test_checker_catches_a_package_importing_up():
+    t = Tree({"dblp/__init__.py": "", "dblp/protocol/__init__.py": "", "dblp/results/__init__.py": "",
+              "dblp/results/tta.py": "",
+              "dblp/protocol/session.py": "def f():\n    from dblp.results import tta\n"})
+    assert package_back_ups(t) == ["dblp/protocol/session.py (dblp.protocol) imports dblp.results.tta (dblp.results)"]
+
+
 def test_no_import_circle_between_files():
     bad = circles(project())
     assert not bad, "\n" + "\n".join(bad)
@@ -271,16 +321,16 @@ def test_no_test_imports_a_scenario():
 def test_checker_catches_a_back_up_import_at_any_depth():
     t = Tree({
         "traces/__init__.py": "",
-        "traces/a.py": "def f():\n    from dblp.wire import MAGIC\n    return MAGIC\n",
+        "traces/a.py": "def f():\n    from dblp.protocol.wire import MAGIC\n    return MAGIC\n",
         "dblp/__init__.py": "",
-        "dblp/wire.py": "MAGIC = 1\n",
+        "dblp/protocol/wire.py": "MAGIC = 1\n",
         "dblp/ok.py": "from traces import a\nimport traces.a\n",
         "emulation/__init__.py": "",
         "emulation/net.py": "",
         "dblp/up.py": "if True:\n    import emulation.net\n",
     })
     assert back_up_imports(t) == ["dblp/up.py (dblp) imports emulation.net (emulation)",
-                                  "traces/a.py (traces) imports dblp.wire (dblp)"]
+                                  "traces/a.py (traces) imports dblp.protocol.wire (dblp)"]
 
 
 def test_checker_catches_circles_through_relative_and_function_imports():
@@ -325,8 +375,8 @@ def test_checker_catches_scenarios_importing_scenarios_and_tests_reaching_them()
 def test_checker_would_fail_the_project_on_a_back_up_import_or_circle():
     """The real tree plus one bad file: the checks above would go red."""
     src = read_tree()
-    t = Tree({**src, "traces/_probe.py": "def f():\n    from dblp import wire\n"})
-    assert "traces/_probe.py (traces) imports dblp.wire (dblp)" in back_up_imports(t)
-    t = Tree({**src, "dblp/_probe.py": "from dblp import wire\n",
-              "dblp/wire.py": src["dblp/wire.py"] + "\ndef _probe():\n    from . import _probe\n"})
-    assert "dblp._probe <-> dblp.wire" in circles(t)
+    t = Tree({**src, "traces/_probe.py": "def f():\n    from dblp.protocol import wire\n"})
+    assert "traces/_probe.py (traces) imports dblp.protocol.wire (dblp)" in back_up_imports(t)
+    t = Tree({**src, "dblp/protocol/_probe.py": "from dblp.protocol import wire\n",
+              "dblp/protocol/wire.py": src["dblp/protocol/wire.py"] + "\ndef _probe():\n    from . import _probe\n"})
+    assert "dblp.protocol._probe <-> dblp.protocol.wire" in circles(t)

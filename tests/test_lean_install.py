@@ -36,13 +36,13 @@ def _run(code: str) -> subprocess.CompletedProcess:
 
 def test_simulator_traces_analysis_and_clis_without_optional_packages() -> None:
     r = _run(f'''
-        import dblp, dblp.sim, traces, traces.cli, dblp.cli, dblp.analysis, dblp.crosscheck
-        import dblp.sim.cli, dblp.sim.sweep, dblp.sim.calibrate
+        import dblp, dblp.sim, traces, traces.cli, dblp.cli.commands, dblp.results.analysis, dblp.sim.studies.crosscheck
+        import dblp.sim.cli, dblp.sim.studies.sweep, dblp.sim.studies.calibrate
         from dblp.sim.config import SimConfig
         from dblp.sim.model import simulate
         res = simulate(SimConfig(model=50_000, rounds=5))
         assert len(res.records) == 5 * 6, len(res.records)
-        stat, p = dblp.crosscheck.ks_2samp([1, 2, 3, 4], [2, 3, 4, 5])  # numpy fallback without scipy
+        stat, p = dblp.sim.studies.crosscheck.ks_2samp([1, 2, 3, 4], [2, 3, 4, 5])  # numpy fallback without scipy
         assert 0 <= stat <= 1 and 0 <= p <= 1
         loaded = [m for m in sys.modules if m.split(".")[0] in {OPTIONAL!r}]
         assert not loaded, loaded

@@ -1,12 +1,12 @@
-"""How many event loops a server runs by default (dblp.server.loop_threads) and the loops' threads kept."""
+"""How many event loops a server runs by default (dblp.transport.server.loop_threads) and the loops' threads kept."""
 
 from __future__ import annotations
 
 import pytest
 
-from dblp.server import ServerConfig, loop_threads
-from dblp.transport import _loop_pool
-from dblp.wire import ParameterError
+from dblp.transport.server import ServerConfig, loop_threads
+from dblp.transport.sockets import _loop_pool
+from dblp.protocol.wire import ParameterError
 
 
 @pytest.mark.parametrize("workers,cores,want", [(3, 2, 2), (1, 2, 1), (3, 16, 3), (8, 16, 8), (8, 4, 2), (100, 256, 64)])

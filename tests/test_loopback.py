@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from dblp.gradients import model_elements
-from dblp.loopback import loopback_rounds
-from dblp.wire import ParameterError
+from dblp.runs.gradients import model_elements
+from dblp.runs.loopback import loopback_rounds
+from dblp.protocol.wire import ParameterError
 
 
 def test_loopback_rounds_times_every_round():

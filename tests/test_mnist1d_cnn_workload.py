@@ -118,7 +118,7 @@ def test_a_short_training_moves_the_loss(small_set) -> None:
 
 
 def test_the_scenarios_accept_the_workload(small_set) -> None:
-    from dblp.cliargs import add_workload_args, check_workload_args
+    from dblp.cli.args import add_workload_args, check_workload_args
 
     ap = argparse.ArgumentParser()
     add_workload_args(ap, default="digits_mlp")

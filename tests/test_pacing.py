@@ -1,4 +1,4 @@
-"""Pacing (dblp.pacing) and self-pacing (rule R11): the bucket against a sleep's granularity,
+"""Pacing (dblp.protocol.pacing) and self-pacing (rule R11): the bucket against a sleep's granularity,
 the AutoPacer's verdicts, the rule through the core, and refused values."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import struct
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.cliargs import pace_arg, pace_share_arg, pace_rate
-from dblp.core import EncodedRound, Receiver, RoundSender, send_order
-from dblp.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
+from dblp.protocol import control as ctl
+from dblp.cli.args import pace_arg, pace_share_arg, pace_rate
+from dblp.protocol.core import EncodedRound, Receiver, RoundSender, send_order
+from dblp.protocol.pacing import (AUTO_FLOOR_BPS, MAX_CUT, MIN_BURST_BYTES, PACE_QUANTUM_S, SENDER_MIN_BURST, AutoPacer, PacerGroup,
                          TokenBucket, UploadGrant, make_pacer)
-from dblp.wire import ChunkLayout, ParameterError, assemble_rows
+from dblp.protocol.wire import ChunkLayout, ParameterError, assemble_rows
 
 DGRAM = 1472
 
@@ -482,8 +482,8 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     """Through the round logic: a self-pacing server with no value buffers (where it did not tell
     its receivers the order) learns each worker's early-STOP loss; light loss at the grant is
     congestion, and the grant is cut (it had risen +4% a round while overflowing)."""
-    from dblp.policy import FixedPolicy
-    from dblp.session import RecordContext, ServerSession, up_stream
+    from dblp.protocol.policy import FixedPolicy
+    from dblp.protocol.session import RecordContext, ServerSession, up_stream
 
     layout = ChunkLayout(200_000, 1500)
     n = layout.chunks
@@ -627,8 +627,8 @@ def test_r15_a_lossy_unpaced_flood_seeds_the_grant_and_floors_the_broadcast_star
     its floor, so every stream goes on at 0.9 x the share, and the group's rule does not judge that
     seed by the unpaced broadcast's loss. Before R15: no grant in round 1 (nothing stated), and the
     group at the brain's estimate."""
-    from dblp.policy import FixedPolicy
-    from dblp.session import ControlToSend, RecordContext, ReduceRequested, SenderStarted, ServerSession
+    from dblp.protocol.policy import FixedPolicy
+    from dblp.protocol.session import ControlToSend, RecordContext, ReduceRequested, SenderStarted, ServerSession
 
     layout = ChunkLayout(362 * 1400)
     ctx = RecordContext(source="test", policy="fixed", order="inorder", send_rate_bps=None)

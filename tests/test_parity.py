@@ -1,6 +1,6 @@
 """Parity: the real transport on loopback and the packet-level simulator give the same rounds.
 
-Both drive :mod:`dblp.session` and :mod:`dblp.core`; this holds them to it
+Both drive :mod:`dblp.protocol.session` and :mod:`dblp.protocol.core`; this holds them to it
 end to end. One configuration (3 workers, a DBLP policy that switches
 between P_low and P_high, a deterministic scripted loss keyed by direction,
 worker, round, chunk and transmission attempt) runs once through real
@@ -20,13 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import dblp.transport as transport
-from dblp.compensation import Compensation
-from dblp.policy import DblpPolicy
-from dblp.server import ServerConfig
+import dblp.transport.sockets as transport
+from dblp.protocol.compensation import Compensation
+from dblp.protocol.policy import DblpPolicy
+from dblp.transport.server import ServerConfig
 from dblp.sim.config import SimConfig
 from dblp.sim.model import Simulation
-from dblp.sim.packet import PacketFlow
+from dblp.sim.engines.packet import PacketFlow
 from procs import free_port
 from scripted_loss import ScriptedLoss, run_on_loopback
 

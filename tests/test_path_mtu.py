@@ -1,4 +1,4 @@
-"""``--mtu auto``: the server sizes datagrams for the link its address sits on (dblp.udp.auto_mtu),
+"""``--mtu auto``: the server sizes datagrams for the link its address sits on (dblp.transport.udp.auto_mtu),
 and a worker whose route carries less says so."""
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from procs import ROOT, env, free_port, reports, start_server, start_verify_workers
-from dblp import worker as worker_mod
-from dblp.cli import build_parser
-from dblp.loopback import loopback_rounds
-from dblp.server import ParameterServer, ServerConfig
-from dblp.udp import AUTO_MTU_CAP, auto_mtu, is_loopback, link_mtu, route_mtu
-from dblp.wire import MAX_MTU, ParameterError
-from dblp.worker import Worker
+from dblp.transport import worker as worker_mod
+from dblp.cli.commands import build_parser
+from dblp.runs.loopback import loopback_rounds
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.udp import AUTO_MTU_CAP, auto_mtu, is_loopback, link_mtu, route_mtu
+from dblp.protocol.wire import MAX_MTU, ParameterError
+from dblp.transport.worker import Worker
 
 LO = int(Path("/sys/class/net/lo/mtu").read_text())
 LO_AUTO = min(LO, AUTO_MTU_CAP, MAX_MTU)
@@ -117,7 +117,7 @@ def test_worker_warns_once_when_its_route_carries_less(monkeypatch, caplog):
     th = threading.Thread(target=srv.serve, daemon=True)
     th.start()
     g = np.arange(20_000, dtype=np.float32)
-    with caplog.at_level(logging.WARNING, logger="dblp.worker"):
+    with caplog.at_level(logging.WARNING, logger="dblp.transport.worker"):
         with Worker("127.0.0.1", srv.port, elements=g.size) as w:
             assert np.array_equal(w.allreduce(g), g)
         again = worker_mod.check_path_mtu("127.0.0.1", srv.port, 9000)

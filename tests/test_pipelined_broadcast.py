@@ -14,13 +14,13 @@ import time
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.core import Receiver
-from dblp.policy import FixedPolicy
-from dblp.session import ControlToSend, RecordContext, RecordWritten, ReduceRequested, SenderStarted, ServerSession, \
+from dblp.protocol import control as ctl
+from dblp.protocol.core import Receiver
+from dblp.protocol.policy import FixedPolicy
+from dblp.protocol.session import ControlToSend, RecordContext, RecordWritten, ReduceRequested, SenderStarted, ServerSession, \
     WorkerSession
-from dblp.shard import NormExchange
-from dblp.wire import ChunkLayout, assemble_rows
+from dblp.transport.shard import NormExchange
+from dblp.protocol.wire import ChunkLayout, assemble_rows
 
 from test_sharded import _grads, _sharded_run
 

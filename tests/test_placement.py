@@ -18,10 +18,11 @@ import time
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp import udp, wire
-from dblp.core import Receiver, send_order
-from dblp.wire import ChunkLayout
+from dblp.protocol import control as ctl
+from dblp.transport import udp
+from dblp.protocol import wire
+from dblp.protocol.core import Receiver, send_order
+from dblp.protocol.wire import ChunkLayout
 
 pytest.importorskip("dblp._fastpath", reason="C helper not built (no compiler at install)")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from dblp import analysis
-from dblp.records import RoundRecord, merge_runs
-from dblp.trainreport import _bar_positions, curve_band, load_training, plot_curves, plot_training_time
+from dblp.results import analysis
+from dblp.protocol.records import RoundRecord, merge_runs
+from dblp.results.trainreport import _bar_positions, curve_band, load_training, plot_curves, plot_training_time
 from emulation.replayloss import datagram_loss_by_round, plot_loss
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dblp.policy import DblpPolicy, FixedPolicy, ReliablePolicy, make_policy
-from dblp.reduce import reduce_mean_norm
-from dblp.wire import ChunkLayout, ParameterError
+from dblp.protocol.policy import DblpPolicy, FixedPolicy, ReliablePolicy, make_policy
+from dblp.protocol.reduce import reduce_mean_norm
+from dblp.protocol.wire import ChunkLayout, ParameterError
 
 
 def test_defaults_follow_the_paper():
@@ -85,9 +85,9 @@ def test_reduce_zero_fill_and_unbiased():
     assert (out == 0).all()
 
 
-# -- names and pass arithmetic (dblp.policy: one home each) -------------------------------------------
+# -- names and pass arithmetic (dblp.protocol.policy: one home each) -------------------------------------------
 def test_named_runs_translate_to_one_policy_everywhere():
-    from dblp.policy import parse_runs, run_policy
+    from dblp.protocol.policy import parse_runs, run_policy
 
     assert run_policy("reliable").flags() == ["--policy", "reliable"]
     base = run_policy("baseline", 0.008)
@@ -106,8 +106,8 @@ def test_named_runs_translate_to_one_policy_everywhere():
 
 
 def test_server_flags_of_a_named_run_parse_back_to_the_same_policy():
-    from dblp.cli import build_parser
-    from dblp.policy import run_policy
+    from dblp.cli.commands import build_parser
+    from dblp.protocol.policy import run_policy
 
     for name in ("reliable", "baseline", "dblp"):
         spec = run_policy(name, 0.01, 0.3, 0.4, 7)
@@ -117,7 +117,7 @@ def test_server_flags_of_a_named_run_parse_back_to_the_same_policy():
 
 
 def test_passes_needed_is_the_papers_arithmetic():
-    from dblp.policy import passes_needed
+    from dblp.protocol.policy import passes_needed
 
     assert passes_needed(0.7, 0.008) == 14 and passes_needed(0.7, 0.408) == 3  # paper V-B
     assert passes_needed(0.0, 0.0) == 1 and passes_needed(1.0, 0.5) == 1000 and passes_needed(0.7, 0.0) == 1000

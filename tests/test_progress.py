@@ -1,8 +1,8 @@
-"""One progress format with an ETA for every long run (dblp.progress)."""
+"""One progress format with an ETA for every long run (dblp.cli.progress)."""
 
 from __future__ import annotations
 
-from dblp.progress import Progress, Stamped, clock_text, eta_text
+from dblp.cli.progress import Progress, Stamped, clock_text, eta_text
 
 
 def test_eta_text_and_clock_text():

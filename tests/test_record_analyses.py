@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from dblp.exposure import (
+from dblp.results.exposure import (
     direction_windows,
     exposure_by_direction,
     exposure_by_round,
@@ -15,8 +15,8 @@ from dblp.exposure import (
     round_windows,
     run_window,
 )
-from dblp.passcost import median, summarize_run
-from dblp.records import RoundRecord
+from dblp.results.passcost import median, summarize_run
+from dblp.protocol.records import RoundRecord
 
 
 def _rec(role: str, worker: int, rnd: int, t: float, up: float, down: float, **kw) -> RoundRecord:
@@ -64,7 +64,7 @@ def test_pass_cost_summary_of_a_synthetic_run():
     rounds, server, loss_rounds = {}, [], {}
     schedule = [None, None, None, 0.3, 0.5, 0.7]
     p = 0.1
-    from dblp.policy import passes_needed
+    from dblp.protocol.policy import passes_needed
 
     for i, loss in enumerate(schedule):
         t = 10.0 * i

@@ -1,4 +1,4 @@
-"""The sharded mode (dblp.shard): k shard servers, each averaging 1/k of the tensor, on real sockets.
+"""The sharded mode (dblp.transport.shard): k shard servers, each averaging 1/k of the tensor, on real sockets.
 
 Lossless rounds average exactly (bit for bit the single server's arithmetic on each shard); under
 loss every chunk a worker gets is the shard server's average or zero, within each shard's
@@ -17,11 +17,11 @@ import threading
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.policy import FixedPolicy
-from dblp.server import ParameterServer, ServerConfig
-from dblp.shard import NormExchange, NormExchangeError, ShardedWorker, merge_records, shard_bounds
-from dblp.wire import ParameterError
+from dblp.protocol import control as ctl
+from dblp.protocol.policy import FixedPolicy
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.transport.shard import NormExchange, NormExchangeError, ShardedWorker, merge_records, shard_bounds
+from dblp.protocol.wire import ParameterError
 from scripted_loss import ScriptedLoss, lossy
 
 SECRET = b"s" * 32
@@ -155,7 +155,7 @@ def test_sharded_rounds_under_loss_are_exact_or_zero_within_each_shards_toleranc
 
 
 def test_merge_records_spans_the_slowest_shard():
-    from dblp.records import RoundRecord
+    from dblp.protocol.records import RoundRecord
 
     a = RoundRecord("loopback", "worker", 0, 4, t_start=10.0, round_latency_s=0.5, up_latency_s=0.2,
                     down_latency_s=0.3, chunks=10, up_sent=12, up_received=10, down_received=9, up_passes=2,
@@ -219,7 +219,7 @@ def test_a_dead_shard_hub_ends_a_shard_server_with_a_clear_error():
 def test_round_clock_serves_several_shard_servers_at_once(tmp_path):
     """The emulation's round hook with one connection per shard server: a round is open once any shard
     opened it and ended once every shard ended it (a burst then covers that round on every shard)."""
-    from dblp.watch import RoundHookServer
+    from dblp.transport.watch import RoundHookServer
 
     seen: list[tuple[int, int]] = []
     hook = RoundHookServer(tmp_path / "r.sock", lambda first, last: seen.append((first, last)) or first <= 1 <= last)
@@ -270,12 +270,12 @@ def test_norm_exchange_refuses_its_own_message_reflected():
 
 
 def test_norm_tag_is_the_auth_modules_message_tag_as_the_wire_has_it():
-    """The norm exchange tags with dblp.auth's one message MAC: HMAC-SHA256 of the purpose, the
+    """The norm exchange tags with dblp.protocol.auth's one message MAC: HMAC-SHA256 of the purpose, the
     sender's role, the connection's nonce and the message, cut to 16 bytes (the wire as it was)."""
     import hashlib
     import hmac
 
-    from dblp import auth
+    from dblp.protocol import auth
 
     x = NormExchange(1, 2, ("127.0.0.1", 1), SECRET, timeout=1, connect_timeout=1)
     body = b"b" * 14

@@ -1,4 +1,4 @@
-"""The simulator's several parameter servers and sharded mode (dblp.sim; the real mode is dblp.shard).
+"""The simulator's several parameter servers and sharded mode (dblp.sim; the real mode is dblp.transport.shard).
 
 The analytic values are written out here from first principles; the
 simulator's own code is not asked for them.
@@ -12,14 +12,14 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from dblp import control as ctl
+from dblp.protocol import control as ctl
 from dblp.sim import SimConfig, Simulation, simulate
 from dblp.sim.cli import main as sim_main
 from dblp.sim.model import NORM_MESSAGE_BYTES
-from dblp.sim.net import ctrl_wire_bytes
-from dblp.sim.sweep import AXES, run_sweep
-from dblp.sim.topology import build_network
-from dblp.wire import ChunkLayout, ParameterError
+from dblp.sim.network.net import ctrl_wire_bytes
+from dblp.sim.studies.sweep import AXES, run_sweep
+from dblp.sim.network.topology import build_network
+from dblp.protocol.wire import ChunkLayout, ParameterError
 
 MODEL = 1_000_000  # floats
 LINKS = dict(bandwidth_bps=10e9, delay_s=50e-6, ctrl_overhead_s=20e-6)
@@ -174,7 +174,7 @@ def test_several_servers_have_ports_of_their_own_and_share_the_servers_rack():
     assert two.remote == [False, True, True, True, False, False, True, False, False]
     assert [p.name for p in two.up_paths[1].ports] == ["s2->wan", "->w0"]
     # leaf-spine racks: sharded hosts are only the workers (w1 in rack 2, w2 in rack 1, ...)
-    from dblp.sim.topology import hosts_per_rack
+    from dblp.sim.network.topology import hosts_per_rack
 
     assert hosts_per_rack(SimConfig(model=MODEL, workers=4, rounds=1, topology="leafspine", racks=2,
                                     aggregation="sharded")) == 2

@@ -1,6 +1,6 @@
 """The round level's cheaper SimPy plumbing gives bit-identical records.
 
-:mod:`dblp.sim.fast` drives each transfer's sender as a state machine whose
+:mod:`dblp.sim.engines.fast` drives each transfer's sender as a state machine whose
 entries sit in SimPy's queue where the SimPy process it replaced put its
 events (Initialize, ``wait_ev.succeed()``, a timed wait's Timeout and
 Condition), and schedules its callbacks without a Timeout and a closure each.
@@ -18,12 +18,12 @@ import gc
 
 import pytest
 
-import dblp.control as ctl
-import dblp.sim.fast as fast
-import dblp.sim.roundflow as roundflow
-import dblp.sim.roundkit as roundkit
+import dblp.protocol.control as ctl
+import dblp.sim.engines.fast as fast
+import dblp.sim.engines.roundflow as roundflow
+import dblp.sim.engines.roundkit as roundkit
 from dblp.sim import SimConfig, simulate
-from dblp.sim.flow import pass_remaining
+from dblp.sim.engines.flow import pass_remaining
 
 _BURSTS = {"kind": "iteration_bursts", "at": [1, 3], "loss": 0.6}
 
@@ -44,7 +44,7 @@ CONFIGS = {
 
 
 class _Pass:
-    """A pass's owner as a FluidQueue sees it (dblp.sim.net.PortReader), for the port's own tests."""
+    """A pass's owner as a FluidQueue sees it (dblp.sim.network.net.PortReader), for the port's own tests."""
 
     fresh_t = -float("inf")
 
@@ -174,7 +174,7 @@ def test_segments_are_the_binary_search_of_each_slot() -> None:
     slot, floored at 0 after the shift - ties, slots before the first breakpoint, long and short."""
     import numpy as np
 
-    from dblp.sim.net import _segments
+    from dblp.sim.network.net import _segments
 
     rng = np.random.default_rng(5)
     bt = np.unique(np.round(rng.random(300), 3))
@@ -191,7 +191,7 @@ def test_segments_are_the_binary_search_of_each_slot() -> None:
 def test_unique_and_queue_at_one_time_are_numpys() -> None:
     import numpy as np
 
-    from dblp.sim.net import FluidQueue, Port, _unique
+    from dblp.sim.network.net import FluidQueue, Port, _unique
 
     a = np.array([3.0, 1.0, 2.0, 1.0, 3.0, 0.5, 2.0])
     assert _unique(a.copy()).tolist() == np.unique(a).tolist() == [0.5, 1.0, 2.0, 3.0]
@@ -225,7 +225,7 @@ def test_round_robin_patterns_are_the_direct_layout() -> None:
     """A cached slot pattern, scaled, gives the times the round-robin formula gives directly."""
     import numpy as np
 
-    from dblp.sim import hostsched
+    from dblp.sim.engines import hostsched
 
     fi = np.arange(5000, dtype=np.float64)
     for r, k, q, i in ((2763, 64, 1024, 5), (1024, 3, 1024, 2), (700, 8, 256, 7), (3, 2, 1024, 0)):
@@ -248,8 +248,8 @@ def test_receive_chunks_fast_path_keeps_the_cores_state() -> None:
     another round, after STOP)."""
     import numpy as np
 
-    from dblp.core import Receiver
-    from dblp.wire import ChunkLayout
+    from dblp.protocol.core import Receiver
+    from dblp.protocol.wire import ChunkLayout
 
     lay = ChunkLayout(40_000)
     feeds = [(0, [0]), (0, list(range(1, 50))), (0, [60, 61, 61, 62]), (0, [70, 5, 71]), (1, [80, 81]),
@@ -276,7 +276,7 @@ def test_engine_queue_entries_run_in_simpys_order() -> None:
     own events (time, priority, insertion), with the arguments ``call``/``at``/``at_msg`` gave."""
     import simpy
 
-    from dblp.sim import simpy_adapter
+    from dblp.sim.network import simpy_adapter
     from dblp.sim.model import run_env
 
     env = simpy.Environment()
@@ -301,7 +301,7 @@ def test_kept_layout_products_are_the_direct_layout() -> None:
     1h..rh) shifted by ``t`` are the times computed afresh, to the bit."""
     import numpy as np
 
-    from dblp.sim import hostsched
+    from dblp.sim.engines import hostsched
 
     class _Eng:
         def fiota(self, m):
@@ -327,8 +327,8 @@ def test_kept_layout_products_are_the_direct_layout() -> None:
 
 def test_drops_bring_reported_up_to_date_as_add_did() -> None:
     """``session._drops`` leaves ``reported`` and returns what ``reported.add(DropCounters(**delta))`` did."""
-    from dblp.core import DropCounters
-    from dblp.session import RecordContext, _drops
+    from dblp.protocol.core import DropCounters
+    from dblp.protocol.session import RecordContext, _drops
 
     class _Rx:
         total_drops = DropCounters(stale=9, duplicate=4, corrupt=1, foreign=2, malformed=0, out_of_range=3,
@@ -394,8 +394,8 @@ def test_fluid_outcome_in_c_gives_numpy_verdicts(monkeypatch) -> None:
     breakpoint, and few or many; and None exactly where numpy gives None."""
     import numpy as np
 
-    import dblp.sim.net as net
-    from dblp.sim.net import FluidQueue, Port
+    import dblp.sim.network.net as net
+    from dblp.sim.network.net import FluidQueue, Port
 
     if net._c_fluid_outcome is None:
         pytest.skip("the C helper is not built here")
@@ -435,8 +435,8 @@ def test_outcome_into_writes_the_verdicts_of_outcome(monkeypatch, c_helper: bool
     which it found - with the C helper and without; stale values in the arrays are overwritten."""
     import numpy as np
 
-    import dblp.sim.net as net
-    from dblp.sim.net import FluidQueue, Port
+    import dblp.sim.network.net as net
+    from dblp.sim.network.net import FluidQueue, Port
 
     if c_helper and net._c_fluid_outcome is None:
         pytest.skip("the C helper is not built here")
@@ -468,7 +468,7 @@ def test_paced_leave_in_place_gives_the_formula_s_doubles() -> None:
     import numpy as np
 
     from dblp.sim.config import SimConfig
-    from dblp.sim.fast import RoundFlow
+    from dblp.sim.engines.fast import RoundFlow
     from dblp.sim.model import Simulation
 
     sim = Simulation(SimConfig(model=300_000, workers=8, rounds=1, send_rate_bps=10e9 / 8))
@@ -497,8 +497,8 @@ def test_fluid_profile_in_c_is_numpys(monkeypatch, passes: int) -> None:
     the buffer, with passes ending before the rebuild's instant and several ending at once."""
     import numpy as np
 
-    import dblp.sim.net as net
-    from dblp.sim.net import FluidQueue, Port
+    import dblp.sim.network.net as net
+    from dblp.sim.network.net import FluidQueue, Port
 
     if net._c_fluid_profile is None:
         pytest.skip("the C helper is not built here")
@@ -534,7 +534,7 @@ def test_fluid_profile_breakpoints_are_numpys_sorted_set() -> None:
     and the insertion sort below 16 - they come out as ``np.unique`` of t0 and every lo, hi after it."""
     import numpy as np
 
-    import dblp.sim.net as net
+    import dblp.sim.network.net as net
 
     if net._c_fluid_profile is None:
         pytest.skip("the C helper is not built here")
@@ -583,7 +583,7 @@ def test_a_ports_kept_past_survives_its_buffer() -> None:
     rebuilds starts at that instant (or, on a calm port, nothing changes)."""
     import numpy as np
 
-    from dblp.sim.net import FluidQueue, Port
+    from dblp.sim.network.net import FluidQueue, Port
 
     rng = np.random.default_rng(7)
     q = FluidQueue(Port("srv", 10e9, 80 * 1514), 1514)
@@ -618,7 +618,7 @@ def test_a_ports_kept_past_survives_its_buffer() -> None:
 def test_round_level_records_are_the_same_without_the_c_helper(monkeypatch, name: str) -> None:
     """The C loops of a congested or lossy port (fluid_profile, fluid_outcome, fluid_arrivals) change
     no record: the whole run with them and with numpy alone, every field compared exactly."""
-    import dblp.sim.net as net
+    import dblp.sim.network.net as net
 
     if net._c_fluid_outcome is None or roundkit._c_fluid_arrivals is None:
         pytest.skip("the C helper is not built here")
@@ -635,7 +635,7 @@ def test_fluid_loops_refuse_arrays_of_the_wrong_kind() -> None:
     """The C loops read raw memory: an array of another dtype or length is refused by name, not read."""
     import numpy as np
 
-    import dblp.sim.net as net
+    import dblp.sim.network.net as net
 
     if net._c_fluid_outcome is None or roundkit._c_fluid_arrivals is None:
         pytest.skip("the C helper is not built here")

@@ -1,4 +1,4 @@
-"""The benchmarks' common start (dblp.startline): every worker holds its gradient before a round's clock starts."""
+"""The benchmarks' common start (dblp.runs.startline): every worker holds its gradient before a round's clock starts."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from dblp.records import read_records
-from dblp.startline import StartLine, StartLineTimeout
-from dblp.wire import ParameterError
+from dblp.protocol.records import read_records
+from dblp.runs.startline import StartLine, StartLineTimeout
+from dblp.protocol.wire import ParameterError
 from procs import PY, ROOT, env, free_port, start_server
 
 

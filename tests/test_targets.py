@@ -1,4 +1,4 @@
-"""The targets' summary (dblp.targets): median and range over repeats, the bound of this machine's
+"""The targets' summary (dblp.results.targets): median and range over repeats, the bound of this machine's
 class, the verdict - and ``scenarios/benchmark.py --targets`` end to end at a small size (a
 subprocess: tests do not import scenarios; loopback only, no root)."""
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.targets import TargetRow, as_rows, format_table, machine_class, plot, summarize
-from dblp.udp import auto_mtu
+from dblp.results.targets import TargetRow, as_rows, format_table, machine_class, plot, summarize
+from dblp.transport.udp import auto_mtu
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = [sys.executable, str(ROOT / "scenarios" / "benchmark.py")]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import replicate_table, verdicts
-from dblp.cliargs import parse_targets
-from dblp.clrview import checks, replay
-from dblp.sim.convergence import FITTED, rmse
-from dblp.sim.convergence_runs import load_curves
-from dblp.stats import mean_ci95, median, paired_ci95, spread
-from dblp.trainreport import first_reach, load_training, run_curve, table_v, time_to_targets
+from dblp.results.analysis import replicate_table, verdicts
+from dblp.cli.args import parse_targets
+from dblp.results.clrview import checks, replay
+from dblp.sim.convergence.steps import FITTED, rmse
+from dblp.sim.convergence.runs import load_curves
+from dblp.results.stats import mean_ci95, median, paired_ci95, spread
+from dblp.results.trainreport import first_reach, load_training, run_curve, table_v, time_to_targets
 
 
 def _write_run(d: Path, evals: list[list[tuple[int, float, float]]], metric: str = "accuracy",
@@ -68,7 +68,7 @@ def test_table_v_puts_time_to_last_iteration_beside_time_to_each_target(tmp_path
 
 
 def test_the_one_median_leaves_out_none_and_nan_and_with_finite_the_infinities():
-    """dblp.stats.median serves the benchmark's pass-cost summary (None and NaN left out), the
+    """dblp.results.stats.median serves the benchmark's pass-cost summary (None and NaN left out), the
     calibration (finite values only, None when there are none) and the replicate tables."""
     assert median([None, math.nan, 3, 1, 2]) == 2.0 and median([4, None, 1]) == 2.5
     assert median([1.0, math.inf, math.inf, math.nan], finite=True) == 1.0

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 
 from procs import free_port, reports, start_server, start_verify_workers
-from dblp.policy import FixedPolicy, ReliablePolicy
-from dblp.records import read_records
-from dblp.server import ParameterServer, ServerConfig
-from dblp.wire import ChunkLayout, encode_chunks
-from dblp.worker import Worker, WorkerError
+from dblp.protocol.policy import FixedPolicy, ReliablePolicy
+from dblp.protocol.records import read_records
+from dblp.transport.server import ParameterServer, ServerConfig
+from dblp.protocol.wire import ChunkLayout, encode_chunks
+from dblp.transport.worker import Worker, WorkerError
 
 ELEMENTS = 5_000_000
 ROUNDS = 20
@@ -143,7 +143,7 @@ def test_fuzzed_datagrams_never_crash_or_corrupt():
 
 
 def test_bad_parameters_are_refused_by_name():
-    from dblp.cli import main
+    from dblp.cli.commands import main
 
     assert main(["server", "--policy", "fixed", "--p", "1.0", "--port", "0"]) == 2
     assert main(["server", "--policy", "dblp", "--eta", "-0.5", "--port", "0"]) == 2
@@ -330,7 +330,7 @@ def _has_ipv6_loopback() -> bool:
 def test_ipv6_rounds_are_exact_and_fit_the_link_mtu(fast):
     """A server on ::1: sockets, source keys (C and Python alike) and the chunk size follow IPv6
     (40-byte IP header: 353 floats per 1500-byte packet on the authenticated wire)."""
-    from dblp.udp import addr_key
+    from dblp.transport.udp import addr_key
 
     srv = ParameterServer(ServerConfig(host="::1", port=0, workers=2, rounds=2, accept_timeout=20, fast=fast))
     th = threading.Thread(target=srv.serve)
@@ -362,9 +362,9 @@ def test_ipv6_rounds_are_exact_and_fit_the_link_mtu(fast):
 def test_parallel_event_loops_average_exactly(threads, monkeypatch):
     """The server's loops over its workers on `threads` threads (transport.pump_parallel): every
     round's mean is exact, whatever the split of the 4 workers among the loops."""
-    import dblp.server
+    import dblp.transport.server
 
-    monkeypatch.setattr(dblp.server, "PARALLEL_MIN_DATAGRAMS", 0)  # 4 x 415 datagrams: parallel all the same
+    monkeypatch.setattr(dblp.transport.server, "PARALLEL_MIN_DATAGRAMS", 0)  # 4 x 415 datagrams: parallel all the same
     n, k, rounds = 150_001, 4, 3
     srv, th, result = _thread_server(workers=k, policy=FixedPolicy(0.0), threads=threads, rounds=rounds,
                                      peer_timeout=20)

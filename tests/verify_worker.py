@@ -16,7 +16,7 @@ import sys
 
 import numpy as np
 
-from dblp.worker import Worker
+from dblp.transport.worker import Worker
 
 
 def main() -> int:

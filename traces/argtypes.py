@@ -234,7 +234,7 @@ def code_version() -> str:
     """The testbed's version, with the commit (and "+modified") in a git checkout.
 
     Here, in the lowest package, because every entry point answers ``--version`` with it (the
-    ``traces`` tools cannot import ``dblp``); :mod:`dblp.provenance` records the same facts per run.
+    ``traces`` tools cannot import ``dblp``); :mod:`dblp.cli.provenance` records the same facts per run.
     """
     import subprocess
     from importlib import metadata
@@ -317,7 +317,7 @@ def add_verbosity(p: argparse.ArgumentParser, *, progress_alias: bool = False, _
     """``-q/--quiet`` and ``-v/--verbose`` (countable), mapped to one level by :func:`verbosity`.
 
     Why one home: verbosity was ``-q`` in the scenarios, ``-v`` in ``python -m dblp`` and ``--progress`` on
-    the workers. Idempotent, so that a parser built with :func:`dblp.cliargs.parser` (which adds them) can
+    the workers. Idempotent, so that a parser built with :func:`dblp.cli.args.parser` (which adds them) can
     call it again at the end of its build: a parser with subcommands then gets them on every subcommand
     too, there with a suppressed default, so that ``-v server`` (given before the subcommand) is not
     overwritten by the subcommand's default. ``progress_alias`` adds ``--progress`` (same as ``-v``) where

@@ -10,7 +10,7 @@ Every command has ``--help``. Probabilities are accepted as fractions
     python -m traces import-netem "loss gemodel 1% 25%" --packets 100000 -o ge.pkts
 
 A trace from captures of DBLP datagrams needs DBLP's wire format, which
-lives one layer up: ``python -m dblp.traceimport --sent s.pcap --received r.pcap -o run.pkts``.
+lives one layer up: ``python -m dblp.results.traceimport --sent s.pcap --received r.pcap -o run.pkts``.
 """
 
 from __future__ import annotations
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_capture_output_args(p: argparse.ArgumentParser) -> None:
-    """Output flags of a capture importer (here and in :mod:`dblp.traceimport`)."""
+    """Output flags of a capture importer (here and in :mod:`dblp.results.traceimport`)."""
     p.add_argument("-o", "--output", required=True, help="trace file to write")
     p.add_argument("--bin", dest="bin_us", type=micros,
                    help="write the segments form with this bin width (e.g. 1ms) instead of per-packet")
@@ -241,7 +241,7 @@ def _show(a: argparse.Namespace) -> int:
     return 0
 
 
-MOVED = {"import-dblp": "python -m dblp.traceimport"}
+MOVED = {"import-dblp": "python -m dblp.results.traceimport"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

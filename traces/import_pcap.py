@@ -1,7 +1,7 @@
 """Loss traces from captures: matching transmissions by key, and a TCP flow's retransmissions.
 
 Whatever carries a per-transmission key (a protocol's own header fields, as
-:mod:`dblp.traceimport` reads from DBLP datagrams), a capture at the sender
+:mod:`dblp.results.traceimport` reads from DBLP datagrams), a capture at the sender
 and one at the receiver tell which transmissions were lost:
 :func:`match_transmissions` pairs them up, needing no knowledge of the
 protocol:

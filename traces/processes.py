@@ -1,6 +1,6 @@
 """The loss-process vocabulary: one spec format, its parser, and the processes it names.
 
-Why here, at the lowest layer: the simulator (``dblp.sim.loss``), the
+Why here, at the lowest layer: the simulator (``dblp.sim.network.loss``), the
 emulation (``emulation.bursts`` schedules, ``scenarios/*`` flags) and the
 real-host inventory (``emulation.hosts``, ``[[hosts.loss]]`` tables) all say
 "loss r at iteration k" or "Gilbert-Elliott with p, r"; they say it with these
@@ -359,7 +359,7 @@ class LossProcess(Protocol):
     def mean_loss(self, t0_s: float, t1_s: float, rnd: int) -> float:
         """The expected fraction of a flow's datagrams dropped when they arrive spread evenly over
         ``[t0_s, t1_s)`` in iteration ``rnd``: what a model that follows one representative flow in
-        expectation (:mod:`dblp.sim.fabric`) takes from the process instead of drawing verdicts."""
+        expectation (:mod:`dblp.sim.engines.fabric`) takes from the process instead of drawing verdicts."""
         ...
 
 

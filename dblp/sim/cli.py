@@ -1,11 +1,11 @@
 """``python -m dblp.sim run | sweep | calibrate | predict``.
 
 ``run`` simulates one configuration (optionally beside its baseline) and
-writes the round records (JSONL, the schema of :mod:`dblp.records`), a
+writes the round records (JSONL, the schema of :mod:`dblp.protocol.records`), a
 summary (JSON) and plots (latency per iteration, CDF); ``sweep`` runs a grid
-in parallel (see :mod:`dblp.sim.sweep`); ``calibrate`` turns an emulation
-run's results folder into ``params.json`` (see :mod:`dblp.sim.calibrate`); ``predict`` simulates the
-paper's full-length microburst runs from a calibration (see :mod:`dblp.sim.paperscale`).
+in parallel (see :mod:`dblp.sim.studies.sweep`); ``calibrate`` turns an emulation
+run's results folder into ``params.json`` (see :mod:`dblp.sim.studies.calibrate`); ``predict`` simulates the
+paper's full-length microburst runs from a calibration (see :mod:`dblp.sim.studies.paperscale`).
 """
 
 from __future__ import annotations
@@ -15,26 +15,27 @@ import json
 import sys
 from pathlib import Path
 
-from ..cliargs import add_config_flags, add_verbosity, parser
-from ..provenance import write_config
-from ..records import GZIP_SUFFIX
-from ..wire import ParameterError
+from dblp.cli.args import add_config_flags, add_verbosity, parser
+from dblp.cli.provenance import write_config
+from dblp.protocol.records import GZIP_SUFFIX
+from dblp.protocol.wire import ParameterError
 from traces.units import HelpFormatter
 
-from .convergence import add_target_arg, round_trace, time_to_accuracy
-from .convergence_phase import add_convergence_args, model_for, sim_regimes
-from .modes import add_sim_compensation_args, mode_model, paper_of
-from .options import add_config_args, baseline_of, config_from_args, name_flags
+from dblp.protocol.records import round_trace
+from dblp.sim.convergence.steps import add_target_arg, time_to_accuracy
+from dblp.sim.convergence.phase import add_convergence_args, model_for, sim_regimes
+from dblp.sim.convergence.modes import add_sim_compensation_args, mode_model, paper_of
+from dblp.sim.options import add_config_args, baseline_of, config_from_args, name_flags
 
 
-#: ``run --record-format``: the records file's suffix under --out (gzip by ``.gz``: dblp.records), or none
+#: ``run --record-format``: the records file's suffix under --out (gzip by ``.gz``: dblp.protocol.records), or none
 RECORD_FORMATS = ("jsonl", "jsonl.gz", "none")
 BIG_RECORDS_BYTES = 100_000_000  # a plain records file past this size: say how to keep it smaller
 
 
 # -- run ------------------------------------------------------------------------------
 def cmd_run(args: argparse.Namespace) -> int:
-    from .model import simulate
+    from dblp.sim.model import simulate
 
     cfg = config_from_args(args)
     out = Path(args.out) if args.out else None
@@ -79,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not c.compensation.paper:
             print(f"{label:>9}: mode {s['compensation']}: a lost fraction charged x{factor:.3f} in time to accuracy"
                   + ("" if fitted else " (no factor fitted for this mode: charged as the paper's; "
-                                       "dblp.sim.modes.MODE_FACTORS)"), flush=True)
+                                       "dblp.sim.convergence.modes.MODE_FACTORS)"), flush=True)
         if s["collapse_warning"]:
             print(f"{label:>9}: {s['collapse_warning']}", flush=True)
     if len(summaries) == 2:
@@ -90,9 +91,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"time-to-accuracy x{b['time_to_accuracy_s'] / a['time_to_accuracy_s']:.2f}")
     if out:
         (out / "summary.json").write_text(json.dumps(summaries, indent=2) + "\n", encoding="utf-8")
-        from .plots import plot_run
+        from dblp.sim.plots import plot_run
 
-        from .plots import plot_time_to_accuracy
+        from dblp.sim.plots import plot_time_to_accuracy
 
         plot_run({k: r.records for k, r in results.items()}, out)
         bursts = sorted({r.round for r in results[runs[0][0]].records if r.role == "worker" and r.extra.get("burst")})
@@ -154,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "plots only)")
     r.add_argument("--summary", default=None, help="JSON file for the summary (without --out)")
     r.set_defaults(func=cmd_run)
-    from . import calibrate, paperscale, sweep
+    from dblp.sim.studies import calibrate
+    from dblp.sim.studies import paperscale
+    from dblp.sim.studies import sweep
 
     sweep.add_parser(sub)
     calibrate.add_parser(sub)

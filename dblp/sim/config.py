@@ -6,10 +6,10 @@ paper's star: ``workers`` hosts on links of ``bandwidth_bps`` to one switch,
 and one link of ``server_bandwidth_bps`` from the switch to the parameter
 server, every link with ``delay_s`` one-way propagation delay and a drop-tail
 queue of ``queue_bytes`` at the switch's egress port; ``topology`` selects
-leaf-spine or two sites instead (:mod:`dblp.sim.topology`).
+leaf-spine or two sites instead (:mod:`dblp.sim.network.topology`).
 
 ``aggregation`` and ``servers`` say who averages the tensor (see
-:mod:`dblp.shard`, the real transport's sharded mode). ``"server"`` (the
+:mod:`dblp.transport.shard`, the real transport's sharded mode). ``"server"`` (the
 paper's, default): ``servers`` dedicated parameter-server hosts, each with
 a link of ``server_bandwidth_bps`` and the server's send cost, each
 averaging 1/``servers`` of the tensor (1 = the paper's single server).
@@ -41,15 +41,15 @@ from typing import Any
 
 from traces.units import FRAME_BYTES
 
-from ..core import DEFAULT_ORDER, ORDERS
-from ..gradients import model_elements
-from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high, make_policy, policy_name
-from ..shard import AGGREGATIONS, shard_bounds
-from ..wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
-from .topology import check_topology
+from dblp.protocol.core import DEFAULT_ORDER, ORDERS
+from dblp.runs.gradients import model_elements
+from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high, make_policy, policy_name
+from dblp.transport.shard import AGGREGATIONS, shard_bounds
+from dblp.protocol.wire import IP_UDP_OVERHEAD, TAG_SIZE, ChunkLayout, ParameterError
+from dblp.sim.network.topology import check_topology
 
-FIDELITIES = ("round", "packet", "class")  # class: dblp.sim.fabric
-INCAST_MODES = ("auto", "flow", "walk")  # dblp.sim.incast
+FIDELITIES = ("round", "packet", "class")  # class: dblp.sim.engines.fabric
+INCAST_MODES = ("auto", "flow", "walk")  # dblp.sim.engines.incast
 NORM_MODELS = ("received", "sequence")
 ETHERNET_HEADER = 14
 
@@ -57,15 +57,15 @@ ETHERNET_HEADER = 14
 @dataclass
 class SimConfig:
     # -- workload ------------------------------------------------------------
-    model: str = "resnet50"  # a name of dblp.gradients.MODEL_SIZES or an element count
+    model: str = "resnet50"  # a name of dblp.runs.gradients.MODEL_SIZES or an element count
     workers: int = 3
     rounds: int = 100
     mtu: int = 1500
-    wire: int = 1  # data wire: 1 = the paper's (24-byte header, 362 floats), 2 = authenticated (dblp.auth: 358)
+    wire: int = 1  # data wire: 1 = the paper's (24-byte header, 362 floats), 2 = authenticated (dblp.protocol.auth: 358)
     compute_s: float = 0.0  # per-iteration compute time of each worker
     compute_jitter_s: float = 0.0  # std-dev of a normal jitter on compute_s (clipped at 0)
     reduce_s: float = 0.0  # server's reduce step, between upstream and broadcast (a shard server: its share)
-    # -- tolerance policy (as dblp.policy.make_policy) ---------------------------
+    # -- tolerance policy (as dblp.protocol.policy.make_policy) ---------------------------
     policy: str = "dblp"
     p: float = DEFAULT_P_LOW
     p_low: float | None = None
@@ -74,7 +74,7 @@ class SimConfig:
     freq: int = DEFAULT_FREQ
     order: str = DEFAULT_ORDER  # chunk order recorded (and used by the packet-level mode)
     # -- gradient norms that CLR detection sees -----------------------------------
-    # None/"synthetic": dblp.gradients.synthetic_norms (as the replaying workers); "varied": jumps of
+    # None/"synthetic": dblp.runs.gradients.synthetic_norms (as the replaying workers); "varied": jumps of
     # random size (dblp.sim.model.varied_norms, for eta sweeps); a CSV path (iteration,grad_norm); a list
     norms: Any = None
     critical_every: int = 150  # synthetic norms: a jump every this many iterations
@@ -85,10 +85,10 @@ class SimConfig:
     delay_s: float = 50e-6  # one-way propagation delay of each link
     queue_bytes: int = 100 * FRAME_BYTES  # drop-tail buffer of each switch egress port (100 full frames)
     frame_overhead_bytes: int = IP_UDP_OVERHEAD + ETHERNET_HEADER  # on-wire bytes beyond the DBLP datagram
-    # -- aggregation (dblp.shard; the model's placement: dblp.sim.topology) --------------------------
+    # -- aggregation (dblp.transport.shard; the model's placement: dblp.sim.network.topology) --------------------------
     aggregation: str = "server"  # "server": dedicated parameter servers | "sharded": a shard server per worker host
     servers: int = 1  # aggregation="server": parameter-server hosts, each averaging 1/servers of the tensor
-    # -- topology (dblp.sim.topology; the parameters of topologies/leafspine.py and twosites.py) ---------
+    # -- topology (dblp.sim.network.topology; the parameters of topologies/leafspine.py and twosites.py) ---------
     topology: str = "star"  # star | leafspine | twosites
     switch_ports: int | None = None  # ports per switch (None: as many as the hosts need)
     racks: int = 2  # leafspine: racks of one leaf switch each (server in rack 1, workers from rack 2 on)
@@ -103,36 +103,36 @@ class SimConfig:
     # -- hosts -----------------------------------------------------------------------
     send_pps: float = 200_000.0  # datagrams/s a worker's sender can push (per-host send cost)
     server_send_pps: float | None = None  # the server host's (shared by its N senders); default send_pps
-    send_rate_bps: float = 0.0  # pacing of every sender (dblp.pacing.TokenBucket); 0 = unlimited
+    send_rate_bps: float = 0.0  # pacing of every sender (dblp.protocol.pacing.TokenBucket); 0 = unlimited
     # receive cost: seconds a delivered datagram costs its receiving host - a worker for the broadcast's, the
-    # server for the uploads' (dblp.sim.calibrate fits them from a run's burst rounds). The engines charge it
+    # server for the uploads' (dblp.sim.studies.calibrate fits them from a run's burst rounds). The engines charge it
     # to the sending host's stream, in proportion to the datagrams the loss lets through: on the emulator the
     # hosts share the machine's cores, and a datagram a burst drops before the receiver costs only the send
     # part (1 / send_pps). 0 = none: the send cost holds the whole datagram's cost (as before).
     recv_cost_s: float = 0.0
     server_recv_cost_s: float = 0.0
     # sender batching: a paced sender's loop sleeps at least this long between batches (the transport's
-    # dblp.pacing.WAKE_S, longer on a loaded host) and sends what its bucket allows then, as a batch at the
+    # dblp.protocol.pacing.WAKE_S, longer on a loaded host) and sends what its bucket allows then, as a batch at the
     # host's rate; 0 = exact timers (a paced flow leaves one datagram at a time: smooth)
     wake_s: float = 0.0
-    # self-pacing (the transport's --pace auto): no pacer is handed to the sessions, so dblp.session makes the
-    # core's own dblp.pacing.AutoPacer per sender and the server's PacerGroup (rules R11, R12, R14 act as in
+    # self-pacing (the transport's --pace auto): no pacer is handed to the sessions, so dblp.protocol.session makes the
+    # core's own dblp.protocol.pacing.AutoPacer per sender and the server's PacerGroup (rules R11, R12, R14 act as in
     # the transport); packet level only (the round level's bucket is a fixed rate in closed form)
     self_pacing: bool = False
     ctrl_overhead_s: float = 20e-6  # processing added to each control message
-    # -- loss processes (see dblp.sim.loss) ------------------------------------------
+    # -- loss processes (see dblp.sim.network.loss) ------------------------------------------
     loss: list = field(default_factory=list)
     # -- simulator -----------------------------------------------------------------
     fidelity: str = "round"  # "round" (fast, numpy per pass) or "packet" (one event per datagram)
     seed: int = 0
     group: int = 1  # round level: datagrams simulated as one unit (1 = every datagram; see below)
-    # round level: the first iteration's synchronised incast at flow level (dblp.sim.incast) - "auto" from
+    # round level: the first iteration's synchronised incast at flow level (dblp.sim.engines.incast) - "auto" from
     # incast.AUTO_MIN_WORKERS workers on, "flow" wherever it applies, "walk" never (every pass walked)
     incast: str = "auto"
     host_slice: int = 1024  # datagrams a host sends for one peer before the next (transport.pump)
     max_batch: int = 64  # packet level: datagrams per core call (RoundSender.max_batch)
-    consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.session S7: identical replicas)
-    # -- loss compensation and the stop rule (dblp.compensation C1-C6, core R5b; the paper's by default):
+    consistency: str = "none"  # "none" (the paper) | "intersect" (dblp.protocol.session S7: identical replicas)
+    # -- loss compensation and the stop rule (dblp.protocol.compensation C1-C6, core R5b; the paper's by default):
     # the stop rule changes what a round sends, the rest what a round's update is (convergence models)
     upload_estimate: str = "zero"
     broadcast_fill: str = "zero"
@@ -142,8 +142,8 @@ class SimConfig:
 
     @property
     def compensation(self) -> Any:
-        """The options as one :class:`dblp.compensation.Compensation` (validated)."""
-        from ..compensation import Compensation
+        """The options as one :class:`dblp.protocol.compensation.Compensation` (validated)."""
+        from dblp.protocol.compensation import Compensation
 
         return Compensation(self.upload_estimate, self.broadcast_fill, self.feedback, float(self.feedback_bound),
                             self.stop_rule)
@@ -185,7 +185,7 @@ class SimConfig:
         if self.incast not in INCAST_MODES:
             raise ParameterError(f"incast must be one of {INCAST_MODES}, got {self.incast!r}")
         if self.fidelity == "class":
-            from .fabric import not_applicable
+            from dblp.sim.engines.fabric import not_applicable
 
             why = not_applicable(self)
             if why is not None:
@@ -212,7 +212,7 @@ class SimConfig:
         self.make_policy()  # validates the policy arguments
         self._check_aggregation()
         check_topology(self)
-        from .loss import check_specs
+        from dblp.sim.network.loss import check_specs
 
         check_specs(self.loss)
 
@@ -243,7 +243,7 @@ class SimConfig:
 
     @property
     def shard_bounds(self) -> list[tuple[int, int]]:
-        """``[start, stop)`` of each shard of the tensor (:func:`dblp.shard.shard_bounds`, the one cut)."""
+        """``[start, stop)`` of each shard of the tensor (:func:`dblp.transport.shard.shard_bounds`, the one cut)."""
         return shard_bounds(self.elements, self.shards)
 
     @property

@@ -1,7 +1,7 @@
 """The simulated parameter server and workers: SimPy processes driving the same sessions.
 
-The server process drives a :class:`dblp.session.ServerSession` and each
-worker process a :class:`dblp.session.WorkerSession` - the very objects the
+The server process drives a :class:`dblp.protocol.session.ServerSession` and each
+worker process a :class:`dblp.protocol.session.WorkerSession` - the very objects the
 socket server and worker drive - so the round logic (and the records) cannot
 differ from the real ones; only the I/O and the clock do:
 
@@ -9,7 +9,7 @@ differ from the real ones; only the I/O and the clock do:
   ceil((1-p) n) chunks (the core's STOP rule), close those rounds, reduce
   (``reduce_s``), feed the mean's norm to the tolerance policy (CLR
   detection) for ``p_down``, announce ROUND(k, down, p_down) and start one
-  :class:`~dblp.core.RoundSender` per worker; as each broadcast sender is
+  :class:`~dblp.protocol.core.RoundSender` per worker; as each broadcast sender is
   stopped, write that worker's server record and open its upstream receiver
   for round k+1 under the policy's current tolerance (ROUND(k+1, up)).
 * **worker**: compute (``compute_s``), wait for ROUND(k, up), open the
@@ -21,12 +21,12 @@ With several parameter servers or the sharded mode (``servers``,
 exchange per shard, merged into one record (:class:`Simulation`).
 
 The datagrams and control messages between the core objects are carried by
-an engine: :class:`dblp.sim.packet.PacketEngine` (one event per datagram) or
-:class:`dblp.sim.fast.RoundEngine` (numpy per retransmission pass). Neither
+an engine: :class:`dblp.sim.engines.packet.PacketEngine` (one event per datagram) or
+:class:`dblp.sim.engines.fast.RoundEngine` (numpy per retransmission pass). Neither
 holds a protocol rule: thresholds, STOP, bitmaps, passes, backoff, stale
-datagrams all come from :mod:`dblp.core` and :mod:`dblp.policy`.
+datagrams all come from :mod:`dblp.protocol.core` and :mod:`dblp.protocol.policy`.
 
-Both write the sessions' :class:`dblp.records.RoundRecord` rows with
+Both write the sessions' :class:`dblp.protocol.records.RoundRecord` rows with
 ``source="simulation"`` (one per round and worker and role); times are
 simulated seconds since the start.
 """
@@ -41,19 +41,19 @@ from typing import Any, Callable
 import numpy as np
 import simpy
 
-from .. import control as ctl
-from ..gradients import read_norms, synthetic_norms
-from ..records import RecordWriter, RoundRecord, write_records
-from ..shard import NORM_MESSAGE_BYTES, merge_records, sum_sq_norms
-from ..session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession, WorkerSession
-from ..wire import ChunkLayout, ParameterError
-from .config import SimConfig
-from .flow import Endpoint
-from .local import LocalFlow
-from .loss import make_flow_loss
-from .net import ctrl_wire_bytes
-from .simpy_adapter import run as run_env  # env.run() with the round level's entries (re-exported)
-from .topology import build_network, wan_loss_spec
+from dblp.protocol import control as ctl
+from dblp.runs.gradients import read_norms, synthetic_norms
+from dblp.protocol.records import RecordWriter, RoundRecord, write_records
+from dblp.transport.shard import NORM_MESSAGE_BYTES, merge_records, sum_sq_norms
+from dblp.protocol.session import ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession, WorkerSession
+from dblp.protocol.wire import ChunkLayout, ParameterError
+from dblp.sim.config import SimConfig
+from dblp.sim.engines.flow import Endpoint
+from dblp.sim.engines.local import LocalFlow
+from dblp.sim.network.loss import make_flow_loss
+from dblp.sim.network.net import ctrl_wire_bytes
+from dblp.sim.network.simpy_adapter import run as run_env  # env.run() with the round level's entries (re-exported)
+from dblp.sim.network.topology import build_network, wan_loss_spec
 
 RUN_ID = 0x51A1_0001
 SOURCE = "simulation"
@@ -66,7 +66,7 @@ class _Link:
 
     wid: int  # the worker
     shard: int
-    fid: int  # its flow number (dblp.sim.topology.Network): shard * workers + wid
+    fid: int  # its flow number (dblp.sim.network.topology.Network): shard * workers + wid
     session: WorkerSession  # the worker's Algorithm 4 for this shard
     up_ep: Endpoint  # server side: receives this worker's gradient (shard)
     down_ep: Endpoint  # worker side: receives the broadcast (shard)
@@ -77,7 +77,7 @@ class _Link:
 @dataclass
 class _Shard:
     """One shard server: its slice of the tensor and its own session (round counter,
-    tolerance policy, STOP rule), as a socket server of :mod:`dblp.shard` runs it."""
+    tolerance policy, STOP rule), as a socket server of :mod:`dblp.transport.shard` runs it."""
 
     j: int
     elements: int
@@ -109,13 +109,13 @@ class Simulation:
     """One configuration over SimPy; :meth:`run` simulates it.
 
     **Several servers and the sharded mode** (``cfg.servers``,
-    ``cfg.aggregation``; :mod:`dblp.shard`): the tensor is cut by
-    :func:`dblp.shard.shard_bounds` and each shard is an ordinary DBLP run -
+    ``cfg.aggregation``; :mod:`dblp.transport.shard`): the tensor is cut by
+    :func:`dblp.transport.shard.shard_bounds` and each shard is an ordinary DBLP run -
     its own ServerSession and, per worker, WorkerSession, with their own
     round counters and STOP rules. What the shards share is what the real
     shard servers share: the tolerance policy's input. Each shard server
     computes its shard's norm and they exchange the squares
-    (:class:`dblp.shard.NormExchange`: each sends its square to shard 0, the
+    (:class:`dblp.transport.shard.NormExchange`: each sends its square to shard 0, the
     hub, which sends back the sum; control frames on ``Network.hub_paths``),
     so every shard feeds the whole mean's norm to its policy and announces
     the same tolerance - and no shard broadcasts round k before every shard
@@ -125,20 +125,20 @@ class Simulation:
     turn order below relies on to keep ports free of incast at the packet
     level: its sharded rounds are longer by up to the exchange, two control
     frames, plus the shards' reduce skew.) A worker sends its k shards at once (one sender each,
-    round-robin on its host, as :class:`dblp.shard.ShardedWorker`'s threads)
+    round-robin on its host, as :class:`dblp.transport.shard.ShardedWorker`'s threads)
     and starts round k+1 when all k broadcasts are in; its record is
-    :func:`dblp.shard.merge_records` of its k per-shard records. Each shard's
+    :func:`dblp.transport.shard.merge_records` of its k per-shard records. Each shard's
     reduce takes ``reduce_s`` x its share of the tensor. In the sharded mode
-    a worker's own shard is **host-local** (:class:`dblp.sim.local.LocalFlow`:
+    a worker's own shard is **host-local** (:class:`dblp.sim.engines.local.LocalFlow`:
     one LOCAL control message per pass delivers the whole shard - no link, no
     loss), as the real transport hands it over in shared memory
-    (:mod:`dblp.hostlocal`).
+    (:mod:`dblp.transport.hostlocal`).
     """
 
     def __init__(self, cfg: SimConfig, *, records: str | None = None) -> None:
         cfg.validate()
-        if cfg.fidelity == "class":  # no engine here walks it: simulate() takes dblp.sim.fabric
-            raise ParameterError("fidelity='class' runs through simulate() (dblp.sim.fabric), not a Simulation")
+        if cfg.fidelity == "class":  # no engine here walks it: simulate() takes dblp.sim.engines.fabric
+            raise ParameterError("fidelity='class' runs through simulate() (dblp.sim.engines.fabric), not a Simulation")
         self.cfg = cfg
         self.env = simpy.Environment()
         self.layout = cfg.layout  # the real one of the whole tensor (one server: of its one shard)
@@ -157,7 +157,7 @@ class Simulation:
         self.core_layout = sh0.core_layout  # (one server: the run's; kept for callers of that time)
         self._scale = sh0.layout.chunks / sh0.core_layout.chunks
         self.policy = sh0.policy
-        # -- topology: the paper's star, leaf-spine or two sites (dblp.sim.topology) ---------------
+        # -- topology: the paper's star, leaf-spine or two sites (dblp.sim.network.topology) ---------------
         net = build_network(cfg)
         self.server_host, self.worker_hosts = net.server_host, net.worker_hosts
         self.up_paths, self.down_paths = net.up_paths, net.down_paths  # by flow: shard * workers + worker
@@ -171,11 +171,11 @@ class Simulation:
             for f in range(self.k * self.n)
         }
         if cfg.fidelity == "packet":
-            from .packet import PacketEngine
+            from dblp.sim.engines.packet import PacketEngine
 
             self.engine: Any = PacketEngine(self)
         else:
-            from .fast import RoundEngine
+            from dblp.sim.engines.fast import RoundEngine
 
             self.engine = RoundEngine(self)
         core_order, seed = self.engine.core_order, cfg.seed
@@ -244,7 +244,7 @@ class Simulation:
 
     def _incast(self, rnd: int) -> dict:
         """Records' extra of iteration ``rnd``: ``incast: "flow"`` where its uploads were the flow-level
-        incast's (dblp.sim.incast), so a reader knows that round's upload figures are the model's."""
+        incast's (dblp.sim.engines.incast), so a reader knows that round's upload figures are the model's."""
         return {"incast": "flow"} if rnd == 0 and getattr(self.engine, "incast", None) is not None else {}
 
     def burst(self, rnd: int) -> bool:
@@ -254,7 +254,7 @@ class Simulation:
             b = self._bursts[rnd] = any(p.burst(rnd) for p in self.loss.values())
         return b
 
-    # -- the server: dblp.session.ServerSession over SimPy ------------------------------------
+    # -- the server: dblp.protocol.session.ServerSession over SimPy ------------------------------------
     def _dispatch_server(self, sh: _Shard, t: float) -> None:
         """Carry out shard ``sh``'s server session's events at simulated time ``t``.
 
@@ -307,7 +307,7 @@ class Simulation:
         ``sequence``: the norm sequence itself, the shard's share of it
         (``sqrt(elements_j / elements)``). ``received`` (default): what the
         real server computes from replayed gradients (norm_r times a fixed
-        random unit direction per worker, dblp.gradients.ReplayGradients): the
+        random unit direction per worker, dblp.runs.gradients.ReplayGradients): the
         mean of zero-filled gradients has norm ~ norm_r * sqrt(sum_i f_i) / N,
         f_i the fraction of worker i's chunks received, so losses move the
         norm the detector sees, as on real hosts; a shard holds its share
@@ -326,7 +326,7 @@ class Simulation:
         return base * math.sqrt(fr) / self.n
 
     def _norm_exchange(self, sh: _Shard, rnd: int, sq_norm: float):
-        """Shard ``sh``'s part in round ``rnd``'s exchange of squared norms (dblp.shard.NormExchange):
+        """Shard ``sh``'s part in round ``rnd``'s exchange of squared norms (dblp.transport.shard.NormExchange):
         an event that fires, with the sum over the shards, when the hub's answer reaches this
         shard's server. Each square reaches the hub (shard 0) one control frame later; the hub
         answers once it holds all of them, adding in shard order as it does."""
@@ -368,13 +368,13 @@ class Simulation:
                 yield env.timeout(reduce_s)
             sh.dones = []
             norm = self._grad_norm(rnd, sh)
-            if self.k > 1:  # as dblp.server: the policy sees the whole mean's norm
+            if self.k > 1:  # as dblp.transport.server: the policy sees the whole mean's norm
                 norm = math.sqrt((yield self._norm_exchange(sh, rnd, norm * norm)))
             server.broadcast(norm, env.now, None, extra={**extra, "burst": self.burst(rnd), **self._incast(rnd)})
             self._dispatch_server(sh, env.now)
             yield all_done(env, sh.dones)
 
-    # -- the worker: dblp.session.WorkerSession over SimPy --------------------------------------
+    # -- the worker: dblp.protocol.session.WorkerSession over SimPy --------------------------------------
     def _on_control(self, w: _Link, msg: ctl.Message, t: float) -> None:
         if isinstance(msg, ctl.Common):  # S7
             w.session.handle_control(msg, t)
@@ -418,9 +418,9 @@ class Simulation:
             self._write(rec)
 
     def _sharded_round(self, links: list[_Link], k: int, t0: float, extra: dict):
-        """Worker ``wid``'s round ``k`` with every shard at once, as dblp.shard.ShardedWorker's
+        """Worker ``wid``'s round ``k`` with every shard at once, as dblp.transport.shard.ShardedWorker's
         threads: each shard's upload starts when its ROUND(k, up) is in, the round ends with the
-        last broadcast; the merged record (dblp.shard.merge_records).
+        last broadcast; the merged record (dblp.transport.shard.merge_records).
 
         Uploads that can start at the same instant join the host in the order ``wid, wid+1,
         ...`` (see :meth:`_dispatch_server`)."""
@@ -456,7 +456,7 @@ class Simulation:
 
     def _start_flow(self, sender: Any, ep: Endpoint, direction: int, fid: int, rnd: int) -> Any:
         """Flow ``fid``'s transfer in ``direction``: by the engine over the network, or host-local
-        (a worker's own shard: :class:`dblp.sim.local.LocalFlow`)."""
+        (a worker's own shard: :class:`dblp.sim.engines.local.LocalFlow`)."""
         fwd, back = (self.up_paths, self.down_paths) if direction == ctl.UP else (self.down_paths, self.up_paths)
         if self.local[fid]:
             return LocalFlow(self, sender, ep, fwd[fid], back[fid], direction, fid, rnd)
@@ -529,9 +529,9 @@ def all_done(env: simpy.Environment, events: list) -> simpy.Event:
 
 def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
     """Run one configuration; ``records`` names a JSONL file for the round records. ``fidelity="class"``
-    takes :func:`dblp.sim.fabric.simulate_classes` (one representative flow per port class)."""
+    takes :func:`dblp.sim.engines.fabric.simulate_classes` (one representative flow per port class)."""
     if cfg.fidelity == "class":
-        from .fabric import simulate_classes
+        from dblp.sim.engines.fabric import simulate_classes
 
         wall = time.perf_counter()
         recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE)
@@ -548,7 +548,7 @@ def varied_norms(iterations: int, seed: int = 0, *, critical_every: int = 150, d
 
     DBLP's detector compares the norm with the previous iteration's at every
     ``freq``-th step (Algorithm 3), so what decides detection is the
-    iteration-to-iteration variation there. :func:`dblp.gradients.synthetic_norms`
+    iteration-to-iteration variation there. :func:`dblp.runs.gradients.synthetic_norms`
     has 3% noise and short 2.5x jumps, which a check rarely lands on: every
     eta below 1.5 then gives the same run. Here the 1/(1+t/decay) decay
     carries mini-batch-like lognormal noise (``sigma``): the relative change
@@ -591,7 +591,7 @@ def summarize(records: list[RoundRecord], end_time_s: float) -> dict:
     metric); time-to-train is the simulated time at which the last round
     finished, compute included; lost fractions are chunks missing at the
     server (up) and at the worker (down). Broadcast passes of a worker's
-    round are the most any shard needed (as :func:`dblp.shard.merge_records`
+    round are the most any shard needed (as :func:`dblp.transport.shard.merge_records`
     counts a round's passes).
     """
     wk = [r for r in records if r.role == "worker"]

@@ -17,9 +17,9 @@ from typing import Any
 from traces.argtypes import count_arg, float_arg
 from traces.units import duration_arg, fmt_duration, fmt_rate, queue_arg, rate_arg
 
-from ..gradients import MODEL_HELP
-from ..policy import ALIAS_NOTE, POLICIES, policy_name, run_policy
-from .config import SimConfig
+from dblp.runs.gradients import MODEL_HELP
+from dblp.protocol.policy import ALIAS_NOTE, POLICIES, policy_name, run_policy
+from dblp.sim.config import SimConfig
 
 def policy_arg(text: str) -> str:
     """``type=`` for the simulator's ``--policy``: the one name (``fixed`` -> ``baseline``), checked."""
@@ -98,7 +98,7 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
                                           "(a shard server on each worker's host, 1/workers of the tensor each)"),
     ("--servers", "servers", count_arg(1), "parameter-server hosts with --aggregation server, each averaging "
                                            "1/servers of the tensor on its own link (hosts)"),
-    ("--topology", "topology", str, "network: star (the paper's) | leafspine | twosites (dblp.sim.topology)"),
+    ("--topology", "topology", str, "network: star (the paper's) | leafspine | twosites (dblp.sim.network.topology)"),
     ("--switch-ports", "switch_ports", count_arg(1), "ports per switch; more hosts than ports are refused "
                                                     "(unset: as many as the hosts need)"),
     ("--racks", "racks", count_arg(1), "leafspine: racks of one leaf switch each; the server is in rack 1, "
@@ -130,10 +130,10 @@ CONFIG_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--pace", "send_rate_bps", rate_arg(), "pacing rate of every sender, e.g. 900M; a bare number is Mbit/s "
                                            "(0 = unlimited)"),
     ("--ctrl-overhead", "ctrl_overhead_s", duration_arg(), "processing per control message, e.g. 20us"),
-    ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram) | class (one representative flow per port class, dblp.sim.fabric: star or leaf-spine, 10,000 workers)"),
+    ("--fidelity", "fidelity", str, "round (fast) | packet (one event per datagram) | class (one representative flow per port class, dblp.sim.engines.fabric: star or leaf-spine, 10,000 workers)"),
     ("--incast", "incast", str, "the first iteration's synchronised incast: auto (at flow level from 128 "
                                 "workers on) | flow (at flow level wherever it applies) | walk (every pass "
-                                "walked: the reference) (dblp.sim.incast)"),
+                                "walked: the reference) (dblp.sim.engines.incast)"),
     ("--seed", "seed", int, "random seed"),
     ("--host-slice", "host_slice", int, "datagrams per peer per turn of a host's send loop"),
     ("--group", "group", int, "round level: datagrams simulated as one unit (1 = exact; 16 = ~5x faster, "

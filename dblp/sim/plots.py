@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis import BURST_COLOR, RUN_COLORS
-from ..records import RoundRecord
+from dblp.results.analysis import BURST_COLOR, RUN_COLORS
+from dblp.protocol.records import RoundRecord
 
 
 def _plt():
@@ -142,7 +142,7 @@ def heatmap(grid: np.ndarray, xs: list, ys: list, xlabel: str, ylabel: str, titl
         cb.set_label(cbar_label, fontsize=8)
 
 
-#: the sweep table's per-seed comparison column of each metric (dblp.sim.sweep._row): its mean over seeds and
+#: the sweep table's per-seed comparison column of each metric (dblp.sim.studies.sweep._row): its mean over seeds and
 #: its 95% half-width are what the comparison panel shows
 _COMPARISON = {"mean_round_s": "speedup_mean", "p99_round_s": "speedup_p99",
                "time_to_train_s": "speedup_time_to_train", "time_to_accuracy_s": "speedup_time_to_accuracy",
@@ -268,7 +268,7 @@ def _measured_band(ax, runs: Sequence, color, *, alpha: float) -> np.ndarray:
 
 def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Path:
     """The convergence model against its training runs: measured accuracy (mean and range over seeds) and the
-    model's curve, one panel per group of schedules (``curves``: :class:`dblp.sim.convergence.Curve`)."""
+    model's curve, one panel per group of schedules (``curves``: :class:`dblp.sim.convergence.steps.Curve`)."""
     plt = _plt()
     groups = [("constant loss", [s for s in settings if s == "clean" or s.startswith("const")]),
               ("loss in one phase only", [s for s in settings if s == "clean" or s.split()[0] in ("early", "mid",
@@ -296,7 +296,7 @@ def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Pa
         ax.legend(fontsize=7, loc="lower right")
     axes[0].set_ylabel("test accuracy (%)")
     fig.suptitle("digits_mlp, 3 workers x batch 32: test accuracy when a fraction of each iteration's gradient is "
-                 "zeroed (dblp.sim.convergence)", fontsize=10)
+                 "zeroed (dblp.sim.convergence.steps)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -305,13 +305,13 @@ def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Pa
 
 def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path, scatter: dict,
                            shown: Sequence[str] = ("clean", "crit 0.5", "calm 0.5", "const 0.4")) -> Path:
-    """The phase-aware convergence model (:mod:`dblp.sim.convergence_phase`) against held-out runs.
+    """The phase-aware convergence model (:mod:`dblp.sim.convergence.phase`) against held-out runs.
 
     Top row, per workload: measured seed-mean accuracy (dots, band: min-max over seeds) of ``shown``
     schedules with the phase-aware model (solid) and the uniform control (dashed), each seed predicted with
     its own regime labels and averaged. Bottom row: iterations to 80% and 90% predicted against measured for
     every held-out schedule (and emulated runs), both models, with the +-20% band - the error a time to
-    accuracy inherits. ``scatter``: workload -> rows of :func:`dblp.sim.convergence.crossings` with ``set``
+    accuracy inherits. ``scatter``: workload -> rows of :func:`dblp.sim.convergence.steps.crossings` with ``set``
     (held-out, emulated) and ``kind`` (phase-aware, uniform) added."""
     plt = _plt()
     names = [w for w in groups if w in phase]
@@ -365,7 +365,7 @@ def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
         ax.set_title(f"{wl}: iterations to 80% (open) and 90% (filled), model against measured", fontsize=8)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6.5, loc="upper left")
-    fig.suptitle("Phase-aware convergence model (dblp.sim.convergence_phase): 3 workers x batch 32, a fraction of "
+    fig.suptitle("Phase-aware convergence model (dblp.sim.convergence.phase): 3 workers x batch 32, a fraction of "
                  "each iteration's gradient zeroed", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,7 +1,7 @@
 """``python -m dblp.train worker ...``: one training worker over the real DBLP transport.
 
 Runs :func:`dblp.train.loop.train` on this worker's shard of the data, with
-every gradient exchanged through :class:`dblp.worker.Worker` (the server is
+every gradient exchanged through :class:`dblp.transport.worker.Worker` (the server is
 ``python -m dblp server``). Used on loopback, in Mininet hosts and on real
 hosts alike; prints the run's summary as one JSON line at the end.
 """
@@ -12,10 +12,10 @@ import argparse
 import json
 import sys
 
-from dblp.auth import AuthError
-from dblp.cliargs import PACE_HELP, add_auth_args, add_local_shard_arg, add_verbosity, hostports, pace_arg, parser, worker_secret
-from dblp.shard import NormExchangeError, ShardedWorker
-from dblp.worker import Worker, WorkerError
+from dblp.protocol.auth import AuthError
+from dblp.cli.args import PACE_HELP, add_auth_args, add_local_shard_arg, add_verbosity, hostports, pace_arg, parser, worker_secret
+from dblp.transport.shard import NormExchangeError, ShardedWorker
+from dblp.transport.worker import Worker, WorkerError
 from traces.argtypes import count_arg, float_arg, int_arg, unresolvable
 from traces.units import HelpFormatter, duration_arg
 
@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Train one worker's shard, exchanging gradients with a DBLP server.")
     w.add_argument("--server", type=hostports, required=True, metavar="HOST:PORT[,HOST:PORT...]",
                    help="server HOST:PORT; several, comma-separated: the shard servers of the sharded mode "
-                        "(dblp.shard), shard 0 first")
+                        "(dblp.transport.shard), shard 0 first")
     add_local_shard_arg(w)
     w.add_argument("--id", type=int_arg(0), required=True, help="worker index (data shard)")
     w.add_argument("--workers", type=count_arg(1), required=True, help="number of workers (shards)")

@@ -22,7 +22,7 @@ code 2). :meth:`DBLPComm.close` (called by ``with``, and at interpreter exit
 as a fallback) says goodbye and, on rank 0, waits for the server and checks
 that it exited 0.
 
-The server listens on :data:`dblp.control.DEFAULT_PORT` (29600: torch's
+The server listens on :data:`dblp.protocol.control.DEFAULT_PORT` (29600: torch's
 rendezvous uses 29500) of rank 0's host; workers reach it at ``MASTER_ADDR``,
 which torchrun sets to rank 0's node. ``port=0`` picks a free port.
 """
@@ -41,16 +41,16 @@ from typing import Any, Sequence
 
 import torch.distributed as dist
 
-from dblp.control import DEFAULT_PORT
-from dblp.auth import SECRET_ENV, new_secret
-from dblp.launch import LISTENING_RE, LocalRunner, RunArgs, server_argv, tail
-from dblp.policy import run_policy
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.protocol.auth import SECRET_ENV, new_secret
+from dblp.runs.launch import LISTENING_RE, LocalRunner, RunArgs, server_argv, tail
+from dblp.protocol.policy import run_policy
 from dblp.train.ddp import ExchangeHookState, exchange_hook
 from dblp.train.exchange import AllreduceExchange
-from dblp.watch import end_process_group
-from dblp.worker import failed_reason
-from dblp.udp import is_loopback
-from dblp.wire import AUTO_MTU, ParameterError
+from dblp.transport.watch import end_process_group
+from dblp.transport.worker import failed_reason
+from dblp.transport.udp import is_loopback
+from dblp.protocol.wire import AUTO_MTU, ParameterError
 
 __all__ = ["DBLPComm", "DBLPCommError"]
 
@@ -68,21 +68,21 @@ class DBLPComm:
     ``model``: a ``DistributedDataParallel`` module (its process group must be initialized).
     ``policy`` (``reliable``, ``baseline``/``fixed``, ``dblp``) and ``p`` (= ``p_low``),
     ``p_high``, ``eta``, ``freq``: the server's tolerance policy
-    (:func:`dblp.policy.run_policy`). ``records``: a folder for ``server.jsonl`` (the
+    (:func:`dblp.protocol.policy.run_policy`). ``records``: a folder for ``server.jsonl`` (the
     server's round records), ``worker<rank>.jsonl`` and ``server.log``; None writes no
     records. ``server_host``: where the workers reach rank 0 (default ``MASTER_ADDR``, else
     127.0.0.1). ``peer_timeout``: the longest pause between two iterations (evaluation,
     checkpointing) before the server gives a silent rank up. ``server_args``: further
     ``python -m dblp server`` flags (e.g. ``["--pace", "900M"]``). ``timeout``: seconds to
     wait for the server to start and to end. ``local``: a rank on the server's host moves its
-    gradient through a shared-memory slot instead of UDP datagrams (:mod:`dblp.hostlocal`; the
+    gradient through a shared-memory slot instead of UDP datagrams (:mod:`dblp.transport.hostlocal`; the
     rounds, tolerances and control messages are the same, nothing is lost on that path) -
     ``"auto"`` (the default) when the server's address is one of this host's, ``True``, or
     ``False`` (datagrams even on one host: to measure DBLP's own data path, to lose datagrams
     to an emulated path on loopback, or where ranks share rank 0's address but not its
     ``/dev/shm``, as containers of one pod may - the server then refuses the slot).
-    ``compensation``: the loss compensation and stop rule (:mod:`dblp.compensation`), a
-    :class:`~dblp.compensation.Compensation` or its label (``"unbiased+fill-local"``,
+    ``compensation``: the loss compensation and stop rule (:mod:`dblp.protocol.compensation`), a
+    :class:`~dblp.protocol.compensation.Compensation` or its label (``"unbiased+fill-local"``,
     ``"stop-once"``...); None keeps the paper's zero-fill and early stop.
     """
 
@@ -95,11 +95,11 @@ class DBLPComm:
             raise TypeError(f"unknown policy parameter(s) {sorted(unknown)}; known: {', '.join(_POLICY_KW)}")
         if "p" in policy_kw:
             policy_kw.setdefault("p_low", policy_kw.pop("p"))
-        from dblp.compensation import Compensation
+        from dblp.protocol.compensation import Compensation
 
         try:
             flags = run_policy(policy, **policy_kw).flags()  # checks every value, by name
-            # the loss compensation and stop rule (dblp.compensation): an object, a label such as
+            # the loss compensation and stop rule (dblp.protocol.compensation): an object, a label such as
             # "unbiased+fill-local", or None for the paper's zero-fill and early stop
             comp = compensation if isinstance(compensation, Compensation) else \
                 Compensation.from_label(compensation) if compensation else Compensation()
@@ -115,7 +115,7 @@ class DBLPComm:
         if not dist.is_available() or not dist.is_initialized():
             raise RuntimeError("DBLPComm needs an initialized torch.distributed process group "
                                "(dist.init_process_group, as DistributedDataParallel does)")
-        from dblp.worker import Worker  # numpy-only, but keep `import dblp.train` light
+        from dblp.transport.worker import Worker  # numpy-only, but keep `import dblp.train` light
 
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.records_dir = Path(records) if records is not None else None
@@ -130,7 +130,7 @@ class DBLPComm:
             if self.rank == 0:
                 (self.records_dir / "server.jsonl").unlink(missing_ok=True)
                 # what made these records: the policy, the world, the commit and the package versions
-                from dblp.provenance import write_config
+                from dblp.cli.provenance import write_config
 
                 write_config(self.records_dir, {"policy": policy, **policy_kw, "compensation": comp.to_dict(),
                                                 "server_args": list(server_args),
@@ -151,7 +151,7 @@ class DBLPComm:
         elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
         wrec = str(self.records_dir / f"worker{self.rank}.jsonl") if self.records_dir is not None else None
         if local == "auto":  # the server's address is this host's: its data need not cross a socket
-            from dblp.shard import find_local_shard
+            from dblp.transport.shard import find_local_shard
 
             local = find_local_shard([self.server_addr]) == 0
         self.local = bool(local)

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from dblp.cliargs import parser
+from dblp.cli.args import parser
 from traces.argtypes import count_arg
 
 

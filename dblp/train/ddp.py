@@ -57,7 +57,7 @@ class ExchangeHookState:
         """Exchange every queued bucket as one flat buffer and complete their futures."""
         pending, self._pending = self._pending, []
         # Concatenated where the buckets are (a CUDA device under NCCL): the exchange makes the
-        # one device->host copy of the round itself (dblp.staging: pinned, non-blocking).
+        # one device->host copy of the round itself (dblp.transport.staging: pinned, non-blocking).
         flat = torch.cat([b.detach().reshape(-1) for _, b in pending])
         if flat.dtype != torch.float32:
             flat = flat.to(torch.float32)

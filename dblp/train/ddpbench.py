@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from dblp.policy import POLICIES
+from dblp.protocol.policy import POLICIES
 from traces.argtypes import count_arg
 from traces.units import duration_arg
 
@@ -176,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--warmup", type=count_arg(0), default=20, help="untimed steps per arm first (default 20)")
     ap.add_argument("--policy", choices=POLICIES, default="dblp", help="DBLP tolerance policy (default dblp)")
     ap.add_argument("--hostlocal", choices=LOCAL_CHOICES, default="auto",
-                    help="the DBLP arm's data path: auto (shared memory, dblp.hostlocal, when the server is on "
+                    help="the DBLP arm's data path: auto (shared memory, dblp.transport.hostlocal, when the server is on "
                          "this host - here it always is), on, or off (UDP datagrams over loopback) (default auto)")
     ap.add_argument("--timeout", type=duration_arg(allow_zero=False), default="300s",
                     help="time for the whole run, e.g. 300s; a bare number is seconds (default 300 s)")

@@ -30,7 +30,7 @@ Implementations here:
 * :class:`TolerancePolicyExchange` - a stand-in for DBLP's bounded-loss
   receivers under *early stop*: each direction of each round loses exactly
   the chunks the tolerance in force allows, the tolerance coming from a
-  :mod:`dblp.policy` policy (P_low inside a critical learning regime, P_high
+  :mod:`dblp.protocol.policy` policy (P_low inside a critical learning regime, P_high
   outside, CLR detected from the averaged gradient's norm, eq. (1)).  It lets
   accuracy experiments run without sockets; use the real worker
   (:class:`AllreduceExchange`) when comparing wall time.
@@ -68,7 +68,7 @@ __all__ = [
 def _default_chunk_floats() -> int:
     """Float32 values per 1500-byte datagram, taken from the wire format when available."""
     try:
-        from dblp.wire import ChunkLayout
+        from dblp.protocol.wire import ChunkLayout
 
         return ChunkLayout(1).chunk_floats
     except Exception:  # pragma: no cover - wire format absent or changed
@@ -230,7 +230,7 @@ class TolerancePolicyExchange:
     """Loss at the tolerance bound in both directions, tolerance set by a DBLP policy.
 
     A model of DBLP's *accuracy* cost, not of its timing, driving the same
-    round logic as the real server and workers (:mod:`dblp.session`: the
+    round logic as the real server and workers (:mod:`dblp.protocol.session`: the
     policy's tolerance per round, CLR detection on the mean's norm, the
     broadcast under ``p_down``) and the core's receivers (their STOP rule,
     R5/R5b), over an in-memory link instead of sockets. Each transfer's chunks
@@ -240,9 +240,9 @@ class TolerancePolicyExchange:
     arrive; under ``stop_rule="once"`` it takes every chunk of the first pass and
     the bound applies to the retransmission of the lost ones. The server
     reduces by the run's upload estimate and feeds the mean's L2 norm to the
-    policy (:mod:`dblp.policy`: reliable, fixed ``p`` = the MLT baseline, or the
+    policy (:mod:`dblp.protocol.policy`: reliable, fixed ``p`` = the MLT baseline, or the
     CLR-switching ``dblp``); the compensation's arithmetic (fill, error feedback
-    and its bound) is :mod:`dblp.compensation`'s, applied here to the model's
+    and its bound) is :mod:`dblp.protocol.compensation`'s, applied here to the model's
     values. Simulated workers share one model replica, so the broadcast applies
     worker 0's received chunks (and C2's fill from worker 0's contribution, C4's
     residual of what worker 0 missed) to all of them: the replica drift of real
@@ -260,12 +260,12 @@ class TolerancePolicyExchange:
         compensation: Any = None,
         loss: float | Callable[[int], float] = 0.0,
     ) -> None:
-        from dblp.compensation import Compensation
+        from dblp.protocol.compensation import Compensation
 
         if directions not in ("both", "up", "down"):
             raise ValueError("directions must be 'both', 'up' or 'down'")
         if not callable(getattr(policy, "update", None)):
-            raise TypeError("policy needs update(step, grad_norm) -> tolerance (see dblp.policy)")
+            raise TypeError("policy needs update(step, grad_norm) -> tolerance (see dblp.protocol.policy)")
         self.policy = policy
         self.directions = directions
         self.chunk_floats = chunk_floats
@@ -284,20 +284,20 @@ class TolerancePolicyExchange:
 
     @classmethod
     def dblp(cls, p_low: float, p_high: float, *, eta: float = 0.5, freq: int = 10, **kw: Any) -> "TolerancePolicyExchange":
-        from dblp.policy import DblpPolicy
+        from dblp.protocol.policy import DblpPolicy
 
         return cls(DblpPolicy(p_low=p_low, p_high=p_high, eta=eta, freq=freq), **kw)
 
     @classmethod
     def fixed(cls, p: float, **kw: Any) -> "TolerancePolicyExchange":
-        from dblp.policy import FixedPolicy
+        from dblp.protocol.policy import FixedPolicy
 
         return cls(FixedPolicy(p), **kw)
 
     def _setup(self, workers: int, elements: int) -> None:
-        from dblp.compensation import BroadcastFeedback, UploadFeedback
-        from dblp.session import RecordContext, ServerSession, WorkerSession
-        from dblp.wire import FLOAT_BYTES, HEADER_SIZE, IP_UDP_OVERHEAD, ChunkLayout
+        from dblp.protocol.compensation import BroadcastFeedback, UploadFeedback
+        from dblp.protocol.session import RecordContext, ServerSession, WorkerSession
+        from dblp.protocol.wire import FLOAT_BYTES, HEADER_SIZE, IP_UDP_OVERHEAD, ChunkLayout
 
         c = self.compensation
         layout = self._layout = ChunkLayout(elements, self.chunk_floats * FLOAT_BYTES + HEADER_SIZE + IP_UDP_OVERHEAD)
@@ -312,7 +312,7 @@ class TolerancePolicyExchange:
 
     def _dispatch(self) -> dict[int, Any]:
         """Carry the server session's events to the workers; returns the broadcast senders."""
-        from dblp.session import ControlToSend, RecordWritten, SenderStarted
+        from dblp.protocol.session import ControlToSend, RecordWritten, SenderStarted
 
         senders: dict[int, Any] = {}
         while (ev := self._server.next_event()) is not None:
@@ -334,7 +334,7 @@ class TolerancePolicyExchange:
         """Deliver one transfer, then hand its STOP to the sender. Returns the chunks the receiver
         does not hold. ``lossy``: this direction loses (``loss``) and stops by the run's rule;
         otherwise every chunk arrives and the receiver takes them all."""
-        from dblp import control as ctl
+        from dblp.protocol import control as ctl
 
         n, now = receiver.layout.chunks, float(self.step)
         if not lossy:
@@ -359,9 +359,9 @@ class TolerancePolicyExchange:
         return self.exchange_group([flat_grad])
 
     def exchange_group(self, grads: list[torch.Tensor]) -> torch.Tensor:
-        from dblp.compensation import fill_local
-        from dblp.reduce import reduce_mean_norm
-        from dblp.wire import zero_chunks as zero_np
+        from dblp.protocol.compensation import fill_local
+        from dblp.protocol.reduce import reduce_mean_norm
+        from dblp.protocol.wire import zero_chunks as zero_np
 
         if self._server is None:
             self._setup(len(grads), grads[0].numel())
@@ -426,7 +426,7 @@ class TolerancePolicyExchange:
 
 
 class AllreduceExchange:
-    """Adapter for an object with ``allreduce(tensor)``, e.g. :class:`dblp.worker.Worker`.
+    """Adapter for an object with ``allreduce(tensor)``, e.g. :class:`dblp.transport.worker.Worker`.
 
     ``allreduce`` may return the averaged tensor alone or ``(tensor, info)``
     where ``info`` is a dict, an object with ``to_dict()`` (a ``RoundRecord``)
@@ -444,7 +444,7 @@ class AllreduceExchange:
 
     def exchange(self, flat_grad: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        # As is, on its device: the worker stages it (dblp.staging - a view of a CPU tensor,
+        # As is, on its device: the worker stages it (dblp.transport.staging - a view of a CPU tensor,
         # one pinned non-blocking copy each way for a CUDA one) and answers on the same device.
         res = self.worker.allreduce(flat_grad.detach())
         latency = time.perf_counter() - t0
@@ -453,7 +453,7 @@ class AllreduceExchange:
             res, info = res[0], (res[1] if len(res) > 1 else None)
         if isinstance(info, (list, tuple)):
             info = info[-1] if info else None
-        if info is None:  # dblp.worker.Worker keeps its RoundRecord in last_record
+        if info is None:  # dblp.transport.worker.Worker keeps its RoundRecord in last_record
             info = getattr(self.worker, "last_record", None)
         if info is not None and hasattr(info, "to_dict"):
             info = info.to_dict()

@@ -4,12 +4,12 @@
     python -m dblp.train.gpucheck --models efficientnet_b0 --device cpu --steps 2
 
 Why: the paper trains on GPUs, and the gradient's way from the device to the
-transport and back (:mod:`dblp.staging`: one pinned, non-blocking copy each
+transport and back (:mod:`dblp.transport.staging`: one pinned, non-blocking copy each
 way on CUDA; no copy for CPU tensors) is the part a CPU-only test cannot
 show. Each model trains ``--steps`` iterations in this process: a
-:class:`~dblp.server.ParameterServer` in a thread and ``--workers`` workers in
+:class:`~dblp.transport.server.ParameterServer` in a thread and ``--workers`` workers in
 threads (each its own identically seeded replica, a real
-:class:`~dblp.worker.Worker` on loopback UDP/TCP), on synthetic data of the
+:class:`~dblp.transport.worker.Worker` on loopback UDP/TCP), on synthetic data of the
 real input shapes (CIFAR 3x32x32 images with 10/100 classes, GPT-2 token
 ids over its 50,257-word vocabulary). Prints, per model: device, parameters,
 chunks per round, the first step's time (CUDA start-up) and the mean time and
@@ -30,12 +30,12 @@ from typing import Sequence
 
 import torch
 
-from dblp.policy import DblpPolicy
-from dblp.server import ParameterServer, ServerConfig
+from dblp.protocol.policy import DblpPolicy
+from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.train.exchange import AllreduceExchange
 from dblp.train.loop import TrainConfig, resolve_device, train
 from dblp.train.models import PAPER_WORKLOADS, get_workload, workload_key
-from dblp.worker import Worker
+from dblp.transport.worker import Worker
 from traces.argtypes import add_verbosity, add_version
 
 __all__ = ["CheckResult", "check_model", "main"]

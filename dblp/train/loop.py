@@ -33,7 +33,7 @@ with ``eval_every = N``, after every N-th iteration: ``iteration`` (iterations
 done), ``train_s`` (time in the training loop so far, evaluations excluded: the
 clock of Table V and of time to accuracy, so the evaluation cadence does not
 move it), ``elapsed_s`` and the test metric. Time to a target accuracy is read
-from these rows (:func:`dblp.trainreport.time_to_targets`); an iteration that
+from these rows (:func:`dblp.results.trainreport.time_to_targets`); an iteration that
 is also an epoch end is evaluated once.
 """
 
@@ -53,8 +53,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from dblp.progress import eta_text
-from dblp.records import json_safe
+from dblp.cli.progress import eta_text
+from dblp.protocol.records import json_safe
 from dblp.train.data import iterate_batches
 from dblp.train.exchange import Exchange, LocalExchange, exchange_group, last_info
 from dblp.train.models import Workload
@@ -405,7 +405,7 @@ def train(
                     loss = workload.loss(model(x), y)
                     loss.backward()
                     # stays on the model's device: the exchange decides how it reaches the host
-                    # (the DBLP worker: one pinned non-blocking copy each way, dblp.staging)
+                    # (the DBLP worker: one pinned non-blocking copy each way, dblp.transport.staging)
                     grads.append(flatten_grads(params).detach().to(torch.float32))
                     losses.append(float(loss.detach()))
                 local = grads[0] if len(grads) == 1 else torch.stack(grads).mean(dim=0)

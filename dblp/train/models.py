@@ -53,7 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dblp.gradients import MODEL_ALIASES, model_name
+from dblp.runs.gradients import MODEL_ALIASES, model_name
 from dblp.train.data import (
     TEACHER_LIMITS,
     ArrayDataset,
@@ -509,7 +509,7 @@ def workload_metric(name: str) -> str:
 
 
 def workload_key(name: str) -> str:
-    """The canonical workload name of ``name`` (spellings: :func:`dblp.gradients.model_name`); KeyError if unknown."""
+    """The canonical workload name of ``name`` (spellings: :func:`dblp.runs.gradients.model_name`); KeyError if unknown."""
     key = model_name(name)
     if key not in WORKLOADS:
         raise KeyError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
@@ -554,7 +554,7 @@ def train_samples(name: str) -> int | None:
     return None
 
 
-_ALIASES = MODEL_ALIASES  # one table of spellings: dblp.gradients
+_ALIASES = MODEL_ALIASES  # one table of spellings: dblp.runs.gradients
 
 
 #: The data set each paper workload reads, and the ``$DBLP_DATA_ROOT`` subfolder it is looked for in.

@@ -23,10 +23,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..cliargs import parse_targets
-from ..compensation import Compensation
-from ..policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
-from ..wire import ParameterError
+from dblp.cli.args import parse_targets
+from dblp.protocol.compensation import Compensation
+from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
+from dblp.protocol.wire import ParameterError
 
 BASELINE = "baseline"
 RELIABLE = "reliable"
@@ -41,9 +41,9 @@ def burst_loss(bursts: Sequence[int], loss: float, width: int = 1) -> Any:
 def run_mode(workload: str, mode: str, seed: int, *, epochs: int, iters_per_epoch: int | None, workers: int,
              p_low: float, p_high: float, bursts: Sequence[int], loss: float, eval_every: int) -> dict[str, Any]:
     """One training run of ``mode`` (``reliable``, ``baseline``, or a DBLP compensation label)."""
-    from .exchange import TolerancePolicyExchange
-    from .loop import TrainConfig, train
-    from .models import get_workload
+    from dblp.train.exchange import TolerancePolicyExchange
+    from dblp.train.loop import TrainConfig, train
+    from dblp.train.models import get_workload
 
     wl = get_workload(workload, seed=seed)
     lossf = burst_loss(bursts, loss)
@@ -86,14 +86,14 @@ def table(runs: Sequence[dict[str, Any]], targets: Sequence[float]) -> list[list
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from ..analysis import format_table
+    from dblp.results.analysis import format_table
     from traces.argtypes import count_arg, float_arg, int_list_arg
 
     ap = argparse.ArgumentParser(prog="python -m dblp.train.modes", description=__doc__.split("\n\n")[0])
     ap.add_argument("--workload", default="digits_mlp", help="the workload (dblp.train.models.WORKLOADS)")
     ap.add_argument("--modes", default="reliable,baseline,paper,unbiased+fill-local,stop-once",
                     help="comma-separated: reliable, baseline (fixed P_low), or DBLP compensation labels "
-                         "(dblp.compensation: paper, unbiased, fill-local, ef-upload, ef-broadcast, ef-both, "
+                         "(dblp.protocol.compensation: paper, unbiased, fill-local, ef-upload, ef-broadcast, ef-both, "
                          "stop-once, '+'-joined)")
     ap.add_argument("--seeds", type=count_arg(1), default=3, help="seeds 0..N-1 of every mode")
     ap.add_argument("--epochs", type=count_arg(1), default=11, help="training epochs")

@@ -4,7 +4,7 @@
 
 Why: a phase-aware protocol can only earn time where training has a long
 phase after its critical start, and only if DBLP's detector (eq. (1),
-:class:`dblp.policy.DblpPolicy`) spends real parts of the run in each regime.
+:class:`dblp.protocol.policy.DblpPolicy`) spends real parts of the run in each regime.
 This trains a workload's 3 workers in one process (``sim_workers``) twice per
 seed, without sockets: ``reliable`` through :class:`~dblp.train.exchange.LocalExchange`
 (the lossless mean) and ``dblp`` through
@@ -15,7 +15,7 @@ P_low, P_high, eta and freq). It prints per run the iterations to the test
 accuracy's plateau (:func:`plateau_iteration`), the accuracy there and at the
 end, and the share of iterations in each regime; for the reliable run, the
 share the detector *would* have kept critical on its lossless norms
-(:func:`dblp.clrview.replay`). ``--plot`` draws the first seed's norm curves,
+(:func:`dblp.results.clrview.replay`). ``--plot`` draws the first seed's norm curves,
 the detector's checks and both accuracy curves.
 """
 
@@ -50,7 +50,7 @@ def run_once(workload: str, policy: str, seed: int, *, epochs: int | None, eval_
              out_dir: str | None = None) -> dict[str, Any]:
     """Train ``workload`` once under ``policy`` (``reliable`` or ``dblp``); returns its evaluations,
     per-iteration norms (what the server's detector is fed) and CLR states."""
-    from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
+    from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
     from dblp.train.exchange import LocalExchange, TolerancePolicyExchange
     from dblp.train.loop import TrainConfig, train
     from dblp.train.models import get_workload
@@ -83,8 +83,8 @@ def run_once(workload: str, policy: str, seed: int, *, epochs: int | None, eval_
 
 
 def _summary(r: dict[str, Any]) -> dict[str, Any]:
-    from dblp.clrview import replay
-    from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ
+    from dblp.results.clrview import replay
+    from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ
 
     it, acc = plateau_iteration(r["evals"])
     out = {"policy": r["policy"], "seed": r["seed"], "iterations": r["iterations"], "plateau_iter": it,
@@ -106,7 +106,7 @@ def plot_phase(reliable: dict[str, Any], dblp: dict[str, Any], path: str | Path,
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ
+    from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ
 
     fig, ax = plt.subplots(3, 1, figsize=(10, 9), sharex=True, gridspec_kw={"height_ratios": [3, 2, 3]})
     n = np.array(dblp["norms"])
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="write every run's summary (and seed 0's curves, for --from-json) here")
     ap.add_argument("--from-json", default=None, help="redraw --plot from a file --json wrote, training nothing")
     a = ap.parse_args(argv)
-    from dblp.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
+    from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
 
     rows: list[dict[str, Any]] = []
     first: dict[str, dict[str, Any]] = {}

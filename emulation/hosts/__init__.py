@@ -22,7 +22,7 @@ and two stand-ins exist for tests and demos on one machine:
 
 One run, per policy of ``[run].policies`` (in order), makes on every host a
 fresh folder ``<remote_dir>/<run id>-<host>`` holding the process's pid file,
-its records (``records.jsonl``, :class:`dblp.records.RoundRecord` rows with
+its records (``records.jsonl``, :class:`dblp.protocol.records.RoundRecord` rows with
 ``source="hosts"``), and on workers ``compute.csv`` and ``device.json``. The
 launcher streams each process's output into a local log, applies loss rules
 (static, or iteration-keyed bursts switched by the server's round hook), waits for

@@ -1,7 +1,7 @@
 """The programs the launcher starts on the hosts: the worker that writes what the run gathers, and more.
 
 ``python -m emulation.hosts worker ...`` (under ``torchrun`` for training):
-a :class:`dblp.worker.Worker` replaying synthetic gradients, or training a
+a :class:`dblp.transport.worker.Worker` replaying synthetic gradients, or training a
 :mod:`dblp.train` workload through it, writing ``records.jsonl``,
 ``compute.csv`` and ``device.json`` into ``--out`` (``--exchange gloo|nccl``:
 the same training with torch's all-reduce, the yardstick). ``python -m
@@ -30,7 +30,7 @@ from typing import Any
 from traces.argtypes import count_arg, float_arg, int_arg
 from traces.units import duration_arg
 
-from dblp.cliargs import PACE_HELP, add_auth_args, pace_arg, worker_secret
+from dblp.cli.args import PACE_HELP, add_auth_args, pace_arg, worker_secret
 
 from .inventory import MODES
 
@@ -38,7 +38,7 @@ from .inventory import MODES
 def host_facts(with_torch: bool = False, workload: str | None = None, data_root: str = "",
                synthetic: bool = False) -> dict:
     """What a host is: name, python, CPU, GPUs (nvidia-smi; torch.cuda with ``with_torch``), the
-    checkout's commit and the package versions (:func:`dblp.provenance.provenance`), and with
+    checkout's commit and the package versions (:func:`dblp.cli.provenance.provenance`), and with
     ``workload`` whether its data set is there (``dataset_problem``: None, or why not).
 
     Why all of it before a run: a worker on another commit, without torch or without its data
@@ -67,7 +67,7 @@ def host_facts(with_torch: bool = False, workload: str | None = None, data_root:
             f["torch_error"] = f"{type(exc).__name__}: {exc}"
     try:
         import dblp
-        from dblp.provenance import provenance
+        from dblp.cli.provenance import provenance
 
         f["dblp"] = str(Path(dblp.__file__).resolve().parent)
         p = provenance()
@@ -104,10 +104,10 @@ def _device_name(dev: Any) -> str:
 
 
 def worker_main(a: argparse.Namespace) -> int:
-    """The worker program on a host: a :class:`dblp.worker.Worker` replaying synthetic gradients or
+    """The worker program on a host: a :class:`dblp.transport.worker.Worker` replaying synthetic gradients or
     training a :mod:`dblp.train` workload; writes records.jsonl, compute.csv and device.json in ``--out``."""
-    from dblp.records import RecordWriter
-    from dblp.worker import Worker
+    from dblp.protocol.records import RecordWriter
+    from dblp.transport.worker import Worker
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,7 +125,7 @@ def worker_main(a: argparse.Namespace) -> int:
                             "pid": os.getpid(), "torchrun": "TORCHELASTIC_RUN_ID" in os.environ}
     try:
         if a.mode == "synthetic":
-            from dblp.gradients import ReplayGradients, model_elements, synthetic_norms
+            from dblp.runs.gradients import ReplayGradients, model_elements, synthetic_norms
 
             elements = model_elements(a.model)
             device = f"cpu ({_cpu_model()})"
@@ -226,7 +226,7 @@ def _train_torch_allreduce(a: argparse.Namespace, wl: Any, cfg: Any, rank: int, 
 
     import torch.distributed as dist
 
-    from dblp.records import RoundRecord
+    from dblp.protocol.records import RoundRecord
     from dblp.train.exchange import TorchDistExchange
     from dblp.train.loop import train
 
@@ -317,7 +317,7 @@ def keep_main(a: argparse.Namespace) -> int:
     kept connection a switch is a line each way, and ``nft`` runs in this
     process through libnftables (~0.05 ms, where it loads and we are root;
     otherwise the nft command, ~2 ms). With ``--round-hook`` it also serves
-    the DBLP server's round hook (:class:`dblp.watch.RoundHookServer`, a Unix
+    the DBLP server's round hook (:class:`dblp.transport.watch.RoundHookServer`, a Unix
     socket on this host) and relays each call to the launcher, waiting for its
     answer: nothing of round k leaves the server before the launcher switched
     the bursts of round k, on whichever hosts they are.
@@ -332,7 +332,7 @@ def keep_main(a: argparse.Namespace) -> int:
     import tempfile
     import threading
 
-    from dblp.watch import RoundHookServer
+    from dblp.transport.watch import RoundHookServer
 
     from .keep import urgent
 

@@ -1,6 +1,6 @@
 """The command lines a run starts on its hosts: the server, the workers (or torchrun), the shell around them.
 
-The programs' flags are written by :mod:`dblp.launch` (the one place
+The programs' flags are written by :mod:`dblp.runs.launch` (the one place
 for ``python -m dblp server``/``worker`` command lines); here they get the
 inventory's values, the remote run folder and, for training, torchrun.
 """
@@ -11,11 +11,11 @@ import shlex
 from dataclasses import replace
 from typing import Sequence
 
-from dblp.cliargs import pace_arg
-from dblp.policy import run_policy
+from dblp.cli.args import pace_arg
+from dblp.protocol.policy import run_policy
 
-from dblp.auth import SECRET_ENV
-from dblp.launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
+from dblp.protocol.auth import SECRET_ENV
+from dblp.runs.launch import RunArgs, server_argv as _server_argv, worker_argv as _worker_argv
 from .inventory import HostSpec, Inventory, RunSpec
 
 #: the program every worker host runs (its flags: emulation.hosts.agent)
@@ -23,7 +23,7 @@ AGENT = ("-m", "emulation.hosts", "worker")
 
 
 def policy_args(policy: str, run: RunSpec) -> list[str]:
-    """Server flags of one named run (``baseline`` = fixed p = P_low), from :mod:`dblp.policy`."""
+    """Server flags of one named run (``baseline`` = fixed p = P_low), from :mod:`dblp.protocol.policy`."""
     return run_policy(policy, run.p_low, run.p_high, run.eta, run.freq).flags()
 
 
@@ -33,7 +33,7 @@ def host_script(host: HostSpec, rdir: str, tag: str, argv: Sequence[str], secret
     ``exec`` keeps the shell's pid, so ``<rdir>/<tag>.pid`` names the program
     itself, and the launcher can end it even when the ssh client is gone.
     ``secret``: the run's shared secret, handed over in ``$DBLP_SECRET``
-    (:mod:`dblp.auth`; logs show it as ``***``, :func:`redact`).
+    (:mod:`dblp.protocol.auth`; logs show it as ``***``, :func:`redact`).
     """
     env = {"PYTHONPATH": host.workdir, "PYTHONUNBUFFERED": "1", "DBLP_HOSTS_HOST": host.name, **host.env}
     if secret:
@@ -50,7 +50,7 @@ def redact(script: str, secret: str | None) -> str:
 
 
 def run_args(inv: Inventory, policy: str, python: str) -> RunArgs:
-    """The inventory's run as :class:`dblp.launch.RunArgs`."""
+    """The inventory's run as :class:`dblp.runs.launch.RunArgs`."""
     r = inv.run
     return RunArgs(workers=len(inv.workers), iterations=inv.rounds, model=r.model, policy=policy_args(policy, r),
                    source="hosts", pace_bps=pace_arg(r.rate), seed=r.seed, compute_s=r.compute_ms / 1e3,

@@ -19,8 +19,8 @@ import tarfile
 from pathlib import Path
 from typing import Any
 
-from dblp.cliargs import pace_arg
-from dblp.records import read_records, write_records
+from dblp.cli.args import pace_arg
+from dblp.protocol.records import read_records, write_records
 from traces.units import parse_rate
 
 from .inventory import TORCH_POLICIES, HostsError, HostSpec, Inventory
@@ -107,13 +107,13 @@ def collect_policy(inv: Inventory, policy: str, out: Path, problems: list[str], 
 
 
 def policy_config(inv: Inventory, policy: str, recs: list, out_dir: Path | None = None) -> dict:
-    """The run's settings under the names ``dblp.sim.calibrate`` looks up (its ``config.json``)."""
+    """The run's settings under the names ``dblp.sim.studies.calibrate`` looks up (its ``config.json``)."""
     chunks = max((r.chunks for r in recs), default=0)
     c: dict[str, Any] = {"policy_run": policy, "transport": inv.run.transport, "workers": len(inv.workers),
                          "iterations": inv.rounds, "seed": inv.run.seed, "eta": inv.run.eta, "freq": inv.run.freq,
                          "p_low": inv.run.p_low, "p_high": inv.run.p_high, "mode": inv.run.mode}
     if inv.run.mode == "synthetic":
-        from dblp.gradients import model_elements
+        from dblp.runs.gradients import model_elements
 
         c["elements"] = model_elements(inv.run.model)
     else:

@@ -21,10 +21,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from dblp.cliargs import pace_arg
-from dblp.control import DEFAULT_PORT
-from dblp.policy import RUNS, run_policy
-from dblp.wire import ParameterError
+from dblp.cli.args import pace_arg
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.protocol.policy import RUNS, run_policy
+from dblp.protocol.wire import ParameterError
 from traces.argtypes import check_host
 from traces.processes import NFT_KINDS, LossSpecError, burst_iterations, burst_windows, check_spec, undeliverable
 from traces.units import parse_rate
@@ -32,7 +32,7 @@ from traces.units import parse_rate
 ROOT = Path(__file__).resolve().parents[2]
 TRANSPORTS = ("ssh", "netns", "local")
 ROLES = ("server", "worker")
-#: the DBLP server's policies (:mod:`dblp.policy`: the one list of run names)
+#: the DBLP server's policies (:mod:`dblp.protocol.policy`: the one list of run names)
 DBLP_POLICIES = RUNS
 #: the same training with torch's own all-reduce (``torch.distributed``, no DBLP server): the yardstick
 TORCH_POLICIES = ("gloo", "nccl")
@@ -332,7 +332,7 @@ def parse_inventory(data: dict, src: str = "<inventory>") -> Inventory:
         field_ = next((f for f in ("p_high", "p_low", "eta", "freq") if f in str(exc)), "p_low")
         raise _err(src, f"run.{field_}", str(exc)) from None
     try:
-        from dblp.gradients import model_elements
+        from dblp.runs.gradients import model_elements
 
         model_elements(run.model)
     except Exception as exc:  # noqa: BLE001

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from dblp.watch import end_process_group
+from dblp.transport.watch import end_process_group
 from .inventory import HostsError, HostSpec
 from .transport import Transport
 

@@ -4,7 +4,7 @@ One run, per policy of ``[run].policies`` (in order), makes on every host a
 fresh folder ``<remote_dir>/<run id>-<policy>-<host>``, starts the server
 (waiting for it to listen) and the workers, switches iteration-keyed loss
 rules as the server's records show iterations start
-(:class:`dblp.watch.RoundWatcher` over ``tail -F`` through the
+(:class:`dblp.transport.watch.RoundWatcher` over ``tail -F`` through the
 transport), waits for every process, then gathers each host's folder and
 removes it and the nft table - on success, failure and Ctrl-C alike.
 """
@@ -26,10 +26,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..bursts import BurstInjector
-from dblp.auth import new_secret
-from dblp.launch import LISTENING_RE
-from dblp.progress import Progress
-from dblp.watch import RoundWatcher
+from dblp.protocol.auth import new_secret
+from dblp.runs.launch import LISTENING_RE
+from dblp.cli.progress import Progress
+from dblp.transport.watch import RoundWatcher
 from .commands import server_argv, worker_argv
 from .gather import collect_policy, gather_dir, remove_dir, sim_compute_params, write_compute
 from .inventory import ROOT, TORCH_POLICIES, HostsError, HostSpec, Inventory

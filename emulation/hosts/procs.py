@@ -14,7 +14,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from dblp.watch import end_process_group
+from dblp.transport.watch import end_process_group
 from .commands import host_script, redact
 from .inventory import HostSpec
 from .transport import Transport

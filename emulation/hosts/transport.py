@@ -5,7 +5,7 @@ Why three: ``ssh`` is the real thing; ``netns`` (every host a namespace of
 runs the same remote shell lines, pid files, nft rules and ``tar`` gathering
 end to end without ssh; ``local`` (plain processes on loopback, no root, no
 loss rules) checks the launcher quickly. Every transport is also an
-:class:`dblp.launch.Runner` (``popen(host, argv)``, ``address(host)``).
+:class:`dblp.runs.launch.Runner` (``popen(host, argv)``, ``address(host)``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Transport:
         kw.setdefault("start_new_session", True)
         return subprocess.Popen(self.argv(host, script), **kw)
 
-    # -- dblp.launch.Runner -------------------------------------------------------
+    # -- dblp.runs.launch.Runner -------------------------------------------------------
     def popen(self, host: str, argv: Sequence[str], *, env: dict | None = None, **kw: Any) -> subprocess.Popen:
         """Start ``argv`` on the host named ``host`` (in its workdir, ``env`` added)."""
         h = self.inv.host(host)

@@ -1,4 +1,4 @@
-"""``python -m dblp.analysis compare`` on two microburst-style run folders made by real Mininet runs.
+"""``python -m dblp.results.analysis compare`` on two microburst-style run folders made by real Mininet runs.
 
 The folders have the microburst scenario's layout (``<run>/<policy>/records/``, ``bursts.jsonl``
 and the merged, labelled ``rounds.jsonl``), built with the library calls the scenario makes
@@ -20,10 +20,10 @@ ITERATIONS, BURST = 12, 6
 
 
 def _microburst_style_runs(root: Path) -> tuple[Path, Path]:
-    from dblp.analysis import load
-    from dblp.launch import RunArgs
-    from dblp.policy import run_policy
-    from dblp.records import merge_runs
+    from dblp.results.analysis import load
+    from dblp.runs.launch import RunArgs
+    from dblp.protocol.policy import run_policy
+    from dblp.protocol.records import merge_runs
     from emulation.bursts import bursts_from_spec
     from emulation.launch import SCENARIO_PORT, run_with_bursts
     from emulation.loss import LossController
@@ -49,7 +49,7 @@ def _microburst_style_runs(root: Path) -> tuple[Path, Path]:
 def test_compare_two_microburst_runs(tmp_path):
     a, b = _microburst_style_runs(tmp_path)
     out = tmp_path / "cmp"
-    r = subprocess.run([sys.executable, "-m", "dblp.analysis", "compare", str(a), str(b), "--out", str(out)],
+    r = subprocess.run([sys.executable, "-m", "dblp.results.analysis", "compare", str(a), str(b), "--out", str(out)],
                        cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

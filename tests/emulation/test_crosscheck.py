@@ -1,4 +1,4 @@
-"""The cross-check: its statistics and report (dblp.crosscheck, no root) and a small
+"""The cross-check: its statistics and report (dblp.sim.studies.crosscheck, no root) and a small
 Mininet-vs-simulator run of scenarios/crosscheck.py (a subprocess)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp import crosscheck
-from dblp.records import RoundRecord
+from dblp.sim.studies import crosscheck
+from dblp.protocol.records import RoundRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 

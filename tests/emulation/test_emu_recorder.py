@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 WRITER = """
 import sys
-from dblp.records import RoundRecord, RecordWriter
+from dblp.protocol.records import RoundRecord, RecordWriter
 role, worker, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with RecordWriter(path) as w:
     for r in range(3):
@@ -25,7 +25,7 @@ with RecordWriter(path) as w:
 
 
 def test_recorder_without_net(tmp_path):
-    from dblp.records import RoundRecord, RecordWriter
+    from dblp.protocol.records import RoundRecord, RecordWriter
     from emulation.recorder import RunRecorder
 
     rec = RunRecorder("unit", {"iterations": 2}, root=tmp_path)

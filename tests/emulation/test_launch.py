@@ -1,4 +1,4 @@
-"""The one launcher (dblp/launch.py), the one round watcher (dblp/watch.py) and the one
+"""The one launcher (dblp/runs/launch.py), the one round watcher (dblp/transport/watch.py) and the one
 writer of nft rule text (emulation/nft.py): no root, local processes on loopback."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from dblp.records import read_records
+from dblp.protocol.records import read_records
 from emulation import nft
-from dblp.launch import Launch, LaunchError, LocalRunner, RunArgs, server_argv, worker_argv
-from dblp.watch import RoundWatcher, follow
+from dblp.runs.launch import Launch, LaunchError, LocalRunner, RunArgs, server_argv, worker_argv
+from dblp.transport.watch import RoundWatcher, follow
 
 
 def test_local_launch_runs_a_server_and_workers_and_the_watcher_counts_iterations(tmp_path):

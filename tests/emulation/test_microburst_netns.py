@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import load
-from dblp.provenance import run_values
+from dblp.results.analysis import load
+from dblp.cli.provenance import run_values
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_netns = pytest.mark.skipif(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import load
-from dblp.policy import passes_needed
+from dblp.results.analysis import load
+from dblp.protocol.policy import passes_needed
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import load
+from dblp.results.analysis import load
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_sharded_microburst_run_shares_one_norm_and_shows_the_burst(tmp_path):
     for k in range(16):
         norms = {r.grad_norm for j in shards for r in shards[j] if r.round == k}
         assert len(norms) == 1, (k, norms)
-    # every shard server asks the round clock (dblp.watch.RoundHookServer): the burst marks round 10, only it
+    # every shard server asks the round clock (dblp.transport.watch.RoundHookServer): the burst marks round 10, only it
     for j in range(3):
         assert {r.round for r in shards[j] if r.extra.get("burst")} == {10}, j
     wrk = {(r.worker, r.round): r for r in workers}

@@ -3,7 +3,7 @@
 ``engine_pins_original.json`` was recorded from the engines before their
 cost was made linear in the worker count; ``engine_pins.json`` from the
 rewritten round level with the port re-evaluating every pass at every
-change (``dblp.sim.fast.EAGER_PORT``). The pins hold every record's passes,
+change (``dblp.sim.engines.fast.EAGER_PORT``). The pins hold every record's passes,
 counts and latencies, so a rewrite that changes a result shows up.
 Regenerate only for an intended change of the model, and say so.
 """

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from dblp import control as ctl
-from dblp.policy import needed_chunks, passes_needed
+from dblp.protocol import control as ctl
+from dblp.protocol.policy import needed_chunks, passes_needed
 from dblp.sim import SimConfig
-from dblp.sim.net import ctrl_wire_bytes
+from dblp.sim.network.net import ctrl_wire_bytes
 
 SMALL = 200_000  # 553 chunks: small enough for the packet level
 
@@ -51,5 +51,5 @@ def analytic_round_s(cfg: SimConfig, tolerance: float) -> float:
 
 
 def passes_for(p: float, burst: float) -> int:
-    """Passes until 1 - burst^k >= 1 - p (dblp.policy.passes_needed, the one form)."""
+    """Passes until 1 - burst^k >= 1 - p (dblp.protocol.policy.passes_needed, the one form)."""
     return passes_needed(burst, p)

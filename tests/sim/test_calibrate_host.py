@@ -1,4 +1,4 @@
-"""Host constants that carry no link or pacing rate (dblp.sim.calibrate).
+"""Host constants that carry no link or pacing rate (dblp.sim.studies.calibrate).
 
 A lossless round's per-datagram time is the slowest of the host's send cost, the pacing and
 the links. The calibration used to take it as the host's cost, so on a network-bound run the
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.sim.calibrate import HOST_MARGIN, calibrate
+from dblp.sim.studies.calibrate import HOST_MARGIN, calibrate
 
 #: the hosts of the fake runs (datagrams/s): slower than a 1 or 2 Gbit/s link's 82,600 / 165,200 frames/s
 WORKER_PPS, SERVER_PPS = 16_000.0, 30_000.0

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dblp.analysis import load_run
-from dblp.records import read_records
+from dblp.results.analysis import load_run
+from dblp.protocol.records import read_records
 from dblp.sim import SimConfig, simulate
-from dblp.sim.calibrate import calibrate
+from dblp.sim.studies.calibrate import calibrate
 from dblp.sim.cli import main as cli_main
-from dblp.sim.sweep import main as sweep_main
+from dblp.sim.studies.sweep import main as sweep_main
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -202,8 +202,8 @@ def test_bench_targets_run_each_in_a_fresh_process_and_say_met(tmp_path):
 
 def test_bench_incast_prints_walk_and_flow_side_by_side(tmp_path):
     """``bench_sim.py --only-incast``: the first iteration walked and at flow level, each's CPU time, their
-    ratio and the flow level's differences (dblp.sim.incast.compare_first_iteration of the same runs)."""
-    from dblp.sim.incast import compare_first_iteration
+    ratio and the flow level's differences (dblp.sim.engines.incast.compare_first_iteration of the same runs)."""
+    from dblp.sim.engines.incast import compare_first_iteration
 
     out = tmp_path / "i.json"
     p = subprocess.run([PY, "scenarios/bench_sim.py", "--only-incast", "--incast-workers", "8", "-o", str(out)],

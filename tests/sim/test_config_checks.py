@@ -13,7 +13,7 @@ from dblp.sim import SimConfig
                                                ("send_pps", 0.0, "send_pps must be a positive"),
                                                ("queue_bytes", 0, "queue_bytes must be a positive")])
 def test_bad_topology_is_refused_by_name(field, value, words):
-    from dblp.wire import ParameterError
+    from dblp.protocol.wire import ParameterError
 
     with pytest.raises(ParameterError, match=words):
         SimConfig(**{field: value})

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from dblp.sim import SimConfig
-from dblp.sim import convergence as cv
-from dblp.sim.convergence_phase import model_for
-from dblp.sim.convergence_runs import SETTINGS, load_curves, split
+from dblp.sim.convergence import steps as cv
+from dblp.sim.convergence.phase import model_for
+from dblp.sim.convergence.runs import SETTINGS, load_curves, split
 from dblp.sim.cli import main as cli_main
-from dblp.sim.replicates import mean_ci95
-from dblp.sim.runners import ResultCache
-from dblp.sim.sweep import run_sweep
+from dblp.sim.studies.replicates import mean_ci95
+from dblp.sim.studies.runners import ResultCache
+from dblp.sim.studies.sweep import run_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 CURVES = load_curves()
@@ -163,9 +163,9 @@ def test_run_prints_and_writes_time_to_accuracy(tmp_path, capsys):
 
 
 def test_fit_command_prints_the_documented_errors():
-    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence", "--help"], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.steps", "--help"], cwd=ROOT, capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 0 and "measure" in out.stdout and "fit" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence", "fit", "--data", "/nonexistent.csv"],
+    bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.steps", "fit", "--data", "/nonexistent.csv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--data" in bad.stderr and "Traceback" not in bad.stderr

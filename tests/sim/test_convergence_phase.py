@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from dblp.sim import SimConfig
-from dblp.sim import convergence_phase as cp
-from dblp.sim.convergence import PhaseModel, rmse, time_to_accuracy
-from dblp.sim.convergence_runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, Curve, Schedule, clr_labels,
+from dblp.sim.convergence import phase as cp
+from dblp.sim.convergence.steps import PhaseModel, rmse, time_to_accuracy
+from dblp.sim.convergence.runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, Curve, Schedule, clr_labels,
                                        load_curves, split, write_measured)
-from dblp.sim.sweep import run_sweep, with_accuracy
-from dblp.wire import ParameterError
+from dblp.sim.studies.sweep import run_sweep, with_accuracy
+from dblp.protocol.wire import ParameterError
 
 ROOT = Path(__file__).resolve().parents[2]
 EMULATED = PHASE_DATA.with_name("convergence_emulated_microburst.csv")
@@ -165,10 +165,10 @@ def test_time_to_accuracy_extrapolates_with_the_runs_share_of_critical_rounds():
 
 
 def test_cli_refuses_a_missing_file_and_lists_its_commands():
-    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence_phase", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.phase", "--help"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "measure" in out.stdout and "report" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence_phase", "report", "--data", "/nonexistent.csv"],
+    bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.phase", "report", "--data", "/nonexistent.csv"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--data" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -199,8 +199,8 @@ def test_dblp_reaches_90_percent_sooner_only_if_calm_loss_is_cheap():
         cp.model_for("uniform", "digits_mlp", (1.2, 0.0))
 
 
-@pytest.mark.parametrize("module, width, height", [("dblp.sim.convergence", 1760, 528),
-                                                   ("dblp.sim.convergence_phase", 1364, 1045)])
+@pytest.mark.parametrize("module, width, height", [("dblp.sim.convergence.steps", 1760, 528),
+                                                   ("dblp.sim.convergence.phase", 1364, 1045)])
 def test_report_draws_the_measured_bands_beside_the_models(tmp_path, module, width, height):
     """Both convergence figures draw each setting's seeds as a band (shared helper) against the model's curves:
     the report runs on the shipped data, says where it wrote, and the PNG has the figure's documented size."""

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from dblp.sim import SimConfig
-from dblp.sim.runners import config_key, run_tasks
+from dblp.sim.studies.runners import config_key, run_tasks
 
 
 def _fail_first(d: dict) -> dict:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import dblp.sim.fast as fast
+import dblp.sim.engines.fast as fast
 from dblp.sim import SimConfig, simulate
 
 from pin_configs import FIELDS, PIN_CONFIGS, fingerprint

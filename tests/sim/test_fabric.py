@@ -1,4 +1,4 @@
-"""The round at class level (dblp.sim.fabric, ``fidelity="class"``: one representative flow per port
+"""The round at class level (dblp.sim.engines.fabric, ``fidelity="class"``: one representative flow per port
 class, for 10,000 workers on a leaf-spine) against the round level's walk of every flow (the
 reference), on leaf-spines small enough to walk.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.wire import ParameterError
+from dblp.protocol.wire import ParameterError
 
 SAMPLES = Path(__file__).resolve().parents[2] / "traces" / "samples"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.wire import ParameterError
+from dblp.protocol.wire import ParameterError
 
 
 def test_group_is_close_to_every_datagram():

@@ -1,4 +1,4 @@
-"""The first iteration's synchronised incast at flow level (dblp.sim.incast) against the round
+"""The first iteration's synchronised incast at flow level (dblp.sim.engines.incast) against the round
 level's walk of every pass (the reference), on incasts small enough to walk.
 
 Tolerances, on the first iteration's records (means over the workers; in parentheses the largest
@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dblp import control as ctl
-from dblp.core import RoundSender, SendState, VirtualRound
+from dblp.protocol import control as ctl
+from dblp.protocol.core import RoundSender, SendState, VirtualRound
 from dblp.sim import SimConfig, simulate
-from dblp.sim.incast import AUTO_MIN_WORKERS, compare_first_iteration, incast_group
+from dblp.sim.engines.incast import AUTO_MIN_WORKERS, compare_first_iteration, incast_group
 from dblp.sim.model import Simulation
-from dblp.wire import ChunkLayout, ParameterError
+from dblp.protocol.wire import ChunkLayout, ParameterError
 
 from pin_configs import fingerprint
 

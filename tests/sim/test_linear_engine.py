@@ -1,12 +1,12 @@
 """The round level's shortcuts for many workers give the reference's records.
 
-The reference is ``dblp.sim.fast.EAGER_PORT``: every port re-evaluates every
+The reference is ``dblp.sim.engines.fast.EAGER_PORT``: every port re-evaluates every
 pass at every change and every host materialises every sender's layout at
 every re-layout (the engine as it was before its cost was made linear).
 The shortcuts under test:
 
 * a host whose head sender stops early re-lays out the others by dropping
-  it from a shared description (:meth:`dblp.sim.hostsched.HostSched._drop_head`,
+  it from a shared description (:meth:`dblp.sim.engines.hostsched.HostSched._drop_head`,
   O(1) Python per early STOP instead of O(senders));
 * multi-port paths (leaf-spine, two sites) re-evaluated lazily per port.
 """
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import pytest
 
-import dblp.sim.fast as fast
-import dblp.sim.roundkit as roundkit
+import dblp.sim.engines.fast as fast
+import dblp.sim.engines.roundkit as roundkit
 from dblp.sim import SimConfig, simulate
-from dblp.sim.hostsched import HostSched
+from dblp.sim.engines.hostsched import HostSched
 
 from pin_configs import fingerprint
 from test_engine_pins import _assert_same
@@ -156,7 +156,7 @@ def test_an_early_stop_asks_the_passes_the_whole_walk_asks(monkeypatch):
     (``FluidQueue.recheck`` / ``fallen_due``: those whose ``_quiet`` came): exactly the passes the walk
     over every watched pass asked, in the same order - the same records, the same ``less_load``
     calls - while the heap names a fraction of what the watch holds."""
-    from dblp.sim.net import FluidQueue
+    from dblp.sim.network.net import FluidQueue
 
     cfg = SimConfig(model=150_000, workers=24, rounds=12, freq=2, send_rate_bps=10e9 / 24,
                     loss=[{"kind": "bernoulli", "p": 0.005}])

@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dblp import control as ctl
+from dblp.protocol import control as ctl
 from dblp.sim import simulate
-from dblp.sim.loss import GilbertElliott, burst_iterations, check_spec, make_flow_loss
-from dblp.wire import ParameterError
+from dblp.sim.network.loss import GilbertElliott, burst_iterations, check_spec, make_flow_loss
+from dblp.protocol.wire import ParameterError
 
 from sim_helpers import small
 

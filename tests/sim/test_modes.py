@@ -1,4 +1,4 @@
-"""The per-mode convergence term (dblp.sim.modes): its arithmetic, its flags, and the paper mode unchanged."""
+"""The per-mode convergence term (dblp.sim.convergence.modes): its arithmetic, its flags, and the paper mode unchanged."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from dblp.compensation import Compensation
+from dblp.protocol.compensation import Compensation
 from dblp.sim.cli import build_parser, main
-from dblp.sim.convergence import PhaseModel, time_to_accuracy
-from dblp.sim.convergence_phase import EMULATED_FITTED, model_for
-from dblp.sim.modes import (MODE_FACTORS, EmuRun, ModeModel, crossing_error, first_eval_at_or_after, fit_factor,
+from dblp.sim.convergence.steps import PhaseModel, time_to_accuracy
+from dblp.sim.convergence.phase import EMULATED_FITTED, model_for
+from dblp.sim.convergence.modes import (MODE_FACTORS, EmuRun, ModeModel, crossing_error, first_eval_at_or_after, fit_factor,
                             measured_reach, mode_key, mode_model, model_reach, paper_of, run_compensation)
 from dblp.sim.options import config_from_args
 
@@ -138,7 +138,7 @@ def test_fit_factor_recovers_a_known_factor():
 
 
 def test_the_emulated_model_is_digits_mlp_only():
-    from dblp.wire import ParameterError
+    from dblp.protocol.wire import ParameterError
 
     assert model_for("emulated") is EMULATED_FITTED["digits_mlp"]
     with pytest.raises(ParameterError, match="convergence-workload"):

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.sim.calibrate import calibrate
+from dblp.sim.studies.calibrate import calibrate
 
 SEND_S, RECV_S = 30e-6, 20e-6  # a host's send part and the receiving host's part of one datagram
 BURST = {"kind": "iteration_bursts", "at": [3], "loss": 0.7}

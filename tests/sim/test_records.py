@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dblp.records import COLUMNS, RoundRecord, read_records
+from dblp.protocol.records import COLUMNS, RoundRecord, read_records
 from dblp.sim import simulate
 
 from sim_helpers import small
@@ -32,12 +32,12 @@ def test_records_have_the_roundrecord_columns(tmp_path, fidelity):
     keys = {(r.role, r.worker, r.round) for r in res.records}
     assert keys == {(role, w, k) for role in ("worker", "server") for w in range(3) for k in range(cfg.rounds)}
     for r in res.records:
-        if r.role == "worker":  # filled as dblp/worker.py fills them
+        if r.role == "worker":  # filled as dblp/transport/worker.py fills them
             assert r.up_sent >= r.up_received > 0 and r.up_passes >= 1 and r.down_received > 0
             assert r.down_sent == 0 and r.down_passes == 0
             assert r.round_latency_s >= r.up_latency_s > 0
             assert {"wait_start_s", "wait_server_s"} <= set(r.extra)
-        else:  # ... and as dblp/server.py fills them
+        else:  # ... and as dblp/transport/server.py fills them
             assert r.down_sent >= r.down_received > 0 and r.down_passes >= 1 and r.up_received > 0
             assert r.up_sent == 0 and r.up_passes == 0
             assert r.grad_norm > 0 and r.up_latency_s > 0
@@ -83,7 +83,7 @@ def test_eta_matters_with_varied_norms():
 
 
 def test_read_records_skips_and_counts_what_is_no_record_when_asked(tmp_path):
-    """dblp.records.read_records, the one reader of records files: strict by default (a bad line is
+    """dblp.protocol.records.read_records, the one reader of records files: strict by default (a bad line is
     an error naming it), lenient with ``skipped`` (the calibration reads folders of mixed files)."""
     good = RoundRecord(source="simulation", role="worker", worker=0, round=3).to_json()
     path = tmp_path / "mixed.jsonl"

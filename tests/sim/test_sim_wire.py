@@ -3,7 +3,7 @@
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.wire import ParameterError
+from dblp.protocol.wire import ParameterError
 
 
 def test_wire_sets_the_chunking_and_is_checked():

@@ -1,4 +1,4 @@
-"""The SimPy internals the simulator relies on (dblp.sim.simpy_adapter), held to the installed SimPy:
+"""The SimPy internals the simulator relies on (dblp.sim.network.simpy_adapter), held to the installed SimPy:
 the entry ``Environment.schedule`` pushes, and ``run`` against ``env.run()`` - the same events, order,
 clock and failures - with the round level's ``(fn, args)`` entries called in their places."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from dblp.sim import simpy_adapter as sa
+from dblp.sim.network import simpy_adapter as sa
 
 
 def test_the_installed_simpy_is_the_pinned_release():

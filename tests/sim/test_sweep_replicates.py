@@ -7,10 +7,10 @@ import math
 import pytest
 
 from dblp.sim import SimConfig
-from dblp.sim.replicates import mean_ci95, t975
-from dblp.sim.runners import ResultCache
-from dblp.sim.sweep import main as sweep_main
-from dblp.sim.sweep import run_config, run_sweep
+from dblp.sim.studies.replicates import mean_ci95, t975
+from dblp.sim.studies.runners import ResultCache
+from dblp.sim.studies.sweep import main as sweep_main
+from dblp.sim.studies.sweep import run_config, run_sweep
 
 BASE = SimConfig(model=100_000, workers=2, rounds=12, freq=3)
 AXES = {"p_high": [0.2], "p_low": [0.008], "eta": [0.5], "freq": [3], "burst_rate": [0.2], "burst_loss": [0.7],
@@ -67,7 +67,7 @@ def test_interrupted_sweep_resumes_from_the_cache(tmp_path):
 
 def test_cache_ignores_a_damaged_file(tmp_path):
     cache = ResultCache(tmp_path)
-    from dblp.sim.runners import config_key
+    from dblp.sim.studies.runners import config_key
 
     k = config_key(BASE)
     cache.put(k, BASE, {"x": 1.0})

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from dblp import control as ctl
-from dblp.policy import needed_chunks
+from dblp.protocol import control as ctl
+from dblp.protocol.policy import needed_chunks
 from dblp.sim import SimConfig, simulate
-from dblp.sim.net import ctrl_wire_bytes
-from dblp.sim.topology import hosts_per_rack, rack_of, uplink_rate_bps
-from dblp.wire import ParameterError
+from dblp.sim.network.net import ctrl_wire_bytes
+from dblp.sim.network.topology import hosts_per_rack, rack_of, uplink_rate_bps
+from dblp.protocol.wire import ParameterError
 
 from sim_helpers import SMALL, worker_mean
 
@@ -170,7 +170,7 @@ def _two_rack_uplink_250(fidelity: str) -> SimConfig:
 def test_leaf_spine_port_behind_an_equal_rate_port_is_a_delay():
     """With two racks [spines->leaf1] takes only rack 2's uplink and [spines->leaf2] and
     [leaf2->w] only rack 1's: they never queue, so the paths carry them as delays."""
-    from dblp.sim.topology import build_network
+    from dblp.sim.network.topology import build_network
 
     cfg = _two_rack_uplink_250("round")
     net = build_network(cfg)

@@ -1,5 +1,5 @@
 """Calibrating on a leaf-spine run: the refinement simulates the run's network, and a worker's
-send cost comes from its single-pass records only (dblp.sim.calibrate)."""
+send cost comes from its single-pass records only (dblp.sim.studies.calibrate)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from dblp.sim import SimConfig, simulate
-from dblp.sim.calibrate import calibrate
+from dblp.sim.studies.calibrate import calibrate
 
 from sim_helpers import worker_mean
 

@@ -95,8 +95,8 @@ def test_import_commands(tmp_path, capsys):
     from scapy.packet import Raw
     from scapy.utils import wrpcap
 
-    from dblp.traceimport import main as dblp_import
-    from dblp.wire import ChunkLayout, encode_chunks
+    from dblp.results.traceimport import main as dblp_import
+    from dblp.protocol.wire import ChunkLayout, encode_chunks
 
     layout = ChunkLayout(elements=362 * 30)
     rows, lengths = encode_chunks(np.ones(layout.elements, np.float32), layout, np.arange(layout.chunks), run_id=7, sender=0, round_no=1)
@@ -117,7 +117,7 @@ def test_import_commands(tmp_path, capsys):
     assert "no TCP data segments" in capsys.readouterr().err
     # the DBLP import lives in dblp (it needs the wire format); the old name says where it went
     assert main(["import-dblp", "--received", str(tmp_path / "r.pcap"), "-o", str(out)]) == 2
-    assert "python -m dblp.traceimport" in capsys.readouterr().err
+    assert "python -m dblp.results.traceimport" in capsys.readouterr().err
 
 
 def _subcommands(parser):
@@ -138,7 +138,7 @@ def test_every_command_has_help(capsys):
             main([*name.split(), "--help"])
         assert ei.value.code == 0
         assert "usage:" in capsys.readouterr().out
-    from dblp.traceimport import main as dblp_import
+    from dblp.results.traceimport import main as dblp_import
 
     with pytest.raises(SystemExit) as ei:
         dblp_import(["--help"])

@@ -10,9 +10,9 @@ from scapy.layers.l2 import CookedLinux, Ether
 from scapy.packet import Raw
 from scapy.utils import wrpcap, wrpcapng
 
-from dblp.wire import ChunkLayout, encode_chunks
+from dblp.protocol.wire import ChunkLayout, encode_chunks
 from traces import PacketTrace, SegmentTrace, TraceError, read_trace, write_trace
-from dblp.traceimport import import_dblp_pcap
+from dblp.results.traceimport import import_dblp_pcap
 from traces.import_pcap import (
     import_tcp_retransmissions,
     retransmission_losses,
@@ -123,7 +123,7 @@ def test_dblp_receiver_only(tmp_path, run):
     # ... unless the receiver capture stops after the first pass: drop the retransmissions
     first_pass_keys = set()
     keep = []
-    from dblp.wire import parse_headers
+    from dblp.protocol.wire import parse_headers
 
     for i, d in enumerate(dgrams):
         h = parse_headers(np.frombuffer(d, np.uint8)[None, :])[0]

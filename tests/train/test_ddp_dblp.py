@@ -1,7 +1,7 @@
 """DDP with its gradient buckets carried by the real DBLP transport.
 
 Two DDP ranks (a gloo process group for DDP's own bookkeeping) register
-``exchange_hook`` with a :class:`dblp.worker.Worker`; a real DBLP server
+``exchange_hook`` with a :class:`dblp.transport.worker.Worker`; a real DBLP server
 (``python -m dblp server``) averages. With the reliable policy the mean is
 (g0 + g1) * 0.5 - exactly DDP's (g0 + g1) / 2 - so the losses must equal
 plain DDP's bit for bit; with a 30% tolerance the loss must still fall.
@@ -36,7 +36,7 @@ def _train(rank: int, world: int, dblp_port: int | None) -> list[float]:
     from dblp.train.ddp import ExchangeHookState, exchange_hook
     from dblp.train.exchange import AllreduceExchange
     from dblp.train.models import get_workload
-    from dblp.worker import Worker
+    from dblp.transport.worker import Worker
 
     wl = get_workload("small_cnn", seed=0)
     shard = wl.train_set.shard(rank, world)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from dblp.control import DEFAULT_PORT
-from dblp.records import read_records
+from dblp.protocol.control import DEFAULT_PORT
+from dblp.protocol.records import read_records
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30

@@ -1,4 +1,4 @@
-"""The GPU data path on CPU: host staging (dblp.staging) and the gpucheck's real-transport steps.
+"""The GPU data path on CPU: host staging (dblp.transport.staging) and the gpucheck's real-transport steps.
 
 The CUDA branch (pinned buffers, non-blocking copies, events) needs a GPU:
 ``scripts/gpu_check.sh`` runs it there; here the same code path runs on the
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from dblp.staging import HostStaging
+from dblp.transport.staging import HostStaging
 from dblp.train.gpucheck import check_model, main
 
 

@@ -100,7 +100,7 @@ def test_exchange_group_falls_back_to_mean_then_exchange():
 
 
 def test_tolerance_policy_fixed_drops_the_tolerance_bound_each_way():
-    from dblp.policy import needed_chunks
+    from dblp.protocol.policy import needed_chunks
 
     n = 362 * 100
     ex = TolerancePolicyExchange.fixed(0.4, seed=0)

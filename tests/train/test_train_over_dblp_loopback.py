@@ -5,10 +5,10 @@ import threading
 import pytest
 import torch
 
-from dblp.policy import DblpPolicy, ReliablePolicy
-from dblp.server import ParameterServer, ServerConfig
+from dblp.protocol.policy import DblpPolicy, ReliablePolicy
+from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
-from dblp.worker import Worker
+from dblp.transport.worker import Worker
 
 
 def _run(policy, iters: int = 12) -> tuple[list, dict]:

@@ -17,10 +17,10 @@ import torch
 
 import threading
 
-from dblp.policy import FixedPolicy
-from dblp.server import ParameterServer, ServerConfig
+from dblp.protocol.policy import FixedPolicy
+from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.train import AllreduceExchange, TrainConfig, get_workload, train
-from dblp.worker import Worker
+from dblp.transport.worker import Worker
 
 HAVE_DATA = bool(os.environ.get("DBLP_DATA_ROOT"))
 

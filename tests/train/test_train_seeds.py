@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dblp.sim.convergence_runs import load_curves
+from dblp.sim.convergence.runs import load_curves
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,0 +1,54 @@
+"""What the two round sessions share (:mod:`dblp.protocol.session`): S5's upload stream, S7's
+consistency modes, and S6's record context and drop accounting.
+
+Both :class:`dblp.protocol.session.ServerSession` and :class:`dblp.protocol.worker_session.WorkerSession` build
+their records from a :class:`RecordContext` and count each receiver's drops by :func:`_drops`;
+the names are re-exported by :mod:`dblp.protocol.session`, where callers import them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dblp.protocol.core import DropCounters, Receiver
+
+CONSISTENCY = ("none", "intersect")  # S7
+
+
+def up_stream(worker: int) -> int:
+    """R3 order stream of worker ``worker``'s upstream (S5)."""
+    return 1 + worker
+
+
+@dataclass(frozen=True)
+class RecordContext:
+    """What every record of a run states besides the round's own numbers."""
+
+    source: str
+    policy: str
+    order: str
+    send_rate_bps: float | None = None  # the senders' pacing (None: self-pacing, 0: unlimited)
+    clock_offset: float = 0.0  # added to ``now`` for ``t_start``
+    scale: float = 1.0  # datagrams per core chunk (the simulator's grouping); 1 elsewhere
+
+    def count(self, n: int) -> int:
+        return n if self.scale == 1.0 else int(round(n * self.scale))
+
+
+def _drops(rec: RecordContext, receiver: Receiver, reported: DropCounters) -> dict[str, int]:
+    """The receiver's drops since the last record (``reported`` is brought up to date).
+
+    Counted from the receiver's lifetime totals, not its per-round counters,
+    so datagrams classified between rounds (a worker reads what arrived
+    during its compute step only when its next round begins) land in the
+    next record instead of in none."""
+    total, seen = vars(receiver.total_drops), vars(reported)
+    if total == seen:  # nothing dropped since (the common case: a record per worker and round)
+        return dict(_NO_DROPS)
+    delta = {k: v - seen[k] for k, v in total.items()}  # every counter, in the record's order
+    seen.update(total)  # reported + delta
+    delta["stale"], delta["duplicate"] = rec.count(delta["stale"]), rec.count(delta["duplicate"])  # in datagrams
+    return delta
+
+
+_NO_DROPS = dict.fromkeys(vars(DropCounters()), 0)  # every counter, none dropped

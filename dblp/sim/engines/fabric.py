@@ -1,0 +1,320 @@
+"""The round at class level: one representative flow per port class, for fabrics of 10,000 workers.
+
+Why: on a leaf-spine with ``servers`` M and N workers a round is N x M sessions per direction
+(10,000 x 100: 1M core senders, receivers and flows each way, some GiB before a datagram moves),
+and the round level (:mod:`dblp.sim.engines.fast`) walks every pass of every one of them through every
+port it crosses; 200 workers x 10 servers did not finish one iteration in 500 s. Nothing the
+headline records hold needs the flows one by one where they are alike: with the uploads starting
+together (no compute jitter) and unpaced senders, every worker's host sends its
+M shard uploads round-robin the same way, every server's host its N broadcasts, and each port of
+a class (a worker rack's pooled uplinks, the spines' port into the servers' rack, a server's
+port; the reverse ports for the broadcast) sees the same offered load.
+
+The model (:func:`simulate_classes`, ``SimConfig.fidelity = "class"``): per iteration and
+direction **one** representative sender, a :class:`dblp.protocol.core.RoundSender` on shard 0's layout,
+driven at the count level (:meth:`~dblp.protocol.core.RoundSender.count_to_send`,
+:meth:`~dblp.protocol.core.RoundSender.handle_count_reply`, a STOP through ``handle_control``), so every
+protocol rule (R2, R3, R6, R8's backoff) still comes from :mod:`dblp.protocol.core`; the tolerances from
+the run's policy (:mod:`dblp.protocol.policy`, fed the mean's norm as :mod:`dblp.sim.model` computes it).
+A pass of ``m`` datagrams is, for every flow alike, ``m`` datagrams at the host's rate shared by
+its flows; each port on the representative's path is a fluid drop-tail queue (rate, buffer in
+datagrams, its queue carried from pass to pass) offered the flows of its class at that rate,
+thinned by the ports before it; a pass delivers its expected share of its datagrams (the
+acceptance of the ports in series; the BITMAP reports the whole chunks of that running sum), so the
+run is deterministic (``seed`` changes nothing here). The PROBE waits behind the queues, the BITMAP returns on the
+idle reverse path, the receiver's crossing of ``need`` is placed by the pass's arrival rate, its
+STOP cuts the pass. The worker records are the representative's (every worker alike: one record
+per worker and iteration, so :func:`dblp.sim.model.summarize` reads them as any run's).
+
+The workers' spread: the first iteration's uploads start together (lockstep); a broadcast's
+round-robin (``host_slice`` datagrams a turn, the servers' turns rotated so that no two meet at one
+port: :meth:`dblp.sim.model.Simulation._dispatch_server`) ends the workers' rounds spread over its
+last turn, so from the second iteration on the uploads start spread over that time S, and an
+upload of length D meets only :func:`overlap` (D, S) of its class's flows at once (found by
+iterating D). The last turn is the broadcast's last pass as it left (cut by the STOP): after a lossy
+broadcast the retransmissions are short turns, so the next uploads start nearly together again (an
+incast after each burst, as the walk has it). The records are the mean worker's (its start and end
+S/2 before the last's); the server's upstream ends with the last worker's.
+
+Loss processes (bursts): the round level draws each datagram's fate at its receiver's ingress, after
+the queues (:mod:`dblp.sim.network.loss`); here the representative's receiver takes the same processes in
+expectation - a pass's arrivals thinned by ``mean_loss`` over their arrival window
+(:mod:`traces.processes`: an iteration burst's loss, a time burst's loss weighted by its overlap,
+Bernoulli's p, a Gilbert-Elliott chain's stationary loss). A burst is then a fraction of every flow
+of the receiving class's datagrams lost, not a draw per datagram; ``tests/sim/test_fabric.py`` holds
+it to the walk under the microburst's iteration bursts. A trace keyed by time is refused (it is
+replayed per datagram).
+
+What it leaves out: the spread of the workers' figures (every worker gets the mean's record);
+which chunks arrive; stale counts; the workers in the servers' own rack (they skip the fabric:
+the representative is a worker in another rack). In a synchronised incast all flows back off
+(R8) together, where the walk's drift apart: the passes per upload come out high there (+39% at
+1024 workers on the star, the round time +1.2%; docs/scale.md). ``tests/sim/test_fabric.py`` holds
+it to the round level on small leaf-spines (tolerances there).
+
+When it applies (:func:`not_applicable`): star or leaf-spine, dedicated servers (not sharded),
+unpaced senders, no loss trace keyed by time, no compute jitter, ``group`` 1, no S7 consistency.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from dblp.protocol import control as ctl
+from dblp.protocol.core import RoundSender, VirtualRound
+from dblp.protocol.policy import needed_chunks
+from dblp.protocol.records import RoundRecord
+from dblp.transport.shard import NORM_MESSAGE_BYTES
+from dblp.protocol.wire import ChunkLayout, ParameterError
+from dblp.sim.network.loss import Combined, make_flow_loss
+from dblp.sim.network.net import Host, ctrl_wire_bytes, fluid_step
+from dblp.sim.network.topology import _Fabric, rack_of, uplink_rate_bps
+
+#: a representative's passes per direction and iteration past which the model gives up (a sender
+#: that never reaches its receiver's need, e.g. a port that accepts nothing)
+MAX_PASSES = 100_000
+#: a PROBE's, BITMAP's or STOP's payload, bytes, as timed on the wire (a BITMAP of a shard's few hundred
+#: chunks at most; at 10,000 workers x 100 servers a shard is 28 chunks)
+CTRL_BYTES = 64
+
+
+def not_applicable(cfg: Any) -> str | None:
+    """Why the class-level round cannot stand for this configuration (None: it can)."""
+    if cfg.topology not in ("star", "leafspine"):
+        return f"topology {cfg.topology!r} (star or leafspine only)"
+    if cfg.aggregation != "server":
+        return "aggregation='sharded' (dedicated servers only)"
+    if cfg.send_rate_bps:
+        return "paced senders"
+    if cfg.recv_cost_s or cfg.server_recv_cost_s or cfg.wake_s:
+        return "a receive cost or sender batching (recv_cost_s, server_recv_cost_s, wake_s: round or packet level)"
+    specs = cfg.loss if isinstance(cfg.loss, list) else []  # (the config's own check names a malformed list)
+    trace = next((sp for sp in specs if isinstance(sp, dict) and sp.get("kind") == "trace"
+                  and sp.get("key", "time") == "time"), None)
+    if trace is not None:
+        return f"a loss trace keyed by time ({trace.get('path')}: replayed per datagram only)"
+    if cfg.compute_jitter_s:
+        return "compute jitter (the flows would not start together)"
+    if cfg.group != 1:
+        return "group > 1"
+    if cfg.consistency != "none":
+        return "consistency='intersect'"
+    if getattr(cfg, "stop_rule", "early") != "early":
+        return f"stop_rule={cfg.stop_rule!r} (the class-level round counts the paper's early stop)"
+    if cfg.topology == "leafspine" and cfg.racks < 2:
+        return "a leaf-spine of one rack (no worker crosses the fabric; use the star)"
+    return None
+
+
+def overlap(dur: float, spread: float) -> float:
+    """The mean fraction of a class's flows that send beside one of them, when each lasts ``dur`` and
+    their starts are spread uniformly over ``spread`` seconds: E[overlap of two such intervals] / dur
+    (D/S - D^2/(3 S^2) for D < S, 1 - S/(3 D) beyond; 1 when they start together)."""
+    if spread <= 0:
+        return 1.0
+    if dur < spread:
+        return dur / spread - dur * dur / (3 * spread * spread)
+    return 1.0 - spread / (3 * dur)
+
+
+class _Port:
+    """A fluid drop-tail port of one class: rate and buffer in datagrams, its queue carried over
+    (the rule: :func:`dblp.sim.network.net.fluid_step`)."""
+
+    def __init__(self, rate_pps: float, qcap: float, flows_rate: float) -> None:
+        self.mu = rate_pps
+        self.qcap = qcap
+        self.share = self.share0 = flows_rate  # offered datagrams/s when the representative sends at 1 datagram/s
+        self.q = 0.0
+        self.t = 0.0
+
+    def drain(self, t: float) -> None:
+        if t > self.t:
+            self.q = max(0.0, self.q - self.mu * (t - self.t))
+            self.t = t
+
+    def carry(self, lam: float, t0: float, dur: float) -> float:
+        """Offered ``lam`` datagrams/s for ``dur`` seconds from ``t0``: the rate that gets through."""
+        self.drain(t0)
+        if dur <= 0:
+            return lam
+        q_end, whole = fluid_step(self.q, self.qcap, self.mu, lam, dur)
+        acc = lam * dur if whole >= dur else lam * whole + self.mu * (dur - whole)
+        self.q, self.t = q_end, t0 + dur
+        return acc / dur
+
+
+class _Direction:
+    """One direction's representative: its ports in series, its host's per-flow rate, the delays, and
+    the loss process at its receiver's ingress (the round level's place for it: :mod:`dblp.sim.network.loss`),
+    taken in expectation (``mean_loss`` over the pass's arrivals)."""
+
+    def __init__(self, ports: list[_Port], flow_pps: float, base: float, back: float, loss: Combined) -> None:
+        self.ports, self.flow_pps, self.base, self.back = ports, flow_pps, base, back
+        self.loss = loss
+
+    def scale(self, factor: float) -> None:
+        """Only ``factor`` of each class's flows send at once (the uploads' starts spread out)."""
+        for p in self.ports:
+            p.share = p.share0 * factor
+            p.q, p.t = 0.0, 0.0
+
+    def round(self, layout: ChunkLayout, k: int, direction: int, t0: float, need: int) -> RoundSender:
+        """The representative's transfer of round ``k`` from ``t0``: its sender when done (stats)."""
+        s = RoundSender(VirtualRound(layout, k), direction=direction, now=t0, order="inorder")
+        got, mean, t = 0, 0.0, t0  # chunks the receiver holds: whole, and in expectation
+        for _ in range(MAX_PASSES):
+            m = s.count_to_send(t, layout.chunks)
+            if m == 0:
+                raise RuntimeError(f"class level: the sender of round {k} has nothing to send at t={t}")
+            dur = m / self.flow_pps
+            lam = 1.0
+            for p in self.ports:  # offered to each port: its class's flows, thinned by the ports before
+                lam = p.carry(self.flow_pps * p.share * lam, t, dur) / (self.flow_pps * p.share)
+            wait = sum(p.q / p.mu for p in self.ports)  # the PROBE waits behind what the queues hold
+            first = t + self.base + wait
+            # the pass's expected arrivals: a flow of its class, on average, less what the loss process
+            # drops at the receiver's ingress (after the queues: a dropped datagram still used the links)
+            keep = 1.0 - self.loss.mean_loss(first, first + dur, k) if self.loss.procs else 1.0
+            arriving = m * min(1.0, lam) * keep
+            if mean + arriving >= need - 1e-9:  # R5: the receiver crosses need within this pass
+                crossing = first + dur * (need - mean) / arriving
+                t_stop = crossing + self.back
+                left = m  # what left before the STOP: the pass's datagrams, its last turns cut (R6 mid-pass)
+                if t_stop < t + dur:
+                    left = max(1, math.ceil(m * (t_stop - t) / dur))
+                    s.stats.sent -= m - left
+                s.last_pass = left  # type: ignore[attr-defined]
+                s.handle_control(ctl.Stop(k, direction, need), max(t_stop, t))
+                s.stats.t_done = t_stop
+                s.crossing = crossing  # type: ignore[attr-defined]
+                return s
+            s.last_pass = m  # type: ignore[attr-defined]
+            mean += arriving
+            got = int(mean + 1e-9)  # the BITMAP reports whole chunks
+            t_reply = t + dur + self.base + wait + self.back
+            t = s.handle_count_reply(got, t_reply)
+        raise RuntimeError(f"class level: round {k} did not reach its receiver's need in {MAX_PASSES} passes")
+
+
+def _ports(cfg: Any, n: int, m: int, wire: int, up: bool, remote: int, fullest: int) -> list[_Port]:
+    """The representative's ports in series, each with its class's offered share (flows' rate in
+    units of the representative's)."""
+    q = cfg.queue_bytes / wire
+    pps = 8.0 * wire
+    srv = _Port(cfg.server_rate_bps / pps, q, n) if up else _Port(cfg.bandwidth_bps / pps, q, m)
+    if cfg.topology == "star":
+        return [srv]
+    pool = cfg.spines * uplink_rate_bps(cfg) / pps
+    if up:
+        # a worker rack's uplinks (its workers' M flows each), then the spines' port into the servers'
+        # rack (every remote worker's; a port fed by one rack alone never queues: topology.queueless_as_delay)
+        ports = [_Port(pool, q, fullest * m)]
+        if cfg.racks > 2:
+            ports.append(_Port(pool, q, remote * m))
+        return ports + [srv]
+    # the servers' rack's uplinks (every server's flows to remote workers), then the worker's port
+    return [_Port(pool, q, remote * m), srv]
+
+
+def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[RoundRecord], float, int]:
+    """Run ``cfg`` at class level (see the module's docstring) on the gradient ``norms``: its records
+    (``source`` theirs), the simulated end time and the datagrams put on the wire (every flow's).
+    :func:`dblp.sim.model.simulate` makes them its result (this module does not import it: the
+    config's check imports this one)."""
+    why = not_applicable(cfg)
+    if why is not None:
+        raise ParameterError(f"fidelity='class' does not apply here: {why}; use fidelity='round'")
+    n, m = cfg.workers, cfg.shards
+    wire = cfg.wire_bytes
+    layouts = [ChunkLayout(b - a, cfg.mtu, key=cfg.layout.key) for a, b in cfg.shard_bounds]
+    lay = layouts[0]
+    total_chunks = sum(x.chunks for x in layouts)
+    # delays of the representative pair (worker 0, server 0), from the topology's one rule for paths
+    workers = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(min(n, cfg.racks + 1))]
+    servers = [Host("server0", cfg.server_pps, cfg.server_rate_bps, wire)]
+    fab = _Fabric(cfg, servers, workers)
+    rep = next((w for i, w in enumerate(workers) if rack_of(i, cfg.racks) != 0), workers[0]) \
+        if cfg.topology == "leafspine" else workers[0]
+    up_path, down_path = fab.path(rep, servers[0]), fab.path(servers[0], rep)
+    dgram = wire * 8.0
+    ctrl = ctrl_wire_bytes(CTRL_BYTES)
+    base_up = sum(up_path.delays) + sum(p.ser(wire) for p in up_path.ports) + cfg.ctrl_overhead_s
+    base_dn = sum(down_path.delays) + sum(p.ser(wire) for p in down_path.ports) + cfg.ctrl_overhead_s
+    if cfg.topology == "leafspine":
+        racks = np.bincount([rack_of(i, cfg.racks) for i in range(n)], minlength=cfg.racks)
+        remote, fullest = int(n - racks[0]), int(racks[1:].max())
+    else:
+        remote, fullest = n, n
+    w_pps = min(cfg.send_pps, cfg.bandwidth_bps / dgram)
+    s_pps = min(cfg.server_pps, cfg.server_rate_bps / dgram)
+    # the representative flow's loss (the round level gives each flow its own instance of the run's
+    # specs; iteration bursts, the microburst's, hit every flow of an iteration alike)
+    up_loss, dn_loss = (make_flow_loss(cfg.loss, seed=cfg.seed, direction=d, worker=0, rounds=cfg.rounds)
+                        for d in (ctl.UP, ctl.DOWN))
+    upd = _Direction(_ports(cfg, n, m, wire, True, remote, fullest), w_pps / m, base_up,
+                     down_path.ctrl_base_delay(ctrl), up_loss)
+    dnd = _Direction(_ports(cfg, n, m, wire, False, remote, fullest), s_pps / n, base_dn,
+                     up_path.ctrl_base_delay(ctrl), dn_loss)
+    hub = 0.0 if m == 1 else 2 * fab.path(servers[0], servers[0]).ctrl_base_delay(ctrl_wire_bytes(NORM_MESSAGE_BYTES))
+    policy = cfg.make_policy()
+    records: list[RoundRecord] = []
+    t = 0.0
+    datagrams = 0
+    p_up = float(policy.tolerance)
+    a0, b0 = cfg.shard_bounds[0]
+    reduce_s = cfg.reduce_s * ((b0 - a0) / cfg.elements if m > 1 else 1.0)
+    # the broadcast's round-robin (host_slice datagrams a turn, servers' turns rotated:
+    # model._dispatch_server) spreads the workers' ends over the last turn: the next uploads start spread
+    # (of the broadcast's last pass: after a lossy broadcast the retransmissions are short turns, and the
+    # next uploads start nearly together again - an incast after every burst, as the walk has it)
+
+    def turn_spread(last_pass: int) -> float:
+        last_turn = last_pass - cfg.host_slice * (math.ceil(last_pass / cfg.host_slice) - 1)
+        return max(n - m, 1) * last_turn / s_pps if n > 1 else 0.0
+    spread = 0.0  # round 0: every upload starts at once (no compute jitter)
+    for k in range(cfg.rounds):
+        t_last = t + cfg.compute_s  # the last worker's start; the mean worker's is spread/2 before it
+        need_up = needed_chunks(lay.chunks, p_up)
+        dur = lay.chunks * m / w_pps  # first guess of an upload's length: its host's time alone
+        for _ in range(3 if spread > 0 else 1):  # uploads spread over `spread`: ~n dur/spread of them at once
+            upd.scale(overlap(dur, spread))
+            up = upd.round(lay, k, ctl.UP, t_last, need_up)
+            dur = max(dur, up.crossing - t_last)  # type: ignore[attr-defined]
+        up = upd.round(lay, k, ctl.UP, t_last, need_up)
+        t_red = up.crossing + reduce_s + hub  # type: ignore[attr-defined]
+        f = up.stats.received / lay.chunks
+        base = float(norms[k % norms.size])
+        norm = base if cfg.norm_model == "sequence" else base * math.sqrt(f / n)
+        p_down = float(policy.update(k, norm))
+        clr = bool(policy.clr)
+        dn = dnd.round(lay, k, ctl.DOWN, t_red, needed_chunks(lay.chunks, p_down))
+        half = spread / 2
+        spread = turn_spread(dn.last_pass)  # type: ignore[attr-defined]
+        t_end = dn.crossing  # type: ignore[attr-defined]  # the last worker's; the mean worker's spread/2 before
+        t0 = t_last - half
+        up_sent, dn_sent = up.stats.sent * m, dn.stats.sent * m
+        datagrams += (up_sent + dn_sent) * n
+        got_up = need_up * total_chunks // lay.chunks
+        got_dn = needed_chunks(lay.chunks, p_down) * total_chunks // lay.chunks
+        extra = {"fidelity": "class", "compute_s": cfg.compute_s, "burst": up_loss.burst(k) or dn_loss.burst(k)}
+        if m > 1:
+            extra.update(aggregation=cfg.aggregation, shards=m)
+        wrec = RoundRecord(source, "worker", 0, k, t_start=t0, policy=policy.name, tolerance_up=p_up,
+                           tolerance_down=p_down, clr=clr, chunks=total_chunks,
+                           up_latency_s=up.stats.t_done - t_last, down_latency_s=t_end - spread / 2 - t_red,
+                           round_latency_s=t_end - spread / 2 - t0, up_sent=up_sent, up_passes=up.stats.passes,
+                           up_received=got_up, down_sent=dn_sent, down_passes=dn.stats.passes,
+                           down_received=got_dn, early_stop_up=up.stats.early_stop,
+                           early_stop_down=dn.stats.early_stop, order="inorder", extra=extra)
+        srec = replace(wrec, role="server", grad_norm=norm, up_latency_s=up.crossing - t_last,  # type: ignore[attr-defined]
+                       down_latency_s=dn.stats.t_done - t_red, extra={**extra, "reduce": "zero"})
+        records.extend(replace(wrec, worker=i) for i in range(n))
+        records.extend(replace(srec, worker=i) for i in range(n))
+        p_up = float(policy.tolerance)
+        t = max(t_end, dn.stats.t_done)
+    return records, t, datagrams
