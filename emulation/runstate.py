@@ -39,11 +39,12 @@ import json
 import os
 import re
 import subprocess
+import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, NoReturn
 
 from .sysutil import BRIDGE_ALIAS, RUN_ENV, proc_start
 
@@ -75,6 +76,20 @@ def teardown_summary() -> str:
         return f"the emulated network was torn down ({removed})"
     return (f"the emulated network was NOT fully torn down: left {'; '.join(left)} "
             f"(removed: {removed}); run `sudo python -m emulation.cleanup`")
+
+
+def exit_main(main: Callable[[], int], name: str) -> NoReturn:
+    """Exit with a scenario's ``main()`` status; on Ctrl-C (130), say what the teardown removed.
+
+    Why here: every emulation scenario ends the same way, and the sentence comes from
+    :func:`teardown_summary`, after the network (and the ``EmuNet`` object) is gone.
+    """
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print(f"\n{name}: interrupted; {teardown_summary()} (partial results stay in the run folder)",
+              file=sys.stderr)
+        sys.exit(130)
 
 
 class RunLock:

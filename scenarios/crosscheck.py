@@ -300,11 +300,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        from emulation.runstate import teardown_summary  # EmuNet's teardown has run: what it removed, what not
+    from emulation.runstate import exit_main
 
-        print(f"\ncrosscheck.py: interrupted; {teardown_summary()} (partial results stay in the run folder)",
-              file=sys.stderr)
-        sys.exit(130)
+    exit_main(main, "crosscheck.py")

@@ -357,11 +357,6 @@ def replicate_latency(by_seed: dict[int, dict[str, list]], out: Path) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        from emulation.runstate import teardown_summary  # EmuNet's teardown has run: what it removed, what not
+    from emulation.runstate import exit_main
 
-        print(f"\ntrace_replay.py: interrupted; {teardown_summary()} (partial results stay in the run folder)",
-              file=sys.stderr)
-        sys.exit(130)
+    exit_main(main, "trace_replay.py")

@@ -211,3 +211,21 @@ def test_cleanup_during_a_second_run_keeps_the_machines_record(tmp_path, monkeyp
     out = capsys.readouterr().out
     assert f"restoring sysctl {key} = 1" in out and done["sysctls"] == [key], out
     assert machine_sysctls(private) == {key: "1"}  # (the key does not exist: not restored, so kept)
+
+
+def test_a_scenarios_exit_says_what_the_teardown_removed(monkeypatch, capsys):
+    from emulation import runstate
+
+    monkeypatch.setattr(runstate, "_LAST_TEARDOWN", [{"removed": ["3 hosts", "1 bridge"], "left": []}])
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(SystemExit) as stop:
+        runstate.exit_main(interrupted, "microburst.py")
+    assert stop.value.code == 130
+    assert capsys.readouterr().err == ("\nmicroburst.py: interrupted; the emulated network was torn down "
+                                       "(3 hosts, 1 bridge) (partial results stay in the run folder)\n")
+    with pytest.raises(SystemExit) as stop:
+        runstate.exit_main(lambda: 2, "microburst.py")
+    assert stop.value.code == 2 and capsys.readouterr().err == ""
