@@ -7,12 +7,14 @@ through both stop rules; the sessions are driven in memory for C3/C4 and the com
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 import pytest
 
 from dblp.protocol import control as ctl
-from dblp.protocol.compensation import (BroadcastFeedback, Compensation, UploadFeedback, bounded, chunk_mask_floats,
-                               fill_local)
+from dblp.protocol.compensation import (BroadcastFeedback, Compensation, UploadFeedback, add_compensation_args,
+                                       bounded, chunk_mask_floats, fill_local)
 from dblp.protocol.core import Receiver
 from dblp.protocol.policy import FixedPolicy, needed_chunks
 from dblp.protocol.reduce import reduce_mean_norm
@@ -108,10 +110,28 @@ def test_labels_round_trip_and_bad_values_are_refused_by_name():
                          "--stop-rule", "once", "--feedback-bound", "0.5"]
     with pytest.raises(ParameterError, match="'fill-remote' is not a compensation option"):
         Compensation.from_label("unbiased+fill-remote")
-    with pytest.raises(ParameterError, match="stop_rule must be one of early, once, got 'late'"):
+    with pytest.raises(ParameterError, match="stop_rule must be one of early, once, deadline, got 'late'"):
         Compensation(stop_rule="late")
     with pytest.raises(ParameterError, match="feedback_bound must be a positive number"):
         Compensation(feedback_bound=0)
+
+
+def test_the_deadline_rule_has_its_label_flags_and_meta():
+    d = Compensation(stop_rule="deadline")
+    assert d.label() == "stop-deadline" and not d.paper
+    assert Compensation.from_label("stop-deadline") == d
+    assert Compensation.from_label("unbiased+fill-local+stop-deadline") == Compensation("unbiased", "local",
+                                                                                        stop_rule="deadline")
+    assert Compensation.from_dict(d.to_dict()) == d and d.to_dict()["stop_rule"] == "deadline"
+    assert d.flags() == ["--stop-rule", "deadline"]
+    p = argparse.ArgumentParser()
+    add_compensation_args(p)
+    assert Compensation.from_args(p.parse_args(d.flags())) == d
+    with pytest.raises(ParameterError, match="'stop-late' is not a compensation option; use paper or a '\\+'-joined "
+                                             "set of .*stop-once, stop-deadline"):
+        Compensation.from_label("stop-late")
+    with pytest.raises(ParameterError, match="'stop-once\\+stop-deadline' sets stop_rule twice"):
+        Compensation.from_label("stop-once+stop-deadline")
 
 
 # -- C6: composition with intersect ----------------------------------------------------------------

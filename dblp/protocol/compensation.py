@@ -33,7 +33,7 @@ C6  Composition with consistency ``intersect``: C1, C3 and C4 compose (C4 then c
     no replica applied); C2 ``local`` is refused, because it makes the replicas differ, which
     ``intersect`` exists to prevent.
 
-The stop rule that decides *how much* is left undelivered is the core's (R5, :data:`STOP_RULES`).
+The stop rule that decides *how much* is left undelivered is the core's (R5b, :data:`STOP_RULES`).
 """
 
 from __future__ import annotations
@@ -45,12 +45,12 @@ from typing import Any
 
 import numpy as np
 
+from dblp.protocol.receiver import DEADLINE_FACTOR, STOP_RULES  # core R5b: early (the paper's), once, deadline
 from dblp.protocol.wire import ChunkLayout, ParameterError
 
 UPLOAD_ESTIMATES = ("zero", "unbiased")  # C1 (dblp.protocol.reduce.MODES)
 BROADCAST_FILLS = ("zero", "local")  # C2
 FEEDBACK = ("off", "upload", "broadcast", "both")  # C3, C4
-STOP_RULES = ("early", "once")  # core R5: the paper's early stop, or every chunk sent once
 DEFAULT_FEEDBACK_BOUND = 1.0  # C5
 
 #: one line of --help per option, shared by every driver's flags
@@ -63,8 +63,11 @@ HELP = {
                 "the next round), broadcast (the server carries mean chunks no worker was sent), or both",
     "feedback_bound": "error feedback's bound (C5): a residual is scaled down to at most this times the norm of the "
                       "values it is added to (dimensionless)",
-    "stop_rule": "when a receiver stops (core R5): early (the paper: STOP once ceil((1-p) n) chunks are in, also "
-                 "mid-pass) or once (every chunk is sent once; the loss bound applies to retransmissions only)",
+    "stop_rule": "when a receiver stops (core R5b): early (the paper: STOP once ceil((1-p) n) chunks are in, also "
+                 "mid-pass), once (every chunk is sent once; the loss bound applies to retransmissions only) or "
+                 f"deadline (as once, but a first pass still arriving {DEADLINE_FACTOR:g}x its running clean-pass "
+                 "estimate after its first chunk is closed there once ceil((1-p) n) chunks are in; the in-memory "
+                 "training exchange has no network time, so there it is once)",
 }
 
 
@@ -122,7 +125,7 @@ class Compensation:
     @classmethod
     def from_label(cls, label: str) -> "Compensation":
         """The inverse of :meth:`label`: ``paper``, or options joined by ``+`` (``unbiased``,
-        ``fill-local``, ``ef-upload``/``ef-broadcast``/``ef-both``, ``stop-once``); refuses a
+        ``fill-local``, ``ef-upload``/``ef-broadcast``/``ef-both``, ``stop-once``, ``stop-deadline``); refuses a
         part it does not know, naming it and what it accepts."""
         kw: dict[str, Any] = {}
         known = {"unbiased": ("upload_estimate", "unbiased"), "fill-local": ("broadcast_fill", "local"),
@@ -214,8 +217,8 @@ def add_configs_arg(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--configs", default="",
                     help="DBLP configurations run beside --policies, comma-separated compensation labels "
                          "(dblp.protocol.compensation): paper, or '+'-joined unbiased, fill-local, ef-upload, "
-                         "ef-broadcast, ef-both, stop-once; e.g. unbiased+fill-local,stop-once. Each runs as "
-                         "dblp with those options into dblp-<label>/ (calm too, unless --no-calm) and gets "
+                         "ef-broadcast, ef-both, stop-once, stop-deadline; e.g. unbiased+fill-local,stop-once. "
+                         "Each runs as dblp with those options into dblp-<label>/ (calm too, unless --no-calm) and gets "
                          "its rows in every table (default: none)")
 
 

@@ -38,7 +38,19 @@ R5b The stop rule (:data:`STOP_RULES`, a run's option): ``early`` is R5 as the p
     delivers only ~(1-p) of every transfer. ``once`` sends every chunk once: the receiver
     sends no STOP before the first pass's PROBE (unless it holds every chunk); at that PROBE
     and afterwards R5 applies unchanged, so the loss bound governs retransmission only -
-    loss is tolerated, never manufactured.
+    loss is tolerated, never manufactured. ``deadline`` is ``once`` with an adaptive close of the
+    first pass (after OptiReduce's adaptive timeout, which ends a round by time, not by count): the
+    receiver also sends STOP before that PROBE when it holds ceil((1-p) n) chunks and the time since
+    the transfer's first accepted chunk is at least ``DEADLINE_FACTOR`` (2.0) times its running
+    estimate of a clean first pass - never below the bound, and with every chunk in at once. The
+    estimate is per receiver (per peer and direction), kept across rounds: when a first pass ends
+    (its PROBE, or a STOP before it) at ``now``, the sample is ``now - t_first``, scaled by n / held
+    when a STOP cut the pass (the time the whole pass would take at the rate it came); the first
+    sample is the estimate, later ones move it by ``DEADLINE_GAIN`` (0.25) of the difference; a pass
+    with no elapsed time gives no sample. Until there is an estimate (a run's first transfer), the
+    rule is ``once``. The clock is the caller's ``now``, looked at when chunks or the PROBE arrive:
+    no timer, so the close comes with the first of them at or after the deadline. Persistent
+    slowness raises the estimate until passes fit their deadline again; a straggling pass is cut.
 R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B). The chunks the
     pass that STOP ended never handed out are the ones it knows undelivered
     (:meth:`RoundSender.undelivered`; what its last pass lost in flight it cannot know).

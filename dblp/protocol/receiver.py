@@ -9,6 +9,7 @@ messages come out. Import these names from :mod:`dblp.protocol.core`, which re-e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,7 +31,9 @@ from dblp.protocol.wire import (
     zero_chunks,
 )
 
-STOP_RULES = ("early", "once")  # R5b
+STOP_RULES = ("early", "once", "deadline")  # R5b
+DEADLINE_FACTOR = 2.0  # R5b deadline: the deadline is this multiple of the clean-pass estimate
+DEADLINE_GAIN = 0.25  # R5b deadline: the weight of a transfer's sample in the running estimate
 
 
 @dataclass
@@ -135,6 +138,7 @@ class Receiver:
         self._order_known = False  # expect_order was told this round's order (R12's loss at an early STOP)
         self._claim = np.zeros(layout.chunks, np.uint8)
         self._cursor = np.zeros(1, np.int64)
+        self.pass_estimate_s = math.nan  # R5b deadline: the running estimate of a clean first pass (s); nan: none yet
 
     # -- round life ----------------------------------------------------------
     def begin_round(self, round_no: int, out: np.ndarray | None, now: float, tolerance: float | None = None) -> None:
@@ -178,6 +182,36 @@ class Receiver:
         threshold, or under ``once`` every chunk until the first pass's PROBE. For drivers that
         model a pass's arrivals by their number."""
         return self.need if self.stop_rule == "early" or self.stats.probes > 0 else self.layout.chunks
+
+    @property
+    def deadline_s(self) -> float:
+        """R5b ``deadline``: how long after the transfer's first chunk holding the threshold makes this
+        receiver STOP before the first pass's PROBE - :data:`DEADLINE_FACTOR` times the running
+        estimate of a clean first pass. inf: no such close (another rule, no estimate yet, or the
+        first pass's PROBE came)."""
+        if self.stop_rule != "deadline" or self.stats.probes > 0 or self.pass_estimate_s != self.pass_estimate_s:
+            return math.inf
+        return DEADLINE_FACTOR * self.pass_estimate_s
+
+    @property
+    def deadline_at(self) -> float:
+        """R5b ``deadline``: the time from which the threshold makes this receiver STOP before the
+        first pass's PROBE (inf: none, or no chunk in yet). Drivers that model arrivals compare an
+        arrival's time with this same sum."""
+        return self.stats.t_first + self.deadline_s if self.received else math.inf
+
+    def stop_arrival(self, times: np.ndarray) -> int:
+        """R5 and R5b for drivers that model a pass's arrivals by their number: of the next arrivals,
+        at the sorted ``times``, how many this receiver takes up to the one its STOP comes with
+        (before any PROBE); 0 when none of them brings it (or no round is open with a tolerance)."""
+        if not self.active or self._stop_sent or self.tolerance is None:
+            return 0
+        k = self.stop_count - self.received
+        dl = self.deadline_s
+        if dl < math.inf and times.size:  # the first arrival at the deadline with the threshold held
+            at = self.stats.t_first + dl if self.received else float(times[0]) + dl
+            k = min(k, max(self.need - self.received, int(times.searchsorted(at, side="left")) + 1))
+        return k if 0 < k <= times.size else 0
 
     # -- placement (R10) -------------------------------------------------------
     def expect_order(self, order: np.ndarray) -> None:
@@ -465,16 +499,32 @@ class Receiver:
 
     def _check_threshold(self, now: float) -> None:
         """R5: stop as soon as the threshold holds, without waiting for a probe - under R5b's
-        ``once``, only from the first pass's PROBE on, or with every chunk in."""
+        ``once``, only from the first pass's PROBE on, or with every chunk in; under ``deadline``,
+        also from :attr:`deadline_at` on."""
         if self.active and not self._stop_sent and self.tolerance is not None and self.received >= self.need \
-                and (self.stop_rule == "early" or self.stats.probes > 0 or self.received == self.layout.chunks):
+                and (self.stop_rule == "early" or self.stats.probes > 0 or self.received == self.layout.chunks
+                     or (self.stop_rule == "deadline" and now >= self.deadline_at)):
             self._stop_sent = True
             self.stats.t_done = now
             span = 0
             if self.stats.probes == 0:  # R12: STOP before the first pass's PROBE
                 self.first_loss, span = self._early_stop_loss()
+                self._pass_sample(now, self.layout.chunks / max(1, self.received))
             self._control.append(ctl.Stop(self.round_no, self.direction, self.received, span))
             self._zero_fill()
+
+    def _pass_sample(self, now: float, scale: float) -> None:
+        """R5b ``deadline``: a transfer's first pass ended (its PROBE, or a STOP before it) ``now``;
+        its time since the first chunk, times ``scale`` (a STOP that cut it: the chunks it would
+        have taken at the rate they came), updates the running estimate. A pass with no time
+        (nothing in, or every chunk at one instant) says nothing about a pass's duration."""
+        if self.stop_rule != "deadline" or not self.received:
+            return
+        elapsed = now - self.stats.t_first
+        if elapsed > 0:
+            sample = elapsed * scale
+            est = self.pass_estimate_s
+            self.pass_estimate_s = sample if est != est else est + DEADLINE_GAIN * (sample - est)
 
     def _early_stop_loss(self) -> tuple[float, int]:
         """R12: the first pass's loss at a STOP that came before its PROBE - the fraction of the
@@ -511,6 +561,7 @@ class Receiver:
             self.stated_rate_bps = float(msg.rate_bps)
         if msg.pass_no == 1 and not self._stop_sent:  # R12: the first pass's loss (a STOP first: none)
             self.first_loss = 1.0 - self.received / self.layout.chunks
+            self._pass_sample(now, 1.0)  # R5b: the whole pass was sent
             self.first_rate_bps = float(msg.rate_bps)
             if self.received:  # R15: the first pass's chunks and their span, before any retransmission
                 self.first_received = self.received - self.lead
