@@ -149,8 +149,9 @@ def int_list_arg(lo: int | None = 0, hi: int | None = None, *, nonempty: bool = 
     return _named(conv, "list")
 
 
-def name_list_arg(names: Iterable[str]) -> Callable[[str], list[str]]:
-    """``type=`` for a comma list of names, each one of ``names`` (refused naming the unknown one)."""
+def name_list_arg(names: Iterable[str], *, what: str = "name") -> Callable[[str], list[str]]:
+    """``type=`` for a comma list of names, each one of ``names`` (refused naming the unknown one,
+    as an unknown ``what``)."""
     known = list(names)
 
     def conv(text: str) -> list[str]:
@@ -159,7 +160,7 @@ def name_list_arg(names: Iterable[str]) -> Callable[[str], list[str]]:
             raise argparse.ArgumentTypeError(f"{text!r} names nothing")
         bad = [x for x in v if x not in known]
         if bad:
-            raise argparse.ArgumentTypeError(f"unknown name {bad[0]!r} (known: {', '.join(known)})")
+            raise argparse.ArgumentTypeError(f"unknown {what} {bad[0]!r} (known: {', '.join(known)})")
         return v
 
     return _named(conv, "list")

@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from traces.argtypes import add_verbosity, count_arg, int_arg
+from traces.argtypes import add_verbosity, count_arg, int_arg, name_list_arg
 from traces.units import HelpFormatter, UnitError, parse_rate
 
 from dblp.cli.provenance import write_config
@@ -92,25 +92,12 @@ def _rates(s: str) -> list[float]:
     return [parse_rate(x, "Mbit", allow_zero=False) for x in s.split(",") if x.strip()]
 
 
+#: ``--topology star,leafspine`` (networks of dblp.sim.network.topology), ``--aggregation server,sharded``
+#: (modes of dblp.transport.shard): each name refused by name if unknown
+_topologies = name_list_arg(TOPOLOGIES, what="topology")
+_aggregations = name_list_arg(AGGREGATIONS, what="aggregation")
+
 # axis -> (flag, parser, default values, SimConfig field or None for burst axes)
-def _topologies(s: str) -> list[str]:
-    """``--topology star,leafspine``: networks of dblp.sim.network.topology, each refused by name if unknown."""
-    names = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [n for n in names if n not in TOPOLOGIES]
-    if bad:
-        raise ValueError(f"unknown topology {bad[0]!r} (choose from {', '.join(TOPOLOGIES)})")
-    return names
-
-
-def _aggregations(s: str) -> list[str]:
-    """``--aggregation server,sharded``: modes of dblp.transport.shard, each refused by name if unknown."""
-    names = [x.strip() for x in s.split(",") if x.strip()]
-    bad = [n for n in names if n not in AGGREGATIONS]
-    if bad:
-        raise ValueError(f"unknown aggregation {bad[0]!r} (choose from {', '.join(AGGREGATIONS)})")
-    return names
-
-
 AXES: dict[str, tuple[str, Callable[[str], list], list, str | None]] = {
     "p_high": ("--p-high", _floats, [0.1, 0.2, 0.4, 0.6], "p_high"),
     "p_low": ("--p-low", _floats, [0.008], "p_low"),
