@@ -489,8 +489,8 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     n = layout.chunks
     ctx = RecordContext(source="test", policy="fixed", order="blocks")
     srv = ServerSession(layout, range(3), policy=FixedPolicy(0.408), run_id=7, context=ctx, rounds=3, values=False)
-    srv._uploads.rate_bps = srv._uploads.good_bps = 205e6  # a proven grant, as after the run's start
-    srv._uploads.ceiling_bps = 228e6
+    srv.rates.uploads.rate_bps = srv.rates.uploads.good_bps = 205e6  # a proven grant, as after the run's start
+    srv.rates.uploads.ceiling_bps = 228e6
     srv.start(0.0)
     srv.events()
     pos = np.arange(n)
@@ -502,7 +502,7 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     srv.poll(0.5)
     loss = sum(losses) / 3
     # congestion: the ceiling becomes the grant, cut by 2 x the loss (before: taken for clean, 205.6M)
-    assert srv._grant == pytest.approx(205e6 * (1 - 2 * loss)) and srv._uploads.ceiling_bps == 205e6
+    assert srv.rates.grant_bps == pytest.approx(205e6 * (1 - 2 * loss)) and srv.rates.uploads.ceiling_bps == 205e6
 
 
 def test_r14_a_stop_first_broadcast_stream_reports_its_loss_in_the_stop():

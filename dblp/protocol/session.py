@@ -77,7 +77,7 @@ from dblp.protocol import control as ctl
 from dblp.protocol.compensation import PAPER, BroadcastFeedback, Compensation
 from dblp.protocol.core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound,
                    send_order)
-from dblp.protocol.pacing import FLOOD_LOSS, MIN_SAMPLE, PacerGroup, TokenBucket, UploadGrant, make_pacer
+from dblp.protocol.pacing import ServerPacing, TokenBucket, make_pacer
 from dblp.protocol.records import RoundRecord
 from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, _drops, up_stream
 from dblp.protocol.wire import SERVER_ID, ChunkLayout, ParameterError
@@ -212,13 +212,14 @@ class ServerSession:
         self.seed = seed
         self.rounds = rounds
         self.values = values
-        # one pacer per worker for the whole run: a self-pacing one learns across rounds (R11, dblp.protocol.pacing); the
-        # broadcast's streams share the server's link, so self-paced they share one rate (dblp.protocol.pacing.PacerGroup)
+        # one pacer per worker for the whole run: a self-pacing one learns across rounds (R11); the broadcast's
+        # streams share the server's link, so self-paced they share one rate (R14), and the uploads get one grant
+        # (R12) - granted when the server self-paces too (the run's pacing is the same on both sides; a fixed-rate
+        # run grants nothing). dblp.protocol.pacing decides the rates; this session says when.
         self_paced = pacer is None and context.send_rate_bps is None
-        self._group: PacerGroup | None = None
-        if self_paced:
-            group = self._group = PacerGroup()
-            pacer = lambda w: group.member()  # noqa: E731
+        rates = self.rates = ServerPacing(layout.datagram_size) if self_paced else None
+        if rates is not None:
+            pacer = lambda w: rates.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
         self._pacers: dict[int, TokenBucket] = {}
         self.max_batch = max_batch
@@ -245,10 +246,6 @@ class ServerSession:
         self._extra: dict = {}
         self._down_headers: np.ndarray | None = None
         self._begun = False  # S3b: the broadcast is under way, its ROUND(down) not yet out
-        # R12: one upload rate for every self-pacing worker - granted when the server self-paces too (the
-        # run's pacing is the same on both sides; a fixed-rate run grants nothing)
-        self._uploads = UploadGrant() if self_paced else None
-        self._grant = 0.0  # the rate granted in the next ROUND(up)s (0: none)
 
     # -- driver API -----------------------------------------------------------------------------
     def start(self, now: float) -> None:
@@ -311,20 +308,8 @@ class ServerSession:
         so a round of N stopping broadcasts costs N checks, not N^2."""
         if self.phase is Phase.UPSTREAM and self.peers and all(p.receiver.complete for p in self.peers.values()):
             self._t_up = now
-            # R12: every upload of the round is in, its first pass's loss known: the next round's grant
-            if self._uploads is not None:
-                ps = list(self.peers.values())
-                share = self._flood_share_bps(ps) if self._uploads.rate_bps == 0 else 0.0
-                if self._group is not None and share > 0 and not self._group.granted:
-                    self._group.floor_bps = share  # R15: the broadcast's start no lower than the uploads' share
-                if share > 0:  # R15: a lossy unpaced flood gives the bottleneck's rate (the workers' own rates,
-                    # told their own floods' arrival, see the bottleneck serve each in bursts: up to its whole rate)
-                    self._grant = self._uploads.seed(share)
-                else:
-                    self._grant = self._uploads.round_done([p.receiver.stated_rate_bps for p in ps],
-                                                           [p.receiver.first_loss for p in ps],
-                                                           self._arrival_bps(ps),
-                                                           paced=any(p.receiver.first_rate_bps > 0 for p in ps))
+            if self.rates is not None:  # R12, R15: every upload is in, its first pass's loss known: the next grant
+                self.rates.uploads_done([p.receiver for p in self.peers.values()])
             for p in self.peers.values():
                 p.receiver.finish_round()
             self.phase = Phase.REDUCE
@@ -391,12 +376,9 @@ class ServerSession:
             self._down_headers = enc.headers
         else:
             enc = VirtualRound(self.layout, k)
-        if self._group is not None:  # R14: the last broadcast's first passes set this one's rate
-            sent = [p.sender for p in self.peers.values() if p.sender is not None and p.sender.done]
-            if sent:  # R16: this round's uploads were a burst: light loss in the last broadcast is its head
-                self._group.round_done([s.first_rate_bps for s in sent], [s.first_loss for s in sent],
-                                       self._down_arrival_bps(sent),
-                                       burst=self._uploads is not None and self._uploads.burst)
+        if self.rates is not None:  # R14, R16: the last broadcast's first passes set this one's rate
+            self.rates.broadcast_begins([p.sender for p in self.peers.values()
+                                         if p.sender is not None and p.sender.done])
         for w, p in self.peers.items():
             p.sender = RoundSender(enc, direction=ctl.DOWN, now=now, order=order, pacer=self._worker_pacer(w),
                                    max_batch=self.max_batch)
@@ -453,66 +435,12 @@ class ServerSession:
         p = self.peers[w]
         p.tolerance = float(self.policy.tolerance)
         p.receiver.begin_round(k, p.buffer, now, tolerance=p.tolerance)
-        if p.buffer is not None or self._uploads is not None:
+        if p.buffer is not None or self.rates is not None:
             # the worker's R3 order, so its datagrams are received in place (R10), and R12 knows what the
             # first pass lost when STOP comes before its PROBE
             p.receiver.expect_order(send_order(self.layout.chunks, self.order, self.seed, k, up_stream(w)))
         self._events.append(ControlToSend(w, ctl.RoundStart(k, ctl.UP, p.tolerance, bool(self.policy.clr),
-                                                            self._grant)))
-
-    def _flood_share_bps(self, ps: list[_Up]) -> float:
-        """R15: each worker's equal share of the bottleneck, from a round whose first passes were
-        all unpaced and lost :data:`FLOOD_LOSS` or more (their mean: a queue overflowed; lighter random
-        loss, as on loopback with a cold receiver behind it, says less of the rate): all first-pass
-        chunks over the span from the earliest first chunk's acceptance to the latest last one's (a first pass that ended in STOP: its chunks
-        at STOP), the chunks of each receiver's first read left out (Receiver.lead: a backlog, its
-        arrival unseen). 0 when the round says nothing of the path: a paced or a clean first pass
-        (R12's seeds act then), fewer than MIN_SAMPLE chunks, or no span.
-
-        Why the span, not the reply: while the flood overflows a queue the link behind it is
-        busy, so chunks leave it at its rate; the replies wait on the PROBE, which the full queue
-        may drop (TCP resends it 0.2 s later), so a span to the PROBE would give a fraction of
-        the share."""
-        rs = [p.receiver for p in ps]
-        if not rs or any(r.first_rate_bps > 0 for r in rs) or sum(r.first_loss for r in rs) < FLOOD_LOSS * len(rs):
-            return 0.0
-        chunks, t0, t1 = 0, math.inf, -math.inf
-        for r in rs:
-            got, end = ((r.first_received, r.stats.t_first + r.first_span_s) if r.first_loss > 0
-                        else (r.received - r.lead, r.stats.t_done))  # (no loss at the first PROBE: STOP came first)
-            if got and math.isfinite(r.stats.t_first) and math.isfinite(end):
-                chunks += got
-                t0, t1 = min(t0, r.stats.t_first), max(t1, end)
-        if chunks < MIN_SAMPLE or not t1 > t0:
-            return 0.0
-        return chunks * self.layout.datagram_size * 8.0 / (t1 - t0) / len(rs)
-
-    def _arrival_bps(self, ps: list[_Up]) -> float:
-        """R12: the mean bit/s at which clean uploads arrived (first datagram to threshold; 0 when
-        any first pass lost): paced below the bottleneck, each worker's own rate."""
-        return self._clean_rate_bps([(p.receiver.first_loss, p.receiver.received,
-                                      p.receiver.stats.t_done - p.receiver.stats.t_first) for p in ps])
-
-    def _down_arrival_bps(self, senders: list[RoundSender]) -> float:
-        """R14: the mean bit/s at which clean broadcast streams got their chunks to the receivers
-        (start to STOP; 0 when any first pass lost) - once the group paces. An unpaced broadcast
-        that got through clean stays unpaced (0: no seed), as the group's AutoPacer leaves it:
-        on a path it cannot overflow (loopback, fast links) pacing buys nothing, and a paced last
-        datagram races its PROBE (a BITMAP that misses it resends it: duplicates)."""
-        if any(s.first_rate_bps == 0 for s in senders):
-            return 0.0
-        return self._clean_rate_bps([(s.first_loss, s.stats.received, s.stats.t_done - s.stats.t_start)
-                                     for s in senders])
-
-    def _clean_rate_bps(self, flows: list[tuple[float, int, float]]) -> float:
-        """R12/R14's arrival rate: the mean bit/s of ``(first-pass loss, chunks delivered, seconds)``
-        flows, 0 when any first pass lost or a span is empty (no clean evidence of the path's rate)."""
-        rates = []
-        for loss, chunks, span in flows:
-            if loss > 0 or not span > 0:
-                return 0.0
-            rates.append(chunks * self.layout.datagram_size * 8.0 / span)
-        return sum(rates) / len(rates) if rates else 0.0
+                                                            self.rates.grant_bps if self.rates is not None else 0.0)))
 
     def _down_done(self, w: int, now: float) -> None:
         p = self.peers[w]
@@ -550,8 +478,8 @@ class ServerSession:
         r, s, c = p.receiver, p.sender, self.context
         assert s is not None
         extra = {"wait_others_s": self._t_up - self._t0, "down_wait_reply_s": s.stats.wait_s, **self._extra}
-        if self._uploads is not None:  # R12's evidence: this upload's first-pass loss, the next round's grant
-            extra.update(up_first_loss=r.first_loss, grant_bps=self._grant)
+        if self.rates is not None:  # R12's evidence: this upload's first-pass loss, the next round's grant
+            extra.update(up_first_loss=r.first_loss, grant_bps=self.rates.grant_bps)
         return RoundRecord(
             source=c.source, role="server", worker=w, round=self.round, t_start=self._t0 + c.clock_offset,
             policy=c.policy, tolerance_up=p.tolerance, tolerance_down=self._p_down, clr=self._clr,
