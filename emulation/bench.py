@@ -8,6 +8,8 @@ injector on the server's link, gloo all-reduces beside them, iperf3 flows, and t
   emulation's own :class:`~emulation.loss.LossController` rules on segmented links;
 * :func:`run_gloo`: the gloo reference (:mod:`dblp.runs.glooref`) on the worker hosts, with its own TCP burst;
 * :func:`run_iperf`: TCP throughput into srv, one flow or several at once;
+* :func:`compare_size`: one tensor size of the comparison - iperf3, every DBLP path, one sender alone,
+  gloo - as the rows of ``benchmark.csv`` (:data:`CSV_COLUMNS`; :func:`write_results` writes them);
 * :func:`veth_target_rows`: DBLP sharded against gloo on veth, a row of the benchmark's ``--targets``.
 
 The path names (``gso``, ``gso-seg``, ``plain``, ``sharded`` ...) are the benchmark's ``--paths``.
@@ -16,7 +18,9 @@ The path names (``gso``, ``gso-seg``, ``plain``, ``sharded`` ...) are the benchm
 from __future__ import annotations
 
 import argparse
+import csv
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -40,8 +44,8 @@ from .loss import LossController, LossTarget, segment_links
 from .nshosts import DROP_TABLE, NsHost, NsNet, nft_apply, nft_remove
 from .sysutil import CommandError, wait_listening
 
-__all__ = ["BenchError", "DblpRun", "ServerLoss", "bench_env", "gso_probe", "run_dblp", "run_gloo", "run_iperf",
-           "udp_counters", "veth_target_rows", "PATHS", "DEFAULT_PATHS", "SEGMENTED", "CRC_ONLY", "SHARDED",
+__all__ = ["BenchError", "CSV_COLUMNS", "DblpRun", "ServerLoss", "bench_env", "compare_size", "gso_probe",
+           "run_dblp", "run_gloo", "run_iperf", "summarize", "udp_counters", "veth_target_rows", "write_results", "PATHS", "DEFAULT_PATHS", "SEGMENTED", "CRC_ONLY", "SHARDED",
            "SHARDED_NET", "SHARDED_CRC", "SHARDED_PATHS", "INSECURE_PATHS"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -67,6 +71,23 @@ INSECURE_PATHS = (CRC_ONLY, SHARDED_CRC)
 DBLP_PORT = DEFAULT_PORT
 GLOO_PORT = 29600
 IPERF_PORT = 5201
+
+#: the columns of ``benchmark.csv``, one row per tensor size and DBLP path (:func:`compare_size`)
+CSV_COLUMNS = [
+    "elements", "tensor_mb", "path", "aggregation", "gso_active", "workers", "p", "rounds", "mtu",
+    "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
+    "dblp_up_passes", "dblp_up_sent_ratio", "dblp_down_sent_ratio", "udp_rcvbuf_errors",
+    "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
+    "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
+    "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
+    "dblp_solo_goodput_gbps", "dblp_solo_round_s", "ratio_solo_goodput_vs_iperf3",
+    "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
+    "sender_share", "wait_per_pass_s",
+    "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
+    "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
+    "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
+    "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out", "ratio_vs_gso_round",
+]
 
 
 class BenchError(RuntimeError):
@@ -334,6 +355,94 @@ def run_gloo(net: NsNet, args, elements: int, size_idx: int, burst_hold: float |
     return res
 
 
+def summarize(run: DblpRun, args) -> dict:
+    """A run's figures (:func:`dblp.results.passcost.summarize_run`): its lossless rounds after
+    ``args.warmup``, its calibration and burst rounds at ``args.calib_loss`` / ``args.burst_loss``."""
+    return summarize_run(run.rounds, run.server, run.loss_rounds, elements=run.elements, workers=args.workers,
+                         p=args.p, calib_loss=args.calib_loss, lossless=range(args.warmup, args.warmup + args.rounds),
+                         udp=run.udp)
+
+
+def compare_size(net: NsNet, args, elements: int, size_idx: int, run_idx: int, outdir: Path, gso_ok: bool,
+                 say: Say) -> tuple[list[dict], dict, int]:
+    """One tensor size of the comparison on the namespace hosts, in this order: iperf3 (one flow, then
+    every worker at once; ``args.iperf_seconds`` 0 skips it), each DBLP path of ``args.paths``
+    (:func:`run_dblp`), the first path (``gso`` where asked for) with one worker alone
+    (``args.solo``), gloo (unless ``args.no_gloo``) with its burst held as long as DBLP's shortest
+    burst round. ``run_idx``: the first DBLP run's index (its port offset). Returns the CSV rows
+    (:data:`CSV_COLUMNS`, one per path), the size's detail for ``benchmark.json``, and the next run index."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    ip1 = ip3 = float("nan")
+    if args.iperf_seconds > 0:
+        ip1 = run_iperf(net, ["w1"], args.iperf_seconds, outdir)
+        ip3 = run_iperf(net, [f"w{i + 1}" for i in range(args.workers)], args.iperf_seconds, outdir)
+        say(f"iperf3: w1->srv {ip1:.2f} Gbit/s; w1,w2,w3->srv {ip3:.2f} Gbit/s")
+    dres = {}
+    for path in args.paths:
+        dres[path] = d = summarize(run_dblp(net, args, elements, path, run_idx, outdir / f"dblp-{path}", say), args)
+        run_idx += 1
+        say(f"dblp {fmt_size(elements)} {path}: round {d['dblp_round_s'] * 1e3:.1f} ms, "
+            f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
+            + (f"; burst {d['burst_round_s'] * 1e3:.1f} ms vs predicted {d['burst_pred_s'] * 1e3:.1f} ms"
+               if "burst_round_s" in d else ""))
+    # One sender alone on its link: DBLP's goodput against iperf3's one flow.
+    solo = {}
+    if args.solo:
+        path0 = "gso" if "gso" in args.paths else args.paths[0]
+        sargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": []})
+        srun = run_dblp(net, sargs, elements, path0, run_idx, outdir / f"dblp-{path0}-1worker", say, n_workers=1)
+        run_idx += 1
+        lossless = [srun.rounds[r][0] for r in range(args.warmup, args.warmup + args.rounds)]
+        solo = {"path": path0,
+                "goodput_gbps": median([elements * 32 / x["up_latency_s"] / 1e9 for x in lossless]),
+                "round_s": median([x["round_latency_s"] for x in lossless])}
+        say(f"dblp {fmt_size(elements)} {path0}, one worker alone: goodput "
+            f"{solo['goodput_gbps']:.2f} Gbit/s, round {solo['round_s'] * 1e3:.1f} ms")
+    # gloo's burst lasts as long as DBLP's shortest burst round of this size
+    hold = min((d["burst_round_s"] for d in dres.values() if "burst_round_s" in d), default=float("nan"))
+    gres = {}
+    if not args.no_gloo:
+        gres = run_gloo(net, args, elements, size_idx, None if math.isnan(hold) else hold, outdir / "gloo", say)
+    rows = []
+    for path, d in dres.items():
+        row = {c: float("nan") for c in CSV_COLUMNS}
+        row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
+                    "gso_active": gso_ok and path != "plain", "workers": args.workers, "p": args.p,
+                    "aggregation": "sharded" if path in SHARDED_PATHS else "server", "mtu": args.mtu,
+                    "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
+        row.update({k: v for k, v in d.items() if k in row})
+        row.update({k: v for k, v in gres.items() if k in row})
+        row["ratio_dblp_vs_gloo"] = row["dblp_round_s"] / row["gloo_allreduce_s"]
+        row["ratio_goodput_vs_iperf3"] = row["dblp_goodput_gbps"] / ip1
+        if solo.get("path") == path:
+            row["dblp_solo_goodput_gbps"] = solo["goodput_gbps"]
+            row["dblp_solo_round_s"] = solo["round_s"]
+            row["ratio_solo_goodput_vs_iperf3"] = solo["goodput_gbps"] / ip1
+        row["ratio_aggregate_vs_iperf3_3flows"] = row["dblp_aggregate_goodput_gbps"] / ip3
+        row["burst_timing_ok"] = d.get("burst_timing_ok", "") if "burst_timing_ok" in d else ""
+        if d.get("calib_timing_ok") is False or d.get("burst_timing_ok") is False:
+            say(f"warning: {fmt_size(elements)} {path}: a loss rule was not in place for exactly "
+                f"its round (orchestrator too slow for --gap {args.gap:g} s); burst figures suspect")
+        rows.append(row)
+    gso_round = dres["gso"]["dblp_round_s"] if "gso" in dres else float("nan")
+    for row in rows:
+        row["ratio_vs_gso_round"] = row["dblp_round_s"] / gso_round
+    detail = {"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3, "dblp": dres,
+              "dblp_one_worker": solo, "gloo": gres}
+    return rows, detail, run_idx
+
+
+def write_results(out: Path, rows: list[dict], detail: dict) -> None:
+    """``benchmark.csv`` (:data:`CSV_COLUMNS`, floats to 6 significant digits) and ``benchmark.json``
+    (everything, per round) under ``out``."""
+    with open(out / "benchmark.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
+    (out / "benchmark.json").write_text(json.dumps(detail, indent=1, default=str))
+
+
 def veth_target_rows(args, say: Say, rep: int) -> list[TargetRow]:
     """Namespace hosts on veth at ``--mtu`` (1500): DBLP sharded against gloo (needs root)."""
     e = args.target_model
@@ -346,9 +455,7 @@ def veth_target_rows(args, say: Say, rep: int) -> list[TargetRow]:
     with NsNet(["srv", *[f"w{i + 1}" for i in range(args.workers)]], mtu=args.mtu) as net:
         if not net.ping_all():
             raise BenchError("namespace hosts cannot reach each other")
-        run = run_dblp(net, vargs, e, SHARDED, 0, out / "dblp-sharded", say)
-        d = summarize_run(run.rounds, run.server, run.loss_rounds, elements=e, workers=args.workers, p=args.p,
-                          calib_loss=[], lossless=range(args.warmup, args.warmup + args.rounds), udp=run.udp)
+        d = summarize(run_dblp(net, vargs, e, SHARDED, 0, out / "dblp-sharded", say), vargs)
         g = run_gloo(net, vargs, e, 0, None, out / "gloo", say)["gloo_allreduce_s"]
     return [TargetRow(name, d["dblp_round_s"] / g, "x", {"2-core": 1.2},
                       detail=f"{d['dblp_round_s'] * 1e3:.0f} / {g * 1e3:.0f} ms")]

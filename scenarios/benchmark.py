@@ -98,20 +98,19 @@ from pathlib import Path
 REPO = _bootstrap.ROOT
 
 from dblp.cli.args import add_quiet, parser  # noqa: E402
-from dblp.runs.gradients import MODEL_HELP, model_elements  # noqa: E402
-from dblp.runs.glooref import GlooError, loopback_median_s  # noqa: E402
-from dblp.results.passcost import median, summarize_run  # noqa: E402
 from dblp.cli.progress import Stamped  # noqa: E402
 from dblp.cli.provenance import write_config  # noqa: E402
-from dblp.transport.server import ServerConfig  # noqa: E402
-from dblp.results.targets import TargetRow, as_rows, format_table, machine_class, summarize  # noqa: E402
-from dblp.results.targets import plot as plot_targets  # noqa: E402
 from dblp.protocol.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
+from dblp.results.targets import TargetRow  # noqa: E402
+from dblp.runs.glooref import GlooError  # noqa: E402
+from dblp.runs.gradients import MODEL_HELP, model_elements  # noqa: E402
+from dblp.transport.server import ServerConfig  # noqa: E402
 from traces.argtypes import count_arg, int_arg  # noqa: E402
 from traces.units import duration_arg, fmt_size, queue_arg, rate_arg  # noqa: E402
-from emulation.bench import (CRC_ONLY, DEFAULT_PATHS, PATHS, SEGMENTED, SHARDED_CRC, SHARDED_PATHS,  # noqa: E402
-                             BenchError, bench_env, gso_probe, run_dblp, run_gloo, run_iperf, veth_target_rows)
+from emulation.bench import (CRC_ONLY, CSV_COLUMNS, DEFAULT_PATHS, PATHS, SEGMENTED, SHARDED_CRC,  # noqa: E402
+                             BenchError, compare_size, gso_probe, write_results)
 from emulation.nshosts import NsNet, Shape  # noqa: E402
+from emulation.speedtargets import TARGET_SOURCES, measure_repeat, write_targets  # noqa: E402
 
 WORKERS = 3  # default of --workers
 #: timed rounds a repeat of --targets: over repeats, the veth row's ratio of medians of 5 rounds spreads
@@ -125,95 +124,6 @@ SEGMENTED_TARGET = 1.5
 #: server's, one sender's goodput over iperf3's single flow, a burst round's error against its prediction
 FASTEST_TARGET, SINGLE_SERVER_TARGET, SOLO_TARGET, BURST_ERR_TARGET = 1.2, 1.6, 0.9, 0.15
 
-CSV_COLUMNS = [
-    "elements", "tensor_mb", "path", "aggregation", "gso_active", "workers", "p", "rounds", "mtu",
-    "dblp_round_s", "dblp_round_min_s", "dblp_up_s", "dblp_down_s",
-    "dblp_up_passes", "dblp_up_sent_ratio", "dblp_down_sent_ratio", "udp_rcvbuf_errors",
-    "gloo_allreduce_s", "gloo_allreduce_min_s", "ratio_dblp_vs_gloo",
-    "dblp_goodput_gbps", "dblp_aggregate_goodput_gbps", "iperf3_gbps", "iperf3_3flows_gbps",
-    "ratio_goodput_vs_iperf3", "ratio_aggregate_vs_iperf3_3flows",
-    "dblp_solo_goodput_gbps", "dblp_solo_round_s", "ratio_solo_goodput_vs_iperf3",
-    "calib_loss", "calib_round_s", "calib_passes_up", "calib_passes_down", "overhead_per_pass_s",
-    "sender_share", "wait_per_pass_s",
-    "burst_loss", "burst_round_s", "burst_pred_s", "burst_err", "overhead_per_pass_recv_s",
-    "burst_pred_recv_s", "burst_err_recv", "burst_passes_up", "burst_passes_down",
-    "burst_pred_passes", "burst_timing_ok", "burst_dropped_pkts",
-    "gloo_burst_s", "gloo_burst_hold_s", "gloo_burst_timed_out", "ratio_vs_gso_round",
-]
-
-
-def gloo_loopback(elements: int, workers: int, args, outdir: Path, say: Stamped) -> float:
-    """Median of ``--iterations`` gloo all-reduces (after ``--warmup``) among ``workers`` local ranks."""
-    m = loopback_median_s(elements, workers, rounds=args.rounds, warmup=args.warmup, timeout=args.gloo_timeout,
-                          logdir=outdir, env=bench_env(), cwd=REPO)
-    say(f"gloo {fmt_size(elements)} x {workers} on loopback: {m * 1e3:.1f} ms")
-    return m
-
-
-def loopback_target_rows(args, say: Stamped, rep: int) -> list[TargetRow]:
-    """Loopback, ``--target-model`` x each of ``--target-workers``: DBLP sharded and single server
-    against gloo, measured one after the other in this repeat. DBLP runs at the loopback default,
-    ``--mtu auto`` (lo's MTU, capped: dblp.transport.udp.auto_mtu), as gloo's TCP uses lo's MTU; one more row,
-    without a bound, keeps the sharded mode at Ethernet's 1500 bytes in view."""
-    from dblp.runs.loopback import loopback_rounds
-
-    e = args.target_model
-    rows = []
-    for w in args.target_workers:
-        t, mtu = {}, {}
-        for key, agg, size in (("sharded", "sharded", "auto"), ("server", "server", "auto"),
-                               ("sharded-1500", "sharded", 1500)):
-            try:  # --timeout bounds a round: the run's rounds and start-up get that much each
-                res = loopback_rounds(e, workers=w, rounds=args.rounds, warmup=args.warmup, aggregation=agg,
-                                      mtu=size, timeout=args.timeout * (args.warmup + args.rounds + 1))
-                t[key], mtu[key] = res.median_s, res.mtu
-                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback at MTU {res.mtu}: {t[key] * 1e3:.1f} ms")
-            except RuntimeError as exc:  # the other targets are still measured; this one shows "not measured"
-                t[key], mtu[key] = float("nan"), size
-                say(f"dblp {fmt_size(e)} x {w} {agg} on loopback: not measured: {exc}")
-        try:
-            g = gloo_loopback(e, w, args, args.out / f"rep{rep}" / f"gloo-loopback-{w}", say)
-        except (BenchError, GlooError, TimeoutError) as exc:
-            g = float("nan")
-            say(f"gloo {fmt_size(e)} x {w} on loopback: not measured: {exc}")
-        sharded_bounds = {"2-core": 1.3, "16-core": 1.0} if w == 3 else {"16-core": 1.2} if w == 8 else {}
-        rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: sharded / gloo", t["sharded"] / g, "x",
-                              sharded_bounds, detail=f"{t['sharded'] * 1e3:.0f} / {g * 1e3:.0f} ms, "
-                                                     f"MTU {mtu['sharded']}"))
-        rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: single server / gloo", t["server"] / g, "x",
-                              {"16-core": 1.6} if w == 3 else {},
-                              detail=f"{t['server'] * 1e3:.0f} / {g * 1e3:.0f} ms, MTU {mtu['server']}"))
-        rows.append(TargetRow(f"loopback {fmt_size(e)} x {w}: sharded / gloo at MTU 1500", t["sharded-1500"] / g,
-                              "x", {}, detail=f"{t['sharded-1500'] * 1e3:.0f} / {g * 1e3:.0f} ms"))
-    return rows
-
-
-def ddp_target_rows(args, say: Stamped, rep: int) -> list[TargetRow]:
-    """DDP over DBLP against plain DDP, 3 CPU ranks, a 10,762-parameter model (dblp.train.ddpbench)."""
-    from dblp.train.ddpbench import OVERHEAD_TARGET_S, SMALL_MODEL_PARAMS, ddp_overhead
-
-    rows = []
-    # DBLPComm as it ships (ranks on the server's host: shared memory, dblp.transport.hostlocal), then over
-    # UDP datagrams on loopback (DBLP's own data path, what ranks on other hosts use)
-    for local, how in (("auto", ""), ("off", ", UDP datagrams")):
-        r = ddp_overhead(3, args.ddp_steps, timeout=args.timeout * 10, local=local)
-        say(f"DDP {SMALL_MODEL_PARAMS} parameters x 3 ranks{how}: plain {r.plain_median_s * 1e3:.2f} ms, "
-            f"DBLP {r.dblp_median_s * 1e3:.2f} ms a step")
-        rows.append(TargetRow(f"DDP {SMALL_MODEL_PARAMS:,}-parameter model x 3 ranks{how}: "
-                              "DBLP step - plain DDP step", r.overhead_s * 1e3, "ms", {"any": OVERHEAD_TARGET_S * 1e3},
-                              detail=f"{r.dblp_median_s * 1e3:.2f} - {r.plain_median_s * 1e3:.2f} ms"))
-    return rows
-
-
-# Where further target rows plug in: name -> function(args, say, repeat) returning TargetRow-s
-# (or rows with the attributes or keys target, measured, threshold, met: dblp.results.targets.as_rows). The
-# self-pacing rows need root and namespace links for minutes: they run by themselves (--pacing).
-TARGET_SOURCES: dict = {
-    "loopback": loopback_target_rows,
-    "veth": veth_target_rows,
-    "ddp": ddp_target_rows,
-}
-
 
 def run_targets(args) -> int:
     """Every target this machine can measure (docs/benchmark.md), side by side, ``--repeats`` times; the
@@ -224,16 +134,8 @@ def run_targets(args) -> int:
     per_repeat: list[list[TargetRow]] = []
     try:
         for rep in range(args.repeats):
-            rows: list[TargetRow] = []
-            for name in args.target_sets:
-                say(f"repeat {rep + 1}/{args.repeats}: {name} targets")
-                try:
-                    rows += as_rows(TARGET_SOURCES[name](args, say, rep))
-                except (BenchError, RuntimeError, TimeoutError) as exc:  # the other groups still run
-                    say(f"{name} targets: not measured in this repeat: {exc}")
-                    rows.append(TargetRow(f"{name} targets", float("nan"), "", {}, detail=str(exc)[-300:]))
-            per_repeat.append(rows)
-            table = _write_targets(args, per_repeat)
+            per_repeat.append(measure_repeat(args, say, rep, args.repeats))
+            table = write_targets(args, per_repeat)
     except KeyboardInterrupt:
         print("benchmark: interrupted; namespaces and processes removed", file=sys.stderr)
         return 130
@@ -241,28 +143,6 @@ def run_targets(args) -> int:
     print(table)
     print(f"\nCSV: {args.out / 'targets.csv'}")
     return 0
-
-
-def _write_targets(args, per_repeat: list[list[TargetRow]]) -> str:
-    """targets.csv and targets.json of the repeats so far; returns the printed table with its header."""
-    cores = os.cpu_count() or 1
-    lines = summarize(per_repeat, cores)
-    load = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    header = (f"speed targets on this machine: {cores} cores ({machine_class(cores)} targets), load {load}, "
-              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {len(per_repeat)} repeat(s)"
-              + (f", {args.rounds} timed rounds each" if set(args.target_sets) - {"ddp"} else
-                 f", {args.ddp_steps} DDP steps each"))
-    with open(args.out / "targets.csv", "w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(["target", "unit", "median", "min", "max", "repeats", "bound", "better", "met", "cores"])
-        for ln in lines:
-            w.writerow([ln["target"], ln["unit"], f"{ln['median']:.6g}", f"{ln['min']:.6g}", f"{ln['max']:.6g}",
-                        ln["repeats"], "" if ln["bound"] is None else ln["bound"], ln["better"],
-                        "" if ln["met"] is None else ln["met"], cores])
-    (args.out / "targets.json").write_text(json.dumps({"header": header, "cores": cores, "targets": lines},
-                                                      indent=1, default=str))
-    plot_targets(lines, str(args.out / "targets.png"), header)
-    return header + "\n" + format_table(lines)
 
 
 # -- main ------------------------------------------------------------------------------------
@@ -519,94 +399,23 @@ def main(argv=None) -> int:
                 f"{', '.join(net[f'w{i + 1}'].ip for i in range(args.workers))}; UDP GSO/GRO available: {gso_ok}")
             run_idx = 0
             for si, elements in enumerate(args.sizes):
-                sdir = out / f"size-{fmt_size(elements)}"
-                sdir.mkdir(parents=True, exist_ok=True)
-                ip1 = ip3 = float("nan")
-                if args.iperf_seconds > 0:
-                    ip1 = run_iperf(net, ["w1"], args.iperf_seconds, sdir)
-                    ip3 = run_iperf(net, [f"w{i + 1}" for i in range(args.workers)], args.iperf_seconds, sdir)
-                    say(f"iperf3: w1->srv {ip1:.2f} Gbit/s; w1,w2,w3->srv {ip3:.2f} Gbit/s")
-                dres = {}
-                for path in args.paths:
-                    run = run_dblp(net, args, elements, path, run_idx, sdir / f"dblp-{path}", say)
-                    run_idx += 1
-                    dres[path] = summarize_run(run.rounds, run.server, run.loss_rounds, elements=run.elements,
-                                               workers=args.workers, p=args.p, calib_loss=args.calib_loss,
-                                               lossless=range(args.warmup, args.warmup + args.rounds),
-                                               udp=run.udp)
-                    d = dres[path]
-                    say(f"dblp {fmt_size(elements)} {path}: round {d['dblp_round_s'] * 1e3:.1f} ms, "
-                        f"goodput {d['dblp_goodput_gbps']:.2f} Gbit/s per worker"
-                        + (f"; burst {d['burst_round_s'] * 1e3:.1f} ms vs predicted {d['burst_pred_s'] * 1e3:.1f} ms"
-                           if "burst_round_s" in d else ""))
-                # One sender alone on its link: DBLP's goodput against iperf3's one flow.
-                solo = {}
-                if args.solo:
-                    path0 = "gso" if "gso" in args.paths else args.paths[0]
-                    sargs = argparse.Namespace(**{**vars(args), "burst_loss": 0.0, "calib_loss": []})
-                    srun = run_dblp(net, sargs, elements, path0, run_idx, sdir / f"dblp-{path0}-1worker", say,
-                                    n_workers=1)
-                    run_idx += 1
-                    lossless = [srun.rounds[r][0] for r in range(args.warmup, args.warmup + args.rounds)]
-                    solo = {"path": path0,
-                            "goodput_gbps": median([elements * 32 / x["up_latency_s"] / 1e9 for x in lossless]),
-                            "round_s": median([x["round_latency_s"] for x in lossless])}
-                    say(f"dblp {fmt_size(elements)} {path0}, one worker alone: goodput "
-                        f"{solo['goodput_gbps']:.2f} Gbit/s, round {solo['round_s'] * 1e3:.1f} ms")
-                # gloo's burst lasts as long as DBLP's shortest burst round of this size
-                hold = min((d["burst_round_s"] for d in dres.values() if "burst_round_s" in d), default=float("nan"))
-                gres = {}
-                if not args.no_gloo:
-                    gres = run_gloo(net, args, elements, si, None if math.isnan(hold) else hold,
-                                    sdir / "gloo", say)
-                for path, d in dres.items():
-                    row = {c: float("nan") for c in CSV_COLUMNS}
-                    row.update({"elements": elements, "tensor_mb": elements * 4 / 1e6, "path": path,
-                                "gso_active": gso_ok and path != "plain", "workers": args.workers, "p": args.p,
-                                "aggregation": "sharded" if path in SHARDED_PATHS else "server",
-                                "mtu": args.mtu,
-                                "rounds": args.rounds, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3})
-                    row.update({k: v for k, v in d.items() if k in row})
-                    row.update({k: v for k, v in gres.items() if k in row})
-                    row["ratio_dblp_vs_gloo"] = row["dblp_round_s"] / row["gloo_allreduce_s"]
-                    row["ratio_goodput_vs_iperf3"] = row["dblp_goodput_gbps"] / ip1
-                    if solo.get("path") == path:
-                        row["dblp_solo_goodput_gbps"] = solo["goodput_gbps"]
-                        row["dblp_solo_round_s"] = solo["round_s"]
-                        row["ratio_solo_goodput_vs_iperf3"] = solo["goodput_gbps"] / ip1
-                    row["ratio_aggregate_vs_iperf3_3flows"] = row["dblp_aggregate_goodput_gbps"] / ip3
-                    row["burst_timing_ok"] = d.get("burst_timing_ok", "") if "burst_timing_ok" in d else ""
-                    if d.get("calib_timing_ok") is False or d.get("burst_timing_ok") is False:
-                        say(f"warning: {fmt_size(elements)} {path}: a loss rule was not in place for exactly "
-                            f"its round (orchestrator too slow for --gap {args.gap:g} s); burst figures suspect")
-                    rows.append(row)
-                gso_round = dres["gso"]["dblp_round_s"] if "gso" in dres else float("nan")
-                for row in rows[-len(dres):]:
-                    row["ratio_vs_gso_round"] = row["dblp_round_s"] / gso_round
-                detail["sizes"].append({"elements": elements, "iperf3_gbps": ip1, "iperf3_3flows_gbps": ip3,
-                                        "dblp": dres, "dblp_one_worker": solo, "gloo": gres})
-                _write(out, rows, detail)
+                size_rows, size_detail, run_idx = compare_size(net, args, elements, si, run_idx,
+                                                               out / f"size-{fmt_size(elements)}", gso_ok, say)
+                rows += size_rows
+                detail["sizes"].append(size_detail)
+                write_results(out, rows, detail)
     except KeyboardInterrupt:
         print("benchmark: interrupted; namespaces and rules removed", file=sys.stderr)
-        _write(out, rows, detail)
+        write_results(out, rows, detail)
         return 130
     except (BenchError, GlooError) as exc:
         print(f"benchmark: error: {exc}", file=sys.stderr)
-        _write(out, rows, detail)
+        write_results(out, rows, detail)
         return 1
     print()
     print_table(rows)
     print(f"\nCSV: {out / 'benchmark.csv'}")
     return 0
-
-
-def _write(out: Path, rows: list[dict], detail: dict) -> None:
-    with open(out / "benchmark.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    (out / "benchmark.json").write_text(json.dumps(detail, indent=1, default=str))
 
 
 if __name__ == "__main__":
