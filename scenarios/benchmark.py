@@ -69,6 +69,10 @@ bridge, links optionally TBF-shaped (``--bandwidth``). For each tensor size
   DBLP's burst round lasted, then the rule goes; its time is the all-reduce's
   start to the last rank done.
 
+The measurements live in the library: :mod:`emulation.bench` (one size of the comparison, the loss
+rule per round, gloo and iperf3 on the hosts), :mod:`emulation.speedtargets` (the ``--targets``
+groups), :mod:`emulation.pacecheck` (``--pacing``); this script parses the flags and prints the tables.
+
 Output: a table with the ratios (DBLP round / gloo all-reduce, DBLP goodput
 / iperf3), ``benchmark.csv`` (one row per size and path), ``benchmark.json``
 (everything, per round), and the raw records and logs, under ``--out``.
