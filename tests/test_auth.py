@@ -26,6 +26,7 @@ from dblp.protocol import wire
 from dblp.protocol.core import Receiver
 from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.transport.worker import Worker, WorkerError
+from hostile import Threads, first_message
 from procs import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -137,39 +138,27 @@ class Run:
         self.srv = ParameterServer(ServerConfig(host="127.0.0.1", port=self.port, workers=workers, rounds=ROUNDS,
                                                 accept_timeout=30, peer_timeout=20, secret=SECRET,
                                                 handshake_timeout=cfg.pop("handshake_timeout", 5.0), **cfg))
-        self.errors: list[BaseException] = []
         self.exact: list[int] = []
-        self.threads = [threading.Thread(target=self._serve)]
-        self.threads[0].start()
-
-    def _serve(self) -> None:
-        try:
-            self.srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            self.errors.append(exc)
+        self.run = Threads()
+        self.errors = self.run.errors
+        self.run.start(self.srv.serve)
 
     def start_worker(self, wid: int, during=None) -> None:
         def work() -> None:
-            try:
-                with Worker("127.0.0.1", self.port, elements=ELEMENTS, worker_id=wid, connect_timeout=10,
-                            secret=SECRET) as w:
-                    n = 0
-                    for k in range(ROUNDS):
-                        g = np.random.default_rng(k).standard_normal(ELEMENTS).astype(np.float32)
-                        if during is not None and k == 1:
-                            during(w)
-                        n += bool(np.array_equal(w.allreduce(g), g))
-                    self.exact.append(n)
-            except BaseException as exc:  # noqa: BLE001
-                self.errors.append(exc)
+            with Worker("127.0.0.1", self.port, elements=ELEMENTS, worker_id=wid, connect_timeout=10,
+                        secret=SECRET) as w:
+                n = 0
+                for k in range(ROUNDS):
+                    g = np.random.default_rng(k).standard_normal(ELEMENTS).astype(np.float32)
+                    if during is not None and k == 1:
+                        during(w)
+                    n += bool(np.array_equal(w.allreduce(g), g))
+                self.exact.append(n)
 
-        t = threading.Thread(target=work)
-        t.start()
-        self.threads.append(t)
+        self.run.start(work)
 
     def join(self) -> None:
-        for t in self.threads:
-            t.join(60)
+        self.run.join()
         assert not self.errors, self.errors
 
 
@@ -184,14 +173,7 @@ def talk(port: int, *msgs: ctl.Message, raw: bytes = b"") -> tuple[socket.socket
 
 
 def read(s: socket.socket) -> ctl.Message | None:
-    dec = ctl.ControlDecoder()
-    while True:
-        data = s.recv(65536)
-        if not data:
-            return None
-        msgs = dec.feed(data)
-        if msgs:
-            return msgs[0]
+    return first_message(s, timeout=None)  # (the socket's own 10 s)
 
 
 def test_hostile_handshakes_are_refused_and_counted_while_the_real_worker_runs_exactly():

@@ -14,7 +14,6 @@ import json
 import resource
 import socket
 import struct
-import threading
 import time
 
 import numpy as np
@@ -23,6 +22,7 @@ import pytest
 from dblp.protocol import control as ctl
 from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.transport.worker import Worker, WorkerError
+from hostile import Threads, first_message
 from procs import free_port
 
 ELEMENTS = 362 * 50
@@ -39,19 +39,6 @@ def valid(worker: int, elements: int = ELEMENTS) -> dict:
             "version": ctl.PROTOCOL_VERSION}
 
 
-def answer(sock: socket.socket, timeout: float = 10.0) -> ctl.Message | None:
-    """The server's first control message to a client (None: closed without one)."""
-    sock.settimeout(timeout)
-    dec = ctl.ControlDecoder()
-    while True:
-        data = sock.recv(65536)
-        if not data:
-            return None
-        msgs = dec.feed(data)
-        if msgs:
-            return msgs[0]
-
-
 class Run:
     """A server thread plus worker threads that check every averaged gradient exactly."""
 
@@ -59,43 +46,30 @@ class Run:
         self.port = free_port()
         self.srv = ParameterServer(ServerConfig(host="127.0.0.1", port=self.port, workers=workers, rounds=ROUNDS,
                                                 accept_timeout=30, **cfg))
-        self.errors: list[BaseException] = []
         self.exact: list[int] = []
         self.started = time.monotonic()
         self.first_round_s: float | None = None
-        self.server = threading.Thread(target=self._serve)
-        self.server.start()
-        self.workers: list[threading.Thread] = []
-
-    def _serve(self) -> None:
-        try:
-            self.srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            self.errors.append(exc)
+        self.run = Threads()
+        self.errors = self.run.errors
+        self.run.start(self.srv.serve)
 
     def start_worker(self, wid: int, n: int) -> None:
         def work() -> None:
-            try:
-                with Worker("127.0.0.1", self.port, elements=ELEMENTS, worker_id=wid, connect_timeout=10) as w:
-                    ok = 0
-                    for k in range(ROUNDS):
-                        g = np.full(ELEMENTS, float(wid + 1 + k), np.float32)
-                        out = w.allreduce(g)
-                        if self.first_round_s is None:
-                            self.first_round_s = time.monotonic() - self.started
-                        want = np.float32(sum(i + 1 + k for i in range(n)) / n)
-                        ok += bool(np.all(out == want))
-                    self.exact.append(ok)
-            except BaseException as exc:  # noqa: BLE001
-                self.errors.append(exc)
+            with Worker("127.0.0.1", self.port, elements=ELEMENTS, worker_id=wid, connect_timeout=10) as w:
+                ok = 0
+                for k in range(ROUNDS):
+                    g = np.full(ELEMENTS, float(wid + 1 + k), np.float32)
+                    out = w.allreduce(g)
+                    if self.first_round_s is None:
+                        self.first_round_s = time.monotonic() - self.started
+                    want = np.float32(sum(i + 1 + k for i in range(n)) / n)
+                    ok += bool(np.all(out == want))
+                self.exact.append(ok)
 
-        t = threading.Thread(target=work)
-        t.start()
-        self.workers.append(t)
+        self.run.start(work)
 
     def join(self) -> None:
-        for t in [*self.workers, self.server]:
-            t.join(60)
+        self.run.join()
         assert not self.errors, self.errors
 
 
@@ -141,7 +115,7 @@ def test_bad_hellos_are_refused_by_name_and_the_run_stays_exact():
     for name, (frame, _) in cases.items():
         socks[name] = connect(run.port)
         socks[name].sendall(frame)
-    replies = {name: answer(socks[name]) for name in cases if name != "silent"}
+    replies = {name: first_message(socks[name]) for name in cases if name != "silent"}
     for name, (_, why) in cases.items():
         if why is not None:
             assert isinstance(replies[name], ctl.Bye) and why in replies[name].reason, (name, replies[name])
@@ -152,7 +126,7 @@ def test_bad_hellos_are_refused_by_name_and_the_run_stays_exact():
         time.sleep(0.005)
     dup = connect(run.port)
     dup.sendall(hello_frame(valid(0)))
-    reply = answer(dup)
+    reply = first_message(dup)
     assert isinstance(reply, ctl.Bye) and "worker id 0 is taken" in reply.reason
     run.start_worker(1, 2)
     run.join()
@@ -160,7 +134,7 @@ def test_bad_hellos_are_refused_by_name_and_the_run_stays_exact():
     assert run.srv.logged_in == [0, 1]  # the refused claims never logged in
     # the silent client held up nothing (its handshake deadline is 30 s) and was let go at the start
     assert run.first_round_s is not None and run.first_round_s < 10
-    silent = answer(socks["silent"])
+    silent = first_message(socks["silent"])
     assert silent is None or (isinstance(silent, ctl.Bye) and "has its workers" in silent.reason)
     # a HELLO claiming 10^12 elements made the server allocate nothing (peak resident size, KiB)
     assert _peak_rss_kib() - rss0 < 200 * 1024
@@ -173,7 +147,7 @@ def test_a_silent_connection_is_dropped_at_its_deadline():
     silent = connect(run.port)
     silent.sendall(b"\x00\x00\x00\x07")  # 4 of 7 promised bytes, then nothing
     t = time.monotonic()
-    reply = answer(silent)
+    reply = first_message(silent)
     assert isinstance(reply, ctl.Bye) and "no HELLO within 0.5 s" in reply.reason
     assert time.monotonic() - t < 3
     run.start_worker(0, 1)
@@ -197,31 +171,21 @@ def test_a_silent_worker_is_named_and_continue_mode_logs_it_once(mode, caplog):
     port = free_port()
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=2, rounds=ROUNDS, accept_timeout=30,
                                        peer_timeout=1.0, on_worker_loss=mode))
-    errors: list[BaseException] = []
     results: list[int] = []
 
-    def serve() -> None:
-        try:
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
     def worker0() -> None:
-        try:
-            with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=0, peer_timeout=10) as w:
-                for _ in range(ROUNDS):
-                    w.allreduce(np.ones(ELEMENTS, np.float32))
-                    results.append(1)
-        except WorkerError as exc:
-            errors.append(exc)
+        with Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=0, peer_timeout=10) as w:
+            for _ in range(ROUNDS):
+                w.allreduce(np.ones(ELEMENTS, np.float32))
+                results.append(1)
 
-    threads = [threading.Thread(target=serve), threading.Thread(target=worker0)]
-    for t in threads:
-        t.start()
+    run = Threads()
+    errors = run.errors
+    run.start(srv.serve)
+    run.start(worker0)
     with caplog.at_level("ERROR", logger="dblp.transport.server"):
         silent = Worker("127.0.0.1", port, elements=ELEMENTS, worker_id=1, peer_timeout=30).connect()
-        for t in threads:
-            t.join(30)
+        run.join(30)
     silent.close()
     if mode == "exit":
         server_err = next(e for e in errors if not isinstance(e, WorkerError))

@@ -35,6 +35,7 @@ from dblp.protocol.records import read_records
 from dblp.transport.server import ParameterServer, ServerConfig, ServerError
 from dblp.transport.sockets import TamperError, tamper_message
 from dblp.transport.worker import Worker, WorkerError, failed_reason
+from hostile import FrameProxy
 from procs import PY, ROOT, env, free_port
 
 SECRET = bytes(range(32))
@@ -43,63 +44,21 @@ ROUNDS = 5
 PEER_TIMEOUT = 30.0  # far above the 2 s the tests allow: a run that waits for it fails them
 
 
-def _recv_frame(s: socket.socket) -> bytes:
-    head = b""
-    while len(head) < 4:
-        part = s.recv(4 - len(head))
-        if not part:
-            raise ConnectionError
-        head += part
-    (n,) = struct.unpack("!I", head)
-    body = b""
-    while len(body) < n:
-        part = s.recv(min(1 << 20, n - len(body)))
-        if not part:
-            raise ConnectionError
-        body += part
-    return head + body
-
-
-class OnPath:
+class OnPath(FrameProxy):
     """A proxy between one worker and the server, without the secret, that writes into the stream
     once (``mode``, the module's docstring); ``injected_at`` is when it did (time.monotonic)."""
 
     def __init__(self, server_port: int, mode: str) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.server_port, self.mode = server_port, mode
+        self.mode = mode
         self.injected_at: float | None = None
         self.round0_down = b""
-        threading.Thread(target=self._run, daemon=True).start()
-
-    def _run(self) -> None:
-        w, _ = self.listener.accept()
-        s = socket.create_connection(("127.0.0.1", self.server_port))
-        threading.Thread(target=self._pipe, args=(s, w, self._down), daemon=True).start()
-        self._pipe(w, s, self._up)
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, hook) -> None:
-        n = 0
-        try:
-            while True:
-                frame = _recv_frame(src)
-                out = hook(n, frame)
-                dst.sendall(out)
-                n += 1
-        except OSError:
-            pass
-        finally:
-            for x in (src, dst):
-                try:
-                    x.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        super().__init__(server_port)
 
     def _mark(self) -> None:
         if self.injected_at is None:
             self.injected_at = time.monotonic()
 
-    def _down(self, n: int, frame: bytes) -> bytes:
+    def down(self, n: int, frame: bytes) -> bytes:
         if frame[4] != 3 or self.injected_at is not None:  # ROUND only, and once
             return frame
         r, d = struct.unpack_from("!IB", frame, 5)
@@ -121,7 +80,7 @@ class OnPath:
             return frame + self.round0_down
         return frame
 
-    def _up(self, n: int, frame: bytes) -> bytes:
+    def up(self, n: int, frame: bytes) -> bytes:
         if n == 2 and self.mode == "bye-in-place":  # HELLO, AUTH, then the worker's first tagged frame
             bye = ctl.encode(ctl.Bye("worker done"))
             assert len(bye) < len(frame)

@@ -32,6 +32,7 @@ from dblp.protocol.records import read_records
 from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.transport.shard import NormExchange
 from dblp.transport.worker import Worker
+from hostile import FrameProxy, Threads, first_message
 from procs import PY, ROOT, env, free_port
 
 SECRET = bytes(range(32))
@@ -69,58 +70,23 @@ def test_nothing_behind_the_challenge_is_read_before_the_keys():
     assert dec.feed(b"") == [] and dec.refused["forged"] == 1
 
 
-def _recv_frame(s: socket.socket) -> bytes:
-    head = b""
-    while len(head) < 4:
-        part = s.recv(4 - len(head))
-        if not part:
-            raise ConnectionError
-        head += part
-    (n,) = struct.unpack("!I", head)
-    body = b""
-    while len(body) < n:
-        part = s.recv(min(1 << 20, n - len(body)))
-        if not part:
-            raise ConnectionError
-        body += part
-    return head + body
-
-
-class OnPath:
+class OnPath(FrameProxy):
     """A proxy in the control path of one worker, without the secret: forwards frames, and
     injects a forged ROUND(1, down, 0.99) and a replay of a genuine ROUND toward the worker and a
-    forged BYE toward the server."""
+    forged BYE toward the server, each right behind a genuine frame (in the same segment)."""
 
     def __init__(self, server_port: int, replay: bool, bye: bool) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.server_port, self.replay, self.bye = server_port, replay, bye
+        self.replay, self.bye = replay, bye
         self.injected: list[str] = []
-        threading.Thread(target=self._run, daemon=True).start()
+        super().__init__(server_port)
 
-    def _run(self) -> None:
-        w, _ = self.listener.accept()
-        s = socket.create_connection(("127.0.0.1", self.server_port))
-        threading.Thread(target=self._pipe, args=(s, w, self._down), daemon=True).start()
-        self._pipe(w, s, self._up)
+    def down(self, n: int, frame: bytes) -> bytes:
+        return frame + self._behind_down(frame)
 
-    def _pipe(self, src: socket.socket, dst: socket.socket, hook) -> None:
-        n = 0
-        try:
-            while True:
-                frame = _recv_frame(src)
-                dst.sendall(frame + hook(n, frame))
-                n += 1
-        except OSError:
-            pass
-        finally:
-            for x in (src, dst):
-                try:
-                    x.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+    def up(self, n: int, frame: bytes) -> bytes:
+        return frame + self._behind_up(n)
 
-    def _down(self, n: int, frame: bytes) -> bytes:
+    def _behind_down(self, frame: bytes) -> bytes:
         if frame[4] != 3:  # ROUND
             return b""
         r, d = struct.unpack_from("!IB", frame, 5)
@@ -134,7 +100,7 @@ class OnPath:
             return self.round0_down
         return b""
 
-    def _up(self, n: int, frame: bytes) -> bytes:
+    def _behind_up(self, n: int) -> bytes:
         if n == 3 and self.bye:  # HELLO, AUTH, then the worker's first tagged frame: a BYE behind it
             self.injected.append("forged BYE")
             return ctl.encode(ctl.Bye("worker done"))
@@ -148,35 +114,24 @@ def _run(tmp_path: Path, insecure: bool, fails: bool = False) -> tuple[list[int]
     srv = ParameterServer(ServerConfig(host="127.0.0.1", port=port, workers=2, rounds=ROUNDS, accept_timeout=30,
                                        peer_timeout=20, records=str(srv_rec), **kw))
     proxy = OnPath(port, replay=not insecure, bye=not insecure)
-    errors: list[BaseException] = []
     exact: list[int] = []
 
-    def serve() -> None:
-        try:
-            srv.serve()
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
-
     def work(wid: int, p: int) -> None:
-        try:
-            with Worker("127.0.0.1", p, elements=ELEMENTS, worker_id=wid, connect_timeout=10, peer_timeout=20,
-                        records=str(w_rec).format(wid), **kw) as w:
-                ok = 0
-                for k in range(ROUNDS):
-                    out = w.allreduce(np.full(ELEMENTS, float(wid + 1 + k), np.float32))
-                    ok += bool(np.all(out == np.float32((1 + 2 + 2 * k) / 2)))
-                exact.append(ok)
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        with Worker("127.0.0.1", p, elements=ELEMENTS, worker_id=wid, connect_timeout=10, peer_timeout=20,
+                    records=str(w_rec).format(wid), **kw) as w:
+            ok = 0
+            for k in range(ROUNDS):
+                out = w.allreduce(np.full(ELEMENTS, float(wid + 1 + k), np.float32))
+                ok += bool(np.all(out == np.float32((1 + 2 + 2 * k) / 2)))
+            exact.append(ok)
 
-    threads = [threading.Thread(target=serve), threading.Thread(target=work, args=(0, proxy.port)),
-               threading.Thread(target=work, args=(1, port))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    proxy.errors = errors  # type: ignore[attr-defined]
-    assert fails or not errors, errors
+    run = Threads()
+    run.start(srv.serve)
+    run.start(work, 0, proxy.port)
+    run.start(work, 1, port)
+    run.join()
+    proxy.errors = run.errors  # type: ignore[attr-defined]
+    assert fails or not run.errors, run.errors
     recs = list(read_records(srv_rec)) + [r for i in range(2) for r in read_records(str(w_rec).format(i))]
     return exact, proxy, recs
 
@@ -203,21 +158,12 @@ def test_on_the_insecure_wire_the_forged_round_lands_and_the_records_flag_it(tmp
 
 def _serve_and_work(srv: ParameterServer, work, workers: int) -> list[BaseException]:
     """``srv.serve()`` and ``work(wid)`` for each worker, each on a thread; what any of them raised."""
-    errors: list[BaseException] = []
-
-    def guarded(fn, *args) -> None:
-        try:
-            fn(*args)
-        except BaseException as exc:  # noqa: BLE001 - reported to the test
-            errors.append(exc)
-
-    threads = [threading.Thread(target=guarded, args=(srv.serve,))]
-    threads += [threading.Thread(target=guarded, args=(work, i)) for i in range(workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    return errors
+    run = Threads()
+    run.start(srv.serve)
+    for i in range(workers):
+        run.start(work, i)
+    run.join()
+    return run.errors
 
 
 # -- before login: floods against a server process under limits --------------------------------------
@@ -277,18 +223,11 @@ def _finish(p: subprocess.Popen, threads: list[threading.Thread], errors: list) 
 
 def _bye(s: socket.socket) -> str | None:
     """The reason of the BYE the server sent this connection (None: closed without one)."""
-    s.settimeout(10)
-    dec = ctl.ControlDecoder()
     try:
-        while True:
-            data = s.recv(65536)
-            if not data:
-                return None
-            msgs = dec.feed(data)
-            if msgs:
-                return msgs[0].reason if isinstance(msgs[0], ctl.Bye) else repr(msgs[0])
+        m = first_message(s)
     except OSError:
         return None
+    return None if m is None else m.reason if isinstance(m, ctl.Bye) else repr(m)
 
 
 @pytest.fixture
