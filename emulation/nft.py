@@ -41,6 +41,8 @@ PRIORITY = -500
 MOD = 10_000
 #: ``numgen random`` modulus of the trace replayer: 1e-6 steps
 FINE_MOD = 1_000_000
+#: ``numgen inc`` modulus of a packet trace played once: the counter never wraps within a run
+INC_MOD_ONCE = 0xFFFFFFFF
 PROTOS = ("udp", "tcp", "all")
 
 
@@ -49,6 +51,13 @@ def threshold(rate: float, mod: int = MOD) -> int:
     if not 0.0 <= rate <= 1.0:
         raise ValueError(f"loss rate must be in [0, 1], got {rate}")
     return round(rate * mod)
+
+
+def applied_rate(rate: float, mod: int = MOD) -> float:
+    """The loss a ``numgen random mod {mod}`` rule for ``rate`` really applies: its threshold over ``mod``.
+    No range check here, so that a level a hair above 1 from averaging (a resampled trace) rounds to 1
+    instead of failing; :func:`threshold` checks the rounded rate when the rule is written."""
+    return round(float(rate) * mod) / mod
 
 
 def match(proto: str = "udp", dports: tuple[int, int] | None = None) -> str:
@@ -111,6 +120,16 @@ def packet_drop_lines(table: str, chain: str, what: str, elements: Sequence[str]
     return lines
 
 
+def trace_drop_lines(table: str, chain: str, what: str, drops: np.ndarray, loop: bool) -> list[str]:
+    """:func:`packet_drop_lines` of a packet trace's verdicts (``drops[k]``: the k-th matching packet is
+    dropped): the counter wraps at the trace's length when it ``loop``-s, else never within a run
+    (past the end every packet is delivered)."""
+    n = int(np.size(drops))
+    if n > INC_MOD_ONCE:
+        raise ValueError(f"packet trace too long for numgen ({n} packets)")
+    return packet_drop_lines(table, chain, what, interval_elements(drops), n if loop else INC_MOD_ONCE)
+
+
 def interval_elements(drops: np.ndarray) -> list[str]:
     """Indices of True values as nft set elements (:func:`packet_drop_lines`), runs as ``a-b``."""
     idx = np.flatnonzero(drops)
@@ -130,7 +149,13 @@ def script(lines: Sequence[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def delete_table_lines(table: str, family: str = "netdev") -> list[str]:
+    """The statement that removes a table with its chains, sets and counters (for a script runner)."""
+    return [f"delete table {family} {table}"]
+
+
 def delete_table_args(table: str, family: str = "netdev") -> list[str]:
+    """The same as an ``nft`` command line (for a host's command runner)."""
     return ["nft", "delete", "table", family, table]
 
 

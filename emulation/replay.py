@@ -86,8 +86,6 @@ __all__ = ["TraceReplayer", "NftBackend", "LibNftBackend", "CliNftBackend", "hav
 TABLE_PREFIX = "dblp_loss_replay"
 #: ``numgen random`` modulus: drop probabilities in steps of 1e-6
 RANDOM_MOD = nft.FINE_MOD
-#: ``numgen inc`` modulus of a non-looping packet trace (never wraps within a run)
-INC_MOD_ONCE = 0xFFFFFFFF
 #: default smallest step between two rule swaps, by backend (microseconds)
 DEFAULT_STEP_US = {"libnftables": 1_000, "nft": 20_000}
 _table_seq = itertools.count(1)
@@ -126,11 +124,6 @@ def _step_mean(t: Sequence[float], v: Sequence[float], a: float, b: float) -> fl
     vv = np.asarray(v, dtype=np.float64)
     edges = np.clip(np.append(tt, b), a, b)
     return float(np.sum(vv * np.diff(edges)) / (b - a))
-
-
-def _quantize(loss: float) -> float:
-    """The loss a ``numgen random mod RANDOM_MOD`` rule really applies."""
-    return round(float(loss) * RANDOM_MOD) / RANDOM_MOD
 
 
 def _pct(x: list[float], q: float) -> float:
@@ -264,11 +257,7 @@ class TraceReplayer:
 
     def _packet_rules(self, t: LossTarget, c: str) -> list[str]:
         assert isinstance(self.trace, PacketTrace)
-        n = len(self.trace)
-        if n > INC_MOD_ONCE:
-            raise ValueError(f"packet trace too long for numgen ({n} packets)")
-        return nft.packet_drop_lines(self.table, c, t.match(), nft.interval_elements(self.trace.drops),
-                                     n if self.trace.loop else INC_MOD_ONCE)
+        return nft.trace_drop_lines(self.table, c, t.match(), self.trace.drops, self.trace.loop)
 
     # ------------------------------------------------------------ lifecycle
     def __enter__(self) -> "TraceReplayer":
@@ -372,7 +361,7 @@ class TraceReplayer:
                 try:
                     self._counters_end = self.counters()
                     for host in self._by_host():
-                        self.backend.run(self._host_pid(host), nft.script([f"delete table netdev {self.table}"]))
+                        self.backend.run(self._host_pid(host), nft.script(nft.delete_table_lines(self.table)))
                     self._installed = False
                 except Exception:  # noqa: BLE001 - stop() retries with the nft command
                     pass
@@ -426,7 +415,7 @@ class TraceReplayer:
         while cur is not None and not self._stop.is_set():
             nxt = next(it, None)
             due = due_of(cur)
-            new = _quantize(cur.loss)
+            new = nft.applied_rate(cur.loss, RANDOM_MOD)
             target = due
             if self.keep_mean and new != cur_loss:
                 debt = self._requested_integral(due) - (ach + cur_loss * (due - t_last))
@@ -446,7 +435,7 @@ class TraceReplayer:
             cur = nxt
 
     def _apply(self, ch: Change, due: float, target: float) -> float:
-        loss = _quantize(ch.loss)
+        loss = nft.applied_rate(ch.loss, RANDOM_MOD)
         for host, ts in self._by_host().items():
             lines: list[str] = []
             for t in ts:
