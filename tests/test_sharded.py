@@ -274,15 +274,21 @@ def test_norm_tag_is_the_auth_modules_message_tag_as_the_wire_has_it():
     sender's role, the connection's nonce and the message, cut to 16 bytes (the wire as it was)."""
     import hashlib
     import hmac
+    import struct
 
     from dblp.protocol import auth
+    from dblp.protocol.login import NORM_MESSAGE_BYTES, encode_norm
 
-    x = NormExchange(1, 2, ("127.0.0.1", 1), SECRET, timeout=1, connect_timeout=1)
     body = b"b" * 14
     want = hmac.new(SECRET, b"dblp-shard-norm/peer" + b"n" * 16 + body, hashlib.sha256).digest()[:16]
-    assert x._tag(b"n" * 16, body, False) == want
+    assert auth.norm_tag(SECRET, b"n" * 16, body, False) == want
     assert auth.message_tag(SECRET, b"dblp-shard-norm/peer", b"n" * 16 + body, 16) == want
-    assert x._tag(b"n" * 16, body, True) != want  # the hub's role gives another tag
+    assert auth.norm_tag(SECRET, b"n" * 16, body, True) != want  # the hub's role gives another tag
+    assert auth.norm_tag(None, b"n" * 16, body, False) == bytes(16)  # --insecure: the size kept, no tag
+    msg = encode_norm(SECRET, b"n" * 16, 3, 1, 2.5, from_hub=False)  # what a shard server sends
+    head = struct.pack("!IHd", 3, 1, 2.5)
+    assert NORM_MESSAGE_BYTES == len(msg) == 30
+    assert msg == head + hmac.new(SECRET, b"dblp-shard-norm/peer" + b"n" * 16 + head, hashlib.sha256).digest()[:16]
 
 
 def _raises(f, *args) -> BaseException | None:

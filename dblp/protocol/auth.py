@@ -185,9 +185,24 @@ def control_keys(secret: bytes, nonce_worker: bytes, nonce_server: bytes, hello:
 
 def message_tag(secret: bytes, label: bytes, data: bytes, size: int = 32) -> bytes:
     """HMAC-SHA256 of ``label + data`` under ``secret``, its first ``size`` bytes: the tag of a message
-    outside the control stream (the shard servers' norm exchange, :class:`dblp.transport.shard.NormExchange`),
-    whose ``label`` names the purpose and the sender's role so that a tag serves no other."""
+    outside the control stream (the shard servers' norm exchange, :func:`norm_tag`), whose ``label``
+    names the purpose and the sender's role so that a tag serves no other."""
     return hmac.new(secret, label + data, hashlib.sha256).digest()[:size]
+
+
+def norm_tag(secret: bytes | None, nonce: bytes, body: bytes, from_hub: bool) -> bytes:
+    """The tag of one message of the shard servers' norm exchange (:mod:`dblp.protocol.login`):
+    keyed by the run's secret, bound to the connection's nonce (a recorded exchange fails in
+    another connection) and to the sender's role (a message reflected back to its sender fails).
+    ``--insecure`` (no secret): zeros, so the message keeps its size."""
+    if secret is None:
+        return bytes(TAG_BYTES)
+    return message_tag(secret, b"dblp-shard-norm/" + (b"hub" if from_hub else b"peer"), nonce + body, TAG_BYTES)
+
+
+def check_norm_tag(secret: bytes | None, nonce: bytes, body: bytes, from_hub: bool, got: bytes) -> bool:
+    """Whether ``got`` is the norm message's tag (:func:`norm_tag`), compared in constant time."""
+    return hmac.compare_digest(norm_tag(secret, nonce, body, from_hub), got)
 
 
 # -- data: the per-run key and the datagram tag -----------------------------------------------

@@ -36,10 +36,11 @@ from dblp.transport.shard import NormExchange
 from dblp.protocol.session import (CONSISTENCY, ControlToSend, Phase, RecordContext, RecordWritten, RoundEnded, RoundOpening,
                       SenderStarted, ServerSession)
 from dblp.transport.watch import RoundHookClient
-from dblp.transport.login import _INLINE_HELLO_BYTES, ServerError, ServerLogin, _assign_ids  # noqa: F401 (re-exported)
-from dblp.transport.sockets import (DEFAULT_PEER_TIMEOUT_S, LISTEN_BACKLOG, MAX_PENDING, Peer, PeerError, TAMPERED, TamperError,
+from dblp.protocol.login import assign_ids
+from dblp.transport.login import _INLINE_HELLO_BYTES, ServerError, ServerLogin, listen  # noqa: F401 (re-exported)
+from dblp.transport.sockets import (DEFAULT_PEER_TIMEOUT_S, MAX_PENDING, Peer, PeerError, TAMPERED, TamperError,
                         pump, pump_parallel)
-from dblp.transport.udp import DataSocket, family_of, layout_mtu, resolve_mtu
+from dblp.transport.udp import DataSocket, layout_mtu, resolve_mtu
 from dblp.protocol.wire import DEFAULT_MTU, ChunkLayout, ParameterError
 
 log = logging.getLogger("dblp.transport.server")
@@ -164,8 +165,7 @@ class ParameterServer(ServerLogin):
         # the ids the workers asked for (-1: any), in the order their logins completed: another thread
         # (a test, a launcher's progress) can see a login through without waiting for the whole run's
         self.logged_in: list[int] = []
-        self.listener = socket.create_server((cfg.host, cfg.port), family=family_of(cfg.host), reuse_port=False,
-                                             backlog=LISTEN_BACKLOG)
+        self.listener = listen((cfg.host, cfg.port))
         self._fd_warned = False
         self.listener.settimeout(cfg.accept_timeout)
         self.port = self.listener.getsockname()[1]
@@ -208,7 +208,7 @@ class ParameterServer(ServerLogin):
         (``cfg.elements``) when configured, else the first valid HELLO's -
         bounded by the memory the server would need for it.
 
-        Before login a connection is bounded (the pre-login limits, :mod:`dblp.transport.sockets`):
+        Before login a connection is bounded (the pre-login limits, :mod:`dblp.protocol.login` L1):
         at most ``cfg.max_pending`` logins at once (one more lets the oldest go, as does a
         want of file descriptors), a first frame of at most :data:`dblp.protocol.control.MAX_HELLO`
         bytes (refused on its 5-byte header, before its body is buffered), at most
@@ -222,7 +222,7 @@ class ParameterServer(ServerLogin):
         elements = int(spec["elements"])
         key = None if self.secret is None else auth.data_key(self.secret, self.run_id)
         self.layout = ChunkLayout(elements, layout_mtu(self.cfg.mtu, self.cfg.host), key=key)  # cfg.mtu: the link's
-        ids = _assign_ids([h.worker for _, h, _ in pending], self.cfg.workers)
+        ids = assign_ids([h.worker for _, h, _ in pending], self.cfg.workers)
         peers: dict[int, Peer] = {}
         for (conn, hello, keys), wid in zip(pending, ids):
             conn.settimeout(self.cfg.peer_timeout)

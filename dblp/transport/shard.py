@@ -25,38 +25,26 @@ per-shard records make one round record (:func:`merge_records`).
 
 from __future__ import annotations
 
-import hmac
 import logging
-import math
-import secrets
-import selectors
 import socket
-import struct
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, Sequence
 
 from dblp.protocol import auth
+from dblp.protocol.login import (NORM_MESSAGE_BYTES, HubGate, NormMessageError, Refuse, ShardVerified,  # (the simulator
+                                 WorkerVerified, decode_norm, encode_norm)  # prices the norm exchange by its size)
 from dblp.protocol.records import RecordWriter, RoundRecord
+from dblp.transport.login import AcceptLoop, listen
 from dblp.transport.staging import HostStaging, ResultPool
-from dblp.transport.sockets import FD_PAUSE_S, LISTEN_BACKLOG, LOGGED_REFUSALS, MAX_PENDING, accept_logins, connect_retry
+from dblp.transport.sockets import LOGGED_REFUSALS, MAX_PENDING, connect_retry
 from dblp.protocol.wire import ParameterError
 from dblp.transport.worker import Worker, failed_reason
 
 log = logging.getLogger("dblp.transport.shard")
 
 AGGREGATIONS = ("server", "sharded")  # the paper's single server; k shard servers on the workers' hosts
-_MSG = struct.Struct("!IHd")  # round, shard, squared norm (peer -> hub) or total (hub -> peer)
-_TAG = 16
-_NONCE = 16
-#: one message of the norm exchange on the wire (the simulator prices its control frames by it)
-NORM_MESSAGE_BYTES = _MSG.size + _TAG
-
-
-def _norm_label(sender_is_hub: bool) -> bytes:
-    """The norm exchange's tag label: its purpose and the sender's role (a reflected message fails)."""
-    return b"dblp-shard-norm/" + (b"hub" if sender_is_hub else b"peer")
 
 
 def shard_bounds(elements: int, shards: int) -> list[tuple[int, int]]:
@@ -126,8 +114,7 @@ class NormExchange:
         self.peers: dict[int, tuple[socket.socket, bytes]] = {}  # hub: shard -> (connection, nonce)
         self.conn: tuple[socket.socket, bytes] | None = None  # a peer's connection to the hub, its nonce
         if shard == 0:
-            fam = socket.AF_INET6 if ":" in hub[0] else socket.AF_INET
-            self.listener = socket.create_server(hub, family=fam, backlog=LISTEN_BACKLOG)
+            self.listener = listen(hub)
 
     @property
     def port(self) -> int:
@@ -135,129 +122,25 @@ class NormExchange:
         assert self.listener is not None
         return self.listener.getsockname()[1]
 
-    def _tag(self, nonce: bytes, body: bytes, sender_is_hub: bool) -> bytes:
-        """The message's tag: keyed by the run's secret, bound to the connection's nonce and to the
-        sender's role, so a message reflected back to its sender is refused."""
-        if self.secret is None:
-            return bytes(_TAG)
-        return auth.message_tag(self.secret, _norm_label(sender_is_hub), nonce + body, _TAG)
-
     def _send(self, conn: socket.socket, nonce: bytes, round_no: int, shard: int, value: float) -> None:
-        body = _MSG.pack(round_no & 0xFFFFFFFF, shard, value)
-        conn.sendall(body + self._tag(nonce, body, self.shard == 0))
+        conn.sendall(encode_norm(self.secret, nonce, round_no, shard, value, from_hub=self.shard == 0))
 
     def _recv(self, conn: socket.socket, nonce: bytes, round_no: int, who: str) -> tuple[int, float]:
-        return self._check(_recv_exact(conn, _MSG.size + _TAG, who, self.timeout), nonce, round_no, who)
-
-    def _check(self, data: bytes, nonce: bytes, round_no: int, who: str) -> tuple[int, float]:
-        """(shard, value) of one message, refused unless tagged by this run, of this round, finite."""
-        body, tag = data[:_MSG.size], data[_MSG.size:]
-        if not hmac.compare_digest(tag, self._tag(nonce, body, self.shard != 0)):
-            raise NormExchangeError(f"{who}: a norm message without this run's tag (another run, or a forgery)")
-        r, shard, value = _MSG.unpack(body)
-        if r != round_no & 0xFFFFFFFF:
-            raise NormExchangeError(f"{who}: norm of round {r} while this server is at round {round_no}")
-        if not math.isfinite(value) or value < 0:
-            raise NormExchangeError(f"{who}: squared norm {value} is not a non-negative number")
-        return shard, value
+        data = _recv_exact(conn, NORM_MESSAGE_BYTES, who, self.timeout)
+        try:
+            return decode_norm(self.secret, nonce, data, round_no, from_hub=self.shard != 0)
+        except NormMessageError as exc:
+            raise NormExchangeError(f"{who}: {exc}") from None
 
     def _accept_peers(self) -> None:
-        """Take the other shard servers' connections, every login at once, each under its own
-        deadline (``login_timeout``): a connection that says nothing, or not this run's
-        introduction, is closed when it fails without holding up the others - the pre-login
-        rules of every listener (:func:`dblp.transport.sockets.accept_logins`: a cap on logins in
-        progress, the oldest let go, EMFILE survived)."""
+        """Take the other shard servers' connections through the one login of every listener
+        (:class:`dblp.transport.login.AcceptLoop` driving :class:`dblp.protocol.login.HubGate`): every
+        login at once, each under its own deadline (``login_timeout``), a connection that says
+        nothing, or not this run's introduction, closed when it fails without holding up the others."""
         assert self.listener is not None
-        deadline = time.monotonic() + self.connect_timeout
-        logins: dict[socket.socket, tuple[tuple, bytes, bytearray, float]] = {}  # addr, nonce, bytes, until
-        sel = selectors.DefaultSelector()
-        self.listener.setblocking(False)
-        sel.register(self.listener, selectors.EVENT_READ)
-        paused_until = 0.0
-
-        def drop(conn: socket.socket, why: str) -> None:
-            addr = logins.pop(conn)[0]
-            self.refused += 1
-            if self.refused <= LOGGED_REFUSALS:  # a flood is counted, not logged line by line (as the server's)
-                log.warning("shard hub: connection from %s:%s closed: %s%s", addr[0], addr[1], why,
-                            " (further ones are counted, not logged)" if self.refused == LOGGED_REFUSALS else "")
-            sel.unregister(conn)
-            conn.close()
-
-        def shed(why: str) -> bool:
-            if not logins:
-                return False
-            drop(next(iter(logins)), f"shed: {why}")
-            return True
-
-        def take(conn: socket.socket, addr: tuple) -> None:
-            nonce = secrets.token_bytes(_NONCE)
-            try:
-                conn.send(nonce)  # 16 bytes into an empty send buffer
-            except OSError:
-                conn.close()
-                return
-            logins[conn] = (addr, nonce, bytearray(), time.monotonic() + self.login_timeout)
-            sel.register(conn, selectors.EVENT_READ)
-
-        def read(conn: socket.socket) -> None:
-            addr, nonce, buf, _ = logins[conn]
-            try:
-                data = conn.recv(_MSG.size + _TAG - len(buf))
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                drop(conn, str(exc))
-                return
-            if not data:
-                drop(conn, "closed before its introduction")
-                return
-            buf += data
-            if len(buf) < _MSG.size + _TAG:
-                return
-            try:
-                shard, _ = self._check(bytes(buf), nonce, 0, f"shard peer {addr[0]}:{addr[1]}")
-            except NormExchangeError as exc:
-                drop(conn, str(exc))
-                return
-            if not 0 < shard < self.shards or shard in self.peers:
-                drop(conn, f"introduced itself as shard {shard}, which is not a free shard of {self.shards}")
-                return
-            logins.pop(conn)
-            sel.unregister(conn)
-            conn.setblocking(True)
-            self.peers[shard] = (conn, nonce)
-
-        try:
-            while len(self.peers) < self.shards - 1:
-                now = time.monotonic()
-                for conn in [c for c, (_, _, _, until) in logins.items() if now >= until]:
-                    drop(conn, f"no introduction within {self.login_timeout:g} s")
-                if now >= deadline:
-                    missing = sorted(set(range(1, self.shards)) - set(self.peers))
-                    raise NormExchangeError(f"shard hub: shard server(s) {missing} did not connect within "
-                                            f"{self.connect_timeout:g} s")
-                if paused_until and now >= paused_until:
-                    sel.register(self.listener, selectors.EVENT_READ)
-                    paused_until = 0.0
-                wake = min([deadline, *(v[3] for v in logins.values()), *([paused_until] if paused_until else [])])
-                for key, _ in sel.select(max(0.0, wake - now)):
-                    if key.fileobj is self.listener:
-                        if accept_logins(self.listener, lambda: len(logins), MAX_PENDING, take, shed):
-                            sel.unregister(self.listener)
-                            paused_until = time.monotonic() + FD_PAUSE_S
-                    elif key.fileobj in logins:
-                        read(key.fileobj)
-                    if len(self.peers) >= self.shards - 1:
-                        break
-        finally:
-            for conn in list(logins):
-                drop(conn, "the hub has its shard servers" if len(self.peers) >= self.shards - 1
-                     else "the hub stopped waiting")
-            sel.close()
-            self.listener.setblocking(True)
-            if self.refused > LOGGED_REFUSALS:
-                log.warning("shard hub: closed %d connections that were no shard server's", self.refused)
+        gate = HubGate(self.shards, self.secret, timeout=self.login_timeout, accept_timeout=self.connect_timeout,
+                       now=time.monotonic(), max_pending=MAX_PENDING, taken=set(self.peers))
+        _HubDoor(self, gate).run()
 
     def _connect(self) -> None:
         try:
@@ -266,7 +149,7 @@ class NormExchange:
             raise NormExchangeError(f"shard {self.shard}: cannot reach the shard hub at "
                                     f"{self.hub[0]}:{self.hub[1]}: {exc}") from None
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        nonce = _recv_exact(conn, _NONCE, "shard hub", self.timeout)
+        nonce = _recv_exact(conn, auth.NONCE_BYTES, "shard hub", self.timeout)
         self._send(conn, nonce, 0, self.shard, 0.0)  # the introduction: round 0, our shard
         self.conn = (conn, nonce)
 
@@ -305,6 +188,37 @@ class NormExchange:
         if self.listener is not None:
             self.listener.close()
             self.listener = None
+
+
+class _HubDoor(AcceptLoop):
+    """The norm hub's listener: a shard server in is a peer of the exchange; a refusal is a close,
+    counted in ``exchange.refused`` (the first :data:`LOGGED_REFUSALS` logged, as the server's are)."""
+
+    def __init__(self, exchange: NormExchange, gate: HubGate) -> None:
+        assert exchange.listener is not None
+        super().__init__(exchange.listener, gate)
+        self.exchange = exchange
+
+    def admitted(self, conn: socket.socket, event: WorkerVerified | ShardVerified) -> None:
+        assert isinstance(event, ShardVerified)
+        self.exchange.peers[event.shard] = (conn, event.nonce)
+
+    def count(self, refusal: Refuse) -> None:
+        x = self.exchange
+        x.refused += 1
+        if x.refused <= LOGGED_REFUSALS:  # a flood is counted, not logged line by line (as the server's)
+            log.warning("shard hub: connection from %s:%s closed: %s%s", refusal.addr[0], refusal.addr[1],
+                        refusal.why, " (further ones are counted, not logged)" if x.refused == LOGGED_REFUSALS else "")
+
+    def summary(self) -> None:
+        if self.exchange.refused > LOGGED_REFUSALS:
+            log.warning("shard hub: closed %d connections that were no shard server's", self.exchange.refused)
+
+    def overdue(self, why: str) -> BaseException:
+        return NormExchangeError(f"shard hub: {why}")
+
+    def ending(self, failure: BaseException | None) -> str:
+        return "the hub has its shard servers" if self.gate.done else "the hub stopped waiting"
 
 
 def _recv_exact(conn: socket.socket, n: int, who: str, timeout: float) -> bytes:
