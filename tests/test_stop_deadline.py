@@ -117,11 +117,18 @@ def test_the_probe_ends_the_deadline_and_r5_applies():
     assert r.complete and [s.received for s in _stops(r)] == [61]
 
 
-def test_a_pass_without_time_gives_no_estimate():
+def test_a_pass_without_time_is_a_sample_of_zero():
     r = _receiver()
     _open(r, 0, 0.0)
-    r.receive_chunks(0, np.arange(100), 3.0)  # every chunk at one instant (a host-local slot, a model)
-    assert r.complete and math.isnan(r.pass_estimate_s) and r.deadline_s == math.inf
+    r.receive_chunks(0, np.arange(100), 3.0)  # every chunk at one instant (one read, a host-local slot, a model)
+    assert r.complete and r.pass_estimate_s == 0.0 and r.deadline_s == 0.0
+    r.finish_round()
+    _open(r, 1, 4.0)
+    r.receive_chunks(1, np.arange(59), 5.0)
+    assert not r.complete
+    r.receive_chunks(1, np.arange(59, 60), 5.001)  # a deadline of 0: the threshold closes the pass (as early)
+    assert r.complete and r.received == 60
+    assert r.pass_estimate_s == pytest.approx(0.25 * 0.001 * 100 / 60, rel=1e-9)
 
 
 @pytest.mark.parametrize("rule", ["early", "once"])

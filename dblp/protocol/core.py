@@ -46,9 +46,8 @@ R5b The stop rule (:data:`STOP_RULES`, a run's option): ``early`` is R5 as the p
     estimate is per receiver (per peer and direction), kept across rounds: when a first pass ends
     (its PROBE, or a STOP before it) at ``now``, the sample is ``now - t_first``, scaled by n / held
     when a STOP cut the pass (the time the whole pass would take at the rate it came); the first
-    sample is the estimate, later ones move it by ``DEADLINE_GAIN`` (0.25) of the difference; a pass
-    with no elapsed time gives no sample. Until there is an estimate (a run's first transfer), the
-    rule is ``once``. The clock is the caller's ``now``, looked at when chunks or the PROBE arrive:
+    sample is the estimate, later ones move it by ``DEADLINE_GAIN`` (0.25) of the difference. Until
+    there is an estimate (during a receiver's first transfer), the rule is ``once``. The clock is the caller's ``now``, looked at when chunks or the PROBE arrive:
     no timer, so the close comes with the first of them at or after the deadline. Persistent
     slowness raises the estimate until passes fit their deadline again; a straggling pass is cut.
 R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B). The chunks the

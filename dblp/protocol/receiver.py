@@ -516,15 +516,13 @@ class Receiver:
     def _pass_sample(self, now: float, scale: float) -> None:
         """R5b ``deadline``: a transfer's first pass ended (its PROBE, or a STOP before it) ``now``;
         its time since the first chunk, times ``scale`` (a STOP that cut it: the chunks it would
-        have taken at the rate they came), updates the running estimate. A pass with no time
-        (nothing in, or every chunk at one instant) says nothing about a pass's duration."""
+        have taken at the rate they came), updates the running estimate. A pass that took no time
+        (every chunk in one read) is a sample of 0: passes that fast make any slower one late."""
         if self.stop_rule != "deadline" or not self.received:
             return
-        elapsed = now - self.stats.t_first
-        if elapsed > 0:
-            sample = elapsed * scale
-            est = self.pass_estimate_s
-            self.pass_estimate_s = sample if est != est else est + DEADLINE_GAIN * (sample - est)
+        sample = max(0.0, now - self.stats.t_first) * scale
+        est = self.pass_estimate_s
+        self.pass_estimate_s = sample if est != est else est + DEADLINE_GAIN * (sample - est)
 
     def _early_stop_loss(self) -> tuple[float, int]:
         """R12: the first pass's loss at a STOP that came before its PROBE - the fraction of the

@@ -101,8 +101,12 @@ class PacketFlow(FlowBase):
         self._last_t = t
         r = self.ep.receiver
         if (not (r.active and r.round_no == self.rnd and not r.complete) or r.received == 0
-                or (r.tolerance is not None and r.received + len(self._seqs) >= r.stop_count)):
-            self.deliver_until(t)  # its time matters: the first one (t_first), the one meeting need, stale ones
+                or (r.tolerance is not None and (r.received + len(self._seqs) >= r.stop_count
+                                                 or (r.stop_rule == "deadline" and r.received + len(self._seqs)
+                                                     >= r.need and t >= r.deadline_at)))):
+            # its time matters: the first one (t_first), the one meeting need (or, under R5b's deadline, the
+            # first at the deadline with need held), stale ones
+            self.deliver_until(t)
         # else it waits in the buffer: nothing about it depends on its time until the
         # next control message, round change or crossing, which deliver first
 
