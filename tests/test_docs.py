@@ -112,3 +112,29 @@ def test_site_builds_strictly(tmp_path: Path) -> None:
     assert "DBLP loss-trace format, version 1" in fmt
     results = (tmp_path / "site" / "results" / "phase-sensitivity" / "index.html").read_text(encoding="utf-8")
     assert "measured results" in results
+
+
+#: a project path as the pages write it: a Python or shell file, or a folder (trailing slash)
+_DOC_PATH = re.compile(r"(?<![\w/.-])((?:dblp|emulation|scenarios|traces|topologies|scripts|tests)/[\w/.-]*?"
+                       r"(?:\.py|\.sh|/))(?!\w)")
+
+
+def test_every_path_the_pages_name_exists() -> None:
+    """A page that names `dblp/protocol/pacing.py` after pacing became a package sends a reader to
+    nothing: every project file or folder written in docs/ must exist (templates such as
+    `scenarios/<name>.py` do not match)."""
+    pages = sorted((ROOT / "docs").rglob("*.md"))
+    named = {(page.relative_to(ROOT).as_posix(), m.group(1)) for page in pages
+             for m in _DOC_PATH.finditer(page.read_text(encoding="utf-8"))}
+    assert len(pages) > 20 and len(named) > 200, (len(pages), len(named))
+    assert ("docs/layout.md", "dblp/protocol/core.py") in named  # the pattern finds what the pages write
+    missing = sorted(f"{page}: {path}" for page, path in named if not (ROOT / path).exists())
+    assert not missing, "\n".join(missing)
+
+
+def test_the_path_check_catches_a_stale_path() -> None:
+    text = ("see `dblp/protocol/no_such_rule.py`, `dblp/protocol/`, dblp/cli/args.py, mydblp/x.py "
+            "and `scenarios/<name>.py`")
+    found = [m.group(1) for m in _DOC_PATH.finditer(text)]
+    assert found == ["dblp/protocol/no_such_rule.py", "dblp/protocol/", "dblp/cli/args.py"]
+    assert [(ROOT / f).exists() for f in found] == [False, True, True]
