@@ -138,3 +138,32 @@ def test_the_path_check_catches_a_stale_path() -> None:
     found = [m.group(1) for m in _DOC_PATH.finditer(text)]
     assert found == ["dblp/protocol/no_such_rule.py", "dblp/protocol/", "dblp/cli/args.py"]
     assert [(ROOT / f).exists() for f in found] == [False, True, True]
+
+
+def _module_file(dotted: str) -> Path | None:
+    """The file of a dotted module name of the tree (a package's ``__init__.py``), or None."""
+    base = ROOT / dotted.replace(".", "/")
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def test_every_dotted_dblp_name_the_pages_write_is_in_the_source() -> None:
+    """`dblp.x.y.name`: the longest prefix that is a module exists below `dblp` itself, and the
+    next part, when there is one, is a name written in that module (a function, a class, a constant,
+    or a re-export), so a page does not point at a name that moved."""
+    stale, seen = [], 0
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        for name in sorted(set(re.findall(r"(?<![\w/.])dblp(?:\.\w+)+", page.read_text(encoding="utf-8")))):
+            parts = name.split(".")
+            cut = next((i for i in range(len(parts), 1, -1) if _module_file(".".join(parts[:i]))), None)
+            seen += 1
+            if cut is None:
+                stale.append(f"{page.relative_to(ROOT)}: {name} (no such module)")
+            elif cut < len(parts):
+                src = _module_file(".".join(parts[:cut])).read_text(encoding="utf-8")
+                if not re.search(rf"\b{parts[cut]}\b", src):
+                    stale.append(f"{page.relative_to(ROOT)}: {name} ({'.'.join(parts[:cut])} has no {parts[cut]})")
+    assert seen > 100, seen
+    assert not stale, "\n".join(stale)
