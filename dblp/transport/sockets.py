@@ -25,7 +25,7 @@ import numpy as np
 
 from dblp.protocol import control as ctl
 from dblp.protocol.core import Receiver, RoundSender
-from dblp.protocol.pacing import WAKE_S
+from dblp.protocol.pacing import WAKE_S, ControlCork
 from dblp.transport.udp import DataSocket, addr_key
 
 log = logging.getLogger("dblp.transport.sockets")
@@ -157,13 +157,10 @@ class Peer:
         # control messages sent to this peer, by type (RoundStart, Probe, Stop...): what a round
         # costs in control round trips, counted (tests/test_control_cost.py)
         self.control_sent: dict[str, int] = {}
-        # Corked (:meth:`cork`): control frames are encoded (numbered, tagged) at once but held, and
-        # written together - one write, one wakeup of the peer - by :meth:`release`. None: not corked.
-        self._held: list[bytes] | None = None
-        # Corked and holding STOPs (R13): a STOP stays held while the loop waits, until release() - set
-        # by the server for passes too small to tell a pacer anything by their STOP's timing. Any other
-        # frame clears it (a BITMAP, say, is awaited: it and what is held before it go before the wait).
-        self.hold_stops = False
+        # Corked (:meth:`cork`, R13): control frames are encoded (numbered, tagged) at once but held, and
+        # written together - one write, one wakeup of the peer - by :meth:`release`; the cork decides
+        # what is held and when it is due (dblp.protocol.pacing.ControlCork), this peer writes.
+        self._cork = ControlCork()
         self.control_writes = 0  # TCP writes of control frames (a write wakes the peer; counted like control_sent)
         self.control_reads = 0  # reads that brought control bytes (about one per write the peer made)
         tcp.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -196,45 +193,58 @@ class Peer:
             with self._send_lock:
                 self.control_sent[name] = self.control_sent.get(name, 0) + 1
                 frame = ctl.encode(msg, self.mac_out)
-                if self._held is not None:
-                    self._held.append(frame)
-                    if self.hold_stops and not isinstance(msg, ctl.Stop):
-                        self.hold_stops = False
+                if self._cork.hold(frame, isinstance(msg, ctl.Stop)):
                     return
                 self.control_writes += 1
                 self.tcp.sendall(frame)
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
 
-    # -- corking (pacing rule R13) ---------------------------------------------------------------
+    # -- corking (pacing rule R13: dblp.protocol.pacing.ControlCork decides, the peer writes) ------
     def cork(self) -> None:
         """Hold control frames from now on until :meth:`release` writes them in one piece.
 
         Why: every write on the control connection wakes the peer's event loop, and on a host
-        with fewer cores than processes a woken peer preempts the writer (~1 ms at load 7-9,
-        docs/benchmark.md). A small model's round is all control: the server's ROUND(down) and
-        PROBE(down) of the broadcast, and the last worker's STOP(up) before them, go as one write.
-        :func:`pump` releases every peer's held frames before it waits for input (a frame
-        never waits on its own reply), so the one who corks need only :meth:`uncork` at the end."""
+        with fewer cores than processes a woken peer preempts the writer (docs/benchmark.md). A
+        small model's round is all control: the server's ROUND(down) and PROBE(down) of the
+        broadcast, and the last worker's STOP(up) before them, go as one write. :func:`pump`
+        releases every peer's due frames before it waits for input (a frame never waits on its
+        own reply), so the one who corks need only :meth:`uncork` at the end."""
         with self._send_lock:
-            if self._held is None:
-                self._held = []
+            self._cork.cork()
 
     @property
     def corked(self) -> bool:
-        return self._held is not None
+        return self._cork.corked
+
+    @property
+    def hold_stops(self) -> bool:
+        """Corked and holding STOPs: a STOP stays held while the loop waits, until :meth:`release` -
+        set by the server for passes too small to tell a pacer anything by their STOP's timing
+        (:func:`dblp.protocol.pacing.stops_tell_nothing`). Any other frame clears it (a BITMAP,
+        say, is awaited: it and what is held before it go before the wait)."""
+        return self._cork.hold_stops
+
+    @hold_stops.setter
+    def hold_stops(self, hold: bool) -> None:
+        self._cork.hold_stops = hold
 
     def release(self) -> None:
         """Write the frames held so far in one write (nothing to write: nothing done); stay corked."""
-        if not self._held:
+        if not self._cork.due_before_data():
             return
         try:
             with self._send_lock:
-                data, self._held[:] = b"".join(self._held), []
+                data = self._cork.take()
                 self.control_writes += 1
                 self.tcp.sendall(data)
         except OSError as exc:
             raise PeerError(f"{self.name}: control connection failed while sending: {exc}", self) from exc
+
+    def release_before_wait(self) -> None:
+        """Write what is held unless only STOPs the cork keeps across waits are (R13)."""
+        if self._cork.due_before_wait():
+            self.release()
 
     def uncork(self) -> None:
         """Release what is held and send every later frame at once again."""
@@ -242,8 +252,7 @@ class Peer:
             self.release()
         finally:
             with self._send_lock:
-                self._held = None
-                self.hold_stops = False
+                self._cork.uncork()
 
     def flush(self) -> None:
         if self.receiver is not None:
@@ -401,7 +410,7 @@ class Peer:
             b = s.datagrams_to_send(now)
             if b is None:
                 break
-            if self._held:  # R13: what was held (the ROUND that announces these datagrams) goes first
+            if self._cork.due_before_data():  # R13: what was held (the ROUND announcing these datagrams) goes first
                 self.release()
             self.udp.send_chunks(b.headers, b.values, b.seqs, b.lengths, b.layout, self.udp_addr)
         if not self.hold_probes:
@@ -471,9 +480,9 @@ def pump(
                     t = p.sender.get_timer() if p.sender is not None and not p.sender.done else None
                     if t is not None:
                         wait = min(wait, max(WAKE_S, t - now))
-            for p in peers:  # R13: nothing held while we wait (a held frame may be what the peer waits for) ...
-                if p._held and not p.hold_stops:  # ... but a STOP the holder releases with its next frame
-                    p.release()
+            for p in peers:  # R13: nothing held while we wait (a held frame may be what the peer waits for),
+                if p._cork.frames:  # but a STOP the holder releases with its next frame (the cork says which)
+                    p.release_before_wait()
             if wait < SELECT_RESOLUTION_S and wait > 0.0:
                 # A pacing timer closer than epoll's 1 ms resolution (it rounds a wait up): look at the
                 # sockets, then sleep exactly that long (dblp.protocol.pacing: a late wake-up costs the rate).
