@@ -368,6 +368,29 @@ def test_exchange_stop_once_manufactures_no_loss_and_bounds_real_loss():
     assert ex.last_info()["down_dropped"] == 200 - needed_chunks(200, 0.4)
 
 
+def test_exchange_takes_the_deadline_rule_as_once():
+    """The in-memory link has no network time: no pass outlasts its deadline, every step as once."""
+    import torch
+
+    from dblp.train.exchange import TolerancePolicyExchange
+
+    for loss in (0.0, 0.3, 0.7):
+        runs = {}
+        for label in ("stop-once", "stop-deadline"):
+            ex = TolerancePolicyExchange.fixed(0.4, seed=1, compensation=label, loss=loss)
+            steps = []
+            for k in range(3):  # later steps: every receiver has its (zero-time) estimate
+                grads = [torch.full((CF * 200,), float(10 ** i + k)) for i in range(3)]
+                out = ex.exchange_group(grads).numpy().copy()
+                info = ex.last_info()
+                steps.append((out, info["up_dropped"], info["down_dropped"]))
+            runs[label] = steps
+        for (o1, u1, d1), (o2, u2, d2) in zip(runs["stop-once"], runs["stop-deadline"]):
+            assert np.array_equal(o1, o2) and (u1, d1) == (u2, d2)
+        want_down = {0.0: 0, 0.3: 60, 0.7: 200 - needed_chunks(200, 0.4)}[loss]
+        assert [d for _, _, d in runs["stop-deadline"]] == [want_down] * 3
+
+
 def test_exchange_unbiased_with_local_fill_leaves_no_zero_chunk():
     ex, per_chunk = _exchange("unbiased+fill-local", 0.4)
     allowed = {1.0, 10.0, 100.0, 5.5, 50.5, 55.0, 37.0}  # unbiased subset means, or worker 0's own 1.0

@@ -238,7 +238,9 @@ class TolerancePolicyExchange:
     or ``f(step)``: a burst schedule) of them is lost in flight. Under the
     paper's early stop a receiver takes the first ``needed_chunks(n, p)`` that
     arrive; under ``stop_rule="once"`` it takes every chunk of the first pass and
-    the bound applies to the retransmission of the lost ones. The server
+    the bound applies to the retransmission of the lost ones. The link has no
+    network time (a transfer's chunks arrive at one instant), so no pass is late
+    and R5b's ``deadline`` is ``once`` here. The server
     reduces by the run's upload estimate and feeds the mean's L2 norm to the
     policy (:mod:`dblp.protocol.policy`: reliable, fixed ``p`` = the MLT baseline, or the
     CLR-switching ``dblp``); the compensation's arithmetic (fill, error feedback
@@ -343,7 +345,8 @@ class TolerancePolicyExchange:
             order = torch.randperm(n, generator=self._gen).numpy()
             lost = int(round(self.loss_at(self.step) * n))
             arrived, missed = order[lost:], order[:lost]
-            first = arrived if self.compensation.stop_rule == "once" else arrived[: receiver.need]
+            # R5b: with no network time no first pass outlasts its deadline, so deadline takes the pass as once
+            first = arrived if self.compensation.stop_rule in ("once", "deadline") else arrived[: receiver.need]
             receiver.receive_chunks(sender.round_no, first, now)
             if not receiver.complete:  # the first pass's PROBE (R5b: once, the bound applies from here)
                 receiver.handle_control(ctl.Probe(sender.round_no, sender.direction, 1), now)

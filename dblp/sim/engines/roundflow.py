@@ -440,7 +440,8 @@ class RoundFlow(FlowBase):
         if (self.leave is None or self.sender.done or not (r.active and r.round_no == self.rnd and not r.complete)
                 or r.tolerance is None):
             return math.inf
-        left = r.stop_count - r.received
+        dl = r.deadline_s  # R5b deadline: the STOP no sooner than need's arrival (and see the end)
+        left = max(1, r.need - r.received) if dl < math.inf else r.stop_count - r.received
         if left <= 0:
             return -math.inf
         dpos = self.dpos
@@ -461,7 +462,12 @@ class RoundFlow(FlowBase):
                 j = m + left - got - 1
                 if j >= self.limit:
                     return math.inf
-        return float(self.leave[j]) + self.c_total
+        tb = float(self.leave[j]) + self.c_total
+        if dl < math.inf:  # ... nor before the deadline, unless every chunk can come first
+            at = (r.deadline_at if r.received else float(self.leave[first]) + self.c_total + dl) - 1e-9
+            ja = first + r.stop_count - r.received - 1  # (before the PROBE, stop_count is every chunk)
+            tb = max(tb, at) if ja >= self.limit else min(float(self.leave[ja]) + self.c_total, max(tb, at))
+        return tb
 
     def _version(self) -> int:
         """Changes whenever one of the path's ports changes (versions only grow)."""
@@ -630,6 +636,8 @@ class RoundFlow(FlowBase):
         if not (r.active and r.round_no == self.rnd and not r.complete) or r.tolerance is None:  # not open
             return
         left = r.stop_count - r.received
+        if r.stop_rule == "deadline":  # R5b: the first arrival at the deadline with need held, if sooner
+            left = r.stop_arrival(self.d_t[self.dpos:]) or left
         if 0 < left <= self.d_slot.size - self.dpos:
             t_x = float(self.d_t[self.dpos + left - 1])
             self._x_at = t_x
@@ -668,8 +676,9 @@ class RoundFlow(FlowBase):
             if r.active and r.round_no == rnd and not r.complete:  # the receiver's round is open
                 if r.received == 0:
                     j = lo + 1  # alone, so the core's t_first is its arrival time
-                elif r.tolerance is not None:
-                    j = min(hi, lo + max(1, r.stop_count - r.received))  # up to the one that meets need
+                elif r.tolerance is not None:  # up to the one that meets need (R5b deadline: or the deadline)
+                    k = r.stop_arrival(self.d_t[lo:hi]) if r.stop_rule == "deadline" else 0
+                    j = min(hi, lo + max(1, k or r.stop_count - r.received))
             when = float(self.d_t[j - 1])
             s0, s1 = int(self.d_slot[lo]), int(self.d_slot[j - 1])
             self.take_until(s1 + 1, when)
