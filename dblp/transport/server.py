@@ -27,7 +27,7 @@ from dblp.protocol import auth
 from dblp.protocol import control as ctl
 from dblp.protocol.core import DEFAULT_ORDER
 from dblp.transport.hostlocal import LocalSlot
-from dblp.protocol.pacing import MIN_SAMPLE
+from dblp.protocol.pacing import corks_upstream, stops_tell_nothing
 from dblp.protocol.policy import Policy, ReliablePolicy
 from dblp.protocol.records import RecordWriter, RoundRecord
 from dblp.protocol.compensation import PAPER, Compensation
@@ -412,12 +412,12 @@ class ParameterServer(ServerLogin):
     def _serve_round(self) -> bool:
         s = self.session
         assert self.layout is not None and self.mean is not None and s is not None
-        if self.layout.chunks <= s.max_batch:
+        if corks_upstream(self.layout.chunks, s.max_batch):
             # R13: a pass of one batch is on the wire before its STOP can come (nothing for R6 to cut),
             # so the STOP(up) may wait for the end of the loop's turn - and the last worker's for the
             # broadcast, whose ROUND(down) it then joins: one write, one wakeup of that worker.
             self._cork()
-            if self.layout.chunks < MIN_SAMPLE:
+            if stops_tell_nothing(self.layout.chunks):
                 # R13: STOP(up)s of passes whose reply time no pacer reads (R11) wait for the broadcast
                 for w in self.workers:
                     w.peer.hold_stops = True
