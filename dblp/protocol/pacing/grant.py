@@ -38,8 +38,8 @@ class UploadGrant:
       one step above it, or more than the step up from the last clean grant can lose (a load
       raised f-fold loses at most 1 - 1/f of it: the start's 1.25x steps 20%), is a burst
       (DBLP's), no change, unless :data:`STRIKES` rounds in a row;
-      nor does light loss in the round after a burst cut (the burst's tail: a burst of the
-      microburst scenario reaches into the next round's first passes), nor heavy loss there
+      nor does light loss in the round after a burst cut (the burst's tail: a burst that begins
+      in one round reaches into the next round's first passes), nor heavy loss there
       beside a worker's clean first pass (R17: a burst that ends mid-pass spares the uploads
       that came later; congestion from the grant loses on all of them); a cut after which the
       loss did not fall (:data:`RECOVERED` of it or more) is undone (a lossy path: 25% random

@@ -101,8 +101,8 @@ class PacerGroup:
         which the flood's full queue stretches (it drops the PROBE; TCP resends it 0.2 s later),
         so it starts far below the share and climbs to it round by round. But the uploads measure
         the server's receiving, not its sending, and a server may send faster than it receives
-        (on loopback it does: ``tests/test_transport.py``'s lossy run), so a broadcast paced at
-        the uploads' share from its first datagram would be slowed there. As a floor the
+        (docs/pacing.md), so a broadcast paced at the uploads' share from its first datagram
+        would be slowed there. As a floor the
         measurement only lifts a worse guess.
 
         And a cap, :data:`START_CAP` times the share: the brain's upper bound reads the send time,
