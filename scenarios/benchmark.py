@@ -105,6 +105,7 @@ from dblp.cli.args import add_quiet, parser  # noqa: E402
 from dblp.cli.progress import Stamped  # noqa: E402
 from dblp.cli.provenance import write_config  # noqa: E402
 from dblp.protocol.wire import MAX_MTU, MIN_MTU, ParameterError  # noqa: E402
+from dblp.results.analysis import format_cell  # noqa: E402
 from dblp.results.targets import TargetRow  # noqa: E402
 from dblp.runs.glooref import GlooError  # noqa: E402
 from dblp.runs.gradients import MODEL_HELP, model_elements  # noqa: E402
@@ -273,11 +274,8 @@ def parse_args(argv=None):
 
 
 def fmt(v, spec: str = ".3f") -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    return format(v, spec)
+    """A cell of the comparison's table (:func:`dblp.results.analysis.format_cell`, three decimals)."""
+    return format_cell(v, spec)
 
 
 def print_table(rows: list[dict]) -> None:
