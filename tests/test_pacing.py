@@ -442,10 +442,10 @@ def _first_pass(rcv: Receiver, order: np.ndarray, lost: np.ndarray, now: float =
 
 
 def test_r12_a_stop_before_the_probe_reports_the_first_pass_loss_from_the_order():
-    """At P_high (40.8%) the threshold falls mid-pass, STOP comes before the PROBE, and the receiver
-    used to report no loss - so a grant whose three uploads overflowed the 500 Mbit/s server link's
-    queue (205 Mbit/s each, 26% of the datagrams dropped) looked clean for 140 rounds. With the
-    sender's order known the loss is that of the chunks sent before the last arrival."""
+    """At P_high (40.8%) the threshold falls mid-pass and STOP comes before the PROBE; a grant whose
+    uploads overflow the server link's queue must still show as loss (docs/pacing.md: 205 Mbit/s each
+    into 500 Mbit/s). With the sender's order known the loss is that of the chunks sent before the
+    last arrival; without it, no verdict."""
     layout = ChunkLayout(200_000, 1500)
     n = layout.chunks
     order = np.random.default_rng(3).permutation(n)
@@ -501,15 +501,15 @@ def test_r12_the_server_grants_from_a_stop_first_round_loss():
     assert all(0.15 < x < 0.2 for x in losses)  # light: the queue's overflow, not a burst
     srv.poll(0.5)
     loss = sum(losses) / 3
-    # congestion: the ceiling becomes the grant, cut by 2 x the loss (before: taken for clean, 205.6M)
+    # congestion: the ceiling becomes the grant, cut by 2 x the loss (taken for clean, it would rise to 205.6M)
     assert srv.rates.grant_bps == pytest.approx(205e6 * (1 - 2 * loss)) and srv.rates.uploads.ceiling_bps == 205e6
 
 
 def test_r14_a_stop_first_broadcast_stream_reports_its_loss_in_the_stop():
-    """The broadcast's streams STOP first at P_high too, and R14 took them for clean: a final-rule run's
-    group rate sat at 260 Mbit/s a stream (3 into the 500 Mbit/s server link), 10.7% sent past what
-    arrived. The receiver counts the loss (R12's rule) and states its span in the STOP - only when the
-    loss counts, so a lossless STOP is the old frame byte for byte - and the sender takes its loss."""
+    """The broadcast's streams STOP first at P_high too, and R14 must not take them for clean
+    (docs/pacing.md: a group rate of 3 x 260 Mbit/s into a 500 Mbit/s link). The receiver counts the
+    loss (R12's rule) and states its span in the STOP - only when the loss counts, so a lossless
+    STOP is the plain frame byte for byte - and the sender takes its loss."""
     old = ctl.Stop(3, ctl.DOWN, 1644)
     assert len(ctl.encode(old)) == 5 + 9 and ctl.ControlDecoder().feed(ctl.encode(old)) == [old]
     new = ctl.Stop(3, ctl.DOWN, 1644, 2000)
@@ -686,11 +686,10 @@ def test_r15_a_floor_below_the_brains_estimate_changes_nothing():
 
 
 def test_r15_a_broadcast_flood_start_far_above_the_uploads_share_is_seeded_at_it():
-    """The grid's 100 Mbit/s, 1000-packet, 8-worker row needed 3.12 broadcast passes a round: the
-    brain read its start from the broadcast's own flood, sent fast (the send time its upper bound),
-    at 298 Mbit/s a stream where the uploads' share was 12.5, and R14's rule swung 149 <-> 298.
-    Above START_CAP x the share the group is seeded at 0.9 x the share, as below the floor; the
-    unpaced broadcast's loss is no verdict on it. Before: the brain's 527 Mbit/s stood."""
+    """A broadcast flood sent fast gives the brain a start far above the share (the send time is
+    its upper bound: 298 Mbit/s a stream where 8 share 100 Mbit/s, docs/pacing.md), from which
+    R14's rule swings. Above START_CAP x the share the group is seeded at 0.9 x the share, as
+    below the floor; the unpaced broadcast's loss is no verdict on it."""
     g = PacerGroup()
     g.floor_bps = 12.5e6
     m = g.member()
@@ -702,7 +701,7 @@ def test_r15_a_broadcast_flood_start_far_above_the_uploads_share_is_seeded_at_it
     late.floor_bps = 33e6
     late.member().on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
     seed = 0.9 * 33e6
-    assert late.round_done([0.0, seed, 0.0], [0.95, 0.8, 0.96]) == pytest.approx(seed)  # before: halved
+    assert late.round_done([0.0, seed, 0.0], [0.95, 0.8, 0.96]) == pytest.approx(seed)  # judged: halved
     assert late.rule.cuts == 0
     alone = PacerGroup()  # no floor (the uploads' flood did not overflow: loopback, fast links): as before
     alone.member().on_pass(1400, 1000, 1400 * DGRAM, 0.01, 0.05, True, 0.0)
@@ -711,12 +710,10 @@ def test_r15_a_broadcast_flood_start_far_above_the_uploads_share_is_seeded_at_it
 
 def test_r16_the_broadcast_holds_its_rate_through_a_bursts_head():
     """A burst switched on as round k opens hits round k-1's slower broadcast streams: light loss at
-    the group's proven rate. Before R16 the rule cut it 20% and sent round k's burst broadcast at the
-    cut rate (the pacecheck burst row: 35 -> 28 and 28 -> 23 Mbit/s, burst broadcasts of 2.6-2.9 s
-    against 1.9-2.2 s by hand), undoing the cut only after it. When round k's uploads were taken for
-    a burst (UploadGrant.burst), the light loss is the burst's head: the rate is held, and the
-    burst and its tail after it change nothing. Without the uploads' word the light loss is
-    congestion, as before."""
+    the group's proven rate. Judged, it is a 20% cut, and round k's burst broadcast goes at the cut
+    rate (docs/pacing.md, R16). When round k's uploads were taken for a burst (UploadGrant.burst),
+    the light loss is the burst's head: the rate is held, and the burst and its tail after it
+    change nothing. Without the uploads' word the light loss is congestion."""
     u = UploadGrant()
     u.round_done([30e6] * 3, [0.0] * 3)
     u.round_done([0.0] * 3, [0.0] * 3)
@@ -742,12 +739,11 @@ def test_r16_the_broadcast_holds_its_rate_through_a_bursts_head():
 
 
 def test_r17_heavy_loss_beside_a_clean_upload_after_a_burst_is_its_tail():
-    """A reliable run of the flagship experiment: a 70% burst at round 50 (a burst verdict, the
-    grant held at 142 Mbit/s), its rule removed while round 51's first passes were under way - they
-    lost 40%, 35% and 0% (the last worker started after it). That mean of 25% at a proven grant was
-    the second heavy round in a row: R12 cut the grant to 71 Mbit/s, and the rounds took 0.70 s
-    instead of 0.49 s for 15 rounds. Heavy loss beside a clean first pass, just after a burst, is
-    the burst's tail; the same loss on every upload is still congestion, and a congested round after
+    """The flagship's shape (docs/pacing.md, R17): a 70% burst at round 50 (a burst verdict, the
+    grant held at 142 Mbit/s) that ends while round 51's first passes are under way - they lose
+    40%, 35% and 0% (the last worker starts after it). Judged, that mean of 25% at a proven grant
+    is the second heavy round in a row and halves the grant. Heavy loss beside a clean first pass,
+    just after a burst, is the burst's tail; the same loss on every upload is still congestion, and a congested round after
     the tail still counts as the next strike."""
     def proven() -> tuple[UploadGrant, float]:
         u = UploadGrant()
