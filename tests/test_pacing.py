@@ -743,8 +743,8 @@ def test_r17_heavy_loss_beside_a_clean_upload_after_a_burst_is_its_tail():
     grant held at 142 Mbit/s) that ends while round 51's first passes are under way - they lose
     40%, 35% and 0% (the last worker starts after it). Judged, that mean of 25% at a proven grant
     is the second heavy round in a row and halves the grant. Heavy loss beside a clean first pass,
-    just after a burst, is the burst's tail; the same loss on every upload is still congestion, and a congested round after
-    the tail still counts as the next strike."""
+    just after a burst, is the burst's tail; the same loss on every upload is still congestion,
+    and a congested round after the tail still counts as the next strike."""
     def proven() -> tuple[UploadGrant, float]:
         u = UploadGrant()
         u.round_done([142e6] * 3, [0.0] * 3)
