@@ -139,3 +139,32 @@ def test_plot_takes_a_difference_below_zero(tmp_path):
     (scale, (lo, hi), label), = seen
     assert scale == "symlog" and lo < -0.49 and hi > 2.1 and "symmetric log" in label
     assert (tmp_path / "t.png").stat().st_size > 5000
+
+
+def test_a_repeat_runs_every_group_and_a_failing_group_says_so(tmp_path, monkeypatch):
+    """emulation.speedtargets: one repeat measures the groups asked for in order; a group that fails
+    is one "not measured" row with its error, and the other groups still give theirs; the files of
+    the repeats' summary hold the medians."""
+    import argparse
+
+    from emulation import speedtargets
+
+    def broken(args, say, rep):
+        raise RuntimeError("no gloo here")
+
+    monkeypatch.setitem(speedtargets.TARGET_SOURCES, "ok", lambda args, say, rep: [TargetRow("t", 1.0 + rep, "x", {"any": 1.5})])
+    monkeypatch.setitem(speedtargets.TARGET_SOURCES, "broken", broken)
+    args = argparse.Namespace(target_sets=["broken", "ok"], out=tmp_path, rounds=3, ddp_steps=10)
+    said: list[str] = []
+    reps = [speedtargets.measure_repeat(args, said.append, rep, 2) for rep in range(2)]
+    assert [[r.name for r in rows] for rows in reps] == [["broken targets", "t"]] * 2
+    assert reps[0][0].detail == "no gloo here" and reps[1][1].value == 2.0
+    assert said[:3] == ["repeat 1/2: broken targets", "broken targets: not measured in this repeat: no gloo here",
+                        "repeat 1/2: ok targets"]
+    table = speedtargets.write_targets(args, reps)
+    assert "2 repeat(s), 3 timed rounds each" in table
+    with open(tmp_path / "targets.csv") as fh:
+        lines = {ln["target"]: ln for ln in csv.DictReader(fh)}
+    assert (lines["t"]["median"], lines["t"]["min"], lines["t"]["max"], lines["t"]["met"]) == ("1.5", "1", "2", "True")
+    assert lines["broken targets"]["repeats"] == "0"
+    assert json.loads((tmp_path / "targets.json").read_text())["targets"][1]["median"] == 1.5
