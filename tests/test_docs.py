@@ -120,8 +120,8 @@ _DOC_PATH = re.compile(r"(?<![\w/.-])((?:dblp|emulation|scenarios|traces|topolog
 
 
 def test_every_path_the_pages_name_exists() -> None:
-    """A page that names `dblp/protocol/pacing.py` after pacing became a package sends a reader to
-    nothing: every project file or folder written in docs/ must exist (templates such as
+    """A page that names a file no longer there (a module turned into a package, a file moved) sends
+    a reader to nothing: every project file or folder written in docs/ exists (templates such as
     `scenarios/<name>.py` do not match)."""
     pages = sorted((ROOT / "docs").rglob("*.md"))
     named = {(page.relative_to(ROOT).as_posix(), m.group(1)) for page in pages
