@@ -47,9 +47,11 @@ R5b The stop rule (:data:`STOP_RULES`, a run's option): ``early`` is R5 as the p
     (its PROBE, or a STOP before it) at ``now``, the sample is ``now - t_first``, scaled by n / held
     when a STOP cut the pass (the time the whole pass would take at the rate it came); the first
     sample is the estimate, later ones move it by ``DEADLINE_GAIN`` (0.25) of the difference. Until
-    there is an estimate (during a receiver's first transfer), the rule is ``once``. The clock is the caller's ``now``, looked at when chunks or the PROBE arrive:
-    no timer, so the close comes with the first of them at or after the deadline. Persistent
-    slowness raises the estimate until passes fit their deadline again; a straggling pass is cut.
+    there is an estimate (during a receiver's first transfer), the rule is ``once``. The clock is
+    the caller's ``now``, looked at when chunks or the PROBE arrive: no timer, so the close comes
+    with the first of them at or after the deadline. Persistent slowness raises the estimate until
+    passes fit their deadline again; a straggling pass is cut. After the first pass's PROBE the
+    deadline is gone and R5 applies, as under ``once``.
 R6  The sender stops at once on STOP, also mid-pass ("early stop", IV-B). The chunks the
     pass that STOP ended never handed out are the ones it knows undelivered
     (:meth:`RoundSender.undelivered`; what its last pass lost in flight it cannot know).
@@ -74,7 +76,15 @@ R11-R17, the pacing rules (self-pacing, rate grant, coalesced control, broadcast
 
 from __future__ import annotations
 
-from dblp.protocol.receiver import STOP_RULES, DropCounters, Placement, Receiver, RecvStats
+from dblp.protocol.receiver import (
+    DEADLINE_FACTOR,
+    DEADLINE_GAIN,
+    STOP_RULES,
+    DropCounters,
+    Placement,
+    Receiver,
+    RecvStats,
+)
 from dblp.protocol.sender import (
     _INDEX_ORDERS,
     BACKOFF_MAX_S,
@@ -96,7 +106,7 @@ from dblp.protocol.sender import (
 )
 
 __all__ = [
-    "BACKOFF_MAX_S", "BACKOFF_START_S", "DEFAULT_ORDER", "DOWN_STREAM", "EARLY_CLEAN", "ENCODE_SLAB",
+    "BACKOFF_MAX_S", "BACKOFF_START_S", "DEADLINE_FACTOR", "DEADLINE_GAIN", "DEFAULT_ORDER", "DOWN_STREAM", "EARLY_CLEAN", "ENCODE_SLAB",
     "ORDER_BLOCK", "ORDERS", "STOP_RULES", "Batch", "DropCounters", "EncodedRound", "Placement", "Receiver",
     "RecvStats", "RoundSender", "SendState", "SendStats", "VirtualRound", "index_order", "send_order",
 ]

@@ -179,7 +179,8 @@ class Receiver:
     @property
     def stop_count(self) -> int:
         """How many chunks make this receiver STOP before the current pass's PROBE (R5, R5b): the
-        threshold, or under ``once`` every chunk until the first pass's PROBE. For drivers that
+        threshold, or under ``once`` and ``deadline`` every chunk until the first pass's PROBE
+        (the deadline's close by time: :meth:`stop_arrival`). For drivers that
         model a pass's arrivals by their number."""
         return self.need if self.stop_rule == "early" or self.stats.probes > 0 else self.layout.chunks
 
