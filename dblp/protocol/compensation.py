@@ -218,8 +218,8 @@ def add_configs_arg(ap: argparse.ArgumentParser) -> None:
                     help="DBLP configurations run beside --policies, comma-separated compensation labels "
                          "(dblp.protocol.compensation): paper, or '+'-joined unbiased, fill-local, ef-upload, "
                          "ef-broadcast, ef-both, stop-once, stop-deadline; e.g. unbiased+fill-local,stop-once. "
-                         "Each runs as dblp with those options into dblp-<label>/ (calm too, unless --no-calm) and gets "
-                         "its rows in every table (default: none)")
+                         "Each runs as dblp with those options into dblp-<label>/ (calm too, unless --no-calm) "
+                         "and gets its rows in every table (default: none)")
 
 
 def check_configs_arg(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:

@@ -440,7 +440,7 @@ class RoundFlow(FlowBase):
         if (self.leave is None or self.sender.done or not (r.active and r.round_no == self.rnd and not r.complete)
                 or r.tolerance is None):
             return math.inf
-        dl = r.deadline_s  # R5b deadline: the STOP no sooner than need's arrival (and see the end)
+        dl = r.deadline_s if r.stop_rule == "deadline" else math.inf  # R5b: no sooner than need's arrival (see the end)
         left = max(1, r.need - r.received) if dl < math.inf else r.stop_count - r.received
         if left <= 0:
             return -math.inf
