@@ -51,3 +51,10 @@ def test_at_the_default_factor_a_clean_run_is_once(monkeypatch):
     _, dl, _ = _run("deadline", "round")
     _, once, _ = _run("once", "round")
     assert dl == once == {"up_received": 1.0, "down_received": 1.0}
+
+
+def test_the_class_level_refuses_the_deadline_by_name():
+    from dblp.protocol.wire import ParameterError
+
+    with pytest.raises(ParameterError, match="does not apply to stop_rule='deadline' .*use fidelity='round'"):
+        simulate(small(rounds=2, fidelity="class", stop_rule="deadline"))
