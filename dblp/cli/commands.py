@@ -29,7 +29,7 @@ from dblp.runs.gradients import MODEL_HELP, ReplayGradients, model_elements, rea
 from dblp.protocol.policy import make_policy
 from dblp.protocol.records import RecordsError
 from dblp.protocol.reduce import DEFAULT_MAX_NORM
-from dblp.transport.sockets import MAX_PENDING
+from dblp.transport.login import MAX_PENDING
 from dblp.transport.server import ParameterServer, ServerConfig, ServerError
 from dblp.transport.shard import AGGREGATIONS, NormExchangeError, ShardedWorker, shard_bounds, shard_hub_port
 from dblp.runs.startline import StartLine

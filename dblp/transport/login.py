@@ -7,12 +7,14 @@ login and how it speaks of a refusal is its subclass's. Two listeners use it: th
 server's control port (:class:`ServerLogin`, a base of :class:`dblp.transport.server.ParameterServer`:
 every shard server is one) and the norm hub (:class:`dblp.transport.shard.NormExchange`).
 
-Here too are what only a socket has: the listen backlog, the accept batch, surviving EMFILE, the
-forked parse of a large HELLO. :mod:`dblp.transport.server` re-exports :class:`ServerError`.
+Here too are the limits' defaults (the server's flags start from them) and what only a socket has:
+the listen backlog, the accept batch, surviving EMFILE, the forked parse of a large HELLO.
+:mod:`dblp.transport.server` re-exports :class:`ServerError`.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import selectors
@@ -26,11 +28,17 @@ from dblp.protocol.login import (Action, Drop, LoginGate, Parse, Refuse, Send, S
                                  WorkerVerified)
 from dblp.transport.forkparse import ForkParsers, ParseFailed
 from dblp.transport.hostlocal import LocalSlot, LocalSlotError
-from dblp.transport.sockets import _FD_ERRNOS, ACCEPT_BATCH, FD_PAUSE_S, LISTEN_BACKLOG, LOGGED_REFUSALS
 from dblp.transport.udp import family_of
 
 log = logging.getLogger("dblp.transport.server")
 
+# -- the defaults of the limits before login (dblp.protocol.login L1) and what a listening socket needs ------
+MAX_PENDING = 64  # connections in their login at once; one more lets the oldest go
+LOGGED_REFUSALS = 20  # a listener's refusals logged one by one (per kind); the rest are counted, so a flood is no log flood
+LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a flood must not drop a worker's SYN)
+ACCEPT_BATCH = 16  # connections taken per wake, so the accepted ones are read before more are taken
+_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+FD_PAUSE_S = 0.05  # out of descriptors with no login to let go: the listener is ignored this long
 # A HELLO larger than this is parsed in a child forked for it (dblp.transport.forkparse: no main module re-imported, as
 # spawn would). A model's HELLO is far smaller (ResNet-50's 161 tensors: ~10 KB), so a training process
 # that runs the server never forks for its own workers; an attacker's HELLO below it costs the loop

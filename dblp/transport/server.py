@@ -37,8 +37,9 @@ from dblp.protocol.session import (CONSISTENCY, ControlToSend, Phase, RecordCont
                       SenderStarted, ServerSession)
 from dblp.transport.watch import RoundHookClient
 from dblp.protocol.login import assign_ids
-from dblp.transport.login import _INLINE_HELLO_BYTES, ServerError, ServerLogin, listen  # noqa: F401 (re-exported)
-from dblp.transport.sockets import (DEFAULT_PEER_TIMEOUT_S, MAX_PENDING, Peer, PeerError, TAMPERED, TamperError,
+from dblp.transport.login import (_INLINE_HELLO_BYTES, MAX_PENDING, ServerError, ServerLogin,  # noqa: F401
+                                  listen)  # (_INLINE_HELLO_BYTES and ServerError re-exported)
+from dblp.transport.sockets import (DEFAULT_PEER_TIMEOUT_S, Peer, PeerError, TAMPERED, TamperError,
                         pump, pump_parallel)
 from dblp.transport.udp import DataSocket, layout_mtu, resolve_mtu
 from dblp.protocol.wire import DEFAULT_MTU, ChunkLayout, ParameterError

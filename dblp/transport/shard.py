@@ -36,9 +36,9 @@ from dblp.protocol import auth
 from dblp.protocol.login import (NORM_MESSAGE_BYTES, HubGate, NormMessageError, Refuse, ShardVerified,  # (the simulator
                                  WorkerVerified, decode_norm, encode_norm)  # prices the norm exchange by its size)
 from dblp.protocol.records import RecordWriter, RoundRecord
-from dblp.transport.login import AcceptLoop, listen
+from dblp.transport.login import LOGGED_REFUSALS, MAX_PENDING, AcceptLoop, listen
 from dblp.transport.staging import HostStaging, ResultPool
-from dblp.transport.sockets import LOGGED_REFUSALS, MAX_PENDING, connect_retry
+from dblp.transport.sockets import connect_retry
 from dblp.protocol.wire import ParameterError
 from dblp.transport.worker import Worker, failed_reason
 

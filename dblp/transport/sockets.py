@@ -12,7 +12,6 @@ enforces liveness (a peer that closes or stays silent too long raises
 
 from __future__ import annotations
 
-import errno
 import logging
 import selectors
 import socket
@@ -36,45 +35,6 @@ UNACKED_TIMEOUT_MS = 15_000  # TCP_USER_TIMEOUT: control data unacknowledged thi
 SEND_SLICE = 16  # batches sent per peer before looking at the sockets again
 RECV_ROWS = 2048  # datagrams taken from a socket per core call
 SELECT_RESOLUTION_S = 0.001  # epoll waits in whole milliseconds, rounded up (selectors.EpollSelector)
-
-
-# -- before login: the rules every listener (the server's control port, the shard hub) applies ----------
-MAX_PENDING = 64  # connections in their login at once; one more lets the oldest go
-LOGGED_REFUSALS = 20  # a listener's refusals logged one by one (per kind); the rest are counted, so a flood is no log flood
-LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a flood must not drop a worker's SYN)
-ACCEPT_BATCH = 16  # connections taken per wake, so the accepted ones are read before more are taken
-_FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
-FD_PAUSE_S = 0.05  # out of descriptors with no login to let go: the listener is ignored this long
-
-
-def accept_logins(listener: socket.socket, pending: Callable[[], int], max_pending: int,
-                  admit: Callable[[socket.socket, tuple], None], shed: Callable[[str], bool]) -> bool:
-    """Take up to :data:`ACCEPT_BATCH` new connections from the non-blocking ``listener``.
-
-    Each goes to ``admit(conn, addr)`` (non-blocking). When ``pending()`` logins are
-    already in progress, or an accept fails for want of descriptors (EMFILE, ENFILE: a flood
-    under the usual 1024 limit), ``shed(why)`` lets the oldest waiting login go (False: none
-    to let go) - a flood cannot fill the server, and a worker that logs in within its first
-    round trip is never the oldest. Returns True when the listener should be left alone for
-    :data:`FD_PAUSE_S` (out of descriptors, nothing to shed: the kernel keeps the connection
-    queued, and retrying at once would spin)."""
-    for _ in range(ACCEPT_BATCH):
-        try:
-            conn, addr = listener.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            break
-        except OSError as exc:
-            if exc.errno not in _FD_ERRNOS:
-                raise
-            if not shed(f"the server ran out of file descriptors ({exc.strerror}) and let the oldest "
-                        f"waiting login go"):
-                return True
-            continue
-        conn.setblocking(False)
-        if pending() >= max_pending:
-            shed(f"{max_pending} logins were waiting (the limit) and this was the oldest")
-        admit(conn, addr)
-    return False
 
 
 class PeerError(RuntimeError):
