@@ -13,7 +13,7 @@ import pytest
 
 from dblp.protocol import control as ctl
 from dblp.protocol import receiver as recv_mod
-from dblp.protocol.core import Receiver
+from dblp.protocol.core import Receiver, RoundSender, VirtualRound
 from dblp.protocol.wire import ChunkLayout, ParameterError
 
 CF = ChunkLayout(1).chunk_floats
@@ -160,3 +160,38 @@ def test_stop_arrival_names_the_arrival_the_stop_comes_with():
     early = _receiver("early")
     _open(early, 0, 0.0)
     assert early.stop_arrival(times) == 60 and early.stop_arrival(times[:59]) == 0
+
+
+def _paced_transfer(r: Receiver, k: int, t0: float, dt: float) -> tuple[RoundSender, float]:
+    """One transfer, datagram i handed out and received at t0 + i dt, the PROBE after the last."""
+    lay = r.layout
+    s = RoundSender(VirtualRound(lay, k), direction=ctl.UP, now=t0, order="inorder")
+    _open(r, k, t0)
+    i, now = 0, t0
+    while not s.done:
+        now = t0 + i * dt
+        b = s.datagrams_to_send(now, limit=1)
+        if b is None:
+            for m in s.control_to_send():
+                r.handle_control(m, now)
+        else:
+            r.receive_chunks(k, b.seqs, now)
+            i += 1
+        for m in r.control_to_send():
+            s.handle_control(m, now)
+    r.finish_round()
+    return s, now
+
+
+def test_a_straggling_pass_is_cut_at_its_deadline_and_the_sender_knows_what_it_never_sent():
+    r = _receiver()
+    s0, _ = _paced_transfer(r, 0, 0.0, 1 / 128)  # clean: 100 chunks over 99/128 s, STOP with the last
+    assert s0.stats.received == 100 and r.pass_estimate_s == 99 / 128
+    s1, t_stop = _paced_transfer(r, 1, 10.0, 3 / 128)  # three times slower: the deadline 2 x 99/128 s
+    # the first chunk at or after 10 + 198/128 is number 66 (66 x 3/128 = 198/128): 67 held, 33 never sent
+    assert t_stop == 10.0 + 198 / 128 and s1.stats.received == 67 and s1.stats.early_stop
+    assert s1.undelivered().tolist() == list(range(67, 100))
+    assert r.pass_estimate_s == pytest.approx(99 / 128 + 0.25 * (198 / 128 * 100 / 67 - 99 / 128), rel=1e-12)
+    early = _receiver("early")
+    s2, _ = _paced_transfer(early, 0, 0.0, 3 / 128)  # the paper's rule cuts at the threshold
+    assert s2.stats.received == 60

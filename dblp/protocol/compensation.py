@@ -170,7 +170,7 @@ class Compensation:
                    get("feedback_bound", DEFAULT_FEEDBACK_BOUND), get("stop_rule", "early"))
 
     def flags(self) -> list[str]:
-        """The command-line flags that give these options to ``python -m dblp serve`` (none: the paper's)."""
+        """The command-line flags that give these options to ``python -m dblp server`` (none: the paper's)."""
         out: list[str] = []
         for name, default in (("upload_estimate", "zero"), ("broadcast_fill", "zero"), ("feedback", "off"),
                               ("stop_rule", "early")):
