@@ -207,8 +207,8 @@ class LoginGate:
         self._logins[key] = login
         return out + self._greet(key, login)
 
-    def receive(self, key: Hashable, data: bytes, now: float) -> list[Action]:
-        """Bytes from the connection; ``b""``: it closed."""
+    def receive(self, key: Hashable, data: bytes) -> list[Action]:
+        """Bytes from the connection; ``b""``: it closed. (No time: a deadline is :meth:`expire`'s.)"""
         login = self._logins.get(key)
         if login is None or self.done:
             return []

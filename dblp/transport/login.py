@@ -34,7 +34,7 @@ log = logging.getLogger("dblp.transport.server")
 
 # -- the defaults of the limits before login (dblp.protocol.login L1) and what a listening socket needs ------
 MAX_PENDING = 64  # connections in their login at once; one more lets the oldest go
-LOGGED_REFUSALS = 20  # a listener's refusals logged one by one (per kind); the rest are counted, so a flood is no log flood
+LOGGED_REFUSALS = 20  # refusals logged one by one (per kind); the rest are counted: a flood is no log flood
 LISTEN_BACKLOG = 1024  # connections the kernel queues before accept (a flood must not drop a worker's SYN)
 ACCEPT_BATCH = 16  # connections taken per wake, so the accepted ones are read before more are taken
 _FD_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -195,7 +195,7 @@ class AcceptLoop:
         except OSError as exc:
             self._do(self.gate.failed(conn, str(exc)))
             return
-        self._do(self.gate.receive(conn, data, time.monotonic()))
+        self._do(self.gate.receive(conn, data))
 
     def _parsed(self, conn: Hashable, answer: tuple[ctl.Message, bytes | None] | ParseFailed) -> None:
         """A HELLO parsed in a forked child: on with its login (if it is still here)."""
