@@ -17,6 +17,7 @@ import shutil
 import textwrap
 import tomllib
 from pathlib import Path
+from typing import Sequence
 
 import pytest
 
@@ -28,10 +29,23 @@ needs_netns = pytest.mark.skipif(
     reason="namespace hosts need root, iproute2 and nft")
 
 
-def inventory(tmp_path: Path, body: str, name: str = "inv.toml") -> Path:
+def inventory(tmp_path: Path, body: str, name: str = "inv.toml", *, workers: Sequence[str] = (),
+              server_loss: str | None = None) -> Path:
+    """``body`` (dedented) as an inventory file; with ``workers``, followed by the ``[[hosts]]`` of a
+    server ``srv`` (with ``loss = server_loss`` if given) and of each worker."""
+    text = textwrap.dedent(body)
+    if workers:
+        text += '[[hosts]]\nname = "srv"\nrole = "server"\n' + (f"loss = {server_loss}\n" if server_loss else "")
+        text += "".join(f'[[hosts]]\nname = "{w}"\nrole = "worker"\n' for w in workers)
     p = tmp_path / name
-    p.write_text(textwrap.dedent(body))
+    p.write_text(text)
     return p
+
+
+def both_ways_bursts(at: Sequence[int]) -> str:
+    """A host's ``loss``: bursts of 50% in both directions at the rounds ``at``."""
+    return ", ".join(f'{{kind = "iteration_bursts", at = {list(at)}, loss = 0.5, direction = "{d}"}}'
+                     for d in ("ingress", "egress")).join("[]")
 
 
 def our_processes(marker: str) -> list[str]:
@@ -167,16 +181,7 @@ def test_local_transport_runs_and_gathers(tmp_path):
         rounds = 4
         compute_ms = 1
         remote_dir = "{tmp_path}/remote"
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        [[hosts]]
-        name = "w2"
-        role = "worker"
-        """)
+        """, workers=["w1", "w2"])
     out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     check_run(out, ["dblp"], ["w1", "w2"], 4)
     assert not list((tmp_path / "remote").iterdir())
@@ -204,21 +209,7 @@ def test_netns_hosts_end_to_end(tmp_path):
         [network]
         bandwidth = "200M"
         queue_packets = 100
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        loss = [{{kind = "iteration_bursts", at = [3], loss = 0.5, direction = "ingress"}},
-                {{kind = "iteration_bursts", at = [3], loss = 0.5, direction = "egress"}}]
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        [[hosts]]
-        name = "w2"
-        role = "worker"
-        [[hosts]]
-        name = "w3"
-        role = "worker"
-        """)
+        """, workers=["w1", "w2", "w3"], server_loss=both_ways_bursts([3]))
     mine = f"dblpns-{os.getpid()}-"
     out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     check_run(out, policies, ["w1", "w2", "w3"], rounds)
@@ -250,14 +241,7 @@ def test_netns_failure_cleans_up(tmp_path):
         rounds = 5000
         timeout_s = 4
         remote_dir = "{remote}"
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        loss = [{{kind = "bernoulli", p = 0.1, direction = "ingress"}}]
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        """)
+        """, workers=["w1"], server_loss='[{kind = "bernoulli", p = 0.1, direction = "ingress"}]')
     with pytest.raises(hosts.HostsError, match="not done after run.timeout_s"):
         hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     (out,) = (tmp_path / "results").iterdir()
@@ -289,19 +273,7 @@ def test_netns_training_workers_under_torchrun(tmp_path):
         batch_size = 16
         launcher = "torchrun"
         threads = 1
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        [[hosts]]
-        name = "g1"
-        role = "worker"
-        [[hosts]]
-        name = "g2"
-        role = "worker"
-        [[hosts]]
-        name = "g3"
-        role = "worker"
-        """)
+        """, workers=["g1", "g2", "g3"])
     out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     check_run(out, ["dblp"], ["g1", "g2", "g3"], 3)
     for h in ("g1", "g2", "g3"):
@@ -464,13 +436,7 @@ def test_preflight_refuses_a_missing_data_set_by_name(tmp_path):
         workload = "resnet50"
         iterations = 2
         data_root = "{tmp_path / 'no-such-data'}"
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        """)
+        """, workers=["w1"])
     with pytest.raises(hosts.HostsError) as ei:
         hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     msg = str(ei.value)
@@ -522,18 +488,7 @@ def test_bursts_are_in_place_before_the_round_they_name(tmp_path):
         [network]
         bandwidth = "200M"
         queue_packets = 100
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        loss = [{{kind = "iteration_bursts", at = {at}, loss = 0.5, direction = "ingress"}},
-                {{kind = "iteration_bursts", at = {at}, loss = 0.5, direction = "egress"}}]
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        [[hosts]]
-        name = "w2"
-        role = "worker"
-        """)
+        """, workers=["w1", "w2"], server_loss=both_ways_bursts(at))
     out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
     check_run(out, ["baseline"], ["w1", "w2"], 10)
     d = out / "baseline"
@@ -582,17 +537,7 @@ def test_crosscheck_of_a_run_it_cannot_calibrate_says_why_in_one_line(tmp_path):
         remote_dir = "{remote}"
         [network]
         bandwidth = "200M"
-        [[hosts]]
-        name = "srv"
-        role = "server"
-        loss = [{{kind = "bernoulli", p = 0.05, direction = "ingress"}}]
-        [[hosts]]
-        name = "w1"
-        role = "worker"
-        [[hosts]]
-        name = "w2"
-        role = "worker"
-        """)
+        """, workers=["w1", "w2"], server_loss='[{kind = "bernoulli", p = 0.05, direction = "ingress"}]')
     r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
