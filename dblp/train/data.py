@@ -143,19 +143,22 @@ def _cifar_arrays(d: dict, label_key: bytes) -> tuple[torch.Tensor, torch.Tensor
     return torch.from_numpy(x.copy()), torch.from_numpy(y)
 
 
+def _cifar_dir(root: str | Path | None, name: str, files: Sequence[str], folder: str) -> Path:
+    """The folder with a CIFAR archive's ``files``: ``root/folder`` or ``root`` itself; else a refusal
+    naming the data set and where it was looked for."""
+    d = _find_dir(root, files, [folder]) if root else None
+    if d is None:
+        raise _missing(name, root, [(f"<root>/{folder}/ or <root>/", files)])
+    return d
+
+
 def load_cifar10(root: str | Path | None) -> tuple[ArrayDataset, ArrayDataset]:
     """CIFAR-10 from the python-pickle archive (``cifar-10-python.tar.gz`` unpacked).
 
     ``root`` is either the ``cifar-10-batches-py`` folder or the folder that
     holds it.  Returns ``(train, test)`` with ``x`` as uint8 ``(N, 3, 32, 32)``.
     """
-    d = _find_dir(root, CIFAR10_FILES, ["cifar-10-batches-py"]) if root else None
-    if d is None:
-        raise _missing(
-            "CIFAR-10",
-            root,
-            [("<root>/cifar-10-batches-py/ or <root>/", CIFAR10_FILES)],
-        )
+    d = _cifar_dir(root, "CIFAR-10", CIFAR10_FILES, "cifar-10-batches-py")
     parts = [_cifar_arrays(_unpickle(d / f"data_batch_{i}"), b"labels") for i in range(1, 6)]
     train = ArrayDataset(torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]))
     test = ArrayDataset(*_cifar_arrays(_unpickle(d / "test_batch"), b"labels"))
@@ -164,13 +167,7 @@ def load_cifar10(root: str | Path | None) -> tuple[ArrayDataset, ArrayDataset]:
 
 def load_cifar100(root: str | Path | None) -> tuple[ArrayDataset, ArrayDataset]:
     """CIFAR-100 (fine labels) from the python-pickle archive (``cifar-100-python``)."""
-    d = _find_dir(root, CIFAR100_FILES, ["cifar-100-python"]) if root else None
-    if d is None:
-        raise _missing(
-            "CIFAR-100",
-            root,
-            [("<root>/cifar-100-python/ or <root>/", CIFAR100_FILES)],
-        )
+    d = _cifar_dir(root, "CIFAR-100", CIFAR100_FILES, "cifar-100-python")
     train = ArrayDataset(*_cifar_arrays(_unpickle(d / "train"), b"fine_labels"))
     test = ArrayDataset(*_cifar_arrays(_unpickle(d / "test"), b"fine_labels"))
     return train, test
