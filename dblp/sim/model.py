@@ -534,7 +534,7 @@ def simulate(cfg: SimConfig, *, records: str | None = None) -> SimResult:
         from dblp.sim.engines.fabric import simulate_classes
 
         wall = time.perf_counter()
-        recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE)
+        recs, end, datagrams = simulate_classes(cfg, load_norms(cfg), SOURCE, RUN_ID)
         res = SimResult(cfg, recs, end, time.perf_counter() - wall, datagrams, 0)
         if records:
             write_records(records, res.records)

@@ -115,3 +115,60 @@ def test_class_level_holds_to_the_walk_under_bursts(name: str) -> None:
 def test_class_level_is_refused_where_it_does_not_apply(kw: dict, why: str) -> None:
     with pytest.raises(ParameterError, match=f"fidelity='class'.*{why}"):
         SimConfig(model=1_000_000, workers=8, fidelity="class", **kw)
+
+
+#: the class level's numbers on three of the cases above (it is
+#: deterministic): mean round, time to train, mean upload, passes up and down, lost up and down, datagrams
+PINS = {
+    "3racks_2servers": (CASES["3racks_2servers"], (0.12479062334407046, 0.5123984442334246, 0.0179577466012133,
+                                                  2.25, 1.0, 0.00795947901591898, 0.00795947901591898, 392352)),
+    "3racks_2servers_dblp_freq2": (BURST_CASES["3racks_2servers_dblp_freq2"],
+                                   (0.13618006853866071, 1.1200774500235715, 0.02454691931008928, 4.5, 1.5,
+                                    0.2575976845151956, 0.30752532561505086, 943456)),
+    "star": (BURST_CASES["star"], (0.763725725020059, 4.636938098120354, 0.11413754755339245, 30.166666666666668,
+                                   4.0, 0.007962359753890369, 0.007962359753890369, 4756864)),
+}
+
+
+@pytest.mark.parametrize("name", list(PINS))
+def test_class_level_numbers_are_pinned(name: str) -> None:
+    kw, want = PINS[name]
+    kw = {"topology": "leafspine", **kw} if "racks" in kw else kw
+    res = simulate(SimConfig(model=1_000_000, fidelity="class", **kw))
+    s = res.summary()
+    got = tuple(s[k] for k in ("mean_round_s", "time_to_train_s", "mean_up_s", "up_passes", "down_passes",
+                               "lost_up", "lost_down")) + (res.datagrams,)
+    assert got == pytest.approx(want, rel=1e-12, abs=0)
+
+
+def test_class_level_records_are_the_sessions() -> None:
+    """The class level drives dblp.protocol.session: the records carry the sessions' own fields and
+    bookkeeping - the server's round is the span from its last broadcast's end (S4), its upstream latency
+    the receiver's first chunk to STOP, the worker's tolerances the server's ROUNDs - and a STOP that
+    cuts a pass is the core's early stop (R6)."""
+    from dblp.results.analysis import tolerance_mismatches
+
+    kw = dict(model=1_000_000, fidelity="class", **BURST_CASES["3racks_2servers_tolerance20"])
+    res = simulate(SimConfig(**kw))
+    n, rounds = kw["workers"], kw["rounds"]
+    wk = [r for r in res.records if r.role == "worker"]
+    sv = [r for r in res.records if r.role == "server"]
+    assert len(wk) == len(sv) == n * rounds
+    assert tolerance_mismatches(res.records) == []
+    assert {r.tolerance_up for r in wk} == {r.tolerance_down for r in sv} == {0.2}
+    s0 = sorted((r for r in sv if r.worker == 0), key=lambda r: r.round)
+    assert s0[0].t_start == 0.0
+    for a, b in zip(s0, s0[1:]):
+        assert b.t_start == pytest.approx(a.t_start + a.round_latency_s, rel=1e-12)
+        assert 0 < b.up_latency_s < b.round_latency_s
+    w0 = [r for r in wk if r.worker == 0]
+    for r in w0:
+        assert {"wait_start_s", "wait_server_s", "up_wait_reply_s"} <= set(r.extra)
+        assert r.extra["wait_start_s"] >= 0 and r.down_sent == 0  # a worker's record holds its upload
+        # the worker's whole record: its 2 shards of 1,382 chunks, each STOPped at ceil(0.8 x 1,382) = 1,106
+        assert (r.chunks, r.up_received) == (2764, 2212)
+    # at 20% tolerance every transfer's STOP cuts its last pass mid-way: the core's early stop; a clean
+    # broadcast is that one pass, a burst's takes five, an upload 2-3 clean (the incast) and 10 in a burst
+    assert all(r.early_stop_up for r in w0) and all(r.early_stop_down for r in s0)
+    assert [r.down_passes for r in s0] == [1, 1, 5, 1, 1, 5, 1, 1]
+    assert [r.up_passes for r in w0] == [3, 2, 10, 2, 2, 10, 2, 2]

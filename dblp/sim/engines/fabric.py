@@ -10,21 +10,37 @@ M shard uploads round-robin the same way, every server's host its N broadcasts, 
 a class (a worker rack's pooled uplinks, the spines' port into the servers' rack, a server's
 port; the reverse ports for the broadcast) sees the same offered load.
 
-The model (:func:`simulate_classes`, ``SimConfig.fidelity = "class"``): per iteration and
-direction **one** representative sender, a :class:`dblp.protocol.core.RoundSender` on shard 0's layout,
-driven at the count level (:meth:`~dblp.protocol.core.RoundSender.count_to_send`,
-:meth:`~dblp.protocol.core.RoundSender.handle_count_reply`, a STOP through ``handle_control``), so every
-protocol rule (R2, R3, R6, R8's backoff) still comes from :mod:`dblp.protocol.core`; the tolerances from
-the run's policy (:mod:`dblp.protocol.policy`, fed the mean's norm as :mod:`dblp.sim.model` computes it).
+The model (:func:`simulate_classes`, ``SimConfig.fidelity = "class"``): the run's round logic is
+the sessions' - one :class:`dblp.protocol.session.ServerSession` (S1-S4, S6, S8: phases, the
+tolerance policy, the records) and one :class:`dblp.protocol.session.WorkerSession` (S5, S6), as
+every other driver (:mod:`dblp.sim.model`, the socket server and worker) drives them; this module is
+their network. Per iteration and direction the session's one :class:`dblp.protocol.core.RoundSender`
+(on shard 0's layout) hands out each pass by its count (:meth:`~dblp.protocol.core.RoundSender.count_to_send`),
+its receiver gets the chunks that arrive (:meth:`~dblp.protocol.core.Receiver.receive_chunks`, the
+first ``got`` of the send order) and answers the PROBE with its BITMAP and its own STOP (R5), so
+every protocol rule (R2, R3, R5, R6, R8's backoff) comes from :mod:`dblp.protocol.core`; the mean's
+norm the server session feeds its policy is what :mod:`dblp.sim.model` computes.
 A pass of ``m`` datagrams is, for every flow alike, ``m`` datagrams at the host's rate shared by
 its flows; each port on the representative's path is a fluid drop-tail queue (rate, buffer in
 datagrams, its queue carried from pass to pass) offered the flows of its class at that rate,
 thinned by the ports before it; a pass delivers its expected share of its datagrams (the
-acceptance of the ports in series; the BITMAP reports the whole chunks of that running sum), so the
+acceptance of the ports in series; the receiver holds the whole chunks of that running sum), so the
 run is deterministic (``seed`` changes nothing here). The PROBE waits behind the queues, the BITMAP returns on the
-idle reverse path, the receiver's crossing of ``need`` is placed by the pass's arrival rate, its
-STOP cuts the pass. The worker records are the representative's (every worker alike: one record
-per worker and iteration, so :func:`dblp.sim.model.summarize` reads them as any run's).
+idle reverse path, the receiver's crossing of its need is placed by the pass's arrival rate, its
+STOP cuts the pass (the sender hands out what left before it). Control messages reach the other
+session at the instants the model places them (a ROUND(down) at the broadcast's start).
+
+**One session peer per port class, not one per worker.** The sessions hold one core sender and
+receiver per worker and direction, and their round costs a few session calls per worker: 10,000
+peers would spend the run in session bookkeeping of flows that are alike by construction (the
+class level's whole point), where one peer of weight N costs the same at any N. So the server
+session has one peer, the representative worker (its records stand for every worker: worker ``i``'s
+record is the representative's with ``worker=i``), and the representative's one shard stands for
+its M: the sessions' records of shard 0 are made the worker's whole records by the class weights
+(:func:`_whole`: datagrams sent x M, chunks and chunks received prorated to the tensor's), as
+:func:`dblp.transport.shard.merge_records` merges a worker's per-shard records elsewhere. The
+upload's overlap with its class (below) is found by running scratch core senders and receivers
+(the same rules, no session) over the ports before the session's own upload.
 
 The workers' spread: the first iteration's uploads start together (lockstep); a broadcast's
 round-robin (``host_slice`` datagrams a turn, the servers' turns rotated so that no two meet at one
@@ -59,17 +75,18 @@ unpaced senders, no loss trace keyed by time, no compute jitter, ``group`` 1, no
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from dblp.protocol import control as ctl
-from dblp.protocol.core import RoundSender, VirtualRound
-from dblp.protocol.policy import needed_chunks
+from dblp.protocol.core import Receiver, RoundSender, VirtualRound
 from dblp.protocol.records import RoundRecord
-from dblp.transport.shard import NORM_MESSAGE_BYTES
+from dblp.protocol.session import (ControlToSend, RecordContext, RecordWritten, SenderStarted, ServerSession,
+                                   WorkerSession)
 from dblp.protocol.wire import ChunkLayout, ParameterError
+from dblp.transport.shard import NORM_MESSAGE_BYTES
 from dblp.sim.network.loss import Combined, make_flow_loss
 from dblp.sim.network.net import Host, ctrl_wire_bytes, fluid_step
 from dblp.sim.network.topology import _Fabric, rack_of, uplink_rate_bps
@@ -80,6 +97,9 @@ MAX_PASSES = 100_000
 #: a PROBE's, BITMAP's or STOP's payload, bytes, as timed on the wire (a BITMAP of a shard's few hundred
 #: chunks at most; at 10,000 workers x 100 servers a shard is 28 chunks)
 CTRL_BYTES = 64
+#: the core's chunk order at class level: which chunks a pass carries does not change how many arrive
+#: (the round level's shortcut, :mod:`dblp.sim.engines.fast`), so the receiver holds the order's first ``got``
+ORDER = "inorder"
 
 
 def not_applicable(cfg: Any) -> str | None:
@@ -148,6 +168,37 @@ class _Port:
         return acc / dur
 
 
+@dataclass(frozen=True)
+class _Transfer:
+    """How one direction's transfer went on the class's ports (the sender and receiver hold the rest)."""
+
+    crossing: float  # when the receiver crossed its need (its STOP)
+    t_stop: float  # when that STOP reached the sender
+    last_pass: int  # datagrams of the last pass that left before the STOP
+
+
+def _deliver(r: Receiver, order: np.ndarray, lo: int, hi: int, t_first: float, t_last: float) -> None:
+    """Hand the receiver chunks ``order[lo:hi]`` of its round: the first of the round alone at ``t_first``
+    (its first arrival, so the receiver's ``t_first`` is the pass's), the rest at ``t_last``."""
+    if hi <= lo:
+        return
+    if r.received == 0 and hi - lo > 1:
+        r.receive_chunks(r.round_no, order[lo : lo + 1], t_first)
+        lo += 1
+    r.receive_chunks(r.round_no, order[lo:hi], t_last)
+
+
+def _hand_out(s: RoundSender, t: float, dur: float, left: int, m: int) -> None:
+    """The sender's pass of ``m`` datagrams from ``t`` for ``dur`` seconds, of which ``left`` leave (fewer
+    than ``m``: a STOP cut it, R6); a whole pass's last datagram leaves at its end, the PROBE after it (R2)."""
+    if left < m:
+        s.count_to_send(t, left)
+        return
+    if m > 1:
+        s.count_to_send(t, m - 1)
+    s.count_to_send(t + dur, 1)
+
+
 class _Direction:
     """One direction's representative: its ports in series, its host's per-flow rate, the delays, and
     the loss process at its receiver's ingress (the round level's place for it: :mod:`dblp.sim.network.loss`),
@@ -163,12 +214,13 @@ class _Direction:
             p.share = p.share0 * factor
             p.q, p.t = 0.0, 0.0
 
-    def round(self, layout: ChunkLayout, k: int, direction: int, t0: float, need: int) -> RoundSender:
-        """The representative's transfer of round ``k`` from ``t0``: its sender when done (stats)."""
-        s = RoundSender(VirtualRound(layout, k), direction=direction, now=t0, order="inorder")
+    def transfer(self, s: RoundSender, r: Receiver, t0: float) -> _Transfer:
+        """Carry sender ``s``'s round from ``t0`` to receiver ``r`` (open, its tolerance known) until the
+        receiver's STOP reaches the sender."""
+        k, order, need = s.round_no, s.order, r.stop_count
         got, mean, t = 0, 0.0, t0  # chunks the receiver holds: whole, and in expectation
         for _ in range(MAX_PASSES):
-            m = s.count_to_send(t, layout.chunks)
+            m = s.pass_remaining
             if m == 0:
                 raise RuntimeError(f"class level: the sender of round {k} has nothing to send at t={t}")
             dur = m / self.flow_pps
@@ -187,18 +239,38 @@ class _Direction:
                 left = m  # what left before the STOP: the pass's datagrams, its last turns cut (R6 mid-pass)
                 if t_stop < t + dur:
                     left = max(1, math.ceil(m * (t_stop - t) / dur))
-                    s.stats.sent -= m - left
-                s.last_pass = left  # type: ignore[attr-defined]
-                s.handle_control(ctl.Stop(k, direction, need), max(t_stop, t))
-                s.stats.t_done = t_stop
-                s.crossing = crossing  # type: ignore[attr-defined]
-                return s
-            s.last_pass = m  # type: ignore[attr-defined]
+                _hand_out(s, t, dur, left, m)
+                _deliver(r, order, got, need, first, crossing)
+                for msg in r.control_to_send():  # its STOP
+                    s.handle_control(msg, t_stop)
+                for msg in s.control_to_send():  # a whole pass's PROBE, past the STOP: the receiver ignores it
+                    r.handle_control(msg, t + dur + self.base + wait)
+                if not s.done:
+                    raise RuntimeError(f"class level: round {k}'s receiver did not stop at {need} chunks")
+                return _Transfer(crossing, t_stop, left)
+            _hand_out(s, t, dur, m, m)
             mean += arriving
-            got = int(mean + 1e-9)  # the BITMAP reports whole chunks
-            t_reply = t + dur + self.base + wait + self.back
-            t = s.handle_count_reply(got, t_reply)
+            whole = int(mean + 1e-9)
+            _deliver(r, order, got, whole, first, first + dur)
+            got = whole
+            t_probe = t + dur + self.base + wait
+            for msg in s.control_to_send():  # the PROBE
+                r.handle_control(msg, t_probe)
+            t_reply = t_probe + self.back
+            for msg in r.control_to_send():  # its BITMAP: the next pass, or R8's backoff
+                s.handle_control(msg, t_reply)
+            nxt = s.get_timer()
+            t = t_reply if nxt is None else nxt
         raise RuntimeError(f"class level: round {k} did not reach its receiver's need in {MAX_PASSES} passes")
+
+
+def _scratch(layout: ChunkLayout, k: int, direction: int, t0: float, tolerance: float,
+             run_id: int) -> tuple[RoundSender, Receiver]:
+    """A core sender and receiver of round ``k`` outside the sessions: the overlap search's trial upload."""
+    s = RoundSender(VirtualRound(layout, k), direction=direction, now=t0, order=ORDER)
+    r = Receiver(layout, run_id=run_id, expected_sender=0, direction=direction)
+    r.begin_round(k, None, t0, tolerance=tolerance)
+    return s, r
 
 
 def _ports(cfg: Any, n: int, m: int, wire: int, up: bool, remote: int, fullest: int) -> list[_Port]:
@@ -221,7 +293,33 @@ def _ports(cfg: Any, n: int, m: int, wire: int, up: bool, remote: int, fullest: 
     return [_Port(pool, q, remote * m), srv]
 
 
-def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[RoundRecord], float, int]:
+def _whole(rec: RoundRecord, shards: int, total_chunks: int) -> RoundRecord:
+    """The class weights: a session's record of the representative's shard 0 as the worker's whole record
+    over its ``shards`` alike (datagrams sent x shards; chunks, and chunks received in proportion, the tensor's)."""
+    if shards == 1:
+        return rec
+    c = rec.chunks
+    return replace(rec, chunks=total_chunks, up_sent=rec.up_sent * shards, down_sent=rec.down_sent * shards,
+                   up_received=rec.up_received * total_chunks // c, down_received=rec.down_received * total_chunks // c)
+
+
+def _serve(server: ServerSession, worker: WorkerSession, now: float) -> tuple[list[RoundRecord], RoundSender | None]:
+    """Carry out the server session's events at ``now``: its control messages reach the worker session
+    then; returns the records it wrote and the broadcast's sender, if one started."""
+    recs: list[RoundRecord] = []
+    sender = None
+    while (ev := server.next_event()) is not None:
+        if isinstance(ev, ControlToSend):
+            worker.handle_control(ev.message, now)
+        elif isinstance(ev, SenderStarted):
+            sender = ev.sender
+        elif isinstance(ev, RecordWritten):
+            recs.append(ev.record)
+    return recs, sender
+
+
+def simulate_classes(cfg: Any, norms: np.ndarray, source: str,
+                     run_id: int = 0) -> tuple[list[RoundRecord], float, int]:
     """Run ``cfg`` at class level (see the module's docstring) on the gradient ``norms``: its records
     (``source`` theirs), the simulated end time and the datagrams put on the wire (every flow's).
     :func:`dblp.sim.model.simulate` makes them its result (this module does not import it: the
@@ -261,11 +359,17 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
     dnd = _Direction(_ports(cfg, n, m, wire, False, remote, fullest), s_pps / n, base_dn,
                      up_path.ctrl_base_delay(ctrl), dn_loss)
     hub = 0.0 if m == 1 else 2 * fab.path(servers[0], servers[0]).ctrl_base_delay(ctrl_wire_bytes(NORM_MESSAGE_BYTES))
+    # the sessions: the server's one peer is the representative worker (the module's docstring: why one)
     policy = cfg.make_policy()
+    ctx = RecordContext(source=source, policy=policy.name, order=ORDER, send_rate_bps=0.0)  # unpaced
+    server = ServerSession(lay, (0,), policy=policy, run_id=run_id, context=ctx, order=ORDER, seed=cfg.seed,
+                           rounds=cfg.rounds, values=False, compensation=cfg.compensation)
+    worker = WorkerSession(lay, 0, run_id=run_id, context=ctx, order=ORDER, seed=cfg.seed,
+                           compensation=cfg.compensation)
+    up_rx = server.receiver(0)
     records: list[RoundRecord] = []
     t = 0.0
     datagrams = 0
-    p_up = float(policy.tolerance)
     a0, b0 = cfg.shard_bounds[0]
     reduce_s = cfg.reduce_s * ((b0 - a0) / cfg.elements if m > 1 else 1.0)
     # the broadcast's round-robin (host_slice datagrams a turn, servers' turns rotated:
@@ -277,44 +381,40 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str) -> tuple[list[Rou
         last_turn = last_pass - cfg.host_slice * (math.ceil(last_pass / cfg.host_slice) - 1)
         return max(n - m, 1) * last_turn / s_pps if n > 1 else 0.0
     spread = 0.0  # round 0: every upload starts at once (no compute jitter)
+    server.start(t)  # S1: ROUND(0, up)
+    _serve(server, worker, t)
     for k in range(cfg.rounds):
         t_last = t + cfg.compute_s  # the last worker's start; the mean worker's is spread/2 before it
-        need_up = needed_chunks(lay.chunks, p_up)
+        t0 = t_last - spread / 2
+        up_s = worker.begin_round(t_last, t_ready=t0)  # S5 (its broadcast receiver opens too)
         dur = lay.chunks * m / w_pps  # first guess of an upload's length: its host's time alone
         for _ in range(3 if spread > 0 else 1):  # uploads spread over `spread`: ~n dur/spread of them at once
             upd.scale(overlap(dur, spread))
-            up = upd.round(lay, k, ctl.UP, t_last, need_up)
-            dur = max(dur, up.crossing - t_last)  # type: ignore[attr-defined]
-        up = upd.round(lay, k, ctl.UP, t_last, need_up)
-        t_red = up.crossing + reduce_s + hub  # type: ignore[attr-defined]
-        f = up.stats.received / lay.chunks
+            trial = upd.transfer(*_scratch(lay, k, ctl.UP, t_last, float(up_rx.tolerance), run_id), t_last)
+            dur = max(dur, trial.crossing - t_last)
+        up = upd.transfer(up_s, up_rx, t_last)
+        worker.sent(up.t_stop)
+        server.poll(up.crossing)  # S2: the upstream is in; reduce
+        _serve(server, worker, up.crossing)
+        t_red = up.crossing + reduce_s + hub
         base = float(norms[k % norms.size])
-        norm = base if cfg.norm_model == "sequence" else base * math.sqrt(f / n)
-        p_down = float(policy.update(k, norm))
-        clr = bool(policy.clr)
-        dn = dnd.round(lay, k, ctl.DOWN, t_red, needed_chunks(lay.chunks, p_down))
-        half = spread / 2
-        spread = turn_spread(dn.last_pass)  # type: ignore[attr-defined]
-        t_end = dn.crossing  # type: ignore[attr-defined]  # the last worker's; the mean worker's spread/2 before
-        t0 = t_last - half
-        up_sent, dn_sent = up.stats.sent * m, dn.stats.sent * m
-        datagrams += (up_sent + dn_sent) * n
-        got_up = need_up * total_chunks // lay.chunks
-        got_dn = needed_chunks(lay.chunks, p_down) * total_chunks // lay.chunks
+        # the mean's norm as dblp.sim.model's _grad_norm has it for n workers alike: sqrt(n f) / n
+        norm = base if cfg.norm_model == "sequence" else base * math.sqrt(up_rx.received / lay.chunks / n)
         extra = {"fidelity": "class", "compute_s": cfg.compute_s, "burst": up_loss.burst(k) or dn_loss.burst(k)}
         if m > 1:
             extra.update(aggregation=cfg.aggregation, shards=m)
-        wrec = RoundRecord(source, "worker", 0, k, t_start=t0, policy=policy.name, tolerance_up=p_up,
-                           tolerance_down=p_down, clr=clr, chunks=total_chunks,
-                           up_latency_s=up.stats.t_done - t_last, down_latency_s=t_end - spread / 2 - t_red,
-                           round_latency_s=t_end - spread / 2 - t0, up_sent=up_sent, up_passes=up.stats.passes,
-                           up_received=got_up, down_sent=dn_sent, down_passes=dn.stats.passes,
-                           down_received=got_dn, early_stop_up=up.stats.early_stop,
-                           early_stop_down=dn.stats.early_stop, order="inorder", extra=extra)
-        srec = replace(wrec, role="server", grad_norm=norm, up_latency_s=up.crossing - t_last,  # type: ignore[attr-defined]
-                       down_latency_s=dn.stats.t_done - t_red, extra={**extra, "reduce": "zero"})
+        server.broadcast(norm, t_red, None, extra={**extra, "reduce": "zero"})  # S3: ROUND(k, down) and its sender
+        _, dn_s = _serve(server, worker, t_red)
+        assert dn_s is not None
+        dn = dnd.transfer(dn_s, worker.receiver, t_red)
+        spread = turn_spread(dn.last_pass)
+        t_end = dn.crossing  # the last worker's; the mean worker's spread/2 before
+        server.poll(dn.t_stop, 0)  # S4: the server's record, ROUND(k+1, up)
+        srecs, _ = _serve(server, worker, dn.t_stop)
+        wrec = _whole(worker.finish_round(t_end - spread / 2, extra=extra), m, total_chunks)  # S6
+        srec = _whole(srecs[0], m, total_chunks)
         records.extend(replace(wrec, worker=i) for i in range(n))
         records.extend(replace(srec, worker=i) for i in range(n))
-        p_up = float(policy.tolerance)
-        t = max(t_end, dn.stats.t_done)
+        datagrams += (up_s.stats.sent + dn_s.stats.sent) * m * n
+        t = max(t_end, dn.t_stop)
     return records, t, datagrams
