@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from dblp.results.tta import report as answer
 
-        bursts = f"with bursts at {','.join(map(str, a.bursts_list))}" if a.bursts_list else "no bursts"
+        bursts = f"with bursts at {analysis.bursts_text(a.bursts_list)}" if a.bursts_list else "no bursts"
         setup = f"{a.train['workload']}, {a.workers} workers, {a.bw_mbps:g} Mbit/s, consistency {a.consistency}"
         answer(out, names, a.workers, seeds, a.bursts_list, a.train["targets"], calm=calm, condition=bursts,
                setup=f"{setup}, {bursts}")  # before the training report, which removes the weight snapshots

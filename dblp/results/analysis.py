@@ -94,6 +94,16 @@ def table_ii(base: LatencySummary, dblp: LatencySummary, bursts: Sequence[int]) 
     return [head, ["DBLP"] + d, ["Baseline"] + b, ["Speedup (x)"] + sp]
 
 
+def bursts_text(bursts: Sequence[int]) -> str:
+    """The iterations a burst hits, as a table or a title says them: a short list as it is, an evenly
+    spaced long one as its step and span (``every 25 from 25 to 1175 (47)``), so a label fits a line."""
+    b = [int(x) for x in bursts]
+    steps = {y - x for x, y in zip(b, b[1:])}
+    if len(b) >= 5 and len(steps) == 1 and steps.pop() > 0:
+        return f"every {b[1] - b[0]} from {b[0]} to {b[-1]} ({len(b)})"
+    return ",".join(map(str, b))
+
+
 def format_cell(v: object, spec: str = ".4f") -> str:
     """A table cell as text: strings as they are, numbers with ``spec``, NaN/None as ``-``."""
     if isinstance(v, str):

@@ -233,7 +233,9 @@ def report_folder(out: str | Path) -> list[dict[str, Any]]:
     calm = [n for n in ("baseline", "dblp") if n in policies] + labels \
         if bursts and not cfg.get("no-calm") and (out / "calm").exists() or \
         (out / f"seed{seeds[0]}" / "calm").exists() and not cfg.get("no-calm") else []
-    cond = f"bursts at {','.join(map(str, bursts))}" if bursts else "replayed trace"
+    from dblp.results.analysis import bursts_text
+
+    cond = f"bursts at {bursts_text(bursts)}" if bursts else "replayed trace"
     setup = f"{train['workload']}, {cfg.get('workers')} workers, {cond}"
     return report(out, policies + labels, int(cfg.get("workers", 3)), seeds, bursts, train.get("targets", []),
                   calm=calm, condition=cond, setup=setup)

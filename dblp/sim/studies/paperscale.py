@@ -79,7 +79,7 @@ def predict(cal: SimConfig, model: str, *, compute_s: float, out: Path | None = 
             calm: bool = True) -> dict[str, Any]:
     """Simulate ``model``'s paper run on ``cal``'s constants with ``compute_s`` per iteration;
     return the tables (and write them, the records and a plot into ``out``)."""
-    from dblp.results.analysis import summarize, table_ii
+    from dblp.results.analysis import bursts_text, summarize, table_ii
     from dblp.sim.model import simulate
 
     run = PAPER_RUNS[model]
@@ -109,7 +109,7 @@ def predict(cal: SimConfig, model: str, *, compute_s: float, out: Path | None = 
     for cond in [c for c, _ in conditions]:
         d, b = times[(cond, "dblp")], times[(cond, "baseline")]
         paper = run.extra_time_bursts_pct if cond == "bursts" else run.extra_time_calm_pct
-        label = f"with bursts at {','.join(map(str, run.bursts))}" if cond == "bursts" else "no bursts"
+        label = f"with bursts at {bursts_text(run.bursts)}" if cond == "bursts" else "no bursts"
         t5.append([label, "baseline", b, b / d, 100 * (b / d - 1), paper])
         t5.append([label, "dblp", d, 1.0, 0.0, 0.0])
     result = {"model": model, "table": run.table, "table_ii": rows, "table_v": t5,
