@@ -165,7 +165,7 @@ if want xhosts && [[ -n "$EMU" && -n "$HOSTS" && -f "$EMU/calibration.json" ]]; 
   timeout -k 5 "$(budget 60 70)" "$PY" - "$EMU/calibration.json" "$HOSTS" "$pace" "$OUT/xhosts" <<'PYEOF'
 import json, sys
 from pathlib import Path
-from dblp import analysis
+from dblp.results import analysis
 from dblp.sim.studies.crosscheck import compare, simulate_policies, transfer, write_report
 cal_path, hosts, pace, out = Path(sys.argv[1]), Path(sys.argv[2]), float(sys.argv[3]), Path(sys.argv[4])
 pols = [p for p in ("baseline", "dblp") if (hosts / p / "records").is_dir()]

@@ -131,7 +131,7 @@ def test_worker_command_prints_the_warning_on_stderr():
     """As a command's logging shows it: one stderr line however often it is checked, no traceback
     (the route faked to 1400 bytes in a fresh interpreter)."""
     code = ("import logging, sys; logging.basicConfig(level=logging.WARNING);"
-            "from dblp import worker as w; w.route_mtu = lambda h: 1400;"
+            "from dblp.transport import worker as w; w.route_mtu = lambda h: 1400;"
             "w.check_path_mtu('127.0.0.1', 29600, 9000); w.check_path_mtu('127.0.0.1', 29600, 9000)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env(), cwd=ROOT,
                          timeout=60)

@@ -6,6 +6,7 @@ simulator's own code is not asked for them.
 
 from __future__ import annotations
 
+import argparse
 import math
 from collections import defaultdict
 
@@ -302,7 +303,7 @@ def test_sweep_takes_aggregation_as_an_axis():
     flag, parse, default, field = AXES["aggregation"]
     assert flag == "--aggregation" and default == ["server"] and field == "aggregation"
     assert parse("server,sharded") == ["server", "sharded"]
-    with pytest.raises(ValueError, match="ring"):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown aggregation 'ring' \(known: server, sharded\)"):
         parse("server,ring")
     base = SimConfig(model=100_000, workers=3, rounds=4)
     axes = {"p_high": [0.2], "p_low": [0.008], "eta": [0.5], "freq": [10], "burst_rate": [0.0], "burst_loss": [0.7],
