@@ -79,8 +79,8 @@ from dblp.protocol.core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, Encode
                    send_order)
 from dblp.protocol.pacing import ServerPacing, TokenBucket, make_pacer
 from dblp.protocol.records import RoundRecord
-from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, _drops, up_stream
-from dblp.protocol.wire import SERVER_ID, ChunkLayout, ParameterError
+from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, _drops, check_round_options, up_stream
+from dblp.protocol.wire import SERVER_ID, ChunkLayout
 from dblp.protocol.worker_session import WorkerSession
 
 __all__ = [
@@ -191,9 +191,7 @@ class ServerSession:
         consistency: str = "none",
         compensation: Compensation = PAPER,
     ) -> None:
-        if consistency not in CONSISTENCY:
-            raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
-        compensation.check_consistency(consistency)  # C6
+        check_round_options(consistency, compensation)  # S7, C6
         self.consistency = consistency
         self.compensation = compensation  # S8
         self._bfb = BroadcastFeedback(layout, compensation.feedback_bound) \

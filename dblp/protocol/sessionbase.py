@@ -10,9 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from dblp.protocol.core import DropCounters, Receiver
+from dblp.protocol.wire import ParameterError
+
+if TYPE_CHECKING:
+    from dblp.protocol.compensation import Compensation
 
 CONSISTENCY = ("none", "intersect")  # S7
+
+
+def check_round_options(consistency: str, compensation: "Compensation") -> None:
+    """Refuse a consistency mode S7 does not know, or compensation it cannot compose with (C6), naming it."""
+    if consistency not in CONSISTENCY:
+        raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
+    compensation.check_consistency(consistency)
 
 
 def up_stream(worker: int) -> int:

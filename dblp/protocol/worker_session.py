@@ -15,8 +15,8 @@ from dblp.protocol.compensation import PAPER, Compensation, UploadFeedback, fill
 from dblp.protocol.core import DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound, send_order
 from dblp.protocol.pacing import TokenBucket, make_pacer
 from dblp.protocol.records import RoundRecord
-from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, _drops, up_stream
-from dblp.protocol.wire import SERVER_ID, ChunkLayout, ParameterError, zero_chunks
+from dblp.protocol.sessionbase import RecordContext, _drops, check_round_options, up_stream
+from dblp.protocol.wire import SERVER_ID, ChunkLayout, zero_chunks
 
 
 class WorkerSession:
@@ -37,9 +37,7 @@ class WorkerSession:
         consistency: str = "none",
         compensation: Compensation = PAPER,
     ) -> None:
-        if consistency not in CONSISTENCY:
-            raise ParameterError(f"consistency must be one of {CONSISTENCY}, got {consistency!r}")
-        compensation.check_consistency(consistency)  # C6
+        check_round_options(consistency, compensation)  # S7, C6
         self.consistency = consistency
         self.compensation = compensation  # S8
         self._ufb = UploadFeedback(layout, compensation.feedback_bound) if compensation.upload_feedback else None
