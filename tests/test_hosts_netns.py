@@ -387,7 +387,7 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
             Path("/run/sshd").rmdir()
 
 
-# ---------------------------------------------------------------------------- the real-host path (#24 item 5)
+# ---------------------------------------------------------------------------- the real-host path
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "gpu_hosts.py"
 
