@@ -45,7 +45,7 @@ __all__ = ["Target", "rate_check", "passes_check", "burst_check", "targets", "fo
 
 #: (link bit/s, GSO) of the rate check
 RATE_LINKS: tuple[tuple[float, bool], ...] = ((1e9, True), (1e9, False), (2e9, True), (2e9, False))
-#: (link bit/s, queue in packets, workers) of the passes check: the issue's grid
+#: (link bit/s, queue in packets, workers) of the passes check: 4 link rates x 2 queue depths x 2 world sizes
 PASS_CONFIGS: tuple[tuple[float, int, int], ...] = tuple(
     (bw, q, w) for bw in (100e6, 1e9, 2e9, 10e9) for q in (100, 1000) for w in (3, 8))
 RATE_SHARE = 0.9  # the rate check paces at this fraction of the link

@@ -135,12 +135,12 @@ def bench_workers(workers: list[int], iterations: int, provisioned: bool, topolo
     return rows
 
 
-# The issue's targets for the round level at 1M floats and 100 iterations: workers -> seconds
+# The simulator's speed targets for the round level at 1M floats and 100 iterations: workers -> seconds
 WORKER_TARGETS_S = {64: 2.0, 1024: 60.0}
 
 
 def print_worker_targets(rows: list[dict]) -> None:
-    """The scaling runs of the issue's sizes (1M floats, 100 iterations) against its targets."""
+    """The scaling runs of the targets' sizes (1M floats, 100 iterations) against their limits."""
     for r in rows:
         limit = WORKER_TARGETS_S.get(r["workers"])
         if limit is None or r["iterations"] != 100:
@@ -255,7 +255,7 @@ def bench_targets(names: list[str], repeats: int, cap_factor: float, mem_gib: fl
     (``time.process_time``, which a shared machine's load affects less than wall time), and the
     peak resident memory; a run past ``cap_factor`` x its limit is stopped and counts as not met
     (and is not repeated: the verdict stands)."""
-    print(f"\n== the issue's targets: {repeats} runs each, each in a fresh process (1M floats)")
+    print(f"\n== the speed targets: {repeats} runs each, each in a fresh process (1M floats)")
     rows = []
     for name in names:
         what, kw, limit, mem_limit = SCALE_TARGETS[name]
@@ -321,7 +321,7 @@ def main() -> int:
     p.add_argument("--sweep-group", type=count_arg(1), default=None,
                    help="group of the sweep runs (default: the last of --groups)")
     p.add_argument("--sweep-model", default="resnet50",
-                   help="gradient of the sweep runs: a model name or element count (the issue's target: 1M)")
+                   help="gradient of the sweep runs: a model name or element count (the speed target's: 1M)")
     p.add_argument("--jobs", type=count_arg(1), default=os.cpu_count() or 1, help="sweep processes")
     p.add_argument("--workers", type=int_list_arg(1), default="16,32,64",
                    help="worker counts of the scaling runs on the default star (1M floats)")
@@ -330,9 +330,9 @@ def main() -> int:
     p.add_argument("--workers-iterations", type=count_arg(1), default=3, help="iterations of the scaling runs")
     p.add_argument("--topology", choices=TOPOLOGIES, default="star",
                    help="network of the scaling runs (dblp.sim.network.topology, default parameters)")
-    p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the issue's targets: "
+    p.add_argument("--only-workers", action="store_true", help="only the scaling runs (the speed targets': "
                    "--workers 64 --workers-provisioned 1024 --workers-iterations 100)")
-    p.add_argument("--only-sweep", action="store_true", help="only the sweep (the issue's target: --sweep-configs 500 "
+    p.add_argument("--only-sweep", action="store_true", help="only the sweep (the speed target's: --sweep-configs 500 "
                    "--sweep-iterations 300 --sweep-model 1000000 --sweep-group 1)")
     p.add_argument("--only-targets", action="store_true",
                    help="only the scale targets (the default star, paced senders and 10,000 workers at "

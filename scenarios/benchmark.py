@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{SHARDED_CRC}: the sharded mode on the CRC-only wire)")
     ap.set_defaults(paths=list(DEFAULT_PATHS))
     ap.add_argument("--workers", type=count_arg(2), default=WORKERS,
-                    help="worker hosts (and gloo ranks); the issue's scaling check compares 3 and 6")
+                    help="worker hosts (and gloo ranks); the scaling check compares 3 and 6")
     ap.add_argument("--p", type=float, default=0.008, help="the fixed policy's tolerance (0 = reliable)")
     ap.add_argument("--burst-loss", type=float, default=0.7, help="loss of the burst round (0: no burst)")
     ap.add_argument("--calib-loss", default="0.3,0.5,0.6",

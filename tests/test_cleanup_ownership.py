@@ -184,7 +184,7 @@ def test_the_machine_record_keeps_the_first_runs_originals(tmp_path):
 
 @NEEDS_ROOT
 def test_cleanup_during_a_second_run_keeps_the_machines_record(tmp_path, monkeypatch, capsys):
-    """The issue's sequence, in a private registry: run A (dead, killed with -9) recorded the original 1;
+    """A killed run and a live one, in a private registry: run A (dead, killed with -9) recorded the original 1;
     run B (live) started after the kill and saw 0. Cleanup during B removes A's state file and keeps
     the machine's record; with B gone, the value restored is the machine's 1, never B's 0."""
     from emulation import runstate

@@ -20,7 +20,7 @@ def test_paced_sender_delivers_its_rate(tmp_path):
     """Paced at 180 Mbit/s on a 200 Mbit/s link (plain path, 20 MB uploads): most of the rate
     leaves, and not more than the rate (the bucket starts full: +1% at most on a 0.9 s upload).
 
-    The issue's target is >= 90% (the row's `threshold`, printed met or not by the benchmark);
+    The target is >= 90% (the row's `threshold`, printed met or not by the benchmark);
     measured 0.96-1.00 at load 1-7, but 0.36 with the test held to 15% of a CPU (docs/flaky.md),
     so the test's own floor is 0.75: still far above the pacer bug it pins (0.44-0.5 of the rate
     delivered, docs/pacing.md), and not a coin toss on a starved machine."""
@@ -32,7 +32,7 @@ def test_paced_sender_delivers_its_rate(tmp_path):
 @needs_netns
 def test_no_rate_flag_needs_few_passes_where_unpaced_floods(tmp_path):
     """100 Mbit/s links, 100-packet queues, 3 workers, 200k floats, 10 rounds: unpaced senders
-    (--pace 0) need many passes per round (the issue's 18.6 at 500k); with no rate flag the
+    (--pace 0) need many passes per round (18.6 at 500k); with no rate flag the
     senders pace themselves, and only the first round's unpaced pass floods. From round 2 on the
     uploads share the server's grant (R12) and the broadcast's streams the server's one rate a
     round (R14): from round 2 the broadcast needed 1.00-1.12 passes a round in nine runs

@@ -6,7 +6,7 @@
   it sends is needed until delivered (retransmissions only of what the
   receiver's bitmap reports missing), so sent - delivered is exactly what the
   path lost; a bounded-loss run stops early and leaves datagrams in flight
-  that would count as lost. The issue's bar: within 20% (relative) of the
+  that would count as lost. The bar: within 20% (relative) of the
   trace's mean loss over the run.
 * packets: the exact per-packet mode drops exactly the datagrams the trace
   names (the receiver reports every sequence number it got), once and looped.

@@ -35,7 +35,7 @@ from dblp.protocol.records import RoundRecord, json_safe
 if TYPE_CHECKING:  # the simulator is imported where it runs, not at import time
     from dblp.sim.config import SimConfig
 
-#: the issue's bounds on the relative error of the bounded terms
+#: the crosscheck's bounds on the relative error of the bounded terms (simulated against emulated)
 BOUNDS = {"round p50": 0.15, "round p99": 0.15, "speedup @burst": 0.20}
 #: scenario settings that replace a transferred calibration's (--params); the rest are host constants
 SCENARIO_KEYS = ("model", "workers", "rounds", "bandwidth_bps", "server_bandwidth_bps", "queue_bytes",
