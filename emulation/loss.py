@@ -129,6 +129,12 @@ def hook_cmd(net: Any, where: Hook, args: list[str], *, input: str | None = None
     return run(where.host, args, input=input, check=check, timeout=timeout)
 
 
+def table_counters(net: Any, where: Hook, table: str) -> dict:
+    """The counters of every chain of nft ``table`` in the namespace of ``where``, parsed
+    (:func:`emulation.nft.parse_counters`); a host that is gone gives none (no raise)."""
+    return nft.parse_counters(hook_cmd(net, where, nft.list_counters_args(table), check=False, timeout=10))
+
+
 def segment_links(net: Any, hosts: list[str] | tuple[str, ...], on: bool = True) -> None:
     """Put the links of ``hosts`` in the segmented mode (``on``) or back to veth defaults.
 
@@ -214,7 +220,6 @@ class LossController:
         t = time.time()
         with self._lock:
             for target, rate in rates.items():
-                n = nft.threshold(rate)
                 where, chain = self._where(target)
                 table = self._table(where)
                 key = (where, chain)
@@ -225,7 +230,7 @@ class LossController:
                 if existing is None:
                     site[1].extend(nft.chain_lines(table, chain, where.hook, where.dev))
                 site[1].extend(nft.drop_lines(table, chain, target.match(), rate))
-                site[2].append((key, target, n / nft.MOD))
+                site[2].append((key, target, nft.applied_rate(rate)))
             for (host, sw), (where, lines, done) in per_site.items():
                 hook_cmd(self.net, where, ["nft", "-f", "-"], input=nft.script(lines))
                 t = time.time()
@@ -249,9 +254,7 @@ class LossController:
         with self._lock:
             targets = dict(self._installed)
             sites = dict(self._sites)
-        raw = {site: nft.parse_counters(hook_cmd(self.net, where, nft.list_counters_args(self._table(where)),
-                                                 check=False, timeout=10))
-               for site, where in sites.items()}
+        raw = {site: table_counters(self.net, where, self._table(where)) for site, where in sites.items()}
         return {target.label(): {"host": where.host, "chain": chain, "rate": self._rates.get(target, 0.0),
                                  **({"switch_end": where.dev} if where.switch_end else {}),
                                  **nft.chain_counters(raw[(where.host, where.switch_end)], chain)}

@@ -77,7 +77,7 @@ from traces import Change, PacketTrace, SegmentTrace, TraceMeta, read_trace, wri
 from . import nft
 from .replayloss import datagram_loss, datagram_loss_by_round, plot_loss  # noqa: F401  (re-exported)
 from .nft import CliNftBackend, LibNftBackend, NftBackend, have_libnftables, make_backend  # noqa: F401  (re-exported)
-from .loss import Hook, LossController, LossTarget, hook_cmd, hook_of
+from .loss import Hook, LossController, LossTarget, hook_cmd, hook_of, table_counters
 from .shaping import FRAME_BYTES, Shape, default_burst
 
 __all__ = ["TraceReplayer", "NftBackend", "LibNftBackend", "CliNftBackend", "have_libnftables",
@@ -527,8 +527,7 @@ class TraceReplayer:
         """Per target label: packets seen / dropped by this replayer's rules so far."""
         out: dict[str, dict] = {}
         for site, ts in self._by_host().items():
-            raw = nft.parse_counters(hook_cmd(self.net, site, nft.list_counters_args(self.table), check=False,
-                                              timeout=10))
+            raw = table_counters(self.net, site, self.table)
             for t in ts:
                 cc = nft.chain_counters(raw, self._chain(t))
                 seen, dropped = cc["seen_packets"], cc["dropped_packets"]
