@@ -4,7 +4,9 @@
 entries sit in SimPy's queue where the SimPy process it replaced put its
 events (Initialize, ``wait_ev.succeed()``, a timed wait's Timeout and
 Condition), and schedules its callbacks without a Timeout and a closure each.
-The reference below is that process and ``Simulation.at``, as they were: every
+The reference below is that process and ``Simulation.at``, as they were (a pass's
+start and end are the flow's own steps, ``RoundFlow.begin_pass`` and
+``end_if_out``: only the scheduling differs): every
 record (every field, floats compared exactly), the end time and the datagram
 count must be the same - on ties (identical workers), an overflowing incast
 with backoff, early STOPs of a broadcast, pacing, jittered compute and a
@@ -23,7 +25,6 @@ import dblp.sim.engines.fast as fast
 import dblp.sim.engines.roundflow as roundflow
 import dblp.sim.engines.roundkit as roundkit
 from dblp.sim import SimConfig, simulate
-from dblp.sim.engines.flow import pass_remaining
 
 _BURSTS = {"kind": "iteration_bursts", "at": [1, 3], "loss": 0.6}
 
@@ -72,23 +73,12 @@ class _ProcessFlow(fast.RoundFlow):
                     self.wait_ev = env.event()
                     yield self.wait_ev
                     continue
-                t_end = float(self.leave[-1])
-                if env.now >= t_end - 1e-12:
-                    self.in_pass = False
-                    self.b_end, self.b_used = t_end, self.n
-                    self.host.remove(self, t_end)
-                    self.take_until(self.n, t_end)
-                    continue
-                self.wait_ev = env.event()
-                yield env.timeout(t_end - env.now) | self.wait_ev
+                t_end = self.end_if_out()
+                if t_end is not None:
+                    self.wait_ev = env.event()
+                    yield env.timeout(t_end - env.now) | self.wait_ev
             elif s.ready(env.now):
-                self.n = pass_remaining(s)
-                self.npass += 1
-                self.limit = self.n
-                self.seqbuf = s.pass_chunks
-                self.leave, self.taken, self.in_pass = None, 0, True
-                self.d_slot, self.d_t, self.dpos = roundkit._EMPTY_I, roundkit._EMPTY_F, 0
-                self.host.join(self)
+                self.begin_pass()
             else:
                 t = s.get_timer()
                 self.wait_ev = env.event()

@@ -140,30 +140,40 @@ class RoundFlow(FlowBase):
                 if self.leave is None:  # the host lays the pass out at its next commit
                     self._arm(None)
                     return
-                t_end = float(self.leave[-1])
-                if env.now >= t_end - 1e-12:
-                    self.in_pass = False
-                    self.b_end, self.b_used = t_end, self.n
-                    self.host.remove(self, t_end)
-                    self.take_until(self.n, t_end)
-                    continue
-                self._arm(t_end - env.now)
-                return
+                t_end = self.end_if_out()
+                if t_end is not None:
+                    self._arm(t_end - env.now)
+                    return
             elif s.ready(env.now):
-                self.n = pass_remaining(s)
-                self.npass += 1
-                if self.n <= 0:
-                    raise RuntimeError(f"round {self.rnd}: the core is sending a pass of {self.n} datagrams")
-                self.limit = self.n
-                self.seqbuf = s.pass_chunks  # slot i of the pass carries chunk seqbuf[i] (the core's view)
-                self.leave, self.taken, self.in_pass = None, 0, True
-                self.d_slot, self.d_t, self.dpos = _EMPTY_I, _EMPTY_F, 0
-                self._quiet = -math.inf
-                self.host.join(self)
+                self.begin_pass()
             else:
                 t = s.get_timer()
                 self._arm(None if t is None else max(0.0, t - env.now))
                 return
+
+    def end_if_out(self) -> float | None:
+        """End the pass if its last slot has left the host by now (None); else when that slot leaves."""
+        t_end = float(self.leave[-1])
+        if self.env.now < t_end - 1e-12:
+            return t_end
+        self.in_pass = False
+        self.b_end, self.b_used = t_end, self.n
+        self.host.remove(self, t_end)
+        self.take_until(self.n, t_end)
+        return None
+
+    def begin_pass(self) -> None:
+        """Start a pass of the core's remaining datagrams and have the host lay it out."""
+        self.n = pass_remaining(self.sender)
+        self.npass += 1
+        if self.n <= 0:
+            raise RuntimeError(f"round {self.rnd}: the core is sending a pass of {self.n} datagrams")
+        self.limit = self.n
+        self.seqbuf = self.sender.pass_chunks  # slot i of the pass carries chunk seqbuf[i] (the core's view)
+        self.leave, self.taken, self.in_pass = None, 0, True
+        self.d_slot, self.d_t, self.dpos = _EMPTY_I, _EMPTY_F, 0
+        self._quiet = -math.inf
+        self.host.join(self)
 
     def take_until(self, m: int, t: float) -> None:
         """Have the core hand out the pass's first ``m`` slots."""
@@ -221,8 +231,7 @@ class RoundFlow(FlowBase):
             self.engine.at(float(self.d_t[-1]), self._drain)
 
     def _drain(self, t: float) -> None:
-        """Deliver what is in flight after the transfer ended, until nothing is (the
-        port may still move arrivals later)."""
+        """Deliver what is in flight after the transfer ended, until nothing is (the port may move arrivals)."""
         self.deliver_until(t)
         if self.dpos < self.d_slot.size:
             self.engine.at(max(t, float(self.d_t[-1])), self._drain)
