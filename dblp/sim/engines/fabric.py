@@ -89,7 +89,7 @@ from dblp.protocol.wire import ChunkLayout, ParameterError
 from dblp.transport.shard import NORM_MESSAGE_BYTES
 from dblp.sim.network.loss import Combined, make_flow_loss
 from dblp.sim.network.net import Host, ctrl_wire_bytes, fluid_step
-from dblp.sim.network.topology import _Fabric, rack_of, uplink_rate_bps
+from dblp.sim.network.topology import Fabric, rack_of, uplink_rate_bps
 
 #: a representative's passes per direction and iteration past which the model gives up (a sender
 #: that never reaches its receiver's need, e.g. a port that accepts nothing)
@@ -335,7 +335,7 @@ def simulate_classes(cfg: Any, norms: np.ndarray, source: str,
     # delays of the representative pair (worker 0, server 0), from the topology's one rule for paths
     workers = [Host(f"w{i}", cfg.send_pps, cfg.bandwidth_bps, wire) for i in range(min(n, cfg.racks + 1))]
     servers = [Host("server0", cfg.server_pps, cfg.server_rate_bps, wire)]
-    fab = _Fabric(cfg, servers, workers)
+    fab = Fabric(cfg, servers, workers)
     rep = next((w for i, w in enumerate(workers) if rack_of(i, cfg.racks) != 0), workers[0]) \
         if cfg.topology == "leafspine" else workers[0]
     up_path, down_path = fab.path(rep, servers[0]), fab.path(servers[0], rep)

@@ -194,7 +194,7 @@ def build_network(cfg: Any) -> Network:
     else:
         servers = [Host("server" if m == 1 else f"server{j}", cfg.server_pps, cfg.server_rate_bps, wire,
                         cfg.recv_cost_s) for j in range(m)]
-    fab = _Fabric(cfg, servers if m else [], workers)
+    fab = Fabric(cfg, servers if m else [], workers)
     up: list[Path] = []
     down: list[Path] = []
     remote: list[bool] = []
@@ -218,7 +218,7 @@ def build_network(cfg: Any) -> Network:
     return Network(servers, workers, up, down, remote, local, hub)
 
 
-class _Fabric:
+class Fabric:
     """Where each host sits and the ports between them: one egress port per host at its
     switch (``->NAME``, the host's link rate), and the star's one switch, the leaf-spine's
     racks or the two sites; :meth:`path` is the one rule for a path between two hosts."""
