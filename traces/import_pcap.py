@@ -53,6 +53,35 @@ class CaptureImport:
     stats: dict[str, Any] = field(default_factory=dict)
     keys: np.ndarray | None = None
 
+    @classmethod
+    def of_packets(
+        cls,
+        lost: np.ndarray,
+        times_us: np.ndarray | None,
+        stats: dict[str, Any],
+        *,
+        importer: str,
+        params: dict[str, Any],
+        source: str,
+        description: str,
+        provenance: str,
+        packet_interval_us: float | None = None,
+        keys: np.ndarray | None = None,
+    ) -> CaptureImport:
+        """The import of ``lost`` (one flag per packet) with the metadata every capture importer
+        writes: measured or generated, the capture(s) it came from, and under ``extra`` which
+        importer made it, with what parameters and what it counted - so any such trace says how
+        it was made in the same fields."""
+        meta = TraceMeta(
+            form="packets",
+            provenance=provenance,
+            source=source,
+            description=description,
+            packet_interval_us=packet_interval_us,
+            extra={"importer": importer, "params": params, "stats": stats},
+        )
+        return cls(PacketTrace(lost, meta), times_us, stats, keys)
+
     @property
     def drops(self) -> np.ndarray:
         return self.packets.drops
@@ -215,12 +244,13 @@ def import_tcp_retransmissions(
         "flow": names[pick],
         "flows": len(names),
     }
-    meta = TraceMeta(
-        form="packets",
-        provenance=provenance,
+    return CaptureImport.of_packets(
+        lost,
+        times_us,
+        stats,
+        importer="tcp-retransmissions",
+        params={"flow": names[pick]},
         source=f"pcap: {os.fspath(capture)} (TCP {names[pick]})",
-        description=description
-        or f"TCP retransmissions: {stats['lost']} of {stats['segments']} data segments lost",
-        extra={"importer": "tcp-retransmissions", "params": {"flow": names[pick]}, "stats": stats},
+        description=description or f"TCP retransmissions: {stats['lost']} of {stats['segments']} data segments lost",
+        provenance=provenance,
     )
-    return CaptureImport(PacketTrace(lost, meta), times_us, stats)

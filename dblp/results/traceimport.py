@@ -36,8 +36,6 @@ from traces.argtypes import int_arg, port_arg, pos_int
 from traces.cli import add_capture_output_args, write_result
 from traces.errors import TraceError
 from traces.import_pcap import CaptureImport, match_transmissions
-from traces.meta import TraceMeta
-from traces.model import PacketTrace
 from traces.pcap import IPPROTO_UDP, Capture, read_capture
 
 from dblp.protocol.wire import HEADER_DTYPE, HEADER_SIZE, KIND_DATA, MAGIC, VERSION, parse_headers
@@ -130,16 +128,11 @@ def import_dblp_pcap(
         "sent_capture": s_counts,
         "received_capture": r_counts,
     }
-    meta = TraceMeta(
-        form="packets",
-        provenance=provenance,
-        source=f"pcap: sent {os.fspath(sent)} / received {os.fspath(received)}",
-        description=description
-        or f"DBLP datagrams: {stats['lost']} of {stats['sent']} transmissions lost ({match} matching)",
-        packet_interval_us=interval,
-        extra={"importer": "dblp-pcap", "params": {**params, "match": match}, "stats": stats},
-    )
-    return CaptureImport(PacketTrace(lost, meta), times_us, stats, _keys(s_hdr))
+    default = f"DBLP datagrams: {stats['lost']} of {stats['sent']} transmissions lost ({match} matching)"
+    return CaptureImport.of_packets(lost, times_us, stats, importer="dblp-pcap", params={**params, "match": match},
+                                    source=f"pcap: sent {os.fspath(sent)} / received {os.fspath(received)}",
+                                    description=description or default, provenance=provenance,
+                                    packet_interval_us=interval, keys=_keys(s_hdr))
 
 
 def _import_receiver_only(
@@ -178,15 +171,11 @@ def _import_receiver_only(
         "rounds": int(groups.size),
         "received_capture": r_counts,
     }
-    meta = TraceMeta(
-        form="packets",
-        provenance=provenance,
-        source=f"pcap: received {rcap.path}",
-        description=description
-        or f"DBLP chunks missing per round ({expected_chunks} expected a round), in (round, sender, seq) order",
-        extra={"importer": "dblp-pcap", "params": {**params, "expected_chunks": expected_chunks}, "stats": stats},
-    )
-    return CaptureImport(PacketTrace(drops, meta), None, stats, keys)
+    default = f"DBLP chunks missing per round ({expected_chunks} expected a round), in (round, sender, seq) order"
+    return CaptureImport.of_packets(drops, None, stats, importer="dblp-pcap",
+                                    params={**params, "expected_chunks": expected_chunks},
+                                    source=f"pcap: received {rcap.path}", description=description or default,
+                                    provenance=provenance, keys=keys)
 
 
 # -- command line ------------------------------------------------------------------------
