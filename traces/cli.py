@@ -63,12 +63,16 @@ def _common_out(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop", action="store_true", help="mark the trace to repeat past its end on replay")
 
 
-def _span(p: argparse.ArgumentParser, packets: bool = True) -> None:
+def _span(p: argparse.ArgumentParser, interval_help: str | None = None) -> None:
+    """``--packets`` or ``--duration``, the trace's extent; with ``interval_help`` (a model with a
+    per-packet form) the packets' spacing, ``--packet-interval``, beside them."""
     g = p.add_mutually_exclusive_group(required=True)
-    if packets:
+    if interval_help is not None:
         g.add_argument("--packets", type=pos_int, help="per-packet form with this many packets")
     g.add_argument("--duration", dest="duration_us", type=micros,
                    help="segments form lasting this long, e.g. 10s or 500ms; a bare number is seconds")
+    if interval_help is not None:
+        p.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float, help=interval_help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,9 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = kinds.add_parser("bernoulli", help="independent loss per packet", description="Independent loss per packet.")
     b.add_argument("--loss", type=prob, required=True, help="loss probability")
-    _span(b)
-    b.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
-                   help="packet spacing to record (packets form), e.g. 1.2us")
+    _span(b, "packet spacing to record (packets form), e.g. 1.2us")
     _common_out(b)
 
     ge = kinds.add_parser(
@@ -100,9 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="P(bad -> good) per packet (netem r; default 1 - good-to-bad)")
     ge.add_argument("--one-minus-h", "--bad-loss", dest="bad_loss", type=prob, default=1.0, help="loss probability in the bad state (netem 1-h)")
     ge.add_argument("--one-minus-k", "--good-loss", dest="good_loss", type=prob, default=0.0, help="loss probability in the good state (netem 1-k)")
-    _span(ge)
-    ge.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
-                    help="packet spacing, e.g. 1.2us; required for the segments form")
+    _span(ge, "packet spacing, e.g. 1.2us; required for the segments form")
     _common_out(ge)
 
     oo = kinds.add_parser(
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="ON/OFF microbursts (Benson et al. IMC'10, Kandula et al. IMC'09; durations of tens to "
         "hundreds of us per Zhang et al. IMC'17). Defaults are illustrative, not fitted.",
     )
-    _span(oo, packets=False)
+    _span(oo)
     oo.add_argument("--on-mean", dest="on_mean_us", type=micros_float, default="100us", help="mean burst (ON) duration")
     oo.add_argument("--off-mean", dest="off_mean_us", type=micros_float, default="10ms", help="mean gap (OFF) duration")
     oo.add_argument("--on-loss", type=prob, default=0.7, help="loss during a burst (default 0.7)")
@@ -160,9 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "import-mahimahi":
             m.add_argument("--direction", choices=("uplink", "downlink"), default="uplink",
                            help="which mm-loss direction to sample")
-        _span(m)
-        m.add_argument("--packet-interval", dest="packet_interval_us", type=micros_float,
-                       help="packet spacing, e.g. 1.2us (Gilbert-Elliott segments, ON/OFF packets)")
+        _span(m, "packet spacing, e.g. 1.2us (Gilbert-Elliott segments, ON/OFF packets)")
         _common_out(m)
 
     r = sub.add_parser("resample", help="coarsen a segments trace to fixed bins", description="Average a segments trace over fixed bins (mean loss kept), for replayers that cannot switch faster.")
