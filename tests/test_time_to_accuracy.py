@@ -14,7 +14,7 @@ from dblp.cli.args import parse_targets
 from dblp.results.clrview import checks, replay
 from dblp.sim.convergence.steps import FITTED, rmse
 from dblp.sim.convergence.runs import load_curves
-from dblp.results.stats import mean_ci95, median, paired_ci95, spread
+from dblp.results.stats import mean_ci95, median, median_range, paired_ci95, spread
 from dblp.results.trainreport import first_reach, load_training, run_curve, table_v, time_to_targets
 
 
@@ -73,6 +73,16 @@ def test_the_one_median_leaves_out_none_and_nan_and_with_finite_the_infinities()
     assert median([None, math.nan, 3, 1, 2]) == 2.0 and median([4, None, 1]) == 2.5
     assert median([1.0, math.inf, math.inf, math.nan], finite=True) == 1.0
     assert median([math.inf, None], finite=True, empty=None) is None and math.isnan(median([]))
+
+
+def test_median_range_is_the_one_median_min_max_cell():
+    """The time-to-accuracy table, dblp.train.modes and dblp.train.phasecheck print a figure over
+    seeds as median [min-max]; infinite (never reached) as "never", None and NaN left out."""
+    assert median_range([3.0, 1.0, 2.0, 10.0], ".1f") == "2.5 [1.0-10.0]"
+    assert median_range([120, None, math.nan, 90, 100], ".0f") == "100 [90-120]"
+    assert median_range([0.9512], ".3f") == "0.951" and median_range([None, math.nan]) == "-"
+    assert median_range([40.0, math.inf, math.inf], ".0f") == "never [40-never]"
+    assert median_range([40.0, 50.0, math.inf], ".0f") == "50 [40-never]"
 
 
 def test_intervals_on_known_samples():

@@ -6,6 +6,7 @@ their spread the same way, so an interval means the same in every table.
 
 * :func:`mean_ci95`: mean and the half-width of its 95% interval (Student t);
 * :func:`spread`: median, mean, that interval and the range of one figure over seeds;
+* :func:`median_range`: the median with the range, ``median [min-max]``, as a table cell;
 * :func:`paired_ci95`: the mean of per-seed differences ``a_i - b_i`` and its interval.
   Replicates are interleaved (seed ``s`` of every policy runs back to back), so a
   difference is taken per seed and machine drift cancels; the difference is "larger
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
-__all__ = ["t975", "mean_ci95", "median", "Spread", "spread", "paired_ci95"]
+__all__ = ["t975", "mean_ci95", "median", "median_range", "Spread", "spread", "paired_ci95"]
 
 # t_{0.975, df} for df = 1..30
 _T975 = (12.706205, 4.302653, 3.182446, 2.776445, 2.570582, 2.446912, 2.364624, 2.306004, 2.262157, 2.228139,
@@ -71,6 +72,21 @@ def median(values: Iterable[float | None], *, finite: bool = False, empty: Any =
         return empty
     h = len(v) // 2
     return v[h] if len(v) % 2 else (v[h - 1] + v[h]) / 2
+
+
+def median_range(values: Iterable[float | None], spec: str = ".4g") -> str:
+    """``median [min-max]`` of the values that are numbers (None and NaN left out), each formatted
+    with ``spec``, as a table cell: the value alone when there is one, "-" when there is none, and
+    "never" for an infinite one (a target a seed never reaches). A range, not an interval: the few
+    seeds of a training comparison say where each landed, and :meth:`Spread.text` keeps the
+    ``[lo, hi]`` form for the 95% interval of the mean."""
+    v = [f for f in (float(x) for x in values if x is not None) if not math.isnan(f)]
+    if not v:
+        return "-"
+    f = lambda x: "never" if math.isinf(x) else format(x, spec)  # noqa: E731
+    if len(v) == 1:
+        return f(v[0])
+    return f"{f(median(v))} [{f(min(v))}-{f(max(v))}]"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import numpy as np
 
 from dblp.results.trainreport import (_target_label, final_metrics, load_training, replica_divergence, replicate_dir,
                           time_to_targets, training_time)
+from dblp.results.stats import median_range
 
 __all__ = ["collect", "answer_rows", "verdict_lines", "write_answer", "plot_answer"]
 
@@ -73,18 +74,6 @@ def _written_divergence(out: Path) -> dict[tuple[str, str], float]:
     return last
 
 
-def _spread(vals: Sequence[float], spec: str) -> str:
-    """``median [min-max]`` over the seeds; ``not reached`` counts as infinite."""
-    v = [x for x in vals if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    if not v:
-        return "-"
-    f = lambda x: "never" if math.isinf(x) else format(x, spec)  # noqa: E731
-    med = float(np.median(v))
-    if len(v) == 1:
-        return f(med)
-    return f"{f(med)} [{f(min(v))}-{f(max(v))}]"
-
-
 COLUMNS = (("passes_at_bursts", "passes @bursts", ".1f"), ("burst_round_s", "burst round (s)", ".3f"),
            ("round_mean_s", "mean round (s)", ".3f"), ("train_s", "to last iter (s)", ".1f"),
            ("final", "final", ".4f"), ("divergence", "divergence", ".3g"))
@@ -101,10 +90,12 @@ def answer_rows(rows: list[dict[str, Any]], targets: Sequence[float]) -> list[li
     table: list[list[object]] = [head]
     for cond, run in dict.fromkeys((r["condition"], r["run"]) for r in rows):
         rs = [r for r in rows if r["condition"] == cond and r["run"] == run]
-        line: list[object] = [cond, run, len(rs)] + [_spread([r[k] for r in rs], spec) for k, _, spec in COLUMNS[:4]]
+        line: list[object] = [cond, run, len(rs)]
+        line += [median_range([r[k] for r in rs], spec) for k, _, spec in COLUMNS[:4]]
         for t in targets:
-            line += [_spread([r[f"to_{t:g}_s"] for r in rs], ".1f"), _spread([r[f"to_{t:g}_iter"] for r in rs], ".0f")]
-        line += [_spread([r[k] for r in rs], spec) for k, _, spec in COLUMNS[4:]]
+            line += [median_range([r[f"to_{t:g}_s"] for r in rs], ".1f"),
+                     median_range([r[f"to_{t:g}_iter"] for r in rs], ".0f")]
+        line += [median_range([r[k] for r in rs], spec) for k, _, spec in COLUMNS[4:]]
         table.append(line)
     return table
 

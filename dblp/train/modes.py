@@ -21,12 +21,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
-import numpy as np
-
 from dblp.cli.args import parse_targets
 from dblp.protocol.compensation import Compensation
 from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ, DEFAULT_P_LOW, default_p_high
 from dblp.protocol.wire import ParameterError
+from dblp.results.stats import median_range
 
 BASELINE = "baseline"
 RELIABLE = "reliable"
@@ -69,19 +68,14 @@ def iterations_to(evals: Sequence[tuple[int, float]], target: float) -> float:
     return next((float(k) for k, v in evals if v >= target), math.inf)
 
 
-def _spread(v: Sequence[float], spec: str) -> str:
-    f = lambda x: "never" if math.isinf(x) else format(x, spec)  # noqa: E731
-    return f"{f(float(np.median(v)))} [{f(min(v))}-{f(max(v))}]" if len(v) > 1 else f(v[0])
-
-
 def table(runs: Sequence[dict[str, Any]], targets: Sequence[float]) -> list[list[object]]:
     """One line per mode: iterations to each target and the final metric, median [min-max] over seeds."""
     head: list[object] = ["mode", "seeds"] + [f"iters to {t:g}" for t in targets] + ["final"]
     rows: list[list[object]] = [head]
     for mode in dict.fromkeys(r["mode"] for r in runs):
         rs = [r for r in runs if r["mode"] == mode]
-        rows.append([mode, len(rs)] + [_spread([iterations_to(r["evals"], t) for r in rs], ".0f") for t in targets]
-                    + [_spread([r["final"] for r in rs], ".4f")])
+        to_targets = [median_range([iterations_to(r["evals"], t) for r in rs], ".0f") for t in targets]
+        rows.append([mode, len(rs)] + to_targets + [median_range([r["final"] for r in rs], ".4f")])
     return rows
 
 

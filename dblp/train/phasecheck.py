@@ -30,6 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dblp.results.stats import median_range
+
 __all__ = ["plateau_iteration", "run_once", "plot_phase", "main"]
 
 
@@ -185,9 +187,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         mine = [r for r in rows if r["policy"] == policy]
         if mine:
             def span(k: str, f: str) -> str:
-                v = [r[k] for r in mine]
-                return f"{np.median(v):{f}} [{min(v):{f}}, {max(v):{f}}]"
-            print(f"{policy:8s} over {len(mine)} seeds, median [min, max]: plateau at {span('plateau_iter', '.0f')}, "
+                return median_range([r[k] for r in mine], f)
+            print(f"{policy:8s} over {len(mine)} seeds, median [min-max]: plateau at {span('plateau_iter', '.0f')}, "
                   f"accuracy there {span('plateau_acc', '.3f')}, final {span('final_acc', '.3f')}, "
                   f"CLR share {span('clr_share', '.3f')}")
     if a.json and not a.from_json:
