@@ -79,7 +79,7 @@ from dblp.protocol.core import (DEFAULT_ORDER, DOWN_STREAM, DropCounters, Encode
                    send_order)
 from dblp.protocol.pacing import ServerPacing, TokenBucket, make_pacer
 from dblp.protocol.records import RoundRecord
-from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, _drops, check_round_options, up_stream
+from dblp.protocol.sessionbase import CONSISTENCY, RecordContext, SessionBase, _drops, up_stream
 from dblp.protocol.wire import SERVER_ID, ChunkLayout
 from dblp.protocol.worker_session import WorkerSession
 
@@ -165,7 +165,7 @@ class _Up:
     reported: DropCounters = field(default_factory=DropCounters)  # drops already in a record
 
 
-class ServerSession:
+class ServerSession(SessionBase):
     """Algorithm 3 for one run: S1-S4, S6 and S7 over one core receiver and sender per worker.
 
     ``values=True`` gives each worker a receive buffer (real data);
@@ -191,9 +191,8 @@ class ServerSession:
         consistency: str = "none",
         compensation: Compensation = PAPER,
     ) -> None:
-        check_round_options(consistency, compensation)  # S7, C6
-        self.consistency = consistency
-        self.compensation = compensation  # S8
+        super().__init__(layout, run_id=run_id, context=context, order=order, seed=seed, max_batch=max_batch,
+                         consistency=consistency, compensation=compensation)
         self._bfb = BroadcastFeedback(layout, compensation.feedback_bound) \
             if compensation.broadcast_feedback and values else None  # C4
         self._mean: np.ndarray | None = None  # the mean of the broadcast in flight (C4)
@@ -202,12 +201,7 @@ class ServerSession:
         self._held: dict[int, dict[int, np.ndarray]] = {}  # S7: round -> worker -> chunks it holds
         self.common: dict[int, int] = {}  # S7: round -> chunks every worker applied
         self._t_last = 0.0  # when the last HELD arrived
-        self.layout = layout
         self.policy = policy
-        self.run_id = run_id
-        self.context = context
-        self.order = order
-        self.seed = seed
         self.rounds = rounds
         self.values = values
         # one pacer per worker for the whole run: a self-pacing one learns across rounds (R11); the broadcast's
@@ -220,17 +214,13 @@ class ServerSession:
             pacer = lambda w: rates.member()  # noqa: E731
         self._pacer = pacer or (lambda w: make_pacer(context.send_rate_bps))
         self._pacers: dict[int, TokenBucket] = {}
-        self.max_batch = max_batch
         addrs = peer_addrs or {}
         self.peers: dict[int, _Up] = {
-            w: _Up(Receiver(layout, run_id=run_id, expected_sender=w, direction=ctl.UP, peer_addr=addrs.get(w),
-                            stop_rule=compensation.stop_rule),
-                   np.zeros(layout.elements, np.float32) if values else None)
+            w: _Up(self._receiver(w, ctl.UP, addrs.get(w)), np.zeros(layout.elements, np.float32) if values else None)
             for w in workers
         }
         for p in self.peers.values():  # R15: a self-paced run's uploads are told their flood's arrival rate
             p.receiver.tell_rate = self_paced
-        self.round = 0
         self._opened = -1  # the last round announced as opening
         self._unrecorded = 0  # broadcasts of this round not yet recorded (S4)
         self.phase = Phase.UPSTREAM

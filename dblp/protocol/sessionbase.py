@@ -1,22 +1,19 @@
-"""What the two round sessions share (:mod:`dblp.protocol.session`): S5's upload stream, S7's
-consistency modes, and S6's record context and drop accounting.
+"""What the two round sessions share (:mod:`dblp.protocol.session`): the settings of a run's rounds,
+S5's upload stream, S7's consistency modes, and S6's record context and drop accounting.
 
-Both :class:`dblp.protocol.session.ServerSession` and :class:`dblp.protocol.worker_session.WorkerSession` build
-their records from a :class:`RecordContext` and count each receiver's drops by :func:`_drops`;
-the names are re-exported by :mod:`dblp.protocol.session`, where callers import them.
+Both :class:`dblp.protocol.session.ServerSession` and :class:`dblp.protocol.worker_session.WorkerSession` are
+a :class:`SessionBase` (the settings both are built with, checked once), build their records from a
+:class:`RecordContext` and count each receiver's drops by :func:`_drops`; the names are re-exported by
+:mod:`dblp.protocol.session`, where callers import them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
-from typing import TYPE_CHECKING
-
-from dblp.protocol.core import DropCounters, Receiver
-from dblp.protocol.wire import ParameterError
-
-if TYPE_CHECKING:
-    from dblp.protocol.compensation import Compensation
+from dblp.protocol.compensation import PAPER, Compensation
+from dblp.protocol.core import DEFAULT_ORDER, DropCounters, Receiver
+from dblp.protocol.wire import ChunkLayout, ParameterError
 
 CONSISTENCY = ("none", "intersect")  # S7
 
@@ -46,6 +43,33 @@ class RecordContext:
 
     def count(self, n: int) -> int:
         return n if self.scale == 1.0 else int(round(n * self.scale))
+
+
+@dataclass(eq=False, repr=False)
+class SessionBase:
+    """The settings a run's rounds are played under, the same on the server's side and a worker's:
+    declared and checked (S7, C6) here once, so the two sessions cannot take them differently.
+
+    Not compared or printed by value: a session is a running state machine, one object per peer."""
+
+    layout: ChunkLayout
+    _: KW_ONLY
+    run_id: int
+    context: RecordContext
+    order: str = DEFAULT_ORDER  # R3: the chunk order of every stream
+    seed: int = 0
+    max_batch: int = 256  # datagrams a sender hands out per call
+    consistency: str = "none"  # S7
+    compensation: Compensation = PAPER  # S8
+    round: int = field(init=False, default=0)  # the round this side is in
+
+    def __post_init__(self) -> None:
+        check_round_options(self.consistency, self.compensation)
+
+    def _receiver(self, sender: int, direction: int, peer_addr: tuple[str, int] | None) -> Receiver:
+        """A core receiver of this run from ``sender``, stopping by the run's stop rule (S8, core R5b)."""
+        return Receiver(self.layout, run_id=self.run_id, expected_sender=sender, direction=direction,
+                        peer_addr=peer_addr, stop_rule=self.compensation.stop_rule)
 
 
 def _drops(rec: RecordContext, receiver: Receiver, reported: DropCounters) -> dict[str, int]:

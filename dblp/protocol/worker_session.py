@@ -12,14 +12,14 @@ import numpy as np
 
 from dblp.protocol import control as ctl
 from dblp.protocol.compensation import PAPER, Compensation, UploadFeedback, fill_local
-from dblp.protocol.core import DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, Receiver, RoundSender, VirtualRound, send_order
+from dblp.protocol.core import DEFAULT_ORDER, DOWN_STREAM, DropCounters, EncodedRound, RoundSender, VirtualRound, send_order
 from dblp.protocol.pacing import TokenBucket, make_pacer
 from dblp.protocol.records import RoundRecord
-from dblp.protocol.sessionbase import RecordContext, _drops, check_round_options, up_stream
+from dblp.protocol.sessionbase import RecordContext, SessionBase, _drops, up_stream
 from dblp.protocol.wire import SERVER_ID, ChunkLayout, zero_chunks
 
 
-class WorkerSession:
+class WorkerSession(SessionBase):
     """Algorithm 4 for one worker: S5 and S6 over the worker's sender and broadcast receiver."""
 
     def __init__(
@@ -37,25 +37,16 @@ class WorkerSession:
         consistency: str = "none",
         compensation: Compensation = PAPER,
     ) -> None:
-        check_round_options(consistency, compensation)  # S7, C6
-        self.consistency = consistency
-        self.compensation = compensation  # S8
+        super().__init__(layout, run_id=run_id, context=context, order=order, seed=seed, max_batch=max_batch,
+                         consistency=consistency, compensation=compensation)
+        self.worker = worker
+        self.pacer = pacer or make_pacer(context.send_rate_bps)
+        self.receiver = self._receiver(SERVER_ID, ctl.DOWN, peer_addr)
         self._ufb = UploadFeedback(layout, compensation.feedback_bound) if compensation.upload_feedback else None
         self._own: np.ndarray | None = None  # this round's contribution (C2's local fill)
         self._common: dict[int, ctl.Common] = {}
         self._out: np.ndarray | None = None
         self._t_complete = 0.0
-        self.layout = layout
-        self.worker = worker
-        self.run_id = run_id
-        self.context = context
-        self.order = order
-        self.seed = seed
-        self.pacer = pacer or make_pacer(context.send_rate_bps)
-        self.max_batch = max_batch
-        self.receiver = Receiver(layout, run_id=run_id, expected_sender=SERVER_ID, direction=ctl.DOWN,
-                                 peer_addr=peer_addr, stop_rule=compensation.stop_rule)
-        self.round = 0
         self.sender: RoundSender | None = None
         self._announced: dict[tuple[int, int], tuple[ctl.RoundStart, float]] = {}
         self._up_headers: np.ndarray | None = None

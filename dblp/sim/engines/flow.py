@@ -10,10 +10,14 @@ engines and the model import in one direction.
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from dblp.protocol import control as ctl
 from dblp.protocol.core import Receiver, RoundSender
+
+if TYPE_CHECKING:
+    from dblp.sim.network.net import Path
 
 
 def pass_remaining(sender: RoundSender) -> int:
@@ -53,23 +57,26 @@ class Endpoint:
             self.completed.succeed(t)
 
 
+@dataclass(eq=False, repr=False)
 class FlowBase:
-    """One RoundSender -> Receiver transfer; the engines add the data path."""
+    """One RoundSender -> Receiver transfer; the engines add the data path.
 
-    def __init__(self, sim: Any, sender: RoundSender, ep: Endpoint, path: Path, rpath: Path,
-                 direction: int, worker: int, rnd: int) -> None:
-        self.sim = sim
-        self.env = sim.env
-        self.sender = sender
-        self.ep = ep
-        ep.flow = self
-        self.path = path
-        self.rpath = rpath
-        self.direction = direction
-        self.worker = worker
-        self.rnd = rnd
-        self.loss = sim.loss[(direction, worker)]
-        self.done = sim.env.event()
+    Not compared or printed by value: a flow is a live transfer inside a running simulation."""
+
+    sim: Any
+    sender: RoundSender
+    ep: Endpoint
+    path: Path
+    rpath: Path
+    direction: int
+    worker: int
+    rnd: int
+
+    def __post_init__(self) -> None:
+        self.env = self.sim.env
+        self.ep.flow = self
+        self.loss = self.sim.loss[(self.direction, self.worker)]
+        self.done = self.env.event()
 
     # -- control channel ------------------------------------------------------------
     def send_to_receiver(self, msg: ctl.Message, t: float) -> None:
