@@ -189,25 +189,24 @@ class AuthProof:
 
 
 @dataclass(frozen=True)
-class Held:
-    """Worker -> server: the chunks of round ``round``'s broadcast this worker received."""
+class RoundChunks:
+    """S7's two messages, one shape: a set of chunks of round ``round``'s broadcast, as packed bits."""
 
     round: int
-    bits: bytes
+    bits: bytes  # np.packbits of the chunk mask
 
     def mask(self, chunks: int) -> np.ndarray:
         return _unpack(self.bits, chunks)
 
 
 @dataclass(frozen=True)
-class Common:
+class Held(RoundChunks):
+    """Worker -> server: the chunks of round ``round``'s broadcast this worker received."""
+
+
+@dataclass(frozen=True)
+class Common(RoundChunks):
     """Server -> workers: the chunks of round ``round``'s broadcast every live worker received."""
-
-    round: int
-    bits: bytes
-
-    def mask(self, chunks: int) -> np.ndarray:
-        return _unpack(self.bits, chunks)
 
 
 @dataclass(frozen=True)
