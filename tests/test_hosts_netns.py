@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import textwrap
 import tomllib
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import pytest
 
@@ -29,23 +31,53 @@ needs_netns = pytest.mark.skipif(
     reason="namespace hosts need root, iproute2 and nft")
 
 
-def inventory(tmp_path: Path, body: str, name: str = "inv.toml", *, workers: Sequence[str] = (),
-              server_loss: str | None = None) -> Path:
-    """``body`` (dedented) as an inventory file; with ``workers``, followed by the ``[[hosts]]`` of a
-    server ``srv`` (with ``loss = server_loss`` if given) and of each worker."""
-    text = textwrap.dedent(body)
-    if workers:
-        text += '[[hosts]]\nname = "srv"\nrole = "server"\n' + (f"loss = {server_loss}\n" if server_loss else "")
-        text += "".join(f'[[hosts]]\nname = "{w}"\nrole = "worker"\n' for w in workers)
+def inventory(tmp_path: Path, body: str, name: str = "inv.toml") -> Path:
+    """``body`` (dedented) as an inventory file."""
     p = tmp_path / name
-    p.write_text(text)
+    p.write_text(textwrap.dedent(body))
     return p
 
 
-def both_ways_bursts(at: Sequence[int]) -> str:
+def toml_value(v: object) -> str:
+    """``v`` in TOML's spelling: JSON's for strings, numbers and booleans; lists and inline tables."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} = {toml_value(x)}" for k, x in v.items()) + "}"
+    if isinstance(v, list):
+        return "[" + ", ".join(toml_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def write_inventory(tmp_path: Path, data: Mapping[str, dict | list[dict]]) -> Path:
+    """``data`` as an inventory file: a dict is a table, a list of dicts an array of tables (``[[hosts]]``).
+    The tests state an inventory as data, so each one shows only the keys it is about."""
+    lines = []
+    for section, body in data.items():
+        for table in body if isinstance(body, list) else [body]:
+            lines.append(f"[[{section}]]" if isinstance(body, list) else f"[{section}]")
+            lines += [f"{k} = {toml_value(v)}" for k, v in table.items()]
+    return inventory(tmp_path, "\n".join(lines) + "\n")
+
+
+def run_inventory(tmp_path: Path, workers: Sequence[str], *, server_loss: list[dict] | None = None,
+                  network: dict | None = None, train: dict | None = None, **run: object) -> Path:
+    """An inventory of a server ``srv`` (with ``loss = server_loss`` if given) and ``workers``, whose
+    programs live under ``tmp_path/remote``: ``[run]`` is ``run`` (namespace hosts unless it names
+    another transport), with ``[network]`` and ``[train]`` where given."""
+    data: dict[str, dict | list[dict]] = {"run": {"transport": "netns", "remote_dir": str(tmp_path / "remote"), **run}}
+    data |= {k: v for k, v in (("network", network), ("train", train)) if v}
+    data["hosts"] = [{"name": "srv", "role": "server", **({"loss": server_loss} if server_loss else {})},
+                     *({"name": w, "role": "worker"} for w in workers)]
+    return write_inventory(tmp_path, data)
+
+
+def launch(inv: Path, tmp_path: Path) -> Path:
+    """The launcher on inventory ``inv``, quiet, its results under ``tmp_path/results``."""
+    return hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+
+
+def both_ways_bursts(at: Sequence[int]) -> list[dict]:
     """A host's ``loss``: bursts of 50% in both directions at the rounds ``at``."""
-    return ", ".join(f'{{kind = "iteration_bursts", at = {list(at)}, loss = 0.5, direction = "{d}"}}'
-                     for d in ("ingress", "egress")).join("[]")
+    return [{"kind": "iteration_bursts", "at": list(at), "loss": 0.5, "direction": d} for d in ("ingress", "egress")]
 
 
 def our_processes(marker: str) -> list[str]:
@@ -60,6 +92,18 @@ def our_processes(marker: str) -> list[str]:
             if marker in cmd and "pytest" not in cmd:
                 out.append(f"{d.name}: {cmd}")
     return out
+
+
+def assert_nothing_left(remote: Path, *, namespaces: bool = True, started: bool = True) -> None:
+    """Nothing of a run is left: no process, nothing in its remote folder (which a started run made)
+    and, with ``namespaces``, no namespace host of this test process."""
+    if namespaces:
+        from emulation.nshosts import list_namespaces
+
+        assert not list_namespaces(f"dblpns-{os.getpid()}-")
+    assert not our_processes(str(remote))
+    if started or remote.exists():
+        assert not list(remote.iterdir())
 
 
 def check_run(out: Path, policies: list[str], worker_hosts: list[str], rounds: int, server: str = "srv") -> None:
@@ -158,8 +202,6 @@ def test_train_iterations_beyond_an_epoch_are_refused_up_front(tmp_path):
 def test_example_inventory_in_docs_parses_and_builds_ssh_commands():
     text = (Path(__file__).resolve().parents[1] / "docs" / "hosts.md").read_text()
     block = text.split("```toml\n", 1)[1].split("```", 1)[0]
-    import tomllib
-
     inv = hosts.parse_inventory(tomllib.loads(block), "docs/hosts.md")
     assert inv.server.role == "server" and len(inv.workers) == 3 and all(w.gpu for w in inv.workers)
     desc = hosts.describe(inv)
@@ -172,20 +214,10 @@ def test_example_inventory_in_docs_parses_and_builds_ssh_commands():
 
 # ---------------------------------------------------------------------------- local transport (no root)
 def test_local_transport_runs_and_gathers(tmp_path):
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "loc"
-        transport = "local"
-        policies = ["dblp"]
-        model = "5e4"
-        rounds = 4
-        compute_ms = 1
-        remote_dir = "{tmp_path}/remote"
-        """, workers=["w1", "w2"])
-    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
-    check_run(out, ["dblp"], ["w1", "w2"], 4)
-    assert not list((tmp_path / "remote").iterdir())
-    assert not our_processes(str(tmp_path / "remote"))
+    inv = run_inventory(tmp_path, ["w1", "w2"], name="loc", transport="local", policies=["dblp"], model="5e4",
+                        rounds=4, compute_ms=1)
+    check_run(launch(inv, tmp_path), ["dblp"], ["w1", "w2"], 4)
+    assert_nothing_left(tmp_path / "remote", namespaces=False)
 
 
 # ---------------------------------------------------------------------------- netns hosts (root)
@@ -193,25 +225,11 @@ def test_local_transport_runs_and_gathers(tmp_path):
 @needs_netns
 def test_netns_hosts_end_to_end(tmp_path):
     policies = ["baseline", "dblp"]
-    from emulation.nshosts import list_namespaces
-
-    remote = tmp_path / "remote"
     rounds = 6
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "nsci"
-        transport = "netns"
-        policies = {json.dumps(policies)}
-        model = "1e5"
-        rounds = {rounds}
-        compute_ms = 2
-        remote_dir = "{remote}"
-        [network]
-        bandwidth = "200M"
-        queue_packets = 100
-        """, workers=["w1", "w2", "w3"], server_loss=both_ways_bursts([3]))
-    mine = f"dblpns-{os.getpid()}-"
-    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    inv = run_inventory(tmp_path, ["w1", "w2", "w3"], server_loss=both_ways_bursts([3]), name="nsci",
+                        policies=policies, model="1e5", rounds=rounds, compute_ms=2,
+                        network={"bandwidth": "200M", "queue_packets": 100})
+    out = launch(inv, tmp_path)
     check_run(out, policies, ["w1", "w2", "w3"], rounds)
     for policy in policies:
         ev = [json.loads(line) for line in (out / policy / "bursts.jsonl").read_text().splitlines()]
@@ -220,37 +238,21 @@ def test_netns_hosts_end_to_end(tmp_path):
         assert len(applied) == 1 and applied[0]["iteration"] == 3 and len(removed) == 1
         counters = json.loads((out / policy / "loss_counters.json").read_text())
         assert counters["srv:ingress:udp"]["dropped_packets"] > 0
-    # nothing left: namespaces, processes, remote folders
-    assert not list_namespaces(mine)
-    assert not our_processes(str(remote))
-    assert not list(remote.iterdir())
+    assert_nothing_left(tmp_path / "remote")
 
 
 @pytest.mark.netns
 @needs_netns
 def test_netns_failure_cleans_up(tmp_path):
-    from emulation.nshosts import list_namespaces
-
-    remote = tmp_path / "remote"
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "nsfail"
-        transport = "netns"
-        policies = ["dblp"]
-        model = "1e5"
-        rounds = 5000
-        timeout_s = 4
-        remote_dir = "{remote}"
-        """, workers=["w1"], server_loss='[{kind = "bernoulli", p = 0.1, direction = "ingress"}]')
+    inv = run_inventory(tmp_path, ["w1"], server_loss=[{"kind": "bernoulli", "p": 0.1, "direction": "ingress"}],
+                        name="nsfail", policies=["dblp"], model="1e5", rounds=5000, timeout_s=4)
     with pytest.raises(hosts.HostsError, match="not done after run.timeout_s"):
-        hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+        launch(inv, tmp_path)
     (out,) = (tmp_path / "results").iterdir()
     s = json.loads((out / "summary.json").read_text())
     assert not s["complete"] and "timeout" in s["policies"]["dblp"]["error"]
     assert (out / "dblp" / "records" / "server.jsonl").exists()  # what ran was still gathered
-    assert not list_namespaces(f"dblpns-{os.getpid()}-")
-    assert not our_processes(str(remote))
-    assert not list(remote.iterdir())
+    assert_nothing_left(tmp_path / "remote")
 
 
 @pytest.mark.slow
@@ -258,30 +260,16 @@ def test_netns_failure_cleans_up(tmp_path):
 @needs_netns
 def test_netns_training_workers_under_torchrun(tmp_path):
     pytest.importorskip("torch")
-    remote = tmp_path / "remote"
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "nstrain"
-        transport = "netns"
-        policies = ["dblp"]
-        mode = "train"
-        remote_dir = "{remote}"
-        [train]
-        workload = "small_cnn"
-        epochs = 1
-        iterations = 3
-        batch_size = 16
-        launcher = "torchrun"
-        threads = 1
-        """, workers=["g1", "g2", "g3"])
-    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    inv = run_inventory(tmp_path, ["g1", "g2", "g3"], name="nstrain", policies=["dblp"], mode="train",
+                        train={"workload": "small_cnn", "epochs": 1, "iterations": 3, "batch_size": 16,
+                               "launcher": "torchrun", "threads": 1})
+    out = launch(inv, tmp_path)
     check_run(out, ["dblp"], ["g1", "g2", "g3"], 3)
     for h in ("g1", "g2", "g3"):
         dev = json.loads((out / "dblp" / "hosts" / h / "device.json").read_text())
         assert dev["torchrun"] and dev["workload"] == "small_cnn"
         assert (out / "dblp" / "hosts" / h / "train" / "iterations.jsonl").exists()
-    assert not our_processes(str(remote))
-    assert not list(remote.iterdir())
+    assert_nothing_left(tmp_path / "remote")
 
 
 def test_torchrun_command_and_compute_term(tmp_path):
@@ -310,9 +298,6 @@ SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exist
 def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
     """The ssh transport for real: sshd in each namespace host, the launcher in another namespace,
     the inventory with addresses, an identity and ssh options, as on a cluster."""
-    import subprocess
-    import sys
-
     from emulation.nshosts import NsNet
 
     keys = tmp_path / "keys"
@@ -341,31 +326,19 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
                     PidFile none
                     """))
                 net[h].popen([SSHD, "-D", "-e", "-f", str(conf)], stderr=subprocess.DEVNULL)
-            hosts_toml = "\n".join(
-                f'[[hosts]]\nname = "{h}"\nrole = "{"server" if h == "srv" else "worker"}"\naddress = "{net[h].ip}"\n'
-                + ('loss = [{kind = "iteration_bursts", at = [2], loss = 0.5, direction = "ingress"}]\n'
-                   if h == "srv" else "")
-                for h in names)
-            inv = inventory(tmp_path, f"""
-                [run]
-                name = "sshci"
-                transport = "ssh"
-                policies = ["dblp"]
-                model = "1e5"
-                rounds = 4
-                remote_dir = "{remote}"
-                [defaults]
-                user = "root"
-                ssh_port = 2222
-                identity = "{keys / 'user'}"
-                ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
-                python = "{sys.executable}"
-                workdir = "{Path(hosts.__file__).resolve().parents[2]}"
-                """) 
-            inv.write_text(inv.read_text() + hosts_toml)
+            ssh_options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR"]
+            burst = {"kind": "iteration_bursts", "at": [2], "loss": 0.5, "direction": "ingress"}
+            inv = write_inventory(tmp_path, {
+                "run": {"name": "sshci", "transport": "ssh", "policies": ["dblp"], "model": "1e5", "rounds": 4,
+                        "remote_dir": str(remote)},
+                "defaults": {"user": "root", "ssh_port": 2222, "identity": str(keys / "user"),
+                             "ssh_options": ssh_options, "python": sys.executable,
+                             "workdir": str(Path(hosts.__file__).resolve().parents[2])},
+                "hosts": [{"name": h, "role": "server" if h == "srv" else "worker", "address": net[h].ip,
+                           **({"loss": [burst]} if h == "srv" else {})} for h in names]})
             import time
 
-            deadline = time.monotonic() + 30  # every host's sshd up (only w3's was waited for, 5 s at most)
+            deadline = time.monotonic() + 30  # every host's sshd up
             for h in names:
                 while net["ctl"].run(["bash", "-c", f"echo > /dev/tcp/{net[h].ip}/2222"], check=False).returncode:
                     assert time.monotonic() < deadline, f"sshd on {h} is not listening"
@@ -378,8 +351,7 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
             applied = [json.loads(x) for x in (out / "dblp" / "bursts.jsonl").read_text().splitlines()]
             assert any(e["event"] == "apply" and e["iteration"] == 2 for e in applied)
             # nothing left on the "remote" hosts: programs ended, folders and nft tables gone
-            assert not our_processes(str(remote))
-            assert not list(remote.iterdir())
+            assert_nothing_left(remote, namespaces=False)
             for h in names:
                 assert "dblp_hosts" not in net[h].run(["nft", "list", "tables"]).stdout
     finally:
@@ -390,6 +362,14 @@ def test_ssh_transport_against_sshd_in_namespaces(tmp_path):
 # ---------------------------------------------------------------------------- the real-host path
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SCENARIO = Path(__file__).resolve().parents[1] / "scenarios" / "gpu_hosts.py"
+
+
+def run_scenario(inv: Path, tmp_path: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+    """scenarios/gpu_hosts.py on inventory ``inv`` (its results under ``tmp_path/results``), which ends 0."""
+    r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return r
 
 
 def test_every_example_file_the_docs_name_exists_and_parses():
@@ -420,33 +400,20 @@ def test_torch_policies_need_training(tmp_path):
 @pytest.mark.netns
 @needs_netns
 def test_preflight_refuses_a_missing_data_set_by_name(tmp_path):
-    """A missing data set stops the run in preflight, named, before any program starts (it used to
-    surface only as torchrun's ChildFailedError box)."""
+    """A missing data set stops the run in preflight, named, before any program starts (not as
+    torchrun's ChildFailedError box)."""
     pytest.importorskip("torch")
-    from emulation.nshosts import list_namespaces
-
-    remote = tmp_path / "remote"
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "nodata"
-        transport = "netns"
-        mode = "train"
-        remote_dir = "{remote}"
-        [train]
-        workload = "resnet50"
-        iterations = 2
-        data_root = "{tmp_path / 'no-such-data'}"
-        """, workers=["w1"])
+    inv = run_inventory(tmp_path, ["w1"], name="nodata", mode="train",
+                        train={"workload": "resnet50", "iterations": 2, "data_root": str(tmp_path / "no-such-data")})
     with pytest.raises(hosts.HostsError) as ei:
-        hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+        launch(inv, tmp_path)
     msg = str(ei.value)
     assert "host w1: train.data_root: CIFAR-100 (resnet50's data set)" in msg
     assert str(tmp_path / "no-such-data") in msg and "nothing is downloaded" in msg
     assert "srv" not in msg.split("preflight:", 1)[1]  # the server trains nothing: not asked
     (out,) = (tmp_path / "results").iterdir()
     assert not (out / "dblp").exists()  # nothing started
-    assert not list_namespaces(f"dblpns-{os.getpid()}-")
-    assert not remote.exists() or not list(remote.iterdir())
+    assert_nothing_left(tmp_path / "remote", started=False)
 
 
 def test_preflight_refuses_hosts_on_different_commits():
@@ -473,23 +440,11 @@ def test_bursts_are_in_place_before_the_round_they_name(tmp_path):
     at load 14-17): at load 17-20 a switch took 6.5 ms once in three runs, and with this test's
     processes held to 20% of a CPU 44 ms. A regression to one nft process per switch (21-85 ms, and
     rules after the round's first datagrams) still fails the ordering check below."""
-    remote = tmp_path / "remote"
     at = [3, 7]
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "hook"
-        transport = "netns"
-        policies = ["baseline"]
-        model = "1e5"
-        rounds = 10
-        compute_ms = 2
-        rate = "90M"
-        remote_dir = "{remote}"
-        [network]
-        bandwidth = "200M"
-        queue_packets = 100
-        """, workers=["w1", "w2"], server_loss=both_ways_bursts(at))
-    out = hosts.launch(hosts.load_inventory(inv), tmp_path / "results", progress=lambda s: None)
+    inv = run_inventory(tmp_path, ["w1", "w2"], server_loss=both_ways_bursts(at), name="hook", policies=["baseline"],
+                        model="1e5", rounds=10, compute_ms=2, rate="90M",
+                        network={"bandwidth": "200M", "queue_packets": 100})
+    out = launch(inv, tmp_path)
     check_run(out, ["baseline"], ["w1", "w2"], 10)
     d = out / "baseline"
     calls = [json.loads(x) for x in (d / "hook.jsonl").read_text().splitlines()]
@@ -514,7 +469,7 @@ def test_bursts_are_in_place_before_the_round_they_name(tmp_path):
     assert '"nft": "libnftables"' in keep_log  # nft in the agent's process
     ready = json.loads(keep_log.split("# ready: ", 1)[1].splitlines()[0])
     assert ready["hook"] and not Path(ready["hook"]).parent.exists()  # the agent removed its hook socket
-    assert not our_processes(str(remote)) and not list(remote.iterdir())
+    assert_nothing_left(tmp_path / "remote")
 
 
 @pytest.mark.netns
@@ -522,25 +477,10 @@ def test_bursts_are_in_place_before_the_round_they_name(tmp_path):
 def test_crosscheck_of_a_run_it_cannot_calibrate_says_why_in_one_line(tmp_path):
     """5% loss on every round: no lossless round to measure the send rate from; the scenario still
     prints its tables and ends 0, the cross-check one line instead of a traceback."""
-    import subprocess
-    import sys
-
-    remote = tmp_path / "remote"
-    inv = inventory(tmp_path, f"""
-        [run]
-        name = "nocal"
-        transport = "netns"
-        policies = ["baseline"]
-        model = "1e5"
-        rounds = 5
-        rate = "90M"
-        remote_dir = "{remote}"
-        [network]
-        bandwidth = "200M"
-        """, workers=["w1", "w2"], server_loss='[{kind = "bernoulli", p = 0.05, direction = "ingress"}]')
-    r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    inv = run_inventory(tmp_path, ["w1", "w2"], server_loss=[{"kind": "bernoulli", "p": 0.05, "direction": "ingress"}],
+                        name="nocal", policies=["baseline"], model="1e5", rounds=5, rate="90M",
+                        network={"bandwidth": "200M"})
+    r = run_scenario(inv, tmp_path, timeout=300)
     assert "Traceback" not in r.stdout + r.stderr
     lines = [x for x in (r.stdout + r.stderr).splitlines() if x.startswith("crosscheck:")]
     assert len(lines) == 1 and "cannot calibrate" in lines[0] and "no lossless rounds" in lines[0], lines
@@ -554,28 +494,12 @@ def test_gloo_on_the_same_hosts_is_gathered_and_compared(tmp_path):
     """docs/hosts-netns.toml, shortened: DBLP and then torch's gloo all-reduce train the same model on
     the same namespace hosts; both are gathered, and the scenario compares them in one table."""
     pytest.importorskip("torch")
-    import subprocess
-    import sys
-    import tomllib
-
-    from emulation.nshosts import list_namespaces
-
     data = tomllib.loads((DOCS / "hosts-netns.toml").read_text())
     data["run"].update(policies=["dblp", "gloo"], remote_dir=str(tmp_path / "remote"))
     data["train"]["iterations"] = 3
     for rule in data["hosts"][0]["loss"]:
         rule["at"] = [1]
-    body = "\n".join(f"[{sec}]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in data[sec].items())
-                     for sec in ("run", "network", "train"))
-    body += "\n" + "\n".join(
-        "[[hosts]]\n" + "\n".join(f"{k} = {json.dumps(v)}" for k, v in h.items() if k != "loss")
-        + ("\nloss = [" + ", ".join("{" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in r.items()) + "}"
-                                    for r in h["loss"]) + "]" if h.get("loss") else "")
-        for h in data["hosts"])
-    inv = inventory(tmp_path, body)
-    r = subprocess.run([sys.executable, str(SCENARIO), str(inv), "--results", str(tmp_path / "results")],
-                       capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    r = run_scenario(write_inventory(tmp_path, data), tmp_path, timeout=900)
     (out,) = (tmp_path / "results").iterdir()
     assert json.loads((out / "summary.json").read_text())["complete"]
     g = out / "gloo"
@@ -596,8 +520,7 @@ def test_gloo_on_the_same_hosts_is_gathered_and_compared(tmp_path):
     assert rows["dblp"][-2] == "accuracy" and rows["gloo"][-2] == "accuracy"
     for p in ("dblp", "gloo"):  # exchange p50 and at the burst's iteration (gloo: no loss rules) measured
         assert float(rows[p][2]) > 0 and float(rows[p][5]) > 0, rows[p]
-    assert not list_namespaces(f"dblpns-{os.getpid()}-")
-    assert not list((tmp_path / "remote").iterdir())
+    assert_nothing_left(tmp_path / "remote")
 
 
 def test_kept_agent_runs_commands_and_relays_the_round_hook(tmp_path):
