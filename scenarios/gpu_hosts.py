@@ -27,7 +27,8 @@ from typing import Any
 from dblp.results import analysis
 from dblp.cli.args import pace_arg, parser
 from dblp.sim.studies.crosscheck import compare, own_norms, simulate_policies, write_report
-from emulation.hosts import HostsError, InventoryError, launch, load_inventory
+from emulation.hosts import launch, load_inventory
+from emulation.hosts.cli import STOPS, stopped
 from emulation.hosts.gather import policy_comparison
 from emulation.hosts.inventory import DBLP_POLICIES
 from traces.units import parse_queue, parse_rate
@@ -136,12 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         inv = load_inventory(a.inventory)
         out = launch(inv, a.results)
-    except (InventoryError, HostsError) as exc:
-        print(f"gpu_hosts: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("gpu_hosts: interrupted; processes ended, host folders removed", file=sys.stderr)
-        return 130
+    except STOPS as exc:
+        return stopped("gpu_hosts", exc)
     sums = report(inv, out)
     (out / "summary_runs.json").write_text(json.dumps(sums, indent=1) + "\n")
     if not a.no_crosscheck:

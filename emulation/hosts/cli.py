@@ -87,6 +87,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+STOPS = (InventoryError, HostsError, KeyboardInterrupt)
+
+
+def stopped(prog: str, exc: BaseException) -> int:
+    """The exit status of ``prog`` stopped by ``exc`` (one of :data:`STOPS`), with one line on stderr
+    saying why: 2 for an inventory that is wrong or a host that failed, 130 for an interrupt, by
+    when the launcher has ended its processes and removed the host folders. The command line here
+    and ``scenarios/gpu_hosts.py`` both run an inventory and stop the same way."""
+    if isinstance(exc, KeyboardInterrupt):
+        print(f"{prog}: interrupted; processes ended, host folders removed", file=sys.stderr)
+        return 130
+    print(f"{prog}: error: {exc}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     a = build_parser().parse_args(argv)
     try:
@@ -104,12 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         out = launch(inv, a.results)
         print(f"hosts: done; results in {out}")
         return 0
-    except (InventoryError, HostsError) as exc:
-        print(f"emulation.hosts: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("emulation.hosts: interrupted; processes ended, remote folders removed", file=sys.stderr)
-        return 130
+    except STOPS as exc:
+        return stopped("emulation.hosts", exc)
 
 
 if __name__ == "__main__":
