@@ -54,43 +54,54 @@ static void prepare_batch(mac_ctx *m, uint8_t *base, Py_ssize_t stride, Py_ssize
     mac_prepare(m, base + i * stride, stride, n);
 }
 
-/* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats, key)
- *
- * The same bytes as dblp.wire.encode_chunks: for each i, header + chunk
- * seqs[i] of the float32 tensor `values` into rows[i], zero padding after a
- * short last chunk, and the CRC-32C of bytes 8..end (key empty) or the
- * version-2 header with its tag (16-byte key). One pass over the payload
- * instead of numpy's gather into a temporary and a strided copy. */
-PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
-    PyObject *val_o, *seq_o, *rows_o;
+/* What is wrong with the output buffer of k datagrams, or NULL: encode_rows' (k, header + 4 * cf)
+ * matrix of whole datagrams, or encode_headers' k headers of hb bytes. */
+static const char *output_problem(const Py_buffer *out, int whole, Py_ssize_t k, Py_ssize_t cf, Py_ssize_t hb) {
+    if (whole) {
+        if (!is_byte_matrix(out) || out->shape[0] != k) return "rows must be a (len(seqs), width) uint8 array";
+        if (cf <= 0 || cols_of(out) != hb + 4 * cf)
+            return "rows width must be the header (24, or 40 with a key) + 4 * chunk_floats";
+        return NULL;
+    }
+    if (out->len != k * hb) return "headers must hold 24 bytes per index (40 with a key)";
+    if (cf <= 0) return "chunk_floats must be positive";
+    return NULL;
+}
+
+/* encode_rows and encode_headers: the same arguments and the same datagrams, `whole` (encode_rows)
+ * with each payload copied after its header and sealed there, else only the headers, sealed over
+ * the payload where it lies in the tensor. The two entry points pass `whole` as a constant, so the
+ * compiler can make a loop of each. */
+static inline PyObject *encode(PyObject *args, int whole) {
+    PyObject *val_o, *seq_o, *out_o;
     unsigned long run_id, round_no;
     unsigned int sender;
     Py_ssize_t cf;
     Py_buffer key;
-    if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &rows_o, &run_id, &sender, &round_no, &cf, &key))
+    if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &out_o, &run_id, &sender, &round_no, &cf, &key))
         return NULL;
     mac_ctx mc, *m;
     if (mac_take_key(&key, &mc, &m) < 0) return NULL;
     Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
     int version = m ? 2 : 1;
-    Py_buffer b[3]; /* values, seqs, rows */
-    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, rows_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT2D}) < 0) {
+    Py_buffer b[3]; /* values, seqs, rows or headers */
+    int out_flags = whole ? BUF_OUT2D : BUF_OUT;
+    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, out_o}, (int[]){BUF_IN, BUF_IN, out_flags}) < 0) {
         if (m) mac_close(m);
         return NULL;
     }
-    const Py_buffer *val = &b[0], *seq = &b[1], *rows = &b[2];
+    const Py_buffer *val = &b[0], *seq = &b[1], *out = &b[2];
     Py_ssize_t k = seq->len / 8, elements = val->len / 4;
-    Py_ssize_t width = cols_of(rows);
     Py_ssize_t chunks = chunk_count(elements, cf);
+    Py_ssize_t stride = whole ? cols_of(out) : hb;
+    const char *problem = output_problem(out, whole, k, cf, hb);
     PyObject *result;
-    if (!is_byte_matrix(rows) || rows->shape[0] != k) {
-        result = value_error("rows must be a (len(seqs), width) uint8 array");
-    } else if (cf <= 0 || width != hb + 4 * cf) {
-        result = value_error("rows width must be the header (24, or 40 with a key) + 4 * chunk_floats");
+    if (problem) {
+        result = value_error(problem);
     } else {
         const float *v = (const float *)val->buf;
         const int64_t *sq = (const int64_t *)seq->buf;
-        uint8_t *base = (uint8_t *)rows->buf;
+        uint8_t *base = (uint8_t *)out->buf;
         int bad = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < k; i++) {
@@ -100,12 +111,16 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
                 break;
             }
             Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-            uint8_t *r = base + i * width;
+            uint8_t *r = base + i * stride;
             write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, width, i, k, sq, chunks, sender, round_no);
-            memcpy(r + hb, v + s * cf, (size_t)(4 * n));
-            if (n < cf) memset(r + hb + 4 * n, 0, (size_t)(4 * (cf - n)));
-            seal(r, m, r + hb, (size_t)(4 * n));
+            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, stride, i, k, sq, chunks, sender, round_no);
+            if (whole) {
+                memcpy(r + hb, v + s * cf, (size_t)(4 * n));
+                if (n < cf) memset(r + hb + 4 * n, 0, (size_t)(4 * (cf - n)));
+                seal(r, m, r + hb, (size_t)(4 * n));
+            } else {
+                seal(r, m, (const uint8_t *)(v + s * cf), (size_t)(4 * n));
+            }
         }
         Py_END_ALLOW_THREADS
         result = none_unless_bad(bad, "a chunk index is outside the tensor");
@@ -115,6 +130,15 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
     return result;
 }
 
+/* encode_rows(values, seqs, rows, run_id, sender, round, chunk_floats, key)
+ *
+ * The same bytes as dblp.wire.encode_chunks: for each i, header + chunk
+ * seqs[i] of the float32 tensor `values` into rows[i], zero padding after a
+ * short last chunk, and the CRC-32C of bytes 8..end (key empty) or the
+ * version-2 header with its tag (16-byte key). One pass over the payload
+ * instead of numpy's gather into a temporary and a strided copy. */
+PyObject *fp_encode_rows(PyObject *self, PyObject *args) { return encode(args, 1); }
+
 /* encode_headers(values, seqs, headers, run_id, sender, round, chunk_floats, key)
  *
  * Only the (k, 24) headers of the datagrams of chunks seqs, CRC included
@@ -122,56 +146,7 @@ PyObject *fp_encode_rows(PyObject *self, PyObject *args) {
  * `values`) - or (k, 40) version-2 headers with their tags when the key is
  * 16 bytes. With send_chunks the payload then goes from the tensor to the
  * kernel with no copy in between. */
-PyObject *fp_encode_headers(PyObject *self, PyObject *args) {
-    PyObject *val_o, *seq_o, *hdr_o;
-    unsigned long run_id, round_no;
-    unsigned int sender;
-    Py_ssize_t cf;
-    Py_buffer key;
-    if (!PyArg_ParseTuple(args, "OOOkIkny*", &val_o, &seq_o, &hdr_o, &run_id, &sender, &round_no, &cf, &key))
-        return NULL;
-    mac_ctx mc, *m;
-    if (mac_take_key(&key, &mc, &m) < 0) return NULL;
-    Py_ssize_t hb = m ? AUTH_HEADER_BYTES : HEADER_BYTES;
-    int version = m ? 2 : 1;
-    Py_buffer b[3]; /* values, seqs, headers */
-    if (take_buffers(3, b, (PyObject *[]){val_o, seq_o, hdr_o}, (int[]){BUF_IN, BUF_IN, BUF_OUT}) < 0) {
-        if (m) mac_close(m);
-        return NULL;
-    }
-    const Py_buffer *val = &b[0], *seq = &b[1], *hdr = &b[2];
-    Py_ssize_t k = seq->len / 8, elements = val->len / 4;
-    Py_ssize_t chunks = chunk_count(elements, cf);
-    PyObject *result;
-    if (hdr->len != k * hb) {
-        result = value_error("headers must hold 24 bytes per index (40 with a key)");
-    } else if (cf <= 0) {
-        result = value_error("chunk_floats must be positive");
-    } else {
-        const uint8_t *v = (const uint8_t *)val->buf;
-        const int64_t *sq = (const int64_t *)seq->buf;
-        uint8_t *base = (uint8_t *)hdr->buf;
-        int bad = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++) {
-            int64_t s = sq[i];
-            if (s < 0 || s >= chunks) {
-                bad = 1;
-                break;
-            }
-            Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-            uint8_t *r = base + i * hb;
-            write_header(r, version, (uint32_t)run_id, sender, (uint32_t)(4 * n), (uint32_t)round_no, (uint32_t)s);
-            if (m && i % MAC_BATCH == 0) prepare_batch(m, base, hb, i, k, sq, chunks, sender, round_no);
-            seal(r, m, v + 4 * s * cf, (size_t)(4 * n));
-        }
-        Py_END_ALLOW_THREADS
-        result = none_unless_bad(bad, "a chunk index is outside the tensor");
-    }
-    if (m) mac_close(m);
-    give_back_buffers(3, b);
-    return result;
-}
+PyObject *fp_encode_headers(PyObject *self, PyObject *args) { return encode(args, 0); }
 
 /* scatter_rows(rows, seqs, out, nbytes, chunk_bytes, offset)
  *
