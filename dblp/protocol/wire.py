@@ -262,6 +262,21 @@ def _seal_rows(rows: np.ndarray, lengths: np.ndarray, layout: ChunkLayout) -> No
             datagram_tag(layout.key, rows[i, :HEADER_SIZE].tobytes(), rows[i, hs:n].tobytes()), np.uint8)
 
 
+def _encode_target(values: np.ndarray, layout: ChunkLayout, seqs: np.ndarray, out: np.ndarray | None,
+                   width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What both encoders write from and into, checked once: the tensor as flat little-endian float32,
+    the chunk indices, and one C-contiguous ``width``-byte uint8 row per index (``out`` if given)."""
+    flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
+    if flat.size != layout.elements:
+        raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
+    seqs = np.ascontiguousarray(seqs, dtype=np.int64)
+    shape = (seqs.size, width)
+    rows = np.empty(shape, np.uint8) if out is None else out
+    if rows.shape != shape or rows.dtype != np.uint8 or not rows.flags.c_contiguous:
+        raise ValueError(f"out must be a C-contiguous uint8 array of shape {shape}")
+    return flat, seqs, rows
+
+
 def encode_chunks(
     values: np.ndarray,
     layout: ChunkLayout,
@@ -278,17 +293,8 @@ def encode_chunks(
     if given, a C-contiguous one of that shape) and each datagram's true
     length (only the tensor's last chunk is shorter; its row is zero-padded).
     """
-    flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
-    if flat.size != layout.elements:
-        raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
-    seqs = np.asarray(seqs, dtype=np.int64)
+    flat, seqs, rows = _encode_target(values, layout, seqs, out, layout.datagram_size)
     k = seqs.size
-    if out is None:
-        rows = np.empty((k, layout.datagram_size), dtype=np.uint8)
-    elif out.shape != (k, layout.datagram_size) or out.dtype != np.uint8 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(k, layout.datagram_size)}")
-    else:
-        rows = out
     plen = layout.payload_lengths(seqs)
     hs = layout.header_size
     if _c_encode_rows is not None and flat.dtype == np.dtype("<f4"):
@@ -326,14 +332,8 @@ def encode_headers(
     and payload as two pieces (``DataSocket.send_chunks``) never copies it.
     Same bytes as ``encode_chunks(...)[0][:, :layout.header_size]``.
     """
-    flat = np.ascontiguousarray(values, dtype="<f4").reshape(-1)
-    if flat.size != layout.elements:
-        raise ValueError(f"tensor has {flat.size} elements, layout expects {layout.elements}")
-    seqs = np.ascontiguousarray(seqs, dtype=np.int64)
     hs = layout.header_size
-    hdr = np.empty((seqs.size, hs), np.uint8) if out is None else out
-    if hdr.shape != (seqs.size, hs) or hdr.dtype != np.uint8 or not hdr.flags.c_contiguous:
-        raise ValueError(f"out must be a C-contiguous uint8 array of shape {(seqs.size, hs)}")
+    flat, seqs, hdr = _encode_target(values, layout, seqs, out, hs)
     if _c_encode_headers is not None:
         _c_encode_headers(flat, seqs, hdr, run_id, sender, round_no, layout.chunk_floats, layout.key_bytes)
     else:
