@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
 import numpy as np
 import pytest
@@ -128,40 +129,53 @@ def _receiver(lay, p=0.0, round_no=0, out=None):
     return r, out
 
 
+def _one_round(n: int = 3620, p: float = 0.0) -> tuple[np.ndarray, ChunkLayout, list[bytes], Receiver, np.ndarray]:
+    """A tensor of ``n`` floats, its round-0 datagrams, and a receiver of them with tolerance ``p`` and
+    its output (9.0 where nothing was written)."""
+    v = vec(n)
+    lay, dg = _datagrams(v)
+    r, out = _receiver(lay, p=p)
+    return v, lay, dg, r, out
+
+
+def _feed(r: Receiver, datagrams: Iterable[bytes]) -> None:
+    """Each of ``datagrams`` to ``r`` in a call of its own, at t = 0."""
+    for d in datagrams:
+        r.receive_datagrams(d, 0.0)
+
+
+def _send_pass(snd: RoundSender, now: float) -> None:
+    """``snd``'s datagrams at ``now`` until it has none, then its control messages (the pass's probe)."""
+    while snd.datagrams_to_send(now) is not None:
+        pass
+    snd.control_to_send()
+
+
 def test_stale_round_datagram_is_dropped():
     v = vec(3620)
     lay, old = _datagrams(v * 0 + 7, round_no=4)
     _, new = _datagrams(v, round_no=5)
     r, out = _receiver(lay, round_no=5)
-    for d in old:  # round k arriving in round k+1
-        r.receive_datagrams(d, 0.0)
+    _feed(r, old)  # round k arriving in round k+1
     assert r.stats.drops.stale == lay.chunks and r.received == 0
-    for d in new:
-        r.receive_datagrams(d, 0.0)
+    _feed(r, new)
     assert np.array_equal(out, v)
     assert r.complete
 
 
 def test_late_datagrams_after_stop_do_not_change_the_result():
-    v = vec(3620)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay, p=0.5)
-    for d in dg[:5]:
-        r.receive_datagrams(d, 0.0)
+    v, lay, dg, r, out = _one_round(p=0.5)
+    _feed(r, dg[:5])
     assert r.complete
     frozen = out.copy()
-    for d in dg[5:]:
-        r.receive_datagrams(d, 0.0)
+    _feed(r, dg[5:])
     assert np.array_equal(out, frozen)
     assert r.stats.drops.stale == 5
 
 
 def test_duplicates_counted_once_accepted():
-    v = vec(3620)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay)
-    for d in dg[:3] + dg[:3] + dg[1:2]:
-        r.receive_datagrams(d, 0.0)
+    v, lay, dg, r, out = _one_round()
+    _feed(r, dg[:3] + dg[:3] + dg[1:2])
     assert r.received == 3 and r.stats.drops.duplicate == 4
 
 
@@ -189,18 +203,14 @@ def test_chunk_indices_without_bytes_follow_the_same_rules():
 
 
 def test_duplicates_inside_one_gro_batch():
-    v = vec(3620)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay)
+    v, lay, dg, r, out = _one_round()
     batch = b"".join([dg[0], dg[1], dg[0], dg[2]])
     assert r.receive_datagrams(batch, 0.0, seg_size=len(dg[0])) == 3
     assert r.stats.drops.duplicate == 1
 
 
 def test_corrupt_truncated_foreign_and_out_of_range():
-    v = vec(3620)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay)
+    v, lay, dg, r, out = _one_round()
     flipped = bytearray(dg[0]); flipped[100] ^= 0x01
     r.receive_datagrams(bytes(flipped), 0.0)
     assert r.stats.drops.corrupt == 1
@@ -236,27 +246,20 @@ def test_foreign_source_address_is_dropped():
 
 
 def test_reordering_is_harmless():
-    v = vec(36_200)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay)
-    for i in np.random.default_rng(2).permutation(len(dg)):
-        r.receive_datagrams(dg[i], 0.0)
+    v, lay, dg, r, out = _one_round(36_200)
+    _feed(r, (dg[i] for i in np.random.default_rng(2).permutation(len(dg))))
     assert np.array_equal(out, v)
 
 
 def test_probe_answers_bitmap_then_stop():
-    v = vec(3620)
-    lay, dg = _datagrams(v)
-    r, out = _receiver(lay, p=0.0)
-    for d in dg[:4]:
-        r.receive_datagrams(d, 0.0)
+    v, lay, dg, r, out = _one_round()
+    _feed(r, dg[:4])
     r.handle_control(ctl.Probe(0, ctl.UP, 1), 0.0)
     (bm,) = r.control_to_send()
     bm = wire_trip(bm)
     assert isinstance(bm, ctl.Bitmap) and bm.received == 4
     assert list(np.flatnonzero(bm.mask(lay.chunks))) == [0, 1, 2, 3]
-    for d in dg[4:]:
-        r.receive_datagrams(d, 0.0)
+    _feed(r, dg[4:])
     (stop,) = r.control_to_send()  # sent without waiting for a probe
     assert isinstance(stop, ctl.Stop) and stop.received == lay.chunks
     r.handle_control(ctl.Probe(0, ctl.UP, 2), 0.0)
@@ -269,8 +272,7 @@ def test_tolerance_may_arrive_after_the_data():
     r = Receiver(lay, run_id=RUN_ID, expected_sender=1, direction=ctl.UP)
     out = np.zeros(lay.elements, np.float32)
     r.begin_round(0, out, 0.0)
-    for d in dg[:6]:
-        r.receive_datagrams(d, 0.0)
+    _feed(r, dg[:6])
     assert not r.complete and r.received == 6
     r.set_tolerance(0.5, 0.0)
     assert r.complete
@@ -283,9 +285,7 @@ def test_outage_backs_off_instead_of_spinning():
     now = 0.0
     delays = []
     for _ in range(12):
-        while snd.datagrams_to_send(now) is not None:
-            pass
-        snd.control_to_send()
+        _send_pass(snd, now)
         snd.handle_control(ctl.Bitmap(0, ctl.UP, 0, np.packbits(np.zeros(lay.chunks, bool)).tobytes()), now)
         if snd.state is SendState.BACKOFF:
             t = snd.get_timer()
@@ -294,9 +294,7 @@ def test_outage_backs_off_instead_of_spinning():
             now = t
     assert delays[0] == pytest.approx(0.001) and max(delays) == pytest.approx(BACKOFF_MAX_S)
     # the path recovers: progress resets the backoff at once
-    while snd.datagrams_to_send(now) is not None:
-        pass
-    snd.control_to_send()
+    _send_pass(snd, now)
     snd.handle_control(ctl.Bitmap(0, ctl.UP, 3, np.packbits(np.arange(lay.chunks) < 3).tobytes()), now)
     assert snd.state is SendState.SENDING
 
@@ -307,19 +305,14 @@ def test_sender_measures_its_wait_for_replies_and_backoff():
     lay = ChunkLayout(v.size)
     snd = RoundSender(EncodedRound(v, lay, round_no=0, run_id=1, sender=1), direction=ctl.UP, now=0.0)
 
-    def send_pass(t):
-        while snd.datagrams_to_send(t) is not None:
-            pass
-        snd.control_to_send()
-
-    send_pass(1.0)  # pass 1 ends at t = 1.0 (the probe goes out)
+    _send_pass(snd, 1.0)  # pass 1 ends at t = 1.0 (the probe goes out)
     none = np.packbits(np.zeros(lay.chunks, bool)).tobytes()
     snd.handle_control(ctl.Bitmap(0, ctl.UP, 1, none), 1.25)  # progress: pass 2 at once
     assert snd.stats.wait_s == pytest.approx(0.25)
-    send_pass(2.0)
+    _send_pass(snd, 2.0)
     snd.handle_control(ctl.Bitmap(0, ctl.UP, 1, none), 2.5)  # no progress: R8 backoff of 1 ms
     assert snd.state is SendState.BACKOFF
-    send_pass(snd.get_timer())  # pass 3 starts after the backoff, ends at once
+    _send_pass(snd, snd.get_timer())  # pass 3 starts after the backoff, ends at once
     assert snd.stats.wait_s == pytest.approx(0.25 + 0.5 + 0.001)
     snd.handle_control(ctl.Stop(0, ctl.UP, lay.chunks), 2.501 + 0.1)
     assert snd.done and snd.stats.passes == 3
