@@ -61,13 +61,18 @@ def reduce_mean_norm(
     into ``out``; returns the L2 norm of the mean (the tolerance policy's
     input). With the C helper, the ``zero`` rule is one threaded pass that
     also sums the squares; the mean is bit-identical to numpy's."""
-    if mode not in MODES:
-        raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
+    _check_mode(mode)
     mode = _effective(mode, masks)
     if mode == "zero" and _c_mean_into is not None:
         return math.sqrt(_c_mean_into(out, buffers, 1.0 / len(buffers), REDUCE_THREADS))
     _mean_numpy(buffers, masks, layout, out, mode)
     return float(np.linalg.norm(out))
+
+
+def _check_mode(mode: str) -> None:
+    """Refuse a reduce rule this module does not know, naming it and the known ones."""
+    if mode not in MODES:
+        raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
 
 
 def _effective(mode: str, masks: list[np.ndarray]) -> str:
@@ -119,8 +124,7 @@ def guarded_mean_norm(
     The common case (nothing excluded, no clipping) costs the fused pass alone: the per-buffer
     sums of squares come from the blocks it reads anyway. A round with an exclusion or a clip
     reduces again over what is kept (numpy, or the C pass over fewer buffers)."""
-    if mode not in MODES:
-        raise ValueError(f"reduce mode must be one of {MODES}, got {mode!r}")
+    _check_mode(mode)
     if not max_norm > 0 or (clip_norm is not None and not clip_norm > 0):
         raise ValueError(f"max_norm and clip_norm must be positive, got {max_norm}, {clip_norm}")
     sumsq = np.zeros(len(buffers), np.float64)
