@@ -12,7 +12,8 @@ import pytest
 from dblp.results.analysis import replicate_table, verdicts
 from dblp.cli.args import parse_targets
 from dblp.results.clrview import checks, replay
-from dblp.sim.convergence.steps import FITTED, rmse
+from dblp.sim.convergence.curve import rmse
+from dblp.sim.convergence.phase import model_for
 from dblp.sim.convergence.runs import load_curves
 from dblp.results.stats import mean_ci95, median, median_range, paired_ci95, spread
 from dblp.results.trainreport import first_reach, load_training, run_curve, table_v, time_to_targets
@@ -150,5 +151,6 @@ def test_measured_curves_feed_the_convergence_model(tmp_path):
     (c,) = load_curves(p)
     assert (c.setting, c.seed, c.iterations, c.accuracy) == ("dblp", 0, [5, 10], [0.6, 0.8])
     assert c.fractions() == [0.5] * 10
-    pred = FITTED.curve([0.5] * 10)
-    assert rmse(FITTED, [c]) == pytest.approx(math.sqrt(((pred[5] - 0.6) ** 2 + (pred[10] - 0.8) ** 2) / 2))
+    model = model_for()
+    pred = model.curve([0.5] * 10)
+    assert rmse(model, [c]) == pytest.approx(math.sqrt(((pred[5] - 0.6) ** 2 + (pred[10] - 0.8) ** 2) / 2))

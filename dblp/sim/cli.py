@@ -22,7 +22,7 @@ from dblp.protocol.wire import ParameterError
 from traces.units import HelpFormatter
 
 from dblp.protocol.records import round_trace
-from dblp.sim.convergence.steps import add_target_arg, time_to_accuracy
+from dblp.sim.convergence.curve import add_target_arg, time_to_accuracy
 from dblp.sim.convergence.phase import add_convergence_args, model_for, sim_regimes
 from dblp.sim.convergence.modes import add_sim_compensation_args, mode_model, paper_of
 from dblp.sim.options import add_config_args, baseline_of, config_from_args, name_flags

@@ -256,7 +256,7 @@ def plot_sweep(rows: list[dict], x: str, y: str, out: Path, *, z: str | None = N
 def _measured_band(ax, runs: Sequence, color, *, alpha: float) -> np.ndarray:
     """Measured accuracy of one setting's seeds: min-max band and mean dots, in percent.
 
-    The convergence figures show every fitted curve against the runs it was fitted or held out on,
+    The convergence figure shows every fitted curve against the runs it was fitted or held out on,
     and the spread of the seeds is the evidence a reader weighs the model's error against; returns
     the iterations the runs were evaluated at."""
     x = np.array(runs[0].iterations)
@@ -264,43 +264,6 @@ def _measured_band(ax, runs: Sequence, color, *, alpha: float) -> np.ndarray:
     ax.fill_between(x, acc.min(0), acc.max(0), color=color, alpha=alpha, lw=0)
     ax.plot(x, acc.mean(0), "o", ms=2.5, color=color)
     return x
-
-
-def plot_convergence(curves: list, model, path: Path, settings: list[str]) -> Path:
-    """The convergence model against its training runs: measured accuracy (mean and range over seeds) and the
-    model's curve, one panel per group of schedules (``curves``: :class:`dblp.sim.convergence.steps.Curve`)."""
-    plt = _plt()
-    groups = [("constant loss", [s for s in settings if s == "clean" or s.startswith("const")]),
-              ("loss in one phase only", [s for s in settings if s == "clean" or s.split()[0] in ("early", "mid",
-                                                                                                    "late")]),
-              ("one-iteration bursts", [s for s in settings if s == "clean" or s.startswith("bursts")])]
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8), sharey=True)
-    cmap = plt.get_cmap("viridis")
-    for ax, (title, names) in zip(axes, groups):
-        for j, name in enumerate(names):
-            runs = [c for c in curves if c.setting == name]
-            if not runs:
-                continue
-            color = "black" if name == "clean" else cmap(0.15 + 0.7 * j / max(1, len(names) - 1))
-            x = _measured_band(ax, runs, color, alpha=0.15)
-            pred = np.array(model.curve(runs[0].fractions())) * 100
-            sch = runs[0].schedule
-            where = f", iterations {sch.start}-{min(sch.end, int(x.max()))}" if sch.start or sch.end < x.max() else ""
-            ax.plot(np.arange(pred.size), pred, "-", lw=1.2, color=color,
-                    label=f"{name}{where} ({len(runs)} seeds)")
-        ax.set_title(f"{title}\n(dots: measured mean, band: min-max over seeds; lines: model)", fontsize=9)
-        ax.set_xlabel("iteration")
-        ax.set_xscale("symlog", linthresh=10)
-        ax.set_ylim(0, 100)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    axes[0].set_ylabel("test accuracy (%)")
-    fig.suptitle("digits_mlp, 3 workers x batch 32: test accuracy when a fraction of each iteration's gradient is "
-                 "zeroed (dblp.sim.convergence.steps)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path, scatter: dict,
@@ -311,7 +274,7 @@ def plot_phase_convergence(groups: dict, phase: dict, uniform: dict, path: Path,
     schedules with the phase-aware model (solid) and the uniform control (dashed), each seed predicted with
     its own regime labels and averaged. Bottom row: iterations to 80% and 90% predicted against measured for
     every held-out schedule (and emulated runs), both models, with the +-20% band - the error a time to
-    accuracy inherits. ``scatter``: workload -> rows of :func:`dblp.sim.convergence.steps.crossings` with ``set``
+    accuracy inherits. ``scatter``: workload -> rows of :func:`dblp.sim.convergence.curve.crossings` with ``set``
     (held-out, emulated) and ``kind`` (phase-aware, uniform) added."""
     plt = _plt()
     names = [w for w in groups if w in phase]

@@ -1,47 +1,26 @@
-"""Time to accuracy: the convergence model against its training data, and in runs and sweeps."""
+"""Time to accuracy: the shared curve and walk (with the default, phase-aware model), in runs and sweeps."""
 
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from dblp.sim import SimConfig
-from dblp.sim.convergence import steps as cv
+from dblp.sim.convergence import curve as cv
 from dblp.sim.convergence.phase import model_for
-from dblp.sim.convergence.runs import SETTINGS, load_curves, split
+from dblp.sim.convergence.runs import PHASE_DATA, load_curves
 from dblp.sim.cli import main as cli_main
 from dblp.sim.studies.replicates import mean_ci95
 from dblp.sim.studies.runners import ResultCache
 from dblp.sim.studies.sweep import run_sweep
 
-ROOT = Path(__file__).resolve().parents[2]
-CURVES = load_curves()
-TIGHT = 1e-4  # the documented errors are rounded to this
+MODEL = model_for()  # the default: phase-aware, digits_mlp
+CURVES = [c for c in load_curves(PHASE_DATA) if c.workload == "digits_mlp"]
 
 
-def test_the_model_reproduces_its_data_within_the_documented_error():
-    fit_set, held = split(CURVES)
-    assert len(fit_set) >= 14 and len(held) >= 12  # two or more seeds of every schedule
-    assert {c.setting for c in CURVES} == {s.name for s in SETTINGS}
-    r = cv.report(cv.FITTED, CURVES)
-    assert r["fit_rmse"] <= cv.FIT_RMSE + TIGHT
-    assert r["heldout_rmse"] <= cv.HELDOUT_RMSE + TIGHT
-    assert r["noise_rmse"] == pytest.approx(cv.NOISE_RMSE, abs=TIGHT)
-    assert cv.HELDOUT_RMSE < 0.03  # a few accuracy points at most
-    median, worst = cv.HELDOUT_CROSSING_ERROR
-    assert r["heldout_crossing_median_rel_err"] <= median + 0.005
-    assert r["heldout_crossing_max_rel_err"] <= worst + 0.005
-
-
-def test_the_fit_is_a_minimum():
-    """A few simplex steps from the shipped parameters do not find a clearly better fit."""
-    fit_set, _ = split(CURVES)
-    x = cv.nelder_mead(lambda p: cv.rmse(cv._unpack(p), fit_set), cv._pack(cv.FITTED), step=0.05, iterations=60)
-    assert cv.rmse(cv._unpack(x), fit_set) > cv.rmse(cv.FITTED, fit_set) - 1e-3
+def _tta(ends: list[float], lost: list[float], target: float = cv.DEFAULT_TARGET_ACCURACY) -> dict[str, float]:
+    return cv.time_to_accuracy(ends, lost, target, MODEL)
 
 
 def test_nelder_mead_finds_a_known_minimum():
@@ -55,57 +34,53 @@ def _ends(n: int, period: float = 0.01) -> list[float]:
 
 def test_zero_loss_is_fastest_and_more_loss_is_never_faster():
     n = 300
-    times = [cv.time_to_accuracy(_ends(n), [f] * n)["time_to_accuracy_s"] for f in (0.0, 0.05, 0.2, 0.4, 0.6, 0.8)]
-    assert all(math.isfinite(t) for t in times)
-    assert times == sorted(times) and times[0] < times[-1]
+    times = [_tta(_ends(n), [f] * n)["time_to_accuracy_s"] for f in (0.0, 0.05, 0.2, 0.4, 0.6, 0.8)]
+    assert times == pytest.approx([0.62, 0.64, 0.72, 0.87, 1.10, 1.49])
     # loss in a single round never speeds things up either
-    clean = cv.time_to_accuracy(_ends(n), [0.0] * n)["time_to_accuracy_s"]
+    clean = _tta(_ends(n), [0.0] * n)["time_to_accuracy_s"]
     for i in (0, 10, 50):
         lost = [0.0] * n
         lost[i] = 0.9
-        assert cv.time_to_accuracy(_ends(n), lost)["time_to_accuracy_s"] >= clean
+        assert _tta(_ends(n), lost)["time_to_accuracy_s"] >= clean
 
 
 def test_monotone_in_the_target_and_clean_runs_follow_the_clean_curve():
     n = 300
-    its = [cv.time_to_accuracy(_ends(n), [0.0] * n, t)["iterations_to_accuracy"] for t in (0.5, 0.8, 0.9, 0.93)]
-    assert its == sorted(its)
+    its = [_tta(_ends(n), [0.0] * n, t)["iterations_to_accuracy"] for t in (0.5, 0.8, 0.9, 0.93)]
+    assert its == [7.0, 19.0, 40.0, 62.0]
     # without loss, progress is the iteration count: the clean curve's own crossing
-    need = cv.FITTED.progress_needed(0.9)
-    assert its[2] == math.ceil(need)
+    assert its[2] == math.ceil(MODEL.progress_needed(0.9))
 
 
 def test_loss_early_costs_accuracy_and_loss_on_the_plateau_does_not():
     """As measured: 80% loss over iterations 0-40 lags the clean run by many points; over 120-300 by none."""
-    m, n = cv.FITTED, 300
-    clean = m.curve([0.0] * n)
-    early = m.curve([0.8 if i < 40 else 0.0 for i in range(n)])
-    late = m.curve([0.8 if i >= 120 else 0.0 for i in range(n)])
-    assert clean[40] - early[40] > 0.1
-    assert clean[n] - late[n] < 0.01
-    # the measured runs say the same
+    n = 300
+    clean = MODEL.curve([0.0] * n)
+    early = MODEL.curve([0.8 if i < 40 else 0.0 for i in range(n)])
+    late = MODEL.curve([0.8 if i >= 120 else 0.0 for i in range(n)])
+    assert clean[40] - early[40] == pytest.approx(0.126, abs=1e-3)
+    assert clean[n] - late[n] == pytest.approx(0.006, abs=1e-3)
+    # the measured runs (3 seeds, an evaluation every 5 iterations) say the same
     mean = {s: [sum(c.accuracy[j] for c in CURVES if c.setting == s) / 3 for j in range(61)]
             for s in ("clean", "early 0.8", "late 0.8")}
     assert mean["clean"][8] - mean["early 0.8"][8] > 0.1  # after 40 iterations
     assert abs(mean["clean"][-1] - mean["late 0.8"][-1]) < 0.01
     # time to accuracy: loss before the target is reached delays it; loss after it does not
     ends = _ends(n)
-    t_clean = cv.time_to_accuracy(ends, [0.0] * n)["iterations_to_accuracy"]
     before = [0.6 if 5 <= i < 35 else 0.0 for i in range(n)]
     after = [0.6 if 150 <= i < 180 else 0.0 for i in range(n)]
-    assert cv.time_to_accuracy(ends, before)["iterations_to_accuracy"] > t_clean
-    assert cv.time_to_accuracy(ends, after)["iterations_to_accuracy"] == t_clean
+    assert [_tta(ends, lost)["iterations_to_accuracy"] for lost in ([0.0] * n, before, after)] == [62.0, 75.0, 62.0]
 
 
 def test_extrapolation_and_unreachable_targets():
-    short = cv.time_to_accuracy(_ends(10), [0.0] * 10)
+    short = _tta(_ends(10), [0.0] * 10)
     assert short["tta_extrapolated"] == 1.0
-    need = math.ceil(cv.FITTED.progress_needed(cv.DEFAULT_TARGET_ACCURACY))
-    assert short["iterations_to_accuracy"] == need
+    need = math.ceil(MODEL.progress_needed(cv.DEFAULT_TARGET_ACCURACY))
+    assert short["iterations_to_accuracy"] == need == 62
     assert short["time_to_accuracy_s"] == pytest.approx(0.01 * need)
-    above = cv.time_to_accuracy(_ends(10), [0.0] * 10, min(0.999, cv.FITTED.a + 0.001))
+    above = _tta(_ends(10), [0.0] * 10, min(0.999, MODEL.a + 0.001))
     assert math.isinf(above["time_to_accuracy_s"])
-    never = cv.time_to_accuracy(_ends(10), [1.0] * 10)  # nothing ever arrives
+    never = _tta(_ends(10), [1.0] * 10)  # nothing ever arrives
     assert math.isinf(never["time_to_accuracy_s"])
 
 
@@ -160,12 +135,3 @@ def test_run_prints_and_writes_time_to_accuracy(tmp_path, capsys):
 
     s = json.loads((tmp_path / "s.json").read_text())
     assert s["dblp"]["time_to_accuracy_s"] > 0 and s["dblp"]["tta_extrapolated"] in (0.0, 1.0)
-
-
-def test_fit_command_prints_the_documented_errors():
-    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.steps", "--help"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0 and "measure" in out.stdout and "fit" in out.stdout
-    bad = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.steps", "fit", "--data", "/nonexistent.csv"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "--data" in bad.stderr and "Traceback" not in bad.stderr

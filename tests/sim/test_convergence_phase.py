@@ -12,7 +12,7 @@ import pytest
 
 from dblp.sim import SimConfig
 from dblp.sim.convergence import phase as cp
-from dblp.sim.convergence.steps import PhaseModel, rmse, time_to_accuracy
+from dblp.sim.convergence.curve import PhaseModel, rmse, time_to_accuracy
 from dblp.sim.convergence.runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, Curve, Schedule, clr_labels,
                                        load_curves, split, write_measured)
 from dblp.sim.studies.sweep import run_sweep, with_accuracy
@@ -97,8 +97,6 @@ def test_heldout_error_is_the_relative_error_of_the_seed_mean_crossing():
 
 
 def test_the_shipped_models_reproduce_the_documented_heldout_errors():
-    curves = load_curves()  # the legacy file still loads (no workload column: digits_mlp, no labels)
-    assert {c.workload for c in curves} == {"digits_mlp"} and all(c.labels is None for c in curves)
     groups = cp.by_workload(load_curves(PHASE_DATA))
     assert set(groups) == {"digits_mlp", "small_cnn"}
     for wl, cs in groups.items():
@@ -147,8 +145,8 @@ def test_the_sweep_uses_the_phase_model_and_keeps_the_others():
     regimes = cp.sim_regimes(BASE, 40)
     assert r["dblp_crit_frac"] == pytest.approx(sum(regimes) / 40)
     assert r["dblp_lost_applied"] >= r["base_lost_applied"]
-    legacy, _ = run_sweep(BASE, AXES, jobs=1, progress=False, target_accuracy=0.9, convergence="legacy")
-    assert legacy[0]["dblp_mean_round_s"] == r["dblp_mean_round_s"]  # the same simulations
+    uniform, _ = run_sweep(BASE, AXES, jobs=1, progress=False, target_accuracy=0.9, convergence="uniform")
+    assert uniform[0]["dblp_mean_round_s"] == r["dblp_mean_round_s"]  # the same simulations
     with pytest.raises(ParameterError, match="--convergence"):
         run_sweep(BASE, AXES, jobs=1, progress=False, convergence="nope")
 
@@ -199,19 +197,17 @@ def test_dblp_reaches_90_percent_sooner_only_if_calm_loss_is_cheap():
         cp.model_for("uniform", "digits_mlp", (1.2, 0.0))
 
 
-@pytest.mark.parametrize("module, width, height", [("dblp.sim.convergence.steps", 1760, 528),
-                                                   ("dblp.sim.convergence.phase", 1364, 1045)])
-def test_report_draws_the_measured_bands_beside_the_models(tmp_path, module, width, height):
-    """Both convergence figures draw each setting's seeds as a band (shared helper) against the model's curves:
-    the report runs on the shipped data, says where it wrote, and the PNG has the figure's documented size."""
+def test_report_draws_the_measured_bands_beside_the_models(tmp_path):
+    """The convergence figure draws each setting's seeds as a band against the models' curves: the report
+    runs on the shipped data, says where it wrote, and the PNG has the figure's documented size."""
     from PIL import Image
 
     png = tmp_path / "fig.png"
-    out = subprocess.run([sys.executable, "-m", module, "report", "--plot", str(png)], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "dblp.sim.convergence.phase", "report", "--plot", str(png)], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert f"wrote {png}" in out.stdout
     with Image.open(png) as im:
-        assert im.size == (width, height)
+        assert im.size == (1364, 1045)
         colours = len(im.convert("RGB").getcolors(maxcolors=1 << 24))
     assert colours > 200  # bands (alpha-blended fills) and curves, not an empty canvas

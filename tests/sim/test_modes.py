@@ -9,7 +9,7 @@ import pytest
 
 from dblp.protocol.compensation import Compensation
 from dblp.sim.cli import build_parser, main
-from dblp.sim.convergence.steps import PhaseModel, time_to_accuracy
+from dblp.sim.convergence.curve import PhaseModel, time_to_accuracy
 from dblp.sim.convergence.phase import EMULATED_FITTED, model_for
 from dblp.sim.convergence.modes import (MODE_FACTORS, EmuRun, ModeModel, crossing_error, first_eval_at_or_after, fit_factor,
                             measured_reach, mode_key, mode_model, model_reach, paper_of, run_compensation)
@@ -61,7 +61,7 @@ def test_paper_mode_time_to_accuracy_is_todays():
     lost = [0.7 if i in (10, 30) else (0.4 if i % 2 else 0.01) for i in range(60)]
     crit = [i < 10 or 20 <= i < 25 for i in range(60)]
     today = {("phase", 0.8): (11.5, 23.0), ("phase", 0.9): (24.0, 48.0), ("phase", 0.94): (44.5, 89.0),
-             ("uniform", 0.9): (25.0, 50.0), ("legacy", 0.9): (22.0, 44.0)}
+             ("uniform", 0.9): (25.0, 50.0)}
     for (name, t), (sec, it) in today.items():
         model, _, _ = mode_model(model_for(name), Compensation(), name)
         got = time_to_accuracy(ends, lost, t, model, crit)

@@ -9,7 +9,7 @@ of its own: it changes *how much* is lost, which the records already carry (``1 
 The model: the mode's effective lost fraction is ``f_eff = c_mode * f`` (capped at 1), fed to the
 workload's fitted curve unchanged::
 
-    progress:  s_{i+1} = s_i + gain(w_i, c_mode * f_i)         (gain, w_i: dblp.sim.convergence.steps.PhaseModel)
+    progress:  s_{i+1} = s_i + gain(w_i, c_mode * f_i)         (gain, w_i: dblp.sim.convergence.curve.PhaseModel)
 
 ``c_mode`` is one number per convergence model and compensation label without its stop rule
 (:func:`mode_key`); the paper's is 1 by definition, so the paper's predictions are exactly those of the
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from dblp.protocol.compensation import Compensation
-from dblp.sim.convergence.steps import _AccuracyCurve
+from dblp.sim.convergence.curve import AccuracyCurve
 
 #: per convergence model (``--convergence``) and compensation label without its stop rule (:func:`mode_key`): the
 #: factor on a lost fraction (fitted by MODE_FIT's command; "paper" is 1 by definition)
@@ -67,39 +67,28 @@ def mode_key(comp: Compensation) -> str:
     return "+".join(parts) or "paper"
 
 
+#: what a curve is made of (:class:`dblp.sim.convergence.curve.AccuracyCurve`), which a mode takes from its base
+_CURVE_PARAMETERS = ("a", "tau", "k", "m", "a0")
+
+
 @dataclass(frozen=True)
-class ModeModel(_AccuracyCurve):
+class ModeModel(AccuracyCurve):
     """A base convergence model with each lost fraction scaled by the mode's factor ``c``."""
 
-    base: _AccuracyCurve
+    base: AccuracyCurve
     c: float
 
-    @property
-    def a(self) -> float:  # type: ignore[override]
-        return self.base.a
-
-    @property
-    def tau(self) -> float:  # type: ignore[override]
-        return self.base.tau
-
-    @property
-    def k(self) -> float:  # type: ignore[override]
-        return self.base.k
-
-    @property
-    def m(self) -> float:  # type: ignore[override]
-        return self.base.m
-
-    @property
-    def a0(self) -> float:  # type: ignore[override]
-        return self.base.a0
+    def __post_init__(self) -> None:
+        """The curve is the base's (its plateau, scale, shape and start): only the loss is scaled."""
+        for name in _CURVE_PARAMETERS:
+            object.__setattr__(self, name, getattr(self.base, name))
 
     def step(self, s: float, f: float, critical: float = 0.0) -> float:
         return self.base.step(s, min(1.0, self.c * f), critical)
 
 
-def mode_model(base: _AccuracyCurve, comp: Compensation, convergence: str = "phase",
-               factors: dict[str, float] | None = None) -> tuple[_AccuracyCurve, float, bool]:
+def mode_model(base: AccuracyCurve, comp: Compensation, convergence: str = "phase",
+               factors: dict[str, float] | None = None) -> tuple[AccuracyCurve, float, bool]:
     """``(model, c, fitted)`` for a run with compensation ``comp`` under the ``convergence`` model's factors
     (:data:`MODE_FACTORS`, or ``factors``): ``base`` itself where ``c`` is 1 (the paper, and any mode without a
     fitted factor: ``fitted`` False), else :class:`ModeModel`."""
@@ -222,12 +211,12 @@ def emulation_runs(folder: str | Path) -> list[EmuRun]:
 # -- fitting and predicting -------------------------------------------------------------------------------------
 
 
-def predicted_curve(model: _AccuracyCurve, r: EmuRun) -> list[float]:
+def predicted_curve(model: AccuracyCurve, r: EmuRun) -> list[float]:
     """The model's accuracy after each iteration of ``r``, driven by its measured loss and regimes."""
     return model.curve(r.lost, r.labels)
 
 
-def run_rmse(model: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
+def run_rmse(model: AccuracyCurve, runs: Sequence[EmuRun]) -> float:
     """Accuracy RMSE of ``model`` over every evaluation of ``runs``."""
     se, n = 0.0, 0
     for r in runs:
@@ -239,7 +228,7 @@ def run_rmse(model: _AccuracyCurve, runs: Sequence[EmuRun]) -> float:
     return math.sqrt(se / n) if n else math.nan
 
 
-def crossing_error(model: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> float:
+def crossing_error(model: AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS) -> float:
     """Root mean square of ``log(model / measured)`` time to each target over ``runs`` (runs that never reach
     a target left out of it; a model that never does, where the run did, counts as a factor of 10)."""
     se, n = 0.0, 0
@@ -264,7 +253,7 @@ def best_on_grid(err: Any, step: float = 0.01) -> float:
     return at[len(at) // 2]
 
 
-def fit_factor(base: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS,
+def fit_factor(base: AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[float] = FIT_TARGETS,
                step: float = 0.01) -> float:
     """The factor ``c`` in [0, :data:`C_MAX`] whose model best times the crossings of ``targets`` in ``runs``
     (:func:`crossing_error`; a grid of ``step``, the middle of the best stretch: the crossings sit on the
@@ -274,7 +263,7 @@ def fit_factor(base: _AccuracyCurve, runs: Sequence[EmuRun], targets: Sequence[f
     return best_on_grid(lambda c: crossing_error(ModeModel(base, c), runs, targets), step)
 
 
-def fit_factors(base: _AccuracyCurve, runs: Sequence[EmuRun],
+def fit_factors(base: AccuracyCurve, runs: Sequence[EmuRun],
                 targets: Sequence[float] = FIT_TARGETS) -> dict[str, dict[str, float]]:
     """Per mode key: the fitted ``c``, the runs it came from, and the crossing error (:func:`crossing_error`)
     at it and at ``c`` = 1. The paper's is fitted too, as a check of the base curve (its factor stays 1)."""
@@ -348,7 +337,7 @@ def measured_reach(r: EmuRun, target: float) -> tuple[float, float]:
     return next(((float(k), t) for k, t, a in r.evals if a >= target), (math.inf, math.inf))
 
 
-def model_reach(model: _AccuracyCurve, r: EmuRun, target: float) -> tuple[float, float]:
+def model_reach(model: AccuracyCurve, r: EmuRun, target: float) -> tuple[float, float]:
     """The model's crossing of ``target`` on ``r``'s measured loss, placed on ``r``'s evaluation grid and
     clock; past the run, extrapolated at its mean loss and critical share (as a simulated run is)."""
     n = r.iterations()

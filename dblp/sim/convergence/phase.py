@@ -2,13 +2,12 @@
 
 Why: DBLP's design rests on one claim - a gradient lost in the critical
 learning regime (CLR) costs more than one lost outside it - and loosens its
-tolerance only outside. :data:`dblp.sim.convergence.steps.FITTED` charges a lost
-fraction the same in every iteration, so a sweep fed with it can never show
-DBLP reaching a target accuracy sooner unless its rounds are faster by more
-than its extra loss costs. This model charges the loss by regime and lets
-real trainings decide how much each costs.
+tolerance only outside. A model that charges a lost fraction the same in
+every iteration can never show DBLP reaching a target accuracy sooner unless
+its rounds are faster by more than its extra loss costs. This model charges
+the loss by regime and lets real trainings decide how much each costs.
 
-The model (:class:`dblp.sim.convergence.steps.PhaseModel`, per workload)::
+The model (:class:`dblp.sim.convergence.curve.PhaseModel`, per workload)::
 
     progress:  s_0 = 0,  s_{i+1} = s_i + max(0, 1 - w_i * f_i)
     weight:    w_i = w_crit if iteration i is in the CLR, else w_calm
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dblp.results.stats import median
-from dblp.sim.convergence.steps import F_MEASURED, PhaseModel, crossings, nelder_mead, noise_rmse, rmse
+from dblp.sim.convergence.curve import F_MEASURED, PhaseModel, crossings, nelder_mead, noise_rmse, rmse
 from dblp.sim.convergence.runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, PHASE_WORKLOADS, Curve,
                                clr_labels, load_curves, measure_phases, split)
 
@@ -123,7 +122,7 @@ STARTS = ((0.8, 0.8), (1.5, 0.5), (0.5, 1.5))
 
 def fit(curves: Sequence[Curve], *, tie: bool = False, restarts: int = 2, iterations: int = 1500,
         starts: Sequence[tuple[float, float]] = STARTS) -> PhaseModel:
-    """The parameters minimising the accuracy RMSE (:func:`dblp.sim.convergence.steps.rmse`) on ``curves`` (one
+    """The parameters minimising the accuracy RMSE (:func:`dblp.sim.convergence.curve.rmse`) on ``curves`` (one
     workload's), the best of a simplex search from each of :data:`STARTS`. The curve's start comes from the
     clean runs: the first evaluation at or above half-way from chance to the last clean accuracy."""
     clean = [c for c in curves if c.setting == "clean"] or list(curves)
@@ -144,7 +143,7 @@ def fit(curves: Sequence[Curve], *, tie: bool = False, restarts: int = 2, iterat
 
 def heldout_errors(model: PhaseModel, curves: Sequence[Curve], targets: Sequence[float] = TARGETS) -> list[dict]:
     """Per schedule and target: iterations to the target measured (seed-mean curve, first evaluation at or
-    above it) and predicted (:func:`dblp.sim.convergence.steps.crossings`), and the relative error
+    above it) and predicted (:func:`dblp.sim.convergence.curve.crossings`), and the relative error
     ``model / measured - 1`` (NaN where the measured curve never reaches the target)."""
     rows = crossings(model, curves, targets)
     for r in rows:
@@ -209,7 +208,6 @@ def by_workload(curves: Sequence[Curve]) -> dict[str, list[Curve]]:
 CONVERGENCE_MODELS = {
     "phase": "loss charged by the training's CLR regime (PHASE_FITTED, dblp.sim.convergence.phase)",
     "uniform": "the same runs fitted with one charge in every regime (UNIFORM_FITTED)",
-    "legacy": "the first model: digits_mlp only, charged by training progress (dblp.sim.convergence.steps.FITTED)",
     "emulated": "digits_mlp only: the curve of the emulation's own trainings, one charge in every regime "
                 "(EMULATED_FITTED)",
 }
@@ -227,7 +225,6 @@ def model_for(name: str = DEFAULT_CONVERGENCE, workload: str = DEFAULT_CONVERGEN
     import dataclasses
 
     from dblp.protocol.wire import ParameterError
-    from dblp.sim.convergence.steps import FITTED
 
     if weights is not None:
         if name != "phase":
@@ -238,10 +235,6 @@ def model_for(name: str = DEFAULT_CONVERGENCE, workload: str = DEFAULT_CONVERGEN
         return dataclasses.replace(model_for(name, workload), w_crit=float(weights[0]), w_calm=float(weights[1]))
     if name not in CONVERGENCE_MODELS:
         raise ParameterError(f"--convergence must be one of {', '.join(CONVERGENCE_MODELS)}, got {name!r}")
-    if name == "legacy":
-        if workload != "digits_mlp":
-            raise ParameterError(f"--convergence legacy is fitted to digits_mlp only, not {workload!r}")
-        return FITTED
     table = {"phase": PHASE_FITTED, "uniform": UNIFORM_FITTED, "emulated": EMULATED_FITTED}[name]
     if workload not in table:
         raise ParameterError(f"--convergence-workload must be one of {', '.join(table)}, got {workload!r}")

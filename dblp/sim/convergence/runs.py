@@ -1,21 +1,23 @@
-"""The training runs the convergence model (:mod:`dblp.sim.convergence.steps`) is fitted to.
+"""The training runs the convergence models (:mod:`dblp.sim.convergence.phase`) are fitted to.
 
 Why a file of runs: the fit, its documented error and the tests must not
-need torch or 13 minutes of training, so the runs are measured once
-(``python -m dblp.sim.convergence.steps measure``, which calls :func:`measure`)
-and shipped as a CSV (:data:`DATA`, one row per run and evaluation:
-``setting, fraction, start, end, every, seed, workers, batch_size,
-iteration, accuracy``).
+need torch or many minutes of training, so the runs are measured once
+(``python -m dblp.sim.convergence.phase measure``, which calls
+:func:`measure_phases`) and shipped as a CSV (:data:`PHASE_DATA`, one row per
+run and evaluation, and the clean runs' gradient norms beside it,
+:data:`PHASE_NORMS`).
 
-A run trains ``digits_mlp`` with its defaults and 3 simulated workers
-(:func:`dblp.train.train`) while :class:`dblp.train.exchange.DropExchange`
-zeroes, in every iteration its :class:`Schedule` names, exactly
-``round(f * chunks)`` random chunks of the averaged gradient; the test
-accuracy is taken before training and every 5 iterations. :data:`SETTINGS`
-are the schedules, :data:`FIT_SETTINGS` those the model is fitted to (the
-others are held out to measure its error).
+A run trains a CPU-sized workload (:data:`PHASE_WORKLOADS`) with its
+defaults and 3 simulated workers (:func:`dblp.train.train`) while
+:class:`dblp.train.exchange.DropExchange` zeroes, in every iteration its
+:class:`Schedule` names, exactly ``round(f * chunks)`` random chunks of the
+averaged gradient; the test accuracy is taken before training and every 5
+iterations. :data:`PHASE_SETTINGS` are the schedules,
+:data:`PHASE_FIT_SETTINGS` those the models are fitted to (the others are
+held out to measure their error). :func:`load_curves` also reads the
+emulation's training runs (``curves.csv``), whose loss is measured per
+iteration.
 """
-
 from __future__ import annotations
 
 import csv
@@ -24,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-DATA = Path(__file__).with_name("data") / "convergence_digits_mlp.csv"
 #: the phase-aware model's runs (:func:`measure_phases`): several workloads, loss by CLR regime
 PHASE_DATA = Path(__file__).with_name("data") / "convergence_phases.csv"
 #: ... and each seed's clean-run gradient norms, from which the iterations' regimes are labelled
@@ -55,24 +56,6 @@ class Schedule:
             return 0.0
         return self.fraction if self.start <= i < self.end and (i - self.start) % self.every == 0 else 0.0
 
-
-SETTINGS: tuple[Schedule, ...] = (
-    Schedule("clean", 0.0),
-    Schedule("const 0.2", 0.2),
-    Schedule("const 0.4", 0.4),
-    Schedule("const 0.6", 0.6),
-    Schedule("const 0.8", 0.8),
-    Schedule("early 0.4", 0.4, 0, 40),
-    Schedule("early 0.8", 0.8, 0, 40),
-    Schedule("mid 0.4", 0.4, 40, 120),
-    Schedule("mid 0.8", 0.8, 40, 120),
-    Schedule("late 0.4", 0.4, 120, 300),
-    Schedule("late 0.8", 0.8, 120, 300),
-    Schedule("bursts 0.7/10", 0.7, 0, 300, 10),
-    Schedule("bursts 0.9/4", 0.9, 0, 300, 4),
-)
-#: the schedules the parameters are fitted to; the rest are held out
-FIT_SETTINGS = ("clean", "const 0.2", "const 0.8", "early 0.8", "mid 0.4", "late 0.8", "bursts 0.9/4")
 
 #: the phase-aware model's schedules (:func:`measure_phases`): loss only in the critical or only in the calm
 #: iterations at two fractions, beside uniform and windowed loss
@@ -108,7 +91,7 @@ def clr_labels(norms: Sequence[float], eta: float = REF_ETA, freq: int = REF_FRE
 
 
 class _Stop(Exception):
-    """Ends a training run of :func:`measure` after its iterations."""
+    """Ends a training run of :func:`measure_phases` after its iterations."""
 
 
 @dataclass
@@ -137,53 +120,6 @@ class Curve:
         return (list(self.labels or []) + [False] * n)[:n]
 
 
-def measure(out: Path, *, iterations: int = 300, every: int = 5, seeds: Sequence[int] = (0, 1, 2), workers: int = 3,
-            settings: Sequence[Schedule] = SETTINGS, progress: Callable[[str], None] = print) -> None:
-    """Train ``digits_mlp`` under every schedule and seed; write the accuracy curves as CSV (needs torch).
-
-    The test accuracy is taken before training and after every ``every`` iterations (from the
-    iteration callback, so the data order and epochs are those of an ordinary run)."""
-    import dataclasses
-    import time
-
-    import torch
-
-    from dblp.train import DropExchange, TrainConfig, get_workload, iterations_per_epoch, train
-
-    torch.set_num_threads(1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    cols = ["setting", "fraction", "start", "end", "every", "seed", "workers", "batch_size", "iteration", "accuracy"]
-    with open(out, "w", newline="", encoding="utf-8") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for seed in seeds:
-            for sch in settings:
-                t0 = time.perf_counter()
-                wl = get_workload("digits_mlp", seed=seed)
-                cfg = TrainConfig.for_workload(wl, sim_workers=workers, seed=seed, device="cpu")
-                cfg = dataclasses.replace(cfg, epochs=math.ceil(iterations / iterations_per_epoch(wl, cfg)))
-                rows: list[tuple[int, float]] = [(0, wl.evaluate(wl.model, torch.device("cpu"))["accuracy"])]
-
-                def on_iteration(rec: dict) -> None:
-                    n = rec["iteration"] + 1
-                    if n % every == 0:
-                        rows.append((n, wl.evaluate(wl.model, torch.device("cpu"))["accuracy"]))
-                    if n >= iterations:
-                        raise _Stop
-
-                try:
-                    train(wl, DropExchange(sch.at, seed=10_000 + seed), cfg, on_iteration=on_iteration)
-                except _Stop:
-                    pass
-                for n, acc in rows:
-                    end = min(sch.end, iterations)
-                    w.writerow([sch.name, sch.fraction, sch.start, end, sch.every, seed, workers, cfg.batch_size, n,
-                                f"{acc:.6f}"])
-                fh.flush()
-                progress(f"seed {seed} {sch.name:<14} acc@{every}: {rows[1][1]:.3f} @{iterations}: {rows[-1][1]:.3f} "
-                         f"({time.perf_counter() - t0:.1f} s)")
-
-
 def measure_phases(out: Path = PHASE_DATA, *,
                    workloads: Sequence[str] = PHASE_WORKLOADS, iterations: int = 300, every: int = 5,
                    seeds: Sequence[int] = (0, 1, 2), workers: int = 3, settings: Sequence[Schedule] = PHASE_SETTINGS,
@@ -193,7 +129,8 @@ def measure_phases(out: Path = PHASE_DATA, *,
     Each seed's clean run goes first: its gradient norms (written beside ``out``, :func:`norms_path`) label the
     iterations critical or calm (:func:`clr_labels`), and the ``crit``/``calm`` schedules of that seed drop only in
     those iterations - the same seed gives the same initialisation and data order, so the runs differ only
-    in the drop. Rows as :func:`measure`'s, with ``workload`` and ``phase`` columns."""
+    in the drop. One row per run and evaluation (``workload, setting, fraction, start, end, every, phase, seed,
+    workers, batch_size, iteration, accuracy``)."""
     import dataclasses
     import time
 
@@ -259,8 +196,8 @@ def load_norms(path: Path = PHASE_NORMS) -> dict[tuple[str, int], list[float]]:
     return out
 
 
-def load_curves(path: Path = DATA) -> list[Curve]:
-    """The runs in a file written by :func:`measure` or :func:`measure_phases` (with the regime labels of
+def load_curves(path: Path) -> list[Curve]:
+    """The runs in a file written by :func:`measure_phases` (with the regime labels of
     the norms file beside it, :func:`norms_path`), or by the emulation's training scenarios
     (:func:`dblp.results.trainreport.write_curves`: ``setting, seed, workers, batch_size, iteration,
     lost_fraction, train_s, accuracy``, one row per iteration, the accuracy where evaluated)."""
@@ -335,6 +272,7 @@ def write_measured(curves: Sequence[Curve], path: Path) -> Path:
     return path
 
 
-def split(curves: Sequence[Curve], fit_settings: Sequence[str] = FIT_SETTINGS) -> tuple[list[Curve], list[Curve]]:
-    """The runs of ``fit_settings`` (default :data:`FIT_SETTINGS`) and the held-out ones."""
+def split(curves: Sequence[Curve],
+          fit_settings: Sequence[str] = PHASE_FIT_SETTINGS) -> tuple[list[Curve], list[Curve]]:
+    """The runs of ``fit_settings`` (default :data:`PHASE_FIT_SETTINGS`) and the held-out ones."""
     return [c for c in curves if c.setting in fit_settings], [c for c in curves if c.setting not in fit_settings]

@@ -54,7 +54,7 @@ from dblp.transport.shard import AGGREGATIONS
 from dblp.protocol.wire import ParameterError
 from dblp.sim.config import SimConfig
 from dblp.protocol.records import round_trace
-from dblp.sim.convergence.steps import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, time_to_accuracy
+from dblp.sim.convergence.curve import DEFAULT_TARGET_ACCURACY, add_target_arg, check_target, time_to_accuracy
 from dblp.sim.convergence.phase import (DEFAULT_CONVERGENCE, DEFAULT_CONVERGENCE_WORKLOAD, add_convergence_args, model_for,
                                 sim_regimes)
 from dblp.sim.convergence.modes import add_sim_compensation_args, mode_model, paper_of
@@ -148,7 +148,7 @@ def run_config(d: dict) -> dict:
 
 
 def with_accuracy(summary: dict, target: float, model: Any = None, critical: list[bool] | None = None) -> dict:
-    """``summary`` and its time to ``target`` accuracy (:func:`dblp.sim.convergence.steps.time_to_accuracy`, with
+    """``summary`` and its time to ``target`` accuracy (:func:`dblp.sim.convergence.curve.time_to_accuracy`, with
     ``model`` and each round's regime ``critical``), ``lost_applied`` - the mean over rounds of the fraction
     of the applied gradient lost, ``1 - up * down``: the model's own ``f`` (``lost`` is the mean of the up
     and down losses, which it is not) - and ``crit_frac``, the share of rounds in the training's CLR."""

@@ -1,11 +1,4 @@
-"""Time to accuracy: a convergence model fitted to the project's own training runs.
-
-Two models share the accuracy curve and the walk below: :class:`ConvergenceModel`
-(this module's first fit, ``FITTED``: digits_mlp only, a lost fraction charged
-by training progress - ``--convergence legacy``) and :class:`PhaseModel`
-(:mod:`dblp.sim.convergence.phase`: several workloads, a lost fraction charged
-by the CLR regime DBLP's detector sees - the default of ``python -m dblp.sim
-run`` and ``sweep``). What follows describes the first.
+"""Time to accuracy: the accuracy curve the convergence models share, its walk through a run, its fit.
 
 Why: a simulated run measures latencies, passes and the fraction of each
 round's gradient that was lost, but not what those losses cost in
@@ -13,65 +6,32 @@ convergence. ``time_to_train_s`` is the time of a fixed number of
 iterations; a tolerance that loses more gradient can finish those iterations
 sooner and still reach a given accuracy later. This module turns a run's
 per-iteration lost fractions and round end times into the simulated time at
-which a target test accuracy is reached (``time_to_accuracy_s``).
+which a target test accuracy is reached (``time_to_accuracy_s``), through a
+model fitted to real trainings (:mod:`dblp.sim.convergence.phase` fits them;
+:mod:`dblp.sim.convergence.modes` scales them per compensation mode).
 
-The model (per iteration, no torch, no numpy)::
+The curve and its walk (per iteration, no torch, no numpy)::
 
-    progress:  s_0 = 0,  s_{i+1} = s_i + max(0, 1 - w(s_i) * f_i)
-    weight:    w(s) = w_late + (w_early - w_late) * exp(-s / s_phase)
+    progress:  s_0 = 0,  s_{i+1} = s_i + max(0, 1 - w_i * f_i)
     accuracy:  acc(s) = a - (a - a0) * (1 + (s / tau) ** k) ** -m
 
 ``f_i`` is the fraction of iteration i's averaged gradient that was lost
 (zero-filled: DBLP does not rescale), ``s`` the effective number of lossless
-iterations done - the training phase - and ``w`` how many iterations of
-progress a lost fraction costs in that phase (``w_early`` at the start,
-``w_late`` after about ``s_phase`` effective iterations). ``acc`` rises from
-chance (``a0`` = 0.1, ten classes) to the plateau ``a``: an S-shaped start
-(``k`` > 1) and a power-law tail ``s ** -(k m)`` (slow last points); a
-stretched exponential fitted worse (held-out RMSE 0.028). A lossless run has
-``s_i = i``; a loss can only slow ``s`` (``w >= 0``), so with the same round
-times the time to accuracy is never shorter with loss. The runs lost at most
-90% of an iteration (:data:`F_MEASURED`); above that the gain falls linearly
-to none at ``f`` = 1 (nothing arrived: no step).
+iterations done and ``w_i`` how many iterations of progress a lost fraction
+costs in iteration i (:class:`PhaseModel`: ``w_crit`` in the iterations
+DBLP's CLR detector puts in the critical regime, ``w_calm`` in the others).
+``acc`` rises from chance (``a0`` = 0.1, ten classes) to the plateau ``a``:
+an S-shaped start (``k`` > 1) and a power-law tail ``s ** -(k m)`` (slow last
+points). A lossless run has ``s_i = i``; a loss can only slow ``s`` (``w >=
+0``), so with the same round times the time to accuracy is never shorter
+with loss. The trainings lost at most 90% of an iteration
+(:data:`F_MEASURED`); above that the gain falls linearly to none at ``f`` = 1
+(nothing arrived: no step).
 
-What the fit says (:data:`FITTED`): a lost fraction ``f`` costs
-``w_late`` = 0.85 ``f`` iterations of progress in every phase but the first
-three iterations (``w_early`` = 0 over ``s_phase`` = 2.6, where the test
-accuracy is at chance anyway) - a phase-dependent weight as in the paper's
-"early loss hurts more" was fitted free and not supported by these runs
-beyond that. The phase dependence is the curve's: the same lost progress
-costs many accuracy points on the steep early part and none on the plateau
-(measured: 80% loss over iterations 0-40 reaches 90% at iteration 75 instead
-of 40; over iterations 120-300 it changes nothing), and a target reached
-before a loss is not delayed by it.
-
-Fitted to (:mod:`dblp.sim.convergence.runs`, made by ``python -m
-dblp.sim.convergence.steps measure``, 13 minutes for 39 runs on a shared core): ``digits_mlp`` (the ~1M-parameter
-MLP on the bundled digits, 2,746 chunks - about the sweeps' 1M-float
-gradient) with its defaults (SGD lr 0.05, momentum 0.9, batch 32 per
-worker), 3 simulated workers (the simulator's default), 300 iterations,
-test accuracy on the 360 held-out images before training and every 5
-iterations; :class:`dblp.train.exchange.DropExchange` zeroes exactly
-``round(f * chunks)`` random chunks of the averaged gradient in the
-iterations of each schedule (:data:`SETTINGS`: constant loss 0.2-0.8, 0.4 or
-0.8 in an early / middle / late window only, periodic one-iteration bursts),
-three seeds each.
-
-Fit error (``python -m dblp.sim.convergence.steps fit``, a Nelder-Mead simplex on
-the accuracy RMSE of the :data:`FIT_SETTINGS` runs; the other six schedules
-are held out): RMSE 0.0236 on the fitted runs (:data:`FIT_RMSE`), 0.0205 on
-the held-out ones (:data:`HELDOUT_RMSE`), against 0.0222 between seeds of
-the same schedule (:data:`NOISE_RMSE`: what no smooth model goes below - 360
-test images make each accuracy +-2 points). Iterations to reach 80/90/93% on
-the held-out schedules (seed-mean curves, 5-iteration resolution): median
-error 7.5%, worst 19% (:func:`crossings`; ``python -m dblp.sim.convergence.steps
-report`` prints them per schedule and draws the runs against the model).
-
-What it does not model: other workloads, learning rates or batch sizes (the
-fit is of this one configuration), the worker count's effect on the global
-batch, replica drift between workers, and which chunks were lost (only how
-many). Use it to compare tolerances and networks on one workload, not to
-predict another model's accuracy.
+Against measured runs (:mod:`dblp.sim.convergence.runs`): :func:`rmse`,
+:func:`noise_rmse` (the seed-to-seed floor no smooth model goes below) and
+:func:`crossings` (iterations to each target, measured and modelled); the
+fits minimise :func:`rmse` with :func:`nelder_mead`.
 
 In a simulated run (:func:`time_to_accuracy`): ``f_i = 1 - u_i * d_i`` with
 ``u_i`` the mean over workers of the fraction of their gradients the server
@@ -88,13 +48,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 from dblp.protocol.wire import ParameterError
-from dblp.sim.convergence.runs import DATA, FIT_SETTINGS, SETTINGS, Curve, Schedule, load_curves, measure, split
+from dblp.sim.convergence.runs import Curve
 
 DEFAULT_TARGET_ACCURACY = 0.93
 CHANCE = 0.1  # ten classes
@@ -113,8 +71,9 @@ def _gain(w: float, f: float) -> float:
     return max(0.0, 1.0 - w * F_MEASURED) * (1.0 - f) / (1.0 - F_MEASURED)
 
 
-class _AccuracyCurve:
-    """What both models share: the accuracy curve over effective iterations and the walk through a run.
+class AccuracyCurve:
+    """What every convergence model shares: the accuracy curve over effective iterations and the walk
+    through a run (:class:`PhaseModel`; :class:`dblp.sim.convergence.modes.ModeModel` scales another's loss).
 
     A subclass gives ``a``, ``tau``, ``k``, ``m``, ``a0`` and ``step(s, f, critical)``; ``critical`` is
     whether DBLP's CLR detector has the iteration in the critical regime (a share in [0, 1] for
@@ -175,31 +134,10 @@ class _AccuracyCurve:
 
 
 @dataclass(frozen=True)
-class ConvergenceModel(_AccuracyCurve):
-    """Accuracy per iteration under loss, the same charge in every regime (the ``uniform`` model); the
-    parameters' meaning is in the module docstring."""
-
-    a: float  # plateau accuracy
-    tau: float  # scale of the rise, in effective iterations
-    k: float  # steepness of the rise (S-shaped for k > 1)
-    m: float  # the tail falls as s ** -(k * m)
-    w_early: float  # cost of a lost fraction at the start of training
-    w_late: float  # ... and once training has settled
-    s_phase: float  # effective iterations over which the cost relaxes from early to late
-    a0: float = CHANCE
-
-    def weight(self, s: float) -> float:
-        return self.w_late + (self.w_early - self.w_late) * math.exp(-s / self.s_phase)
-
-    def step(self, s: float, f: float, critical: float = 0.0) -> float:
-        """Progress after one more iteration that lost fraction ``f`` of its gradient (any regime)."""
-        return s + _gain(self.weight(s), f)
-
-
-@dataclass(frozen=True)
-class PhaseModel(_AccuracyCurve):
+class PhaseModel(AccuracyCurve):
     """Accuracy per iteration when a lost fraction costs ``w_crit`` iterations of progress in the iterations
-    DBLP's CLR detector puts in the critical regime and ``w_calm`` in the others (:mod:`dblp.sim.phase`)."""
+    DBLP's CLR detector puts in the critical regime and ``w_calm`` in the others (``w_crit`` = ``w_calm``: the
+    same charge in every regime); fitted in :mod:`dblp.sim.convergence.phase`."""
 
     a: float
     tau: float
@@ -216,43 +154,10 @@ class PhaseModel(_AccuracyCurve):
         return s + _gain(self.weight(critical), f)
 
 
-#: fitted by ``python -m dblp.sim.convergence.steps fit`` to the FIT_SETTINGS runs of DATA
-FITTED = ConvergenceModel(a=0.9826, tau=3.909, k=5.986, m=0.1803, w_early=0.0, w_late=0.8541, s_phase=2.643)
-FIT_RMSE = 0.0236  # accuracy RMSE over the fitted runs' evaluations
-HELDOUT_RMSE = 0.0205  # ... over the held-out runs'
-NOISE_RMSE = 0.0222  # between seeds of the same schedule (the floor)
-HELDOUT_CROSSING_ERROR = (0.075, 0.19)  # median and worst relative error of iterations to 80/90/93%, held out
+# -- against measured runs, and the fit ------------------------------------------------------------------
 
 
-# -- fitting (pure Python: a Nelder-Mead simplex over transformed parameters) --------------------------
-
-
-W_MAX = 3.0  # weights are fitted in (0, W_MAX) ...
-PHASE_RANGE = (1.0, 300.0)  # ... and the phase length within the runs (unbounded, both run off to infinity)
-
-
-def _sig(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-max(-700.0, min(700.0, x))))
-
-
-def _logit(p: float) -> float:
-    p = min(max(p, 1e-9), 1.0 - 1e-9)
-    return math.log(p / (1.0 - p))
-
-
-def _unpack(x: Sequence[float]) -> ConvergenceModel:
-    lo, hi = PHASE_RANGE
-    return ConvergenceModel(a=_sig(x[0]), tau=math.exp(x[1]), k=math.exp(x[2]), m=math.exp(x[3]),
-                            w_early=W_MAX * _sig(x[4]), w_late=W_MAX * _sig(x[5]), s_phase=lo + (hi - lo) * _sig(x[6]))
-
-
-def _pack(m: ConvergenceModel) -> list[float]:
-    lo, hi = PHASE_RANGE
-    return [_logit(m.a), math.log(m.tau), math.log(m.k), math.log(m.m), _logit(m.w_early / W_MAX),
-            _logit(m.w_late / W_MAX), _logit((m.s_phase - lo) / (hi - lo))]
-
-
-def rmse(model: _AccuracyCurve, curves: Sequence[Curve]) -> float:
+def rmse(model: AccuracyCurve, curves: Sequence[Curve]) -> float:
     """Root mean square of model - measured accuracy over every evaluation of ``curves``."""
     se, n = 0.0, 0
     preds: dict[tuple, list[float]] = {}  # seeds of one schedule share the prediction (unless labelled)
@@ -284,7 +189,7 @@ def noise_rmse(curves: Sequence[Curve]) -> float:
     return math.sqrt(se / n) if n else math.nan
 
 
-def crossings(model: _AccuracyCurve, curves: Sequence[Curve],
+def crossings(model: AccuracyCurve, curves: Sequence[Curve],
               targets: Sequence[float] = (0.8, 0.9, DEFAULT_TARGET_ACCURACY)) -> list[dict]:
     """Iterations to each target: measured (first evaluation at or above it of the mean over a schedule's
     seeds; 5-iteration resolution) against the model's, per workload and schedule - the error time to
@@ -344,32 +249,11 @@ def nelder_mead(fn: Callable[[list[float]], float], x0: Sequence[float], *, step
     return pts[min(range(len(pts)), key=vals.__getitem__)]
 
 
-#: where :func:`fit` starts: early loss costing more, the same, and less than late loss
-STARTS = tuple(ConvergenceModel(a=0.98, tau=4.0, k=5.0, m=0.2, w_early=we, w_late=wl, s_phase=sp)
-               for we, wl, sp in ((1.2, 0.5, 20.0), (0.8, 0.8, 50.0), (0.5, 1.2, 100.0)))
-
-
-def fit(curves: Sequence[Curve], starts: Sequence[ConvergenceModel] = STARTS, *,
-        restarts: int = 2) -> ConvergenceModel:
-    """The parameters that minimise :func:`rmse` on ``curves`` (the best of a simplex search from each start)."""
-    best, best_err = starts[0], math.inf
-    for start in starts:
-        x = _pack(start)
-        for _ in range(restarts):  # restarting from the best point escapes a collapsed simplex
-            x = nelder_mead(lambda p: rmse(_unpack(p), curves), x)
-        err = rmse(_unpack(x), curves)
-        if err < best_err:
-            best, best_err = _unpack(x), err
-    return best
-
-
 # -- a simulated run's time to accuracy ------------------------------------------------------------------
 
 
-
-
-def time_to_accuracy(ends: Sequence[float], lost: Sequence[float], target: float = DEFAULT_TARGET_ACCURACY,
-                     model: _AccuracyCurve = FITTED, critical: Sequence[bool] | None = None) -> dict[str, float]:
+def time_to_accuracy(ends: Sequence[float], lost: Sequence[float], target: float, model: AccuracyCurve,
+                     critical: Sequence[bool] | None = None) -> dict[str, float]:
     """``time_to_accuracy_s``, ``iterations_to_accuracy`` and ``tta_extrapolated`` (1.0 when the target lies
     beyond the simulated rounds and the run was extrapolated; see the module docstring). ``critical``: each
     round's training regime (:func:`dblp.sim.convergence.phase.sim_regimes`), for a model that charges loss
@@ -419,64 +303,3 @@ def add_target_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None
                    help="test accuracy (a fraction: 0.93 = 93%%) whose simulated time time_to_accuracy_s reports, "
                         "from a convergence model fitted to CPU training runs (--convergence; above the model's "
                         "plateau: never reached, inf)")
-
-
-# -- python -m dblp.sim.convergence.steps measure | fit | report ----------------------------------------------
-
-
-def report(model: ConvergenceModel, curves: Sequence[Curve]) -> dict[str, float]:
-    """The fit errors the docstring and README quote: fitted runs, held-out runs, seed-to-seed noise."""
-    fit_set, held = split(curves)
-    errs = [abs(c["model"] / c["measured"] - 1) for c in crossings(model, held) if math.isfinite(c["measured"])]
-    errs.sort()
-    return {"fit_rmse": rmse(model, fit_set), "heldout_rmse": rmse(model, held), "noise_rmse": noise_rmse(curves),
-            "heldout_crossing_median_rel_err": errs[len(errs) // 2] if errs else math.nan,
-            "heldout_crossing_max_rel_err": errs[-1] if errs else math.nan}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from traces.argtypes import count_arg
-
-    from dblp.cli.args import parser
-
-    p = parser(prog="python -m dblp.sim.convergence.steps", description=__doc__)
-    sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="train digits_mlp under every loss schedule (needs torch; ~8 min on a core)")
-    m.add_argument("--out", default=str(DATA), help="CSV of the accuracy curves (default: the shipped data file)")
-    m.add_argument("--iterations", type=count_arg(1), default=300, help="training iterations of each run")
-    m.add_argument("--seeds", type=count_arg(1), default=3, help="runs per schedule (seeds 0..N-1)")
-    f = sub.add_parser("fit", help="fit the model to a measured CSV and print its parameters and errors (~1 min)")
-    r = sub.add_parser("report", help="the shipped model (FITTED) against a measured CSV: errors, iterations to "
-                                      "80/90/93%% per schedule, and a plot")
-    for q in (f, r):
-        q.add_argument("--data", default=str(DATA), help="CSV written by 'measure' (default: the shipped data file)")
-    r.add_argument("--plot", default=None, metavar="PNG", help="also draw the measured curves against the model")
-    args = p.parse_args(argv)
-    if args.cmd == "measure":
-        measure(Path(args.out), iterations=args.iterations, seeds=range(args.seeds))
-        return 0
-    try:
-        curves = load_curves(Path(args.data))
-    except (OSError, KeyError, ValueError) as exc:
-        print(f"python -m dblp.sim.convergence.steps fit: error: --data {args.data}: {exc}", file=sys.stderr)
-        return 2
-    if args.cmd == "fit":
-        model = fit(split(curves)[0])
-        print(f"FITTED = {model!r}")
-    else:
-        model = FITTED
-        print(f"{'schedule':<15} {'target':>6} {'measured':>8} {'model':>6}   (iterations; held out: *)")
-        for c in crossings(model, curves):
-            mark = "" if c["setting"] in FIT_SETTINGS else "*"
-            print(f"{c['setting'] + mark:<15} {c['target']:>6.2f} {c['measured']:>8} {c['model']:>6.0f}")
-    for k, v in report(model, curves).items():
-        print(f"{k} = {v:.4f}")
-    if args.cmd == "report" and args.plot:
-        from dblp.sim.plots import plot_convergence
-
-        print(f"wrote {plot_convergence(curves, model, Path(args.plot), [s.name for s in SETTINGS])}")
-    return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
