@@ -26,7 +26,9 @@ import ast
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("traces", "dblp", "emulation", "topologies", "scenarios", "tests")  # low -> high
@@ -276,13 +278,13 @@ def test_every_layer_is_found_and_every_file_parses():
     assert not t.unparsable, "\n" + "\n".join(t.unparsable)
 
 
-def test_no_import_runs_back_up():
-    bad = back_up_imports(project())
-    assert not bad, "\n" + "\n".join(bad)
-
-
-def test_dblp_packages_import_downward():
-    bad = package_back_ups(project())
+@pytest.mark.parametrize("rule", [back_up_imports, package_back_ups, circles, scenario_imports,
+                                  test_imports_of_scenarios],
+                         ids=["no_import_runs_back_up", "dblp_packages_import_downward", "no_import_circle_between_files",
+                              "no_scenario_imports_a_scenario", "no_test_imports_a_scenario"])
+def test_the_project_keeps_the_rule(rule: Callable[[Tree], list[str]]) -> None:
+    """Each rule of the layering over the whole tree: what breaks it, one line each."""
+    bad = rule(project())
     assert not bad, "\n" + "\n".join(bad)
 
 
@@ -300,21 +302,6 @@ def test_checker_catches_a_package_importing_up():
               "dblp/results/tta.py": "",
               "dblp/protocol/session.py": "def f():\n    from dblp.results import tta\n"})
     assert package_back_ups(t) == ["dblp/protocol/session.py (dblp.protocol) imports dblp.results.tta (dblp.results)"]
-
-
-def test_no_import_circle_between_files():
-    bad = circles(project())
-    assert not bad, "\n" + "\n".join(bad)
-
-
-def test_no_scenario_imports_a_scenario():
-    bad = scenario_imports(project())
-    assert not bad, "\n" + "\n".join(bad)
-
-
-def test_no_test_imports_a_scenario():
-    bad = test_imports_of_scenarios(project())
-    assert not bad, "\n" + "\n".join(bad)
 
 
 # -- the checker catches what it should -----------------------------------------------------------
