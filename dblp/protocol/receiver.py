@@ -286,13 +286,7 @@ class Receiver:
             return 0
         if crcs is None:
             crcs = crc_placed(hdr_rows, self.out, aims, self.layout)
-        crc_ok = placed_ok(hdr_rows, crcs, self.layout)
-        if not crc_ok.all():
-            self._drop(self._integrity_drop, int((~crc_ok).sum()))
-            hdr, aims = hdr[crc_ok], aims[crc_ok]
-        mine = self._from_peer(hdr)
-        if not mine.all():
-            hdr, aims = hdr[mine], aims[mine]
+        hdr, aims = self._authentic(placed_ok(hdr_rows, crcs, self.layout), hdr, aims)
         return self._accept(hdr["round"].astype(np.int64), aims, now, None, 0)
 
     def _well_formed(self, hdr: np.ndarray, payload_bytes: int) -> np.ndarray:
@@ -306,6 +300,18 @@ class Receiver:
         decl = ok & (hdr["length"].astype(np.int64) != payload_bytes)
         self._drop("wrong_length", int(decl.sum()))
         return ok & ~decl
+
+    def _authentic(self, intact: np.ndarray, hdr: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """R4's last checks, the same for placed and copied datagrams: the integrity field (``intact``,
+        checked by the caller on what it holds) and this run's sender. Returns the headers and their
+        ``rows`` (data rows, or chunk indices) that pass; drops counted."""
+        if not intact.all():
+            self._drop(self._integrity_drop, int((~intact).sum()))
+            hdr, rows = hdr[intact], rows[intact]
+        mine = self._from_peer(hdr)
+        if not mine.all():
+            hdr, rows = hdr[mine], rows[mine]
+        return hdr, rows
 
     def _from_peer(self, hdr: np.ndarray) -> np.ndarray:
         """R4: this run's id and the expected sender; others counted foreign."""
@@ -386,13 +392,7 @@ class Receiver:
             return 0
         # Copies of the batch are made only on the (rare) paths that drop rows.
         sub, h = (rows, hdr) if ok.all() else (rows[ok], hdr[ok])
-        crc_ok = rows_ok(sub, self.layout)
-        if not crc_ok.all():
-            self._drop(self._integrity_drop, int((~crc_ok).sum()))
-            sub, h = sub[crc_ok], h[crc_ok]
-        mine = self._from_peer(h)
-        if not mine.all():
-            sub, h = sub[mine], h[mine]
+        h, sub = self._authentic(rows_ok(sub, self.layout), h, sub)
         return self._accept(h["round"].astype(np.int64), h["seq"].astype(np.int64), now, sub, size)
 
     def receive_chunks(self, round_no: int, seqs: np.ndarray, now: float) -> int:
