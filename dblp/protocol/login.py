@@ -88,19 +88,24 @@ def decode_norm(secret: bytes | None, nonce: bytes, data: bytes, round_no: int,
 
 # -- actions: what a driver does ----------------------------------------------------------------------
 @dataclass(frozen=True)
-class Send:
+class ConnectionAction:
+    """What every action is about: one connection, named by the driver's ``key`` (its socket)."""
+
+    key: Hashable
+
+
+@dataclass(frozen=True)
+class Send(ConnectionAction):
     """Write ``data`` on the connection (a CHALLENGE, the hub's nonce); a failure goes to
     :meth:`LoginGate.unsent`."""
 
-    key: Hashable
     data: bytes
 
 
 @dataclass(frozen=True)
-class Refuse:
+class Refuse(ConnectionAction):
     """Write ``farewell`` (at most once, best effort), close the connection, count it under ``kind``."""
 
-    key: Hashable
     addr: tuple
     why: str
     kind: str
@@ -109,36 +114,31 @@ class Refuse:
 
 
 @dataclass(frozen=True)
-class Drop:
+class Drop(ConnectionAction):
     """Close the connection unsaid and uncounted: it never got far enough to be refused."""
-
-    key: Hashable
 
 
 @dataclass(frozen=True)
-class Parse:
+class Parse(ConnectionAction):
     """Parse this HELLO frame body elsewhere (it is large); answer :meth:`WorkerGate.parsed` or
     :meth:`WorkerGate.unparsed`."""
 
-    key: Hashable
     body: bytes
 
 
 @dataclass(frozen=True)
-class WorkerVerified:
+class WorkerVerified(ConnectionAction):
     """A worker passed L2-L5: the driver answers :meth:`LoginGate.admit` or :meth:`LoginGate.refuse`
     before anything else. ``keys``: the control keys (worker->server, server->worker), None insecure."""
 
-    key: Hashable
     hello: ctl.Hello
     keys: tuple[bytes, bytes] | None
 
 
 @dataclass(frozen=True)
-class ShardVerified:
+class ShardVerified(ConnectionAction):
     """A shard server introduced itself (L6); answered as :class:`WorkerVerified` is."""
 
-    key: Hashable
     shard: int
     nonce: bytes
 
