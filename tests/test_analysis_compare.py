@@ -125,6 +125,25 @@ def test_cli_exit_codes(runs: tuple[Path, Path], tmp_path: Path) -> None:
     assert (tmp_path / "o" / "compare.csv").exists() and not (tmp_path / "o" / "cdf_send.png").exists()
 
 
+def test_record_files_take_the_merged_file_else_every_records_file_but_the_burst_log(tmp_path: Path) -> None:
+    """dblp.results.runfolder.record_files is where the analyses and the calibration look."""
+    from dblp.results.runfolder import record_files
+
+    mk = lambda w: RoundRecord(source="emulation", role="worker", worker=w, round=1, policy="dblp")  # noqa: E731
+    write_records(tmp_path / "dblp" / "records" / "w0.jsonl", [mk(0)])
+    write_records(tmp_path / "records-sim.jsonl.gz", [mk(1)])
+    (tmp_path / "bursts.jsonl").write_text('{"event": "burst", "t": 1.0}\n')
+    assert record_files(tmp_path) == [tmp_path / "dblp" / "records" / "w0.jsonl", tmp_path / "records-sim.jsonl.gz"]
+    assert sorted((r.run, r.worker) for r in analysis.load_run(tmp_path)) == [("dblp", 0), ("sim", 1)]
+    merge_runs({"dblp": [mk(0)]}, tmp_path / "rounds.jsonl")
+    assert record_files(tmp_path) == [tmp_path / "rounds.jsonl"]
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "a.jsonl").write_text("not json\n")
+    with pytest.raises(ValueError, match=r"a.jsonl:1: not a round record"):  # a lone file says what is wrong
+        analysis.load_run(lone)
+
+
 def test_load_run_labels_by_layout(tmp_path: Path) -> None:
     """A recorder's folder (<run>/<policy>/records/*.jsonl, plus records/ of its own) and a bursts log."""
     mk = lambda w, pol: RoundRecord(source="emulation", role="worker", worker=w, round=1, policy=pol)  # noqa: E731

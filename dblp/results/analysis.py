@@ -15,21 +15,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from dblp.protocol.records import GZIP_SUFFIX, RoundRecord, read_records
-
-
-def load(paths: str | Path | Iterable[str | Path]) -> list[RoundRecord]:
-    if isinstance(paths, (str, Path)):
-        p = Path(paths)
-        paths = sorted(p.glob("*.jsonl")) if p.is_dir() else [p]
-    out: list[RoundRecord] = []
-    for p in paths:
-        out.extend(read_records(p))
-    return out
+from dblp.protocol.records import RoundRecord
+from dblp.results.runfolder import load, load_run, run_config  # noqa: F401  (analysis.load: the scenarios' name)
 
 
 def per_round(records: Sequence[RoundRecord], field: str = "up_latency_s", role: str = "worker",
@@ -370,43 +361,6 @@ _DROP_FIELDS = ("stale", "duplicate", "corrupt", "foreign", "malformed", "out_of
                 "unauthenticated")
 
 
-def load_run(path: str | Path) -> list[RoundRecord]:
-    """A run's records from a records JSONL file or a results folder.
-
-    In a folder: ``rounds.jsonl`` (a scenario's merged file) if there is one, else every
-    ``*.jsonl`` (or ``*.jsonl.gz``) below it that holds round records (others, like ``bursts.jsonl``, are
-    skipped). Records without a ``run`` label take the name of their policy's subfolder
-    (``<run>/<policy>/records/*.jsonl``) or file (``records-<label>.jsonl``)."""
-    p = Path(path)
-    if p.is_file():
-        return [_label(r, p) for r in read_records(p)]
-    if not p.is_dir():
-        raise ValueError(f"{path}: no such records file or results folder")
-    if (p / "rounds.jsonl").is_file():
-        return [_label(r, p / "rounds.jsonl") for r in read_records(p / "rounds.jsonl")]
-    out: list[RoundRecord] = []
-    for f in sorted([*p.rglob("*.jsonl"), *p.rglob("*.jsonl" + GZIP_SUFFIX)]):
-        try:
-            out.extend(_label(r, f, p) for r in read_records(f))
-        except ValueError:
-            continue  # not a records file
-    if not out:
-        raise ValueError(f"{path}: no round records (*.jsonl, *.jsonl.gz) found in this folder")
-    return out
-
-
-def _label(r: RoundRecord, f: Path, root: Path | None = None) -> RoundRecord:
-    """Fill an unlabelled record's ``run`` from where it was found (see :func:`load_run`):
-    ``records-<label>.jsonl[.gz]``, or ``<label>/records/*.jsonl`` below the folder loaded."""
-    if not r.run:
-        name = f.name.removesuffix(GZIP_SUFFIX).removesuffix(".jsonl")
-        if name.startswith("records-"):
-            r.run = name[len("records-"):]
-        elif f.parent.name == "records" and root is not None and f.parent.parent != root:
-            r.run = f.parent.parent.name
-    return r
-
-
 def group_runs(records: Sequence[RoundRecord]) -> dict[tuple[str, str], list[RoundRecord]]:
     """Records by (run label, role); the label falls back to the policy name."""
     out: dict[tuple[str, str], list[RoundRecord]] = {}
@@ -463,35 +417,6 @@ def compare_rows(a: Sequence[RoundRecord], b: Sequence[RoundRecord], names: tupl
             ratio = vb / va if va and math.isfinite(va) and math.isfinite(vb) else math.nan
             rows.append({"run": key[0], "role": key[1], "metric": m, names[0]: va, names[1]: vb, "B/A": ratio})
     return rows
-
-
-#: config.json keys that say where and when a run was made, not what it ran: left out of a diff
-_NOT_A_DIFFERENCE = frozenset({"_run", "derived", "config", "results", "out", "quiet", "verbose", "dry_run"})
-
-
-def run_config(path: str | Path) -> dict | None:
-    """The ``config.json`` of the run at ``path`` (a results folder, or a records file inside one: the
-    nearest of its three parent folders that holds one), as :func:`dblp.cli.provenance.run_values` with
-    the keys in underscores (files name flags ``p-low`` or, older ones, ``p_low``) and ``_flags``: the
-    flags given at its top level; None when there is none."""
-    import json
-
-    from dblp.cli.provenance import run_values
-
-    p = Path(path)
-    for d in ([p] if p.is_dir() else []) + list(p.parents)[:3]:
-        f = d / "config.json"
-        if f.is_file():
-            try:
-                cfg = json.loads(f.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return None
-            if not isinstance(cfg, dict):
-                return None
-            flat = {k.replace("-", "_"): v for k, v in run_values(cfg).items()}
-            flat["_flags"] = [k.replace("-", "_") for k in cfg if k.replace("-", "_") not in _NOT_A_DIFFERENCE]
-            return flat
-    return None
 
 
 def config_diff(a: dict | None, b: dict | None) -> list[str]:

@@ -149,7 +149,7 @@ def sweep_table(out: str | Path, seeds: Sequence[int], settings: Sequence[tuple[
     iterations in the critical regime, the training time, the time to each target and the final
     metric, each also divided by the same seed's ``reference`` run; the printed table gives per
     setting the median [95% interval of the mean] over seeds (:mod:`dblp.results.stats`)."""
-    from dblp.results.analysis import load
+    from dblp.results.runfolder import load
     from dblp.results.stats import spread
     from dblp.results.trainreport import final_metrics, load_training, replicate_dir, time_to_targets, training_time
 
@@ -265,7 +265,8 @@ def _run_config(d: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from dblp.results.analysis import format_table, load
+    from dblp.results.analysis import format_table
+    from dblp.results.runfolder import load
     from dblp.cli.args import parser
     from dblp.results.trainreport import load_training, run_curve
 

@@ -439,7 +439,7 @@ def write_curves(path: str | Path, runs: Sequence[tuple[str, int, Path, dict[str
     ``runs``: (setting label, seed, run folder, :func:`load_training` result); the round records are
     read from the folder's ``records/`` (the emulation scenarios) or, without one, from the folder
     itself (``scenarios/train.py``'s loopback runs)."""
-    from dblp.results.analysis import load
+    from dblp.results.runfolder import load
     from dblp.protocol.records import round_trace
 
     with open(path, "w", newline="", encoding="utf-8") as fh:

@@ -32,7 +32,8 @@ def collect(out: str | Path, names: Sequence[str], workers: int, seeds: Sequence
             targets: Sequence[float], calm: Sequence[str] = (), condition: str = "bursts") -> list[dict[str, Any]]:
     """One row per (condition, run, seed) with every figure of the answer (long form, JSON-safe).
     Reads the replicas' weight snapshots without removing them (the training report removes them)."""
-    from dblp.results.analysis import load, summarize
+    from dblp.results.analysis import summarize
+    from dblp.results.runfolder import load
 
     out = Path(out)
     rows: list[dict[str, Any]] = []

@@ -73,6 +73,8 @@ def test_run_keeps_records_gzipped_or_not_at_all(tmp_path, capsys, monkeypatch):
     assert simulated[0] == simulated[1]
     # the analyses find the gzipped records in the folder and label them by file
     assert {r.run for r in load_run(tmp_path / "gz")} == {"dblp"}
+    _, notes = calibrate(tmp_path / "gz")  # and so does the calibration (dblp.results.runfolder.record_files)
+    assert notes["record_files"] == [str(gz)] and notes["records"] == 12 * 6
     # a gzip file cut short is refused by name, not with a traceback of the gzip module
     cut = tmp_path / "cut.jsonl.gz"
     cut.write_bytes(gz.read_bytes()[: gz.stat().st_size // 2])

@@ -3,9 +3,10 @@
 ``python -m dblp.sim calibrate RESULTS_DIR -o params.json`` reads
 
 * the round records (``records/*.jsonl`` as :class:`emulation.recorder.RunRecorder`
-  writes them, else ``rounds.jsonl``, else every other ``*.jsonl`` below the
-  folder; lines that are not round records are skipped and counted; with
-  records of several sources, the most frequent non-simulation one),
+  writes them, else :func:`dblp.results.runfolder.record_files`: ``rounds.jsonl``,
+  else every other ``*.jsonl`` or ``*.jsonl.gz`` below the folder; lines that
+  are not round records are skipped and counted; with records of several
+  sources, the most frequent non-simulation one),
 * ``config.json`` there or in the folder above (a policy's subfolder of a
   recorder's run folder) if there is one (link rate ``bw`` in Mbit/s, ``delay``,
   ``buffer_pkts``/``buffer_bytes``, ``workers``, ``model``/``elements``,
@@ -82,6 +83,7 @@ from dblp.runs.gradients import model_elements
 from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ
 from dblp.cli.provenance import run_values
 from dblp.protocol.records import RoundRecord, read_records
+from dblp.results.runfolder import record_files
 from dblp.results.stats import median
 from dblp.protocol.wire import TAG_SIZE, ChunkLayout, ParameterError
 from dblp.sim.config import SimConfig
@@ -92,12 +94,8 @@ def load_run(folder: str | Path) -> tuple[list[RoundRecord], dict, list[dict], d
     folder = Path(folder)
     if not folder.is_dir():
         raise ParameterError(f"{folder}: not a results folder")
-    if (folder / "records").is_dir() and any((folder / "records").glob("*.jsonl")):
-        files = sorted((folder / "records").glob("*.jsonl"))
-    elif (folder / "rounds.jsonl").exists():
-        files = [folder / "rounds.jsonl"]
-    else:
-        files = sorted(p for p in folder.rglob("*.jsonl") if p.name != "bursts.jsonl")
+    own = sorted((folder / "records").glob("*.jsonl")) if (folder / "records").is_dir() else []
+    files = own or record_files(folder)  # one recorder's processes, else what the analyses read
     skipped = [0]
     allrecs = [r for f in files for r in read_records(f, skipped=skipped)]
     sources = sorted({r.source for r in allrecs})
