@@ -122,6 +122,12 @@ def _ge_params(p: float, r: float | None, bad_loss: float, good_loss: float) -> 
     return p, r, _prob("bad_loss (1-h)", bad_loss), _prob("good_loss (1-k)", good_loss)
 
 
+def _ge_recorded(p: float, r: float, bad_loss: float, good_loss: float) -> tuple[dict[str, float], str]:
+    """The chain's parameters as both forms record them, in netem's names, and their netem text."""
+    params = {"p": p, "r": r, "one_minus_h": bad_loss, "one_minus_k": good_loss}
+    return params, f"netem gemodel p={p:g} r={r:g} 1-h={bad_loss:g} 1-k={good_loss:g}"
+
+
 def gilbert_elliott_packets(
     p: float,
     r: float | None = None,
@@ -140,11 +146,9 @@ def gilbert_elliott_packets(
     lengths, bad = GilbertElliottChain(p, r, rng).runs(int(n_packets))
     prob = np.repeat(np.where(bad, bad_loss, good_loss), lengths)
     drops = rng.random(prob.size) < prob
-    params = {"p": p, "r": r, "one_minus_h": bad_loss, "one_minus_k": good_loss, "n_packets": int(n_packets)}
-    desc = (
-        f"Gilbert-Elliott (netem gemodel p={p:g} r={r:g} 1-h={bad_loss:g} 1-k={good_loss:g}), "
-        f"stationary loss {gilbert_elliott_mean_loss(p, r, bad_loss, good_loss):.4g}"
-    )
+    params, gemodel = _ge_recorded(p, r, bad_loss, good_loss)
+    params["n_packets"] = int(n_packets)
+    desc = f"Gilbert-Elliott ({gemodel}), stationary loss {gilbert_elliott_mean_loss(p, r, bad_loss, good_loss):.4g}"
     return PacketTrace(drops, _meta("gilbert-elliott", params, seed, desc, packet_interval_us=packet_interval_us))
 
 
@@ -176,18 +180,9 @@ def gilbert_elliott_segments(
     starts = np.concatenate(([0], ends[:-1]))
     level = np.where(bad, bad_loss, good_loss)
     keep = (starts < duration_us) & (np.append(starts[1:], duration_us + 1) > starts)
-    params = {
-        "p": p,
-        "r": r,
-        "one_minus_h": bad_loss,
-        "one_minus_k": good_loss,
-        "duration_us": duration_us,
-        "packet_interval_us": iv,
-    }
-    desc = (
-        f"Gilbert-Elliott states (netem gemodel p={p:g} r={r:g} 1-h={bad_loss:g} 1-k={good_loss:g}) "
-        f"for one packet every {iv:g} µs"
-    )
+    params, gemodel = _ge_recorded(p, r, bad_loss, good_loss)
+    params.update(duration_us=duration_us, packet_interval_us=iv)
+    desc = f"Gilbert-Elliott states ({gemodel}) for one packet every {iv:g} µs"
     meta = _meta("gilbert-elliott", params, seed, desc, packet_interval_us=iv)
     return SegmentTrace(starts[keep], level[keep], duration_us, meta=meta).merged()
 
