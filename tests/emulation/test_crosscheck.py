@@ -19,6 +19,37 @@ from dblp.protocol.records import RoundRecord
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _crosscheck(*args: str, timeout: float = 400, returncode: int = 0) -> subprocess.CompletedProcess[str]:
+    """scenarios/crosscheck.py with ``args``, which ends with ``returncode``."""
+    out = subprocess.run([sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), *args], capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == returncode, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _small_run(tmp_path: Path, iterations: int, burst: int, *fabric: str) -> Path:
+    """A small Mininet cross-check (a 2e5 model, 200 Mbit/s, one burst at round ``burst``) on the
+    fabric that ``fabric``'s flags name; its run folder."""
+    _crosscheck("--model", "2e5", "--iterations", str(iterations), "--bursts", str(burst), "--bandwidth", "200",
+                *fabric, "--results", str(tmp_path))
+    (run,) = list(tmp_path.glob("crosscheck-*"))
+    return run
+
+
+def _ordinary_passes(run: Path, near: int) -> list[tuple[float, float]]:
+    """Mean up passes over the ordinary rounds (not 0, nor the burst's 8 and 9) of the workers that
+    are not ``near`` and of worker ``near``: in the Mininet records, then in the simulator's."""
+    def side(recs: list[RoundRecord]) -> tuple[float, float]:
+        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
+        return (float(np.mean([r.up_passes for r in ordinary if r.worker != near])),
+                float(np.mean([r.up_passes for r in ordinary if r.worker == near])))
+
+    return [side([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
+                  for x in f.read_text().splitlines()]),
+            side([RoundRecord.from_dict(json.loads(x))
+                  for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()])]
+
+
 def test_ks_numpy_matches_scipy():
     scipy_stats = pytest.importorskip("scipy.stats")
     rng = np.random.default_rng(1)
@@ -61,11 +92,7 @@ def test_compare_relative_errors_and_speedups(tmp_path):
 
 @pytest.mark.mininet
 def test_small_crosscheck_run(tmp_path):
-    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "20",
-           "--bursts", "12", "--bandwidth", "200", "--results", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (run,) = list(tmp_path.glob("crosscheck-*"))
+    run = _small_run(tmp_path, 20, 12)
     doc = json.loads((run / "crosscheck.json").read_text())
     terms = {(r["term"], r["policy"]) for r in doc["rows"]}
     for t in [("round p50", "baseline"), ("round p99", "dblp"), ("speedup round @12", "baseline/dblp"),
@@ -77,9 +104,7 @@ def test_small_crosscheck_run(tmp_path):
               "sim/dblp.jsonl"):
         assert (run / f).stat().st_size > 0
     # the same run, re-analysed without Mininet, with its own calibration transferred
-    again = subprocess.run([sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(run),
-                            "--params", str(run / "calibration.json")], capture_output=True, text=True, timeout=200)
-    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    _crosscheck("--from-run", str(run), "--params", str(run / "calibration.json"), timeout=200)
     assert "transferred" in json.loads((run / "transferred" / "crosscheck.json").read_text())["how"]
     assert "calibrated on this run" in json.loads((run / "crosscheck.json").read_text())["how"]
     # a run it cannot calibrate (here: no worker records left) gets one line, not a traceback
@@ -87,9 +112,7 @@ def test_small_crosscheck_run(tmp_path):
     shutil.copytree(run, bare)
     for f in bare.glob("*/records/worker*.jsonl"):
         f.unlink()
-    cant = subprocess.run([sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(bare)],
-                          capture_output=True, text=True, timeout=200)
-    assert cant.returncode == 1, cant.stdout[-3000:] + cant.stderr[-3000:]
+    cant = _crosscheck("--from-run", str(bare), timeout=200, returncode=1)
     assert "Traceback" not in cant.stderr
     (line,) = cant.stderr.strip().splitlines()
     assert line.startswith(f"crosscheck: cannot calibrate the simulator on {bare}: ") and "no worker records" in line
@@ -100,20 +123,10 @@ def test_small_leafspine_crosscheck_run(tmp_path):
     """Rack 2's two workers (60 Mbit/s each) share a 100 Mbit/s uplink: in Mininet and in the
     simulator calibrated on the run (which reads the fabric from its config) they need more
     passes than the worker in the server's rack."""
-    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "12",
-           "--bursts", "8", "--bandwidth", "200", "--topology", "leafspine", "--racks", "2",
-           "--uplink-bandwidth", "100", "--results", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (run,) = list(tmp_path.glob("crosscheck-*"))
+    run = _small_run(tmp_path, 12, 8, "--topology", "leafspine", "--racks", "2", "--uplink-bandwidth", "100")
     cal = json.loads((run / "calibration.json").read_text())
     assert (cal["topology"], cal["racks"], cal["uplink_bandwidth_bps"]) == ("leafspine", 2, 100e6)
-    for recs in ([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
-                  for x in f.read_text().splitlines()],
-                 [RoundRecord.from_dict(json.loads(x)) for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()]):
-        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
-        far = np.mean([r.up_passes for r in ordinary if r.worker != 1])  # w1 and w3: rack 2
-        near = np.mean([r.up_passes for r in ordinary if r.worker == 1])  # w2: the server's rack
+    for far, near in _ordinary_passes(run, near=1):  # w1 and w3: rack 2; w2: the server's rack
         assert far > near == 1.0
 
 
@@ -122,20 +135,10 @@ def test_small_twosites_crosscheck_run(tmp_path):
     """Two sites: the two remote workers (60 Mbit/s each) share a 100 Mbit/s WAN and need a second pass
     in Mininet and in the simulator calibrated on the run (which reads the fabric from its config);
     the worker in the server's site needs one."""
-    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--model", "2e5", "--iterations", "12",
-           "--bursts", "8", "--bandwidth", "200", "--topology", "twosites", "--local-workers", "1",
-           "--wan-bandwidth", "100", "--results", str(tmp_path)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    (run,) = list(tmp_path.glob("crosscheck-*"))
+    run = _small_run(tmp_path, 12, 8, "--topology", "twosites", "--local-workers", "1", "--wan-bandwidth", "100")
     cal = json.loads((run / "calibration.json").read_text())
     assert (cal["topology"], cal["local_workers"], cal["wan_bandwidth_bps"]) == ("twosites", 1, 100e6)
-    for recs in ([RoundRecord.from_dict(json.loads(x)) for f in (run / "baseline" / "records").glob("worker*.jsonl")
-                  for x in f.read_text().splitlines()],
-                 [RoundRecord.from_dict(json.loads(x)) for x in (run / "sim" / "baseline.jsonl").read_text().splitlines()]):
-        ordinary = [r for r in recs if r.role == "worker" and r.round not in (0, 8, 9)]
-        remote = np.mean([r.up_passes for r in ordinary if r.worker != 0])  # w2 and w3: site 2
-        local = np.mean([r.up_passes for r in ordinary if r.worker == 0])  # w1: the server's site
+    for remote, local in _ordinary_passes(run, near=0):  # w2 and w3: site 2; w1: the server's site
         assert remote > 1.5 and local == 1.0
 
 
@@ -174,9 +177,7 @@ def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
     link rates."""
     hosts = {"send_pps": 16_000.0, "server_send_pps": 30_000.0}
     star = _sim_run_folder(tmp_path, "star-2000", 2000.0, **hosts)
-    py = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py")]
-    out = subprocess.run(py + ["--from-run", str(star)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    _crosscheck("--from-run", str(star), timeout=300)
     (cal,) = star.glob("reanalysis-*/calibration.json")
     host = json.loads(cal.read_text())["_crosscheck"]["estimates"]["host"]
     assert host["worker"]["datagrams_per_s"] == pytest.approx(16_000, rel=0.03)
@@ -186,9 +187,7 @@ def test_blind_prediction_from_a_star_calibration_reports_its_errors(tmp_path):
            {"topology": "twosites", "local_workers": 2, "wan_bandwidth_bps": 60e6, "wan_delay_s": 0.0})
     for run in (_sim_run_folder(tmp_path, "star-100", 100.0, **hosts),
                 _sim_run_folder(tmp_path, "twosites", 500.0, fabric=two, **hosts)):
-        out = subprocess.run(py + ["--from-run", str(run), "--params", str(cal)], capture_output=True, text=True,
-                             timeout=300)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        out = _crosscheck("--from-run", str(run), "--params", str(cal), timeout=300)
         assert "bounded terms within their bounds" in out.stdout
         doc = json.loads((run / "transferred" / "crosscheck.json").read_text())
         assert doc["how"].startswith("transferred from") and doc["outside_bounds"] == []
@@ -207,11 +206,9 @@ def test_from_run_writes_beside_not_over(tmp_path):
     own = {"crosscheck.json": b'{"own": 1}', "crosscheck.csv": b"own", "calibration.json": b'{"own": 2}'}
     for name, body in own.items():
         (run / name).write_bytes(body)
-    cmd = [sys.executable, str(ROOT / "scenarios" / "crosscheck.py"), "--from-run", str(run)]
     folders = []
     for _ in range(2):
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
-        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        out = _crosscheck("--from-run", str(run), timeout=200)
         (line,) = [ln for ln in out.stdout.splitlines() if ln.startswith("crosscheck: report -> ")]
         folders.append(Path(line.split(" -> ", 1)[1]))
     assert folders[0] != folders[1] and all(f.parent == run and f.name.startswith("reanalysis-") for f in folders)
