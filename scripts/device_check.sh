@@ -28,22 +28,17 @@
 # (DC_SITE elsewhere than a /tmp/site holding cp312 wheels: those would shadow a Python 3.11 venv's own packages.)
 set -uo pipefail  # no -e: every step is guarded, and a failed step must not stop the later ones
 cd "$(dirname "$0")/.."
+source scripts/lib/check_steps.sh  # check_log, note, want, budget: the steps' rules, shared with the other checks
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/device_check_out}
-mkdir -p "$OUT"
 rm -f /tmp/dc_exchange.txt
 PY=${DC_PY:-python3}
 SITE=${DC_SITE:-/tmp/site}
 STEPS=${DC_STEPS:-setup gpu exchange pytest train}
 TRAIN_ARGS=${DC_TRAIN_ARGS:---workload small_cnn --workers 2 --epochs 20}
-exec > >(tee -a "$OUT/device_check.log") 2>&1
-T0=$SECONDS
-note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
-want() { [[ " $STEPS " == *" $1 "* ]]; }
 BUDGET=${DC_BUDGET:-450}  # seconds for the whole script; the run call's timeout_s leaves ~30 s beyond it
-budget() {  # a step's timeout: its cap, or less so that `reserve` seconds stay for the later steps (>= 10)
-  local left=$((BUDGET - (SECONDS - T0) - $2)); ((left > $1)) && left=$1; ((left < 10)) && left=10; echo "$left"
-}
+FLOOR=10  # the shortest timeout a step gets
+check_log device_check
 export PYTHON=$PY  # scripts/gpu_check.sh takes its interpreter from here
 export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1  # no network there: never wait on the hub

@@ -31,28 +31,18 @@
 #     bash scripts/gpu_emu_check.sh
 set -uo pipefail  # no -e: every step is guarded
 cd "$(dirname "$0")/.."
+source scripts/lib/check_steps.sh  # check_log, note, want, budget: the steps' rules, shared with the other checks
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/gpu_emu_check_out}
-mkdir -p "$OUT"
 RES=${GE_RESULTS:-/tmp/ge_results}
 rm -rf "$RES" && mkdir -p "$RES"
 STEPS=${GE_STEPS:-setup emu xemu hosts xhosts compute predict}
 BUDGET=${GE_BUDGET:-450}
 DRY=${GE_DRY:-0}
-exec > >(tee -a "$OUT/gpu_emu_check.log") 2>&1
-T0=$SECONDS
-note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
-want() { [[ " $STEPS " == *" $1 "* ]]; }
 SCALE=${GE_SCALE:-1}  # the caps times this (a CPU dry run is slower than the GPU run the caps are sized for)
-budget() {  # a step's timeout: its cap, or less so that `reserve` seconds stay for the later steps (>= 15)
-  local cap=$(($1 * SCALE)) left=$((BUDGET - (SECONDS - T0) - $2 * SCALE))
-  ((left > cap)) && left=$cap; ((left < 15)) && left=15; echo "$left"
-}
-[[ -d .device-tools/bin ]] && export PATH="$PWD/.device-tools/bin:$PATH"
-if [[ -z "${GE_PY:-}" ]]; then
-  if [[ -x .venv/bin/python ]]; then GE_PY=.venv/bin/python; else GE_PY=python3; fi
-fi
-PY=$GE_PY
+check_log gpu_emu_check
+carried_tools_first
+PY=${GE_PY:-$(default_python)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export HF_HUB_OFFLINE=1
 CONFIG=scenarios/experiments/gpu_check_efficientnet_b0.toml

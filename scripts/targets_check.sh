@@ -27,28 +27,18 @@
 #   OUT=/tmp/tc TC_STEPS="targets pacing" TC_REPEATS=1 TC_BUDGET=900 bash scripts/targets_check.sh
 set -uo pipefail  # no -e: every step is guarded
 cd "$(dirname "$0")/.."
+source scripts/lib/check_steps.sh  # check_log, note, want, budget: the steps' rules, shared with the other checks
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/targets_check_out}
-mkdir -p "$OUT"
 RES=${TC_RESULTS:-/tmp/tc_results}
 rm -rf "$RES" && mkdir -p "$RES"
 STEPS=${TC_STEPS:-setup targets pacing}
 BUDGET=${TC_BUDGET:-450}
 REPEATS=${TC_REPEATS:-3}
 ROUNDS=${TC_ROUNDS:-10}  # timed rounds a repeat (--targets' own default is 15: 10 keeps 3 repeats inside the cap)
-exec > >(tee -a "$OUT/targets_check.log") 2>&1
-T0=$SECONDS
-note() { echo "[$(date -u +%H:%M:%S) +$((SECONDS - T0))s] $*" | tee -a "$OUT/summary.txt"; }
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-budget() {  # a step's timeout: its cap, or less so that `reserve` seconds stay for the later steps (>= 15)
-  local left=$((BUDGET - (SECONDS - T0) - $2))
-  ((left > $1)) && left=$1; ((left < 15)) && left=15; echo "$left"
-}
-[[ -d .device-tools/bin ]] && export PATH="$PWD/.device-tools/bin:$PATH"
-if [[ -z "${TC_PY:-}" ]]; then
-  if [[ -x .venv/bin/python ]]; then TC_PY=.venv/bin/python; else TC_PY=python3; fi
-fi
-PY=$TC_PY
+check_log targets_check
+carried_tools_first
+PY=${TC_PY:-$(default_python)}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 note "targets_check: steps [$STEPS], python $PY, OUT $OUT, budget $BUDGET s, $REPEATS repeat(s)"
 for t in ip tc nft; do echo "  $t: $(command -v $t || echo missing)"; done
