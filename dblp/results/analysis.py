@@ -575,21 +575,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.cmd is None:
         ap.print_help(sys.stderr)
         return 2
-    if a.cmd == "check":
-        try:
-            return 1 if check(a.run) else 0
-        except ValueError as exc:
-            print(f"python -m dblp.results.analysis check: error: {exc}", file=sys.stderr)
-            return 2
-    if a.skip < 0:
+    if a.cmd == "compare" and a.skip < 0:
         ap.error(f"--skip must be >= 0, got {a.skip}")
     try:
+        if a.cmd == "check":
+            return 1 if check(a.run) else 0
         compare(a.run_a, a.run_b, a.out, a.skip, plot=not a.no_plot)
         from dblp.cli.provenance import write_config
 
         write_config(a.out, a)  # which runs were compared, with the commit and package versions
-    except ValueError as exc:
-        print(f"python -m dblp.results.analysis compare: error: {exc}", file=sys.stderr)
+    except ValueError as exc:  # a run that cannot be read: one line naming it
+        print(f"python -m dblp.results.analysis {a.cmd}: error: {exc}", file=sys.stderr)
         return 2
     return 0
 
