@@ -25,6 +25,26 @@
  * resumes at sent + lost) or 0. Any other error raises OSError. */
 #define MAX_SEGS 64
 
+/* A datagram as an iovec pair: its header (hb bytes) and its payload of n floats where it lies in
+ * the tensor, so the kernel copies the payload straight from there. */
+static inline void datagram_iov(struct iovec *iov, const uint8_t *header, Py_ssize_t hb, const uint8_t *payload,
+                                Py_ssize_t n) {
+    iov[0].iov_base = (void *)header;
+    iov[0].iov_len = (size_t)hb;
+    iov[1].iov_base = (void *)payload;
+    iov[1].iov_len = (size_t)(4 * n);
+}
+
+/* A send that failed with errno e: 1 when its datagrams count as lost, as on a wire (ECONNREFUSED:
+ * ICMP about an earlier one; EPERM: a local firewall rule), and the loop goes on; else 0, with
+ * *err = e and *fatal set unless the caller is to wait and resume (EAGAIN, ENOBUFS, EINTR). */
+static inline int lost_on_the_wire(int e, int *err, int *fatal) {
+    if (e == ECONNREFUSED || e == EPERM) return 1;
+    *err = e;
+    *fatal = !(e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == EINTR);
+    return 0;
+}
+
 PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
     int fd, port;
     const char *host;
@@ -83,11 +103,8 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                         bad = 1;
                         break;
                     }
-                    Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-                    iov[2 * vlen].iov_base = (void *)(h + hb * (i + vlen));
-                    iov[2 * vlen].iov_len = (size_t)hb;
-                    iov[2 * vlen + 1].iov_base = (void *)(v + 4 * s * cf);
-                    iov[2 * vlen + 1].iov_len = (size_t)(4 * n);
+                    datagram_iov(&iov[2 * vlen], h + hb * (i + vlen), hb, v + 4 * s * cf,
+                                 chunk_floats(s, chunks, elements, cf));
                     memset(&msgs[vlen], 0, sizeof msgs[vlen]);
                     msgs[vlen].msg_hdr.msg_name = &dst;
                     msgs[vlen].msg_hdr.msg_namelen = dst_len;
@@ -99,15 +116,10 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                 calls++;
                 int r = sendmmsg(fd, msgs, (unsigned int)vlen, 0);
                 if (r < 0) { /* the first message failed */
-                    int e = errno;
-                    if (e == ECONNREFUSED || e == EPERM) {
-                        lost += 1;
-                        i += 1;
-                        continue;
-                    }
-                    err = e;
-                    fatal = !(e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == EINTR);
-                    break;
+                    if (!lost_on_the_wire(errno, &err, &fatal)) break;
+                    lost += 1;
+                    i += 1;
+                    continue;
                 }
                 sent += r;
                 i += r;
@@ -127,10 +139,7 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
                     if (count > 0) break;
                     full = 0;
                 }
-                iov[2 * count].iov_base = (void *)(h + hb * (i + count));
-                iov[2 * count].iov_len = (size_t)hb;
-                iov[2 * count + 1].iov_base = (void *)(v + 4 * s * cf);
-                iov[2 * count + 1].iov_len = (size_t)(4 * n);
+                datagram_iov(&iov[2 * count], h + hb * (i + count), hb, v + 4 * s * cf, n);
                 count++;
                 if (!full) break;
             }
@@ -154,15 +163,10 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
             }
             calls++;
             if (sendmsg(fd, &msg, 0) < 0) {
-                int e = errno;
-                if (e == ECONNREFUSED || e == EPERM) {
-                    lost += count;
-                    i += count;
-                    continue;
-                }
-                err = e;
-                fatal = !(e == EAGAIN || e == EWOULDBLOCK || e == ENOBUFS || e == EINTR);
-                break;
+                if (!lost_on_the_wire(errno, &err, &fatal)) break;
+                lost += count;
+                i += count;
+                continue;
             }
             sent += count;
             i += count;
