@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 
 from dblp.results import analysis
-from dblp.cli.args import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_burst_args,
-                          check_run_args, check_workload_args, parser)
+from dblp.cli.args import (add_burst_args, add_run_args, add_seeds_arg, add_workload_args, check_scenario_args,
+                          parser)
 from dblp.protocol.policy import DEFAULT_ETA, DEFAULT_FREQ
 from traces.argtypes import int_list_arg
 
@@ -68,9 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     a = ap.parse_args(argv)
-    check_run_args(ap, a)
-    check_workload_args(ap, a)
-    check_burst_args(ap, a)
+    check_scenario_args(ap, a)
     if a.train is None:
         ap.error("--workload none: the sweep measures accuracy, it needs a training workload")
     if len(set(a.freqs)) != len(a.freqs):

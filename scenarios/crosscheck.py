@@ -57,8 +57,7 @@ import time
 from pathlib import Path
 
 from dblp.results import analysis
-from dblp.cli.args import (add_burst_args, add_hosts_arg, add_run_args, check_burst_args, check_run_args, pace_rate,
-                          parser)
+from dblp.cli.args import add_burst_args, add_hosts_arg, add_run_args, check_scenario_args, pace_rate, parser
 from traces.argtypes import count_arg
 from traces.units import rate_arg
 from dblp.sim.studies.crosscheck import compare, own_norms, simulate_policies, transfer, write_report
@@ -99,8 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = build_parser()
     a = ap.parse_args(argv)
-    check_run_args(ap, a)
-    check_burst_args(ap, a)
+    check_scenario_args(ap, a)
     if a.burst_kind != "drop":
         ap.error("--burst-kind congestion: the simulator models no cross-traffic; use drop bursts")
     if a.params and not Path(a.params).is_file():

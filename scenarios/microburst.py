@@ -43,8 +43,8 @@ from dblp.results import analysis
 from dblp.protocol.compensation import Compensation
 from dblp.protocol.control import DEFAULT_PORT
 from dblp.cli.args import (add_burst_args, add_compensation_args, add_configs_arg, add_hosts_arg, add_run_args,
-                          add_seeds_arg, add_workload_args, check_burst_args, check_compensation_args,
-                          check_configs_arg, check_run_args, check_workload_args, parser)
+                          add_seeds_arg, add_workload_args, check_compensation_args, check_configs_arg,
+                          check_scenario_args, parser)
 from dblp.protocol.policy import passes_needed
 from dblp.protocol.policy import run_policy as named_policy
 from dblp.cli.provenance import config_record
@@ -63,9 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     """Every flag's check after parsing: a run's, a dry run's and ``--print-config``'s alike."""
-    check_run_args(ap, a)
-    check_workload_args(ap, a)  # before the bursts: it rounds --iterations up to whole epochs
-    check_burst_args(ap, a)
+    check_scenario_args(ap, a)
     check_compensation_args(ap, a)
     check_configs_arg(ap, a)
     from emulation.hostnet import resolve_hosts

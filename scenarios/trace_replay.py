@@ -63,7 +63,7 @@ from dblp.results import analysis
 from dblp.results.exposure import exposure_by_direction, exposure_by_round, received_fractions, run_window
 from dblp.protocol.wire import TAG_SIZE, ChunkLayout
 from dblp.cli.args import (add_compensation_args, add_configs_arg, add_run_args, add_seeds_arg, add_workload_args,
-                          check_compensation_args, check_configs_arg, check_run_args, check_workload_args, parser)
+                          check_compensation_args, check_configs_arg, check_scenario_args, parser)
 from dblp.protocol.policy import run_policy as named_policy
 from dblp.cli.provenance import config_record
 from traces.argtypes import float_arg
@@ -95,8 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_compensation_args(ap)
     add_configs_arg(ap)
     a = ap.parse_args(argv)
-    check_run_args(ap, a)
-    check_workload_args(ap, a)
+    check_scenario_args(ap, a)
     check_compensation_args(ap, a)
     check_configs_arg(ap, a)
     from traces import TraceError, read_trace

@@ -576,6 +576,17 @@ def check_workload_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> N
                "data_limits": wl.info.get("data_limits"), "device": device, "eval_every": every, "targets": targets}
 
 
+def check_scenario_args(ap: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """The checks of the flag groups a scenario's parser has (:func:`add_run_args`, and :func:`add_workload_args`
+    and :func:`add_burst_args` where it added them), in the one order that works: the workload's check rounds
+    ``--iterations`` up to whole epochs, and the bursts must lie within the iterations that then run."""
+    check_run_args(ap, a)
+    if hasattr(a, "workload"):
+        check_workload_args(ap, a)
+    if hasattr(a, "bursts"):
+        check_burst_args(ap, a)
+
+
 # The scenarios' default --pace-share: ``auto`` (None), every sender paces itself (R11, R12, R14), as
 # the transport's own commands do; a number is the override (a fraction of a sender's fair share of the
 # server link, which the scenario knows from its own topology). It was 0.9 while DBLP's accuracy looked
