@@ -25,14 +25,38 @@
  * resumes at sent + lost) or 0. Any other error raises OSError. */
 #define MAX_SEGS 64
 
-/* A datagram as an iovec pair: its header (hb bytes) and its payload of n floats where it lies in
- * the tensor, so the kernel copies the payload straight from there. */
-static inline void datagram_iov(struct iovec *iov, const uint8_t *header, Py_ssize_t hb, const uint8_t *payload,
-                                Py_ssize_t n) {
-    iov[0].iov_base = (void *)header;
-    iov[0].iov_len = (size_t)hb;
-    iov[1].iov_base = (void *)payload;
-    iov[1].iov_len = (size_t)(4 * n);
+/* What send_chunks sends: k datagrams, datagram i header i (hb bytes at h + hb * i) and then chunk
+ * sq[i] of the float32 tensor at v (`elements` floats in chunks of cf). */
+typedef struct {
+    const uint8_t *h, *v;
+    const int64_t *sq;
+    Py_ssize_t k, hb, chunks, elements, cf;
+} send_batch;
+
+/* The iovec pairs (header, then the payload where it lies in the tensor: the kernel copies it
+ * from there) of datagrams i.. of b, at most max of them, into iov; their count. With
+ * `short_alone`, a short chunk travels alone: it ends a run, or is one (GSO cuts a run into
+ * equal segments). *bad = 1 at a chunk index outside the tensor (the count then means nothing). */
+static inline Py_ssize_t next_datagrams(const send_batch *b, Py_ssize_t i, Py_ssize_t max, int short_alone,
+                                        struct iovec *iov, int *bad) {
+    Py_ssize_t count = 0;
+    while (i + count < b->k && count < max) {
+        int64_t s = b->sq[i + count];
+        if (s < 0 || s >= b->chunks) {
+            *bad = 1;
+            break;
+        }
+        Py_ssize_t n = chunk_floats(s, b->chunks, b->elements, b->cf);
+        int alone = short_alone && n != b->cf;
+        if (alone && count > 0) break;
+        iov[2 * count].iov_base = (void *)(b->h + b->hb * (i + count));
+        iov[2 * count].iov_len = (size_t)b->hb;
+        iov[2 * count + 1].iov_base = (void *)(b->v + 4 * s * b->cf);
+        iov[2 * count + 1].iov_len = (size_t)(4 * n);
+        count++;
+        if (alone) break;
+    }
+    return count;
 }
 
 /* A send that failed with errno e: 1 when its datagrams count as lost, as on a wire (ECONNREFUSED:
@@ -83,8 +107,8 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
     if (hdr->len < k * hb || cf <= 0) {
         value_error("headers must hold header_bytes per index, chunk_floats > 0");
     } else {
-        const uint8_t *h = (const uint8_t *)hdr->buf, *v = (const uint8_t *)val->buf;
-        const int64_t *sq = (const int64_t *)seq->buf;
+        const send_batch sb = {(const uint8_t *)hdr->buf, (const uint8_t *)val->buf, (const int64_t *)seq->buf, k, hb,
+                               chunks, elements, cf};
         Py_ssize_t i = 0, sent = 0, lost = 0, calls = 0;
         int err = 0, fatal = 0, bad = 0;
         Py_BEGIN_ALLOW_THREADS
@@ -96,23 +120,15 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
         if (per_call <= 1) { /* no GSO: one datagram per message, up to MAX_SEGS messages per sendmmsg */
             struct mmsghdr msgs[MAX_SEGS];
             while (i < k) {
-                int vlen = 0;
-                while (i + vlen < k && vlen < MAX_SEGS) {
-                    int64_t s = sq[i + vlen];
-                    if (s < 0 || s >= chunks) {
-                        bad = 1;
-                        break;
-                    }
-                    datagram_iov(&iov[2 * vlen], h + hb * (i + vlen), hb, v + 4 * s * cf,
-                                 chunk_floats(s, chunks, elements, cf));
-                    memset(&msgs[vlen], 0, sizeof msgs[vlen]);
-                    msgs[vlen].msg_hdr.msg_name = &dst;
-                    msgs[vlen].msg_hdr.msg_namelen = dst_len;
-                    msgs[vlen].msg_hdr.msg_iov = &iov[2 * vlen];
-                    msgs[vlen].msg_hdr.msg_iovlen = 2;
-                    vlen++;
-                }
+                int vlen = (int)next_datagrams(&sb, i, MAX_SEGS, 0, iov, &bad);
                 if (bad || vlen == 0) break;
+                for (int j = 0; j < vlen; j++) {
+                    memset(&msgs[j], 0, sizeof msgs[j]);
+                    msgs[j].msg_hdr.msg_name = &dst;
+                    msgs[j].msg_hdr.msg_namelen = dst_len;
+                    msgs[j].msg_hdr.msg_iov = &iov[2 * j];
+                    msgs[j].msg_hdr.msg_iovlen = 2;
+                }
                 calls++;
                 int r = sendmmsg(fd, msgs, (unsigned int)vlen, 0);
                 if (r < 0) { /* the first message failed */
@@ -126,23 +142,7 @@ PyObject *fp_send_chunks(PyObject *self, PyObject *args) {
             }
         }
         while (i < k && per_call > 1 && !bad && !err) {
-            Py_ssize_t count = 0;
-            int full = 1;
-            while (i + count < k && count < per_call) {
-                int64_t s = sq[i + count];
-                if (s < 0 || s >= chunks) {
-                    bad = 1;
-                    break;
-                }
-                Py_ssize_t n = chunk_floats(s, chunks, elements, cf);
-                if (n != cf) { /* a short chunk travels alone */
-                    if (count > 0) break;
-                    full = 0;
-                }
-                datagram_iov(&iov[2 * count], h + hb * (i + count), hb, v + 4 * s * cf, n);
-                count++;
-                if (!full) break;
-            }
+            Py_ssize_t count = next_datagrams(&sb, i, per_call, 1, iov, &bad);
             if (bad) break;
             struct msghdr msg;
             memset(&msg, 0, sizeof msg);
