@@ -30,7 +30,7 @@ against real hosts).
    mean), received fractions (mean, at each burst), retransmission passes at
    the bursts, and the two-sample Kolmogorov-Smirnov statistic of the
    latency distributions (``scipy.stats.ks_2samp``; a numpy version when
-   scipy is missing). The issue's bounds are marked: median and p99 round
+   scipy is missing). The crosscheck's bounds are marked: median and p99 round
    latency within 15%, the speedup at the bursts within 20%. Nothing is
    tuned to meet them: a term outside its bound is reported as such.
 

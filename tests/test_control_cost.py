@@ -20,7 +20,7 @@ from dblp.protocol.policy import FixedPolicy
 from dblp.transport.server import ParameterServer, ServerConfig
 from dblp.transport.worker import Worker
 
-ELEMENTS = 10_762  # the model: 30 chunks at MTU 1500
+ELEMENTS = 10_762  # the DDP target's small model: 30 chunks at MTU 1500
 ROUNDS = 12
 WORKERS = 3
 

@@ -21,7 +21,7 @@ Run one measurement (3 ranks, prints one JSON line)::
     python -m dblp.train.ddpbench --ranks 3 --steps 200
 
 or from Python: :func:`ddp_overhead`. ``scenarios/benchmark.py --targets``
-prints it against the issue's target (<= +1 ms per step).
+prints it against the speed target (<= +1 ms per step).
 """
 
 from __future__ import annotations
@@ -44,9 +44,9 @@ from traces.units import duration_arg
 
 _ROOT = Path(__file__).resolve().parents[2]  # the folder holding the dblp package
 
-#: the issue's model size: Linear(73, 128), ReLU, Linear(128, 10) = 10,762 parameters (30 chunks at MTU 1500)
+#: the small model whose step the target is stated for: Linear(73, 128), ReLU, Linear(128, 10) = 10,762 parameters (30 chunks at MTU 1500)
 SMALL_MODEL_PARAMS = 10_762
-#: the issue's target: DBLP's step at most this much slower than plain DDP's
+#: the speed target: DBLP's step at most this much slower than plain DDP's
 OVERHEAD_TARGET_S = 0.001
 #: ``--hostlocal``: the DBLP arm's data path (DBLPComm's ``local``: auto, True, False)
 LOCAL_CHOICES = ("auto", "on", "off")
@@ -73,7 +73,7 @@ class DdpOverhead:
 
     @property
     def overhead_s(self) -> float:
-        """DBLP's median step minus plain DDP's (the issue's figure)."""
+        """DBLP's median step minus plain DDP's (the target's figure)."""
         return self.dblp_median_s - self.plain_median_s
 
     def to_dict(self) -> dict:

@@ -53,7 +53,7 @@ from dblp.sim.convergence.curve import F_MEASURED, PhaseModel, crossings, nelder
 from dblp.sim.convergence.runs import (PHASE_DATA, PHASE_FIT_SETTINGS, PHASE_SETTINGS, PHASE_WORKLOADS, Curve,
                                clr_labels, load_curves, measure_phases, split)
 
-#: the targets whose held-out error is reported (the issue's: time to 80% and 90%)
+#: the targets whose held-out error is reported (time to 80% and 90%)
 TARGETS = (0.8, 0.9)
 
 #: fitted by ``python -m dblp.sim.convergence.phase fit`` to the PHASE_FIT_SETTINGS runs of PHASE_DATA

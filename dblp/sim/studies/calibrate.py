@@ -330,7 +330,7 @@ def _host_costs(cfg: SimConfig, base: SimConfig, h_w: float, h_s: float | None, 
 
     A lossless round's per-datagram time is the slowest of the host's send cost, the sender's pacing
     and its share of the links. Taking it as the host's cost (as this module did) makes the host
-    constant the run's link or pacing rate (94% of the link's frame rate in the issue's runs), which
+    constant the run's link or pacing rate (94% of the link's frame rate in the calibration runs), which
     then caps any faster network. So the run's own network is simulated first with hosts that never
     bind; only where the measured time exceeds that by more than :data:`HOST_MARGIN` is the host
     binding, and its cost is fitted (matched in simulation, :func:`_refine`). Where it does not, the
