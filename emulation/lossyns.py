@@ -11,6 +11,7 @@ left behind.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 
@@ -23,7 +24,7 @@ class LossyLoopback:
     def __init__(self, loss: float, prefix: str = "dblp-lossy") -> None:
         self.threshold = nft.threshold(loss)
         self.loss = loss
-        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.name = f"{prefix}-{os.getpid()}-{uuid.uuid4().hex[:6]}"  # the creator's pid, as every testbed name
 
     def __enter__(self) -> "LossyLoopback":
         subprocess.run(["ip", "netns", "add", self.name], check=True)

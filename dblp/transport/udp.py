@@ -35,6 +35,8 @@ if os.environ.get("DBLP_NO_C"):
     _c_send_chunks = _c_recv_rows = _c_recv_place = None
 if os.environ.get("DBLP_NO_PLACE"):  # receive into rows and copy, as before R10 (for A/B comparisons)
     _c_recv_place = None
+#: whether receiving straight into the tensor (core rule R10) is available: it needs the C helper
+PLACE_AVAILABLE = _c_recv_place is not None
 
 SOL_UDP = 17
 UDP_SEGMENT = 103
@@ -173,7 +175,7 @@ class DataSocket:
     @property
     def can_place(self) -> bool:
         """Whether :meth:`recv_place` is available (it needs the C helper)."""
-        return _c_recv_place is not None
+        return PLACE_AVAILABLE
 
     def recv_place(self, rows: np.ndarray, lengths: np.ndarray, srcs: np.ndarray, aims: np.ndarray,
                    crcs: np.ndarray, plan, max_calls: int = 4096) -> tuple[int, int]:
@@ -187,6 +189,9 @@ class DataSocket:
         authenticated wire 1 when its tag is valid, else 0 - taken while the
         bytes are in cache. ``rows`` must be header + chunk_bytes wide.
         """
+        if _c_recv_place is None:
+            raise RuntimeError("recv_place needs the C helper (dblp._fastpath, off under DBLP_NO_C or "
+                               "DBLP_NO_PLACE); check can_place and use recv_rows")
         k, calls, placed = _c_recv_place(self.sock.fileno(), rows, lengths, srcs, aims, plan.out, plan.mask,
                                          plan.claim, plan.order, plan.pos, plan.cursor, crcs, plan.chunk_bytes,
                                          int(self.gro), max_calls, plan.key)

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from dblp.results.stats import median
+from dblp.results.stats import median, median_range
 from dblp.sim.convergence.modes import (MODE_FACTORS, MODE_FIT, EmuRun, emulation_runs, fit_emulated_curve, fit_factors, measured_reach, mode_model,
                     model_reach, run_rmse)
 
@@ -91,15 +91,8 @@ def _every(runs: Sequence[EmuRun]) -> int:
 
 
 def _fmt(vals: Sequence[float]) -> str:
-    v = [x for x in vals]
-    if not v:
-        return "-"
-    m = median(v)
-    if math.isinf(m):
-        return "never"
-    fin = [x for x in v if math.isfinite(x)]
-    rng = f" [{min(v):.1f}-{max(v):.1f}]" if len(v) > 1 else ""
-    return f"{m:.1f}{rng}" if len(fin) == len(v) else f"{m:.1f}{rng.replace('inf', 'never')}"
+    """A table cell of seconds or iterations over the seeds: ``median [min-max]`` to one decimal."""
+    return median_range(vals, ".1f")
 
 
 def _err(pred: float, meas: float) -> float:
