@@ -140,6 +140,6 @@ def test_packet_trace_drops_exactly_the_traced_packets(tmp_path):
         # a short segments trace played once ends by itself and removes its rules
         seg = onoff_segments(duration_us=300_000, on_mean_us=20_000, off_mean_us=20_000, on_loss=0.5, seed=2)
         with TraceReplayer(lc, seg, target) as rp:
-            assert rp.wait(5)
+            assert rp.wait(30)  # 0.3 s of trace; the margin is for nft calls on a loaded 2-core machine
         assert rp.table not in net.cmd("srv", ["nft", "list", "tables"])
         assert abs(rp.summary()["achieved_mean_loss"] - seg.mean_loss()) < 0.05 * seg.mean_loss() + 0.002
