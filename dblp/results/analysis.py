@@ -33,7 +33,8 @@ def per_round(records: Sequence[RoundRecord], field: str = "up_latency_s", role:
             by.setdefault(r.round, []).append(float(v))
     rounds = np.array(sorted(by))
     f = {"max": np.nanmax, "mean": np.nanmean, "min": np.nanmin}[agg]
-    vals = np.array([f(by[k]) for k in rounds]) if rounds.size else np.array([])
+    # a round none of whose records carries the field is NaN (numpy would warn on the all-NaN slice)
+    vals = np.array([f(v) if not np.isnan(v := np.asarray(by[k])).all() else math.nan for k in rounds])
     return rounds, vals
 
 
