@@ -35,8 +35,12 @@ if os.environ.get("DBLP_NO_C"):
     _c_send_chunks = _c_recv_rows = _c_recv_place = None
 if os.environ.get("DBLP_NO_PLACE"):  # receive into rows and copy, as before R10 (for A/B comparisons)
     _c_recv_place = None
-#: whether receiving straight into the tensor (core rule R10) is available: it needs the C helper
-PLACE_AVAILABLE = _c_recv_place is not None
+
+
+def place_available() -> bool:
+    """Whether receiving straight into the tensor (core rule R10) is available: it needs the C helper."""
+    return _c_recv_place is not None
+
 
 SOL_UDP = 17
 UDP_SEGMENT = 103
@@ -175,7 +179,7 @@ class DataSocket:
     @property
     def can_place(self) -> bool:
         """Whether :meth:`recv_place` is available (it needs the C helper)."""
-        return PLACE_AVAILABLE
+        return place_available()
 
     def recv_place(self, rows: np.ndarray, lengths: np.ndarray, srcs: np.ndarray, aims: np.ndarray,
                    crcs: np.ndarray, plan, max_calls: int = 4096) -> tuple[int, int]:
