@@ -24,8 +24,8 @@ from dblp.protocol import wire
 from dblp.protocol.core import Receiver, send_order
 from dblp.protocol.wire import ChunkLayout
 
-pytest.importorskip("dblp._fastpath", reason="C helper not built (no compiler at install)")
-pytestmark = pytest.mark.skipif(not udp.place_available(), reason="placement off (DBLP_NO_C or DBLP_NO_PLACE)")
+pytestmark = pytest.mark.skipif(not udp.place_available(),
+                                reason="placement off (C helper not built, or DBLP_NO_C / DBLP_NO_PLACE)")
 
 RUN = 0x5151
 SENDER = 2

@@ -193,7 +193,7 @@ class DataSocket:
         authenticated wire 1 when its tag is valid, else 0 - taken while the
         bytes are in cache. ``rows`` must be header + chunk_bytes wide.
         """
-        if _c_recv_place is None:
+        if not place_available():
             raise RuntimeError("recv_place needs the C helper (dblp._fastpath, off under DBLP_NO_C or "
                                "DBLP_NO_PLACE); check can_place and use recv_rows")
         k, calls, placed = _c_recv_place(self.sock.fileno(), rows, lengths, srcs, aims, plan.out, plan.mask,
